@@ -1,0 +1,295 @@
+//! The standalone YAML configuration: the embedded default source that runs lb-agent without
+//! Kubernetes.
+//!
+//! Parsing is two-step: serde checks shapes and types (unknown fields are errors, so a typo is
+//! never silently ignored), then [`Config::validate`] checks meaning. Either way the error names
+//! the field by its path, e.g. `vips[2].address`, and says what was expected.
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{Ipv4Addr, SocketAddr},
+    path::Path,
+    str::FromStr,
+};
+
+use serde::{Deserialize, Deserializer, de};
+
+use crate::error::Error;
+
+/// The agent's configuration file.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Config {
+    /// The uplink: the interface on the VIPs' L2 segment, where XDP is attached.
+    pub interface: String,
+    /// How XDP attaches to the uplink.
+    #[serde(default)]
+    pub xdp_mode: XdpModeSetting,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// VIPs this node answers for unconditionally.
+    #[serde(default)]
+    pub vips: Vec<VipConfig>,
+}
+
+/// XDP attach mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum XdpModeSetting {
+    /// Native (driver) mode, falling back to generic SKB mode with a warning.
+    #[default]
+    Auto,
+    /// Native mode only; fail if the driver cannot do it.
+    Native,
+    /// Generic SKB mode: works on any interface, slower.
+    Skb,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct VipConfig {
+    pub address: Ipv4Addr,
+    /// The MAC that ARP replies carry. Defaults to the uplink's own MAC.
+    #[serde(default)]
+    pub mac: Option<MacAddr>,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 9105))
+}
+
+impl Config {
+    /// Reads, parses and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| Error::ConfigRead { path: path.to_owned(), source })?;
+        Self::parse(&text).map_err(|e| e.in_file(path))
+    }
+
+    /// Parses and validates YAML text.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let deserializer = serde_yaml::Deserializer::from_str(text);
+        let config: Config = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let field = e.path().to_string();
+            let inner = e.into_inner();
+            let location = inner.location().map(|l| format!(" (line {}, column {})", l.line(), l.column()));
+            let message = inner.to_string();
+            let message = strip_serde_location(&message);
+            // serde_yaml may already prefix the path; say it once.
+            let message = message.strip_prefix(&format!("{field}: ")).unwrap_or(message);
+            ConfigError {
+                field: if field == "." { "(document)".into() } else { field },
+                expected: format!("{message}{}", location.unwrap_or_default()),
+            }
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot: values that parse but make no sense.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.interface.is_empty() || self.interface.len() > 15 || self.interface.contains(['/', ' ']) {
+            return Err(ConfigError::new(
+                "interface",
+                format!(
+                    "a network interface name of 1 to 15 characters without '/' or spaces, got {:?}",
+                    self.interface
+                ),
+            ));
+        }
+        let mut seen: BTreeMap<Ipv4Addr, usize> = BTreeMap::new();
+        for (i, vip) in self.vips.iter().enumerate() {
+            let a = vip.address;
+            if a.is_unspecified() || a.is_multicast() || a.is_broadcast() || a.is_loopback() {
+                return Err(ConfigError::new(
+                    format!("vips[{i}].address"),
+                    format!("a unicast IPv4 address, got {a}"),
+                ));
+            }
+            if let Some(first) = seen.insert(a, i) {
+                return Err(ConfigError::new(
+                    format!("vips[{i}].address"),
+                    format!("each VIP once, but {a} is also vips[{first}]"),
+                ));
+            }
+            if let Some(mac) = vip.mac
+                && !mac.is_unicast()
+            {
+                return Err(ConfigError::new(
+                    format!("vips[{i}].mac"),
+                    format!("a unicast MAC (lowest bit of the first octet clear), got {mac}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// serde_yaml appends " at line L column C"; we report the location once, ourselves.
+fn strip_serde_location(message: &str) -> &str {
+    message.split(" at line ").next().unwrap_or(message)
+}
+
+/// A configuration error: which field, and what was expected there.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: expected {expected}")]
+pub struct ConfigError {
+    pub field: String,
+    pub expected: String,
+}
+
+impl ConfigError {
+    pub fn new(field: impl Into<String>, expected: impl Into<String>) -> Self {
+        Self { field: field.into(), expected: expected.into() }
+    }
+
+    fn in_file(self, path: &Path) -> Error {
+        Error::Config { path: path.to_owned(), error: self }
+    }
+}
+
+/// An Ethernet MAC address, written `02:00:5e:00:01:01`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl MacAddr {
+    pub fn is_unicast(&self) -> bool {
+        self.0[0] & 1 == 0
+    }
+}
+
+impl FromStr for MacAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut mac = [0u8; 6];
+        let mut parts = s.split(':');
+        for byte in &mut mac {
+            let part = parts.next().filter(|p| p.len() == 2);
+            *byte = part
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+                .ok_or_else(|| format!("a MAC address like 02:00:5e:00:01:01, got {s:?}"))?;
+        }
+        if parts.next().is_some() {
+            return Err(format!("a MAC address like 02:00:5e:00:01:01, got {s:?}"));
+        }
+        Ok(Self(mac))
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
+    }
+}
+
+impl fmt::Debug for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl<'de> Deserialize<'de> for MacAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(yaml: &str) -> ConfigError {
+        Config::parse(yaml).expect_err("config should be rejected")
+    }
+
+    #[test]
+    fn a_minimal_config_takes_defaults() {
+        let c = Config::parse("interface: eth0\nvips:\n  - address: 198.51.100.10\n").unwrap();
+        assert_eq!(c.interface, "eth0");
+        assert_eq!(c.xdp_mode, XdpModeSetting::Auto);
+        assert_eq!(c.listen, default_listen());
+        assert_eq!(c.vips, vec![VipConfig { address: Ipv4Addr::new(198, 51, 100, 10), mac: None }]);
+    }
+
+    #[test]
+    fn every_field_parses() {
+        let c = Config::parse(
+            "interface: eth1\nxdpMode: skb\nlisten: 127.0.0.1:9999\nvips:\n  - address: 198.51.100.10\n    mac: 02:00:00:00:00:AA\n",
+        )
+        .unwrap();
+        assert_eq!(c.xdp_mode, XdpModeSetting::Skb);
+        assert_eq!(c.listen, "127.0.0.1:9999".parse().unwrap());
+        assert_eq!(c.vips[0].mac, Some(MacAddr([2, 0, 0, 0, 0, 0xaa])));
+    }
+
+    #[test]
+    fn a_bad_address_names_its_index() {
+        let e = err("interface: eth0\nvips:\n  - address: 198.51.100.10\n  - address: 198.51.100.300\n");
+        assert_eq!(e.field, "vips[1].address");
+        assert!(e.expected.starts_with("invalid IPv4 address syntax"), "{e}");
+        assert!(e.expected.contains("line 4"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_field_is_named_with_the_fields_expected() {
+        let e = err("interface: eth0\nvips:\n  - adress: 198.51.100.10\n");
+        assert_eq!(e.field, "vips[0].adress");
+        assert!(e.expected.contains("unknown field `adress`"), "{e}");
+        assert!(e.expected.contains("address"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_interface_is_named() {
+        let e = err("vips: []\n");
+        assert!(e.expected.contains("missing field `interface`"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_mode_lists_the_choices() {
+        let e = err("interface: eth0\nxdpMode: turbo\n");
+        assert_eq!(e.field, "xdpMode");
+        assert!(
+            e.expected.contains("auto") && e.expected.contains("native") && e.expected.contains("skb"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn duplicate_vips_name_both_places() {
+        let e = err("interface: eth0\nvips:\n  - address: 198.51.100.10\n  - address: 198.51.100.10\n");
+        assert_eq!(e.field, "vips[1].address");
+        assert!(e.expected.contains("vips[0]"), "{e}");
+    }
+
+    #[test]
+    fn non_unicast_vips_and_macs_are_refused() {
+        for bad in ["0.0.0.0", "224.0.0.18", "255.255.255.255", "127.0.0.1"] {
+            let e = err(&format!("interface: eth0\nvips:\n  - address: {bad}\n"));
+            assert_eq!(e.field, "vips[0].address", "{bad}");
+        }
+        let e = err("interface: eth0\nvips:\n  - address: 198.51.100.10\n    mac: 01:00:5e:00:00:01\n");
+        assert_eq!(e.field, "vips[0].mac");
+        let e = err("interface: eth0\nvips:\n  - address: 198.51.100.10\n    mac: 02:00:00:00:00\n");
+        assert_eq!(e.field, "vips[0].mac");
+        assert!(e.expected.contains("02:00:5e:00:01:01"), "{e}");
+    }
+
+    #[test]
+    fn bad_interface_names_are_refused() {
+        assert_eq!(err("interface: ''\n").field, "interface");
+        assert_eq!(err("interface: a-name-that-is-too-long\n").field, "interface");
+    }
+
+    #[test]
+    fn mac_round_trips_through_text() {
+        let m: MacAddr = "02:00:5e:00:01:0a".parse().unwrap();
+        assert_eq!(m.to_string(), "02:00:5e:00:01:0a");
+        assert!("02:00:5e:00:01:0a:ff".parse::<MacAddr>().is_err());
+        assert!("02-00-5e-00-01-0a".parse::<MacAddr>().is_err());
+    }
+}

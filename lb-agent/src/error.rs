@@ -1,0 +1,52 @@
+//! The agent's one error type.
+
+use std::path::PathBuf;
+
+use crate::config::ConfigError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read config file {path}: {source}")]
+    ConfigRead { path: PathBuf, source: std::io::Error },
+
+    #[error("config file {path}: {error}")]
+    Config { path: PathBuf, error: ConfigError },
+
+    #[error("loading the embedded BPF object: {0}")]
+    BpfLoad(#[from] aya::EbpfError),
+
+    #[error("BPF program {program}: {source}")]
+    BpfProgram { program: &'static str, source: aya::programs::ProgramError },
+
+    #[error("BPF map {map}: {source}")]
+    BpfMap { map: &'static str, source: aya::maps::MapError },
+
+    #[error("BPF map {0} is missing from the embedded object")]
+    BpfMapMissing(&'static str),
+
+    #[error("attaching XDP to {interface} in {mode} mode: {source}")]
+    XdpAttach { interface: String, mode: &'static str, source: aya::programs::ProgramError },
+
+    #[error("netlink: {0}")]
+    Netlink(#[from] rtnetlink::Error),
+
+    #[error("{context}: {source}")]
+    Io { context: String, source: std::io::Error },
+}
+
+impl Error {
+    /// Configuration mistakes exit with 64 (EX_USAGE) so supervisors can tell them from
+    /// runtime failures, which exit with 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::ConfigRead { .. } | Error::Config { .. } => 64,
+            _ => 1,
+        }
+    }
+
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

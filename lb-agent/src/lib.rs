@@ -1,0 +1,17 @@
+//! lb-agent: a VRRP-driven XDP load balancer for bare-metal Kubernetes.
+//!
+//! - [`config`]: the standalone YAML configuration and its validation.
+//! - [`netdev`]: interface lookup through rtnetlink.
+//! - [`dataplane`]: the embedded XDP object, attach/detach, and its maps.
+//! - [`metrics`]: Prometheus metrics, with XDP counters collected at scrape time.
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`agent`]: the run loop and signal handling.
+//! - [`error`]: the crate's error type.
+
+pub mod agent;
+pub mod config;
+pub mod dataplane;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod netdev;

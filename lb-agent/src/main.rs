@@ -1,0 +1,74 @@
+use std::{io::IsTerminal, path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use lb_agent::{agent, config::Config};
+use tracing::error;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(version, about = "VRRP-driven XDP load balancer for bare-metal Kubernetes")]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "LB_LOG_FORMAT")]
+    log_format: LogFormat,
+    /// Log filter, in tracing's EnvFilter syntax (e.g. `info`, `lb_agent=debug`).
+    #[arg(long, global = true, default_value = "info", env = "LB_LOG")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent from a standalone YAML config (no Kubernetes needed).
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a config file and exit: 0 when valid, 64 with the offending field otherwise.
+    CheckConfig {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format, &cli.log);
+    let result = match cli.command {
+        Command::Run { config } => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e))
+            .and_then(|rt| rt.block_on(agent::run(config))),
+        Command::CheckConfig { config } => {
+            Config::load(&config).map(|_| println!("{}: valid", config.display()))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, filter: &str) {
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

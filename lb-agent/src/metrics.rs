@@ -1,0 +1,150 @@
+//! Prometheus metrics, prefixed `lbagent_`. XDP counters are read from the maps at scrape time
+//! by a collector, so they are never stale and cost nothing between scrapes.
+
+use std::sync::{Arc, Mutex};
+
+use lb_common::counters::{Reason, XDP_ACTION_COUNT, action_label};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::Gauge,
+    },
+    registry::Registry,
+};
+use tracing::warn;
+
+use crate::dataplane::XdpCounters;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct XdpLabels {
+    pub interface: String,
+    pub mode: &'static str,
+}
+
+/// The agent's own metrics; the XDP collector is registered beside them.
+pub struct Metrics {
+    pub registry: Registry,
+    pub owned_vips: Gauge,
+    pub config_reloads: Family<ResultLabels, Counter>,
+    pub xdp_attached: Family<XdpLabels, Gauge>,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("lbagent");
+        let owned_vips = Gauge::default();
+        registry.register("owned_vips", "VIPs in the XDP owned-VIP map", owned_vips.clone());
+        let config_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register("config_reloads", "Config reloads on SIGHUP, by result", config_reloads.clone());
+        let xdp_attached = Family::<XdpLabels, Gauge>::default();
+        registry.register(
+            "xdp_attached",
+            "1 while the XDP program is attached to the interface",
+            xdp_attached.clone(),
+        );
+        Self { registry, owned_vips, config_reloads, xdp_attached }
+    }
+
+    pub fn register_xdp(&mut self, counters: Arc<Mutex<XdpCounters>>) {
+        self.registry.register_collector(Box::new(XdpCollector { counters }));
+    }
+
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[derive(Debug)]
+struct XdpCollector {
+    counters: Arc<Mutex<XdpCounters>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabel {
+    action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VipLabel {
+    vip: String,
+}
+
+impl Collector for XdpCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let snapshot = match self.counters.lock().map(|c| c.snapshot()) {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                warn!(error = %e, "reading XDP counters failed; omitting them from this scrape");
+                return Ok(());
+            }
+            Err(_) => return Ok(()),
+        };
+        let actions: Vec<_> = (0..XDP_ACTION_COUNT)
+            .map(|a| (ActionLabel { action: action_label(a) }, snapshot.actions[a as usize]))
+            .collect();
+        let reasons: Vec<_> =
+            Reason::ALL.iter().map(|r| (ReasonLabel { reason: r.label() }, snapshot.reason(*r))).collect();
+
+        counter_family(
+            &mut encoder,
+            "xdp_packets",
+            "Packets by XDP action",
+            actions.iter().map(|(l, c)| (l, c.packets)),
+        )?;
+        counter_family(
+            &mut encoder,
+            "xdp_bytes",
+            "Bytes by XDP action",
+            actions.iter().map(|(l, c)| (l, c.bytes)),
+        )?;
+        counter_family(
+            &mut encoder,
+            "xdp_reason_packets",
+            "Packets by the path the XDP program took",
+            reasons.iter().map(|(l, c)| (l, c.packets)),
+        )?;
+        let vips: Vec<_> =
+            snapshot.vips.iter().map(|(vip, s)| (VipLabel { vip: vip.to_string() }, s.arp_replies)).collect();
+        counter_family(
+            &mut encoder,
+            "arp_replies",
+            "ARP replies sent from XDP, per VIP",
+            vips.iter().map(|(l, v)| (l, *v)),
+        )
+    }
+}
+
+fn counter_family<'a, L: EncodeLabelSet + 'a>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: impl Iterator<Item = (&'a L, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family =
+        encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+    for (labels, value) in values {
+        ConstCounter::new(value).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
+}

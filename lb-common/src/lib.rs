@@ -1,0 +1,9 @@
+//! Types and pure packet logic shared by the XDP program (`lb-ebpf`) and the agent.
+//!
+//! Everything here is `no_std`, `#[repr(C)]` with explicit padding, and has the same layout on
+//! both sides of the map boundary. With the `user` feature the map types implement `aya::Pod`.
+#![no_std]
+
+pub mod arp;
+pub mod counters;
+pub mod maps;

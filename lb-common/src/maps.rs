@@ -1,0 +1,86 @@
+//! BPF map names, keys and values.
+//!
+//! Map names are the symbol names in the BPF object; the agent looks maps up by these constants
+//! so a rename cannot silently split the two sides.
+
+/// `HashMap<VipKey, OwnedVip>`: the IPv4 VIPs this node currently answers for.
+pub const OWNED_VIPS: &str = "OWNED_VIPS";
+/// `PerCpuHashMap<VipKey, VipStats>`: per-VIP counters, kept while the VIP is configured.
+pub const VIP_STATS: &str = "VIP_STATS";
+/// `PerCpuArray<PacketCounter>` indexed by the XDP action code (`XDP_ABORTED` = 0 … `XDP_REDIRECT` = 4).
+pub const ACTION_STATS: &str = "ACTION_STATS";
+/// `PerCpuArray<PacketCounter>` indexed by [`crate::counters::Reason`].
+pub const REASON_STATS: &str = "REASON_STATS";
+
+/// Capacity of [`OWNED_VIPS`] and [`VIP_STATS`]. A group holds at most 10,000 VIPs; this leaves
+/// room for several groups on one uplink.
+pub const MAX_VIPS: u32 = 65_536;
+
+/// An IPv4 address in network byte order, exactly as it appears in the packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VipKey {
+    pub addr: [u8; 4],
+}
+
+impl VipKey {
+    pub const fn new(addr: [u8; 4]) -> Self {
+        Self { addr }
+    }
+}
+
+/// What the XDP program needs to answer for an owned VIP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnedVip {
+    /// The MAC that ARP replies carry: the uplink's, or a virtual MAC.
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+}
+
+impl OwnedVip {
+    pub const fn new(mac: [u8; 6]) -> Self {
+        Self { mac, _pad: [0; 2] }
+    }
+}
+
+/// Per-VIP counters (one copy per CPU; userspace sums them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipStats {
+    pub arp_replies: u64,
+}
+
+/// Packets and bytes, one copy per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PacketCounter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all four are `#[repr(C)]`, made only of integers and byte arrays, with every
+    // padding byte spelled out, so any bit pattern is valid and none is uninitialised.
+    unsafe impl aya::Pod for VipKey {}
+    unsafe impl aya::Pod for OwnedVip {}
+    unsafe impl aya::Pod for VipStats {}
+    unsafe impl aya::Pod for PacketCounter {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{align_of, size_of};
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(size_of::<VipKey>(), 4);
+        assert_eq!(size_of::<OwnedVip>(), 8);
+        assert_eq!(align_of::<OwnedVip>(), 1);
+        assert_eq!(size_of::<VipStats>(), 8);
+        assert_eq!(size_of::<PacketCounter>(), 16);
+    }
+}

@@ -1,0 +1,44 @@
+//! Counters. Per-CPU, so increments need no atomics; userspace sums the CPUs.
+
+use aya_ebpf::{bindings::BPF_NOEXIST, maps::PerCpuArray};
+use lb_common::{
+    counters::Reason,
+    maps::{PacketCounter, VipKey, VipStats},
+};
+
+use crate::maps::{ACTION_STATS, REASON_STATS, VIP_STATS};
+
+#[inline(always)]
+pub fn count_action(action: u32, bytes: usize) {
+    add(&ACTION_STATS, action, bytes);
+}
+
+#[inline(always)]
+pub fn count_reason(reason: Reason, bytes: usize) {
+    add(&REASON_STATS, reason as u32, bytes);
+}
+
+#[inline(always)]
+fn add(array: &PerCpuArray<PacketCounter>, index: u32, bytes: usize) {
+    if let Some(counter) = array.get_ptr_mut(index) {
+        // SAFETY: a per-CPU slot, touched only by this CPU while the program runs.
+        unsafe {
+            (*counter).packets += 1;
+            (*counter).bytes += bytes as u64;
+        }
+    }
+}
+
+#[inline(always)]
+pub fn count_arp_reply(vip: &VipKey) {
+    match VIP_STATS.get_ptr_mut(vip) {
+        // SAFETY: this CPU's copy of the value, as above.
+        Some(stats) => unsafe { (*stats).arp_replies += 1 },
+        None => {
+            // First reply for this VIP: create it. Losing a race with another CPU only loses
+            // that CPU's first count, and a full map only loses per-VIP detail; the reason
+            // counter still counts every reply.
+            let _ = VIP_STATS.insert(vip, &VipStats { arp_replies: 1 }, BPF_NOEXIST as u64);
+        }
+    }
+}

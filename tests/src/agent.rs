@@ -1,0 +1,152 @@
+//! An lb-agent process running inside a lab namespace.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    path::PathBuf,
+    process::{Child, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::Netns;
+
+/// Where lab configs put the agent's HTTP endpoint (each node has its own loopback).
+pub const AGENT_LISTEN: &str = "127.0.0.1:9105";
+
+pub struct Agent {
+    child: Child,
+    ns_name: String,
+    pub config: PathBuf,
+    pub log: PathBuf,
+}
+
+/// The lb-agent binary under test: `$LB_AGENT_BIN`, or the one cargo built beside this test.
+pub fn agent_binary() -> PathBuf {
+    if let Some(bin) = std::env::var_os("LB_AGENT_BIN") {
+        return bin.into();
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // Tests run from target/<profile>/deps/, binaries from target/<profile>/.
+    let mut dir = exe.parent().expect("a cargo target dir");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("a cargo profile dir");
+    }
+    let bin = dir.join("lb-agent");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p lb-agent` (cargo xtask test does)",
+        bin.display()
+    );
+    bin
+}
+
+impl Agent {
+    pub fn spawn(ns: &Netns, config: PathBuf, log: PathBuf) -> Agent {
+        let log_file = std::fs::File::create(&log).expect("creating the agent log");
+        let bin = agent_binary();
+        // `ip netns exec` execs the agent in place, so the child's pid is the agent's.
+        let child = ns
+            .command(&[bin.to_str().unwrap(), "run", "--config", config.to_str().unwrap()])
+            .env("LB_LOG", "info,lb_agent=debug")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
+            .spawn()
+            .expect("starting lb-agent");
+        Agent { child, ns_name: ns.name().to_owned(), config, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits until `/readyz` answers 200; panics with the log if the agent exits or stalls.
+    pub fn wait_ready(&mut self) -> &mut Self {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("lb-agent exited with {status} before it was ready:\n{}", self.log_text());
+            }
+            if self
+                .try_get("/readyz")
+                .is_some_and(|r| r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200"))
+            {
+                return self;
+            }
+            if Instant::now() > deadline {
+                panic!("lb-agent not ready after 10 s:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The body of `/metrics`.
+    pub fn metrics(&self) -> String {
+        let response =
+            self.try_get("/metrics").unwrap_or_else(|| panic!("GET /metrics failed:\n{}", self.log_text()));
+        response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+    }
+
+    /// One sample from `/metrics`, 0 when absent.
+    pub fn metric(&self, sample: &str) -> f64 {
+        crate::metric(&self.metrics(), sample).unwrap_or(0.0)
+    }
+
+    /// Polls `/metrics` until `sample` equals `value`.
+    pub fn wait_metric(&self, sample: &str, value: f64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.metric(sample) != value {
+            if Instant::now() > deadline {
+                panic!(
+                    "{sample} is {} after 5 s, expected {value}:\n{}",
+                    self.metric(sample),
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn try_get(&self, path: &str) -> Option<String> {
+        let path = path.to_owned();
+        crate::netns::run_in(&self.ns_name, move || {
+            let mut stream =
+                TcpStream::connect_timeout(&AGENT_LISTEN.parse().unwrap(), Duration::from_secs(1)).ok()?;
+            stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+            write!(stream, "GET {path} HTTP/1.0\r\nHost: lab\r\n\r\n").ok()?;
+            let mut response = String::new();
+            stream.read_to_string(&mut response).ok()?;
+            Some(response)
+        })
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill with a pid we spawned and have not reaped.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// Waits for the agent to exit, panicking after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!("lb-agent still running after {timeout:?}:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

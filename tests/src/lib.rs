@@ -1,0 +1,193 @@
+//! The netns lab: a miniature bare-metal L2 segment built from network namespaces.
+//!
+//! ```text
+//!            switch namespace (bridge br0)
+//!        p-n0 ─┐   p-n1 ─┐  …    p-cl ─┐
+//!   node n0: eth0   node n1: eth0   client: eth0
+//! ```
+//!
+//! - Names carry the creating process id and a counter, so tests run in parallel.
+//! - [`Lab`] tears everything down on drop, including after a panic; namespaces left behind by a
+//!   process that died are swept when the next lab starts.
+//! - Addresses are from the documentation ranges (192.0.2.0/24 for hosts, 198.51.100.0/24 for
+//!   VIPs) and live only inside these namespaces: test traffic never leaves them.
+
+pub mod agent;
+mod netns;
+pub mod packet;
+
+use std::{
+    net::Ipv4Addr,
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+pub use agent::{Agent, agent_binary};
+pub use netns::Netns;
+
+/// The segment's prefix: nodes are .10, .11, …; the client is .100.
+pub const SEGMENT_PREFIX_LEN: u8 = 24;
+
+/// A host on the segment: a namespace whose `eth0` is plugged into the switch.
+pub struct Host {
+    pub name: String,
+    pub ns: Netns,
+    pub ip: Ipv4Addr,
+    pub mac: [u8; 6],
+    /// The host's port on the bridge, in the switch namespace.
+    pub switch_port: String,
+}
+
+impl Host {
+    pub const IFACE: &'static str = "eth0";
+
+    pub fn mac_string(&self) -> String {
+        format_mac(&self.mac)
+    }
+
+    /// Sends ARP requests for `target` with arping and returns the MAC of every reply, in order.
+    pub fn arping(&self, target: Ipv4Addr, count: u32) -> Vec<String> {
+        let out = self.ns.output(&[
+            "arping",
+            "-i",
+            Self::IFACE,
+            "-c",
+            &count.to_string(),
+            "-W",
+            "0.1",
+            "-w",
+            "2",
+            "-r",
+            &target.to_string(),
+        ]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.trim().to_lowercase())
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+}
+
+pub struct Lab {
+    // Field order is drop order: programs first, then the hosts, then the switch.
+    pass_programs: Vec<aya::Ebpf>,
+    pub id: String,
+    pub nodes: Vec<Host>,
+    pub client: Host,
+    pub switch: Netns,
+    dir: PathBuf,
+}
+
+static LABS: AtomicU32 = AtomicU32::new(0);
+
+impl Lab {
+    /// A switch, `nodes` nodes and a client, all up and addressed.
+    pub fn new(nodes: usize) -> Lab {
+        require_root();
+        netns::sweep_orphans();
+        let id = format!("lbt{}x{}", std::process::id(), LABS.fetch_add(1, Ordering::Relaxed));
+        let dir = std::env::temp_dir().join(&id);
+        std::fs::create_dir_all(&dir).expect("creating the lab directory");
+
+        // Each Netns deletes itself on drop, so a panic half-way leaves nothing behind.
+        let switch = Netns::create(format!("{id}-sw"));
+        switch.run_cmd(&["ip", "link", "add", "br0", "type", "bridge"]);
+        switch.run_cmd(&["ip", "link", "set", "br0", "up"]);
+        // br_netfilter is built in here: keep bridged frames out of iptables.
+        switch.sysctl_if_present("net.bridge.bridge-nf-call-iptables", "0");
+
+        let nodes = (0..nodes)
+            .map(|i| {
+                let i = u8::try_from(i).expect("fewer than 90 nodes");
+                plug(
+                    &switch,
+                    &id,
+                    &format!("n{i}"),
+                    Ipv4Addr::new(192, 0, 2, 10 + i),
+                    [0x02, 0x1b, 0, 0, 0, 0x10 + i],
+                )
+            })
+            .collect();
+        let client = plug(&switch, &id, "cl", Ipv4Addr::new(192, 0, 2, 100), [0x02, 0x1b, 0, 0, 0, 0xcc]);
+        Lab { pass_programs: Vec::new(), id, nodes, client, switch, dir }
+    }
+
+    /// Native XDP on a veth only delivers `XDP_TX` frames to a peer that runs NAPI, so the
+    /// node's switch port gets a pass-only program.
+    pub fn enable_native_xdp(&mut self, node: usize) {
+        let port = self.nodes[node].switch_port.clone();
+        let ebpf = self.switch.run(move || attach_pass_program(&port));
+        self.pass_programs.push(ebpf);
+    }
+
+    /// Starts lb-agent on `node` with `config` (YAML).
+    pub fn start_agent(&self, node: usize, config: &str) -> Agent {
+        let host = &self.nodes[node];
+        let path = self.dir.join(format!("{}.yaml", host.name));
+        std::fs::write(&path, config).expect("writing the agent config");
+        Agent::spawn(&host.ns, path, self.dir.join(format!("{}.log", host.name)))
+    }
+
+    /// A path inside the lab's scratch directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn plug(switch: &Netns, lab_id: &str, short: &str, ip: Ipv4Addr, mac: [u8; 6]) -> Host {
+    let ns = Netns::create(format!("{lab_id}-{short}"));
+    let port = format!("p-{short}");
+    switch.run_cmd(&[
+        "ip",
+        "link",
+        "add",
+        &port,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        Host::IFACE,
+        "netns",
+        ns.name(),
+    ]);
+    switch.run_cmd(&["ip", "link", "set", &port, "master", "br0", "up"]);
+    ns.run_cmd(&["ip", "link", "set", Host::IFACE, "address", &format_mac(&mac), "up"]);
+    ns.run_cmd(&["ip", "addr", "add", &format!("{ip}/{SEGMENT_PREFIX_LEN}"), "dev", Host::IFACE]);
+    Host { name: short.to_owned(), ns, ip, mac, switch_port: port }
+}
+
+fn attach_pass_program(interface: &str) -> aya::Ebpf {
+    use aya::programs::{Xdp, XdpMode};
+    let mut ebpf = aya::Ebpf::load(lb_agent::dataplane::EMBEDDED_OBJECT).expect("loading the BPF object");
+    let program: &mut Xdp = ebpf
+        .program_mut(lb_agent::dataplane::PASS_PROGRAM)
+        .expect("the pass program is in the object")
+        .try_into()
+        .expect("the pass program is XDP");
+    program.load().expect("loading the pass program");
+    program.attach(interface, XdpMode::Driver).expect("attaching the pass program");
+    ebpf
+}
+
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("the netns lab needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_BPF): run the tests as root");
+    }
+}
+
+/// The value of one sample in Prometheus text, e.g. `lbagent_owned_vips` or
+/// `lbagent_arp_replies_total{vip="198.51.100.10"}`.
+pub fn metric(text: &str, sample: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(sample)?.strip_prefix(' ')?.trim().parse().ok())
+}

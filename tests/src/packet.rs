@@ -1,0 +1,146 @@
+//! Raw frames on a lab interface: craft, send and capture with AF_PACKET, for inputs that no
+//! well-behaved tool will send (truncated, contradictory or hostile packets).
+
+use std::{
+    ffi::CString,
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use crate::netns::run_in;
+
+const ETH_P_ALL: u16 = 0x0003;
+
+/// An Ethernet/IPv4 ARP frame, byte by byte as RFC 826 lays it out. Written independently of
+/// `lb_common::arp`, so tests that use it check that code rather than repeat it.
+pub fn arp_frame(
+    oper: u16,
+    eth_dst: [u8; 6],
+    sha: [u8; 6],
+    spa: Ipv4Addr,
+    tha: [u8; 6],
+    tpa: Ipv4Addr,
+) -> Vec<u8> {
+    let mut f = Vec::with_capacity(42);
+    f.extend_from_slice(&eth_dst);
+    f.extend_from_slice(&sha);
+    f.extend_from_slice(&[0x08, 0x06]); // EtherType ARP
+    f.extend_from_slice(&[0x00, 0x01, 0x08, 0x00, 6, 4]); // Ethernet, IPv4, hlen, plen
+    f.extend_from_slice(&oper.to_be_bytes());
+    f.extend_from_slice(&sha);
+    f.extend_from_slice(&spa.octets());
+    f.extend_from_slice(&tha);
+    f.extend_from_slice(&tpa.octets());
+    f
+}
+
+/// A broadcast ARP request from `sha`/`spa` for `tpa`.
+pub fn arp_request(sha: [u8; 6], spa: Ipv4Addr, tpa: Ipv4Addr) -> Vec<u8> {
+    arp_frame(1, [0xff; 6], sha, spa, [0; 6], tpa)
+}
+
+/// A raw socket bound to one interface of one namespace.
+struct RawSocket {
+    fd: i32,
+}
+
+impl RawSocket {
+    fn bind(interface: &str) -> RawSocket {
+        let name = CString::new(interface).unwrap();
+        // SAFETY: plain syscalls on values we own; every result is checked.
+        unsafe {
+            let ifindex = libc::if_nametoindex(name.as_ptr());
+            assert!(ifindex != 0, "no interface {interface}");
+            let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(ETH_P_ALL.to_be()));
+            assert!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
+            let mut addr: libc::sockaddr_ll = std::mem::zeroed();
+            addr.sll_family = libc::AF_PACKET as u16;
+            addr.sll_protocol = ETH_P_ALL.to_be();
+            addr.sll_ifindex = ifindex as i32;
+            let rc = libc::bind(
+                fd,
+                &addr as *const _ as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            );
+            assert!(rc == 0, "bind AF_PACKET: {}", std::io::Error::last_os_error());
+            RawSocket { fd }
+        }
+    }
+
+    fn send(&self, frame: &[u8]) {
+        // SAFETY: the buffer outlives the call.
+        let sent = unsafe { libc::send(self.fd, frame.as_ptr().cast(), frame.len(), 0) };
+        assert!(sent == frame.len() as isize, "send: {}", std::io::Error::last_os_error());
+    }
+
+    /// Received (not outgoing) frames until `window` has passed.
+    fn receive_for(&self, window: Duration) -> Vec<Vec<u8>> {
+        let deadline = Instant::now() + window;
+        let mut frames = Vec::new();
+        let mut buf = vec![0u8; 65_536];
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            let timeout =
+                libc::timeval { tv_sec: left.as_secs() as _, tv_usec: left.subsec_micros().max(1) as _ };
+            // SAFETY: as above; `from` is sized for sockaddr_ll.
+            unsafe {
+                libc::setsockopt(
+                    self.fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    &timeout as *const _ as *const libc::c_void,
+                    std::mem::size_of::<libc::timeval>() as u32,
+                );
+                let mut from: libc::sockaddr_ll = std::mem::zeroed();
+                let mut len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+                let n = libc::recvfrom(
+                    self.fd,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    0,
+                    &mut from as *mut _ as *mut libc::sockaddr,
+                    &mut len,
+                );
+                if n < 0 {
+                    break;
+                }
+                if from.sll_pkttype != libc::PACKET_OUTGOING {
+                    frames.push(buf[..n as usize].to_vec());
+                }
+            }
+        }
+        frames
+    }
+}
+
+impl Drop for RawSocket {
+    fn drop(&mut self) {
+        // SAFETY: our own fd, closed once.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+/// Sends `frames` on `interface` in namespace `ns`, and returns every frame received there
+/// during `window` afterwards.
+pub fn send_and_capture(ns: &str, interface: &str, frames: Vec<Vec<u8>>, window: Duration) -> Vec<Vec<u8>> {
+    let interface = interface.to_owned();
+    run_in(ns, move || {
+        let socket = RawSocket::bind(&interface);
+        for frame in &frames {
+            socket.send(frame);
+        }
+        socket.receive_for(window)
+    })
+}
+
+/// The ARP replies among `frames`, as (sender MAC, sender IP, target MAC, target IP).
+pub fn arp_replies(frames: &[Vec<u8>]) -> Vec<([u8; 6], Ipv4Addr, [u8; 6], Ipv4Addr)> {
+    frames
+        .iter()
+        .filter(|f| f.len() >= 42 && f[12..14] == [0x08, 0x06] && f[20..22] == [0, 2])
+        .map(|f| {
+            let mac = |at: usize| <[u8; 6]>::try_from(&f[at..at + 6]).unwrap();
+            let ip = |at: usize| Ipv4Addr::new(f[at], f[at + 1], f[at + 2], f[at + 3]);
+            (mac(22), ip(28), mac(32), ip(38))
+        })
+        .collect()
+}

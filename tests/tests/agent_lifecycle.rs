@@ -1,0 +1,47 @@
+//! Start-up refusal and clean shutdown of the agent process.
+
+use std::time::Duration;
+
+use lb_lab::{Lab, agent::AGENT_LISTEN};
+
+fn xdp_attached(lab: &Lab) -> bool {
+    let out = lab.nodes[0].ns.run_cmd(&["ip", "-details", "link", "show", "eth0"]);
+    String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
+}
+
+fn refused(lab: &Lab, config: &str) -> String {
+    let mut agent = lab.start_agent(0, config);
+    let status = agent.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(64), "a bad config exits 64:\n{}", agent.log_text());
+    assert!(!xdp_attached(lab), "nothing may be attached after a refused start");
+    agent.log_text()
+}
+
+#[test]
+fn a_bad_config_exits_64_naming_the_field_and_attaches_nothing() {
+    let lab = Lab::new(1);
+    let log =
+        refused(&lab, "interface: eth0\nvips:\n  - address: 198.51.100.10\n  - address: 198.51.100.1000\n");
+    assert!(log.contains("vips[1].address") && log.contains("invalid IPv4 address"), "{log}");
+
+    let log = refused(&lab, "interface: eth9\nvips: []\n");
+    assert!(log.contains("interface") && log.contains("\"eth9\" does not exist"), "{log}");
+
+    let log =
+        refused(&lab, "interface: eth0\nvips:\n  - address: 198.51.100.10\n    mac: ff:ff:ff:ff:ff:ff\n");
+    assert!(log.contains("vips[0].mac") && log.contains("unicast MAC"), "{log}");
+}
+
+#[test]
+fn sigterm_detaches_and_exits_cleanly() {
+    let lab = Lab::new(1);
+    let mut agent =
+        lab.start_agent(0, &format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\nvips: []\n"));
+    agent.wait_ready();
+    assert!(xdp_attached(&lab));
+    agent.signal(libc::SIGTERM);
+    let status = agent.wait_exit(Duration::from_secs(5));
+    assert!(status.success(), "{status}:\n{}", agent.log_text());
+    assert!(!xdp_attached(&lab), "XDP must be detached after SIGTERM");
+    assert!(agent.log_text().contains("XDP detached"));
+}

@@ -1,0 +1,166 @@
+//! Packet fixtures through BPF_PROG_TEST_RUN: the real XDP object, one input frame each, the
+//! action and output frame it must produce, and the counter it must bump.
+
+use std::net::Ipv4Addr;
+
+use aya::{
+    Ebpf,
+    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    programs::{TestRun, TestRunOptions, Xdp},
+};
+use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM};
+use lb_common::{
+    counters::Reason,
+    maps::{ACTION_STATS, OWNED_VIPS, OwnedVip, PacketCounter, REASON_STATS, VIP_STATS, VipKey, VipStats},
+};
+use lb_lab::packet::{arp_frame, arp_request};
+
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+
+const CLIENT_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0xcc];
+const VIP_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xaa];
+const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const OTHER_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 99);
+
+struct Program {
+    ebpf: Ebpf,
+}
+
+impl Program {
+    fn load() -> Program {
+        let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).expect("loading the embedded object");
+        let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
+        program.load().expect("the verifier accepts lb_xdp");
+        let mut owned: HashMap<_, VipKey, OwnedVip> =
+            HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
+        owned.insert(VipKey::new(VIP.octets()), OwnedVip::new(VIP_MAC), 0).unwrap();
+        Program { ebpf }
+    }
+
+    /// Runs one frame; returns the action and the frame as the program left it.
+    fn run(&self, input: &[u8]) -> (u32, Vec<u8>) {
+        let program: &Xdp = self.ebpf.program(UPLINK_PROGRAM).unwrap().try_into().unwrap();
+        let mut out = vec![0u8; input.len() + 256];
+        let result = program
+            .test_run(TestRunOptions { data_in: Some(input), data_out: Some(&mut out), ..Default::default() })
+            .expect("BPF_PROG_TEST_RUN");
+        out.truncate(result.data_size_out as usize);
+        (result.return_value, out)
+    }
+
+    fn reason(&self, reason: Reason) -> u64 {
+        self.summed(REASON_STATS, reason as u32)
+    }
+
+    fn action(&self, action: u32) -> u64 {
+        self.summed(ACTION_STATS, action)
+    }
+
+    fn summed(&self, map: &str, index: u32) -> u64 {
+        let array: PerCpuArray<_, PacketCounter> =
+            PerCpuArray::try_from(self.ebpf.map(map).unwrap()).unwrap();
+        array.get(&index, 0).unwrap().iter().map(|c| c.packets).sum()
+    }
+
+    fn arp_replies(&self, vip: Ipv4Addr) -> u64 {
+        let stats: PerCpuHashMap<_, VipKey, VipStats> =
+            PerCpuHashMap::try_from(self.ebpf.map(VIP_STATS).unwrap()).unwrap();
+        stats.get(&VipKey::new(vip.octets()), 0).map(|v| v.iter().map(|s| s.arp_replies).sum()).unwrap_or(0)
+    }
+}
+
+fn with_byte(mut frame: Vec<u8>, at: usize, value: u8) -> Vec<u8> {
+    frame[at] = value;
+    frame
+}
+
+#[test]
+fn arp_request_for_an_owned_vip_becomes_the_reply() {
+    let program = Program::load();
+    let (action, out) = program.run(&arp_request(CLIENT_MAC, CLIENT_IP, VIP));
+    assert_eq!(action, XDP_TX);
+    // Addressed to the requester, from the VIP's MAC, naming the VIP (RFC 826).
+    assert_eq!(out, arp_frame(2, CLIENT_MAC, VIP_MAC, VIP, CLIENT_MAC, CLIENT_IP));
+    assert_eq!(program.reason(Reason::ArpReplied), 1);
+    assert_eq!(program.action(XDP_TX), 1);
+    assert_eq!(program.arp_replies(VIP), 1);
+}
+
+#[test]
+fn a_request_with_ethernet_padding_is_answered_and_keeps_its_length() {
+    let program = Program::load();
+    let mut padded = arp_request(CLIENT_MAC, CLIENT_IP, VIP);
+    padded.resize(60, 0);
+    let (action, out) = program.run(&padded);
+    assert_eq!(action, XDP_TX);
+    assert_eq!(out.len(), 60);
+    assert_eq!(out[..42], arp_frame(2, CLIENT_MAC, VIP_MAC, VIP, CLIENT_MAC, CLIENT_IP)[..]);
+}
+
+/// Frames the program must pass untouched, and the reason it must count for each.
+#[test]
+fn everything_else_passes_untouched_and_is_counted() {
+    let request = arp_request(CLIENT_MAC, CLIENT_IP, VIP);
+    let cases: Vec<(&str, Vec<u8>, Reason)> = vec![
+        (
+            "request for an address we do not own",
+            arp_request(CLIENT_MAC, CLIENT_IP, OTHER_IP),
+            Reason::ArpNotOwned,
+        ),
+        ("ARP reply", arp_frame(2, VIP_MAC, CLIENT_MAC, CLIENT_IP, VIP_MAC, VIP), Reason::ArpIgnored),
+        ("gratuitous announcement of the VIP", arp_request(CLIENT_MAC, VIP, VIP), Reason::ArpIgnored),
+        ("non-IPv4 protocol type", with_byte(request.clone(), 16, 0x86), Reason::ArpIgnored),
+        ("Ethernet header only", request[..14].to_vec(), Reason::MalformedArp),
+        ("ARP body cut short", request[..41].to_vec(), Reason::MalformedArp),
+        ("hardware length 8", with_byte(request.clone(), 18, 8), Reason::MalformedArp),
+        ("protocol length 16", with_byte(request.clone(), 19, 16), Reason::MalformedArp),
+        (
+            "broadcast sender hardware address",
+            {
+                let mut f = request.clone();
+                f[22..28].copy_from_slice(&[0xff; 6]);
+                f
+            },
+            Reason::MalformedArp,
+        ),
+        ("multicast Ethernet source", with_byte(request.clone(), 6, 0x01), Reason::MalformedArp),
+        ("IPv4, not ARP", with_byte(with_byte(request.clone(), 12, 0x08), 13, 0x00), Reason::NotArp),
+        ("VLAN-tagged", with_byte(with_byte(request.clone(), 12, 0x81), 13, 0x00), Reason::NotArp),
+    ];
+    let program = Program::load();
+    for (i, (name, input, reason)) in cases.iter().enumerate() {
+        let before = program.reason(*reason);
+        let (action, out) = program.run(input);
+        assert_eq!(action, XDP_PASS, "{name}");
+        assert_eq!(&out, input, "{name}: must pass unmodified");
+        assert_eq!(program.reason(*reason), before + 1, "{name}: counts as {reason:?}");
+        assert_eq!(program.action(XDP_PASS), i as u64 + 1, "{name}");
+    }
+    assert_eq!(program.action(XDP_TX), 0);
+    assert_eq!(program.arp_replies(VIP), 0);
+}
+
+#[test]
+fn random_frames_never_abort() {
+    // A cheap deterministic generator: every length from 14 to 128, ARP EtherType, random body.
+    let program = Program::load();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as u8
+    };
+    for len in 14..=128usize {
+        for _ in 0..20 {
+            let mut frame: Vec<u8> = (0..len).map(|_| next()).collect();
+            frame[12] = 0x08;
+            frame[13] = 0x06;
+            let (action, _) = program.run(&frame);
+            assert!(action == XDP_PASS || action == XDP_TX, "len {len}: action {action}");
+        }
+    }
+    assert_eq!(program.action(0), 0, "XDP_ABORTED");
+}

@@ -1,0 +1,106 @@
+//! `cargo xtask`: everything that is not a plain `cargo build` of a host crate.
+//!
+//! - `setup`: installs the Debian packages, the nightly `rust-src` and a bpf-linker built
+//!   against nightly's own LLVM. Unattended and idempotent.
+//! - `build-ebpf`: builds the XDP object that `lb-agent` embeds.
+//! - `test`: setup, BPF build, then every test (unit, BPF fixtures, netns labs).
+//! - `demo`: a lab in which the agent answers ARP for a VIP from XDP.
+
+mod demo;
+mod ebpf;
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "lb-agent's build, setup, test and demo tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install everything a fresh machine needs (apt packages, nightly rust-src, bpf-linker).
+    Setup,
+    /// Build the BPF object embedded by lb-agent.
+    BuildEbpf,
+    /// Setup, BPF build, then all tests. This is what CI runs.
+    Test {
+        /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
+        #[arg(last = true)]
+        cargo_test_args: Vec<String>,
+    },
+    /// Build a lab and show a VIP answered by XDP, with the counters.
+    Demo,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::BuildEbpf => {
+            setup::check_bpf_toolchain()?;
+            ebpf::build()
+        }
+        Task::Test { cargo_test_args } => test(&cargo_test_args),
+        Task::Demo => {
+            setup::run()?;
+            ebpf::build()?;
+            demo::run()
+        }
+    }
+}
+
+fn test(extra: &[String]) -> Result<()> {
+    setup::run()?;
+    ebpf::build()?;
+    // The lab tests start the agent binary, so build it before the tests need it.
+    cargo(&["build", "--package", "lb-agent", "--bin", "lb-agent"])?;
+    cargo(&["fmt", "--all", "--check"])?;
+    cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
+    let mut args = vec!["test", "--no-fail-fast"];
+    args.extend(extra.iter().map(String::as_str));
+    cargo(&args)
+}
+
+/// Runs the host cargo (the stable toolchain that runs xtask) in the workspace root.
+fn cargo(args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(Command::new(cargo).args(args).current_dir(workspace_root()))
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("+ {}", describe(cmd));
+    let status = cmd.status().with_context(|| format!("could not start {}", describe(cmd)))?;
+    if !status.success() {
+        bail!("{} failed: {status}", describe(cmd));
+    }
+    Ok(())
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("could not start {}", describe(cmd)))?;
+    if !out.status.success() {
+        bail!("{} failed: {}\n{}", describe(cmd), out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+}
+
+fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").into()
+}

@@ -5,6 +5,7 @@
 //! - [`dataplane`]: the embedded XDP object, attach/detach, and its maps.
 //! - [`metrics`]: Prometheus metrics, with XDP counters collected at scrape time.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`vrrp`]: VRRPv3 — who owns each VIP at run time.
 //! - [`agent`]: the run loop and signal handling.
 //! - [`error`]: the crate's error type.
 
@@ -15,3 +16,4 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod netdev;
+pub mod vrrp;

@@ -17,6 +17,9 @@ use serde::{Deserialize, Deserializer, de};
 
 use crate::error::Error;
 
+mod group;
+pub use group::{GarpConfig, GroupConfig, GroupNode, GroupVip, VipMode};
+
 /// The agent's configuration file.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -29,9 +32,16 @@ pub struct Config {
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
-    /// VIPs this node answers for unconditionally.
+    /// This node's name in `groups[].nodes`. Defaults to `--node`, then `$NODE_NAME`, then the
+    /// host name.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// VIPs this node answers for unconditionally, without VRRP.
     #[serde(default)]
     pub vips: Vec<VipConfig>,
+    /// Groups of nodes that share VIPs through VRRP.
+    #[serde(default)]
+    pub groups: Vec<GroupConfig>,
 }
 
 /// XDP attach mode.
@@ -102,12 +112,7 @@ impl Config {
         let mut seen: BTreeMap<Ipv4Addr, usize> = BTreeMap::new();
         for (i, vip) in self.vips.iter().enumerate() {
             let a = vip.address;
-            if a.is_unspecified() || a.is_multicast() || a.is_broadcast() || a.is_loopback() {
-                return Err(ConfigError::new(
-                    format!("vips[{i}].address"),
-                    format!("a unicast IPv4 address, got {a}"),
-                ));
-            }
+            check_unicast(&format!("vips[{i}].address"), a)?;
             if let Some(first) = seen.insert(a, i) {
                 return Err(ConfigError::new(
                     format!("vips[{i}].address"),
@@ -123,8 +128,18 @@ impl Config {
                 ));
             }
         }
-        Ok(())
+        let mut vip_owner: BTreeMap<Ipv4Addr, String> =
+            seen.into_iter().map(|(a, i)| (a, format!("vips[{i}]"))).collect();
+        group::validate_groups(&self.groups, &mut vip_owner)
     }
+}
+
+/// VIPs and node addresses must be unicast.
+fn check_unicast(field: &str, a: Ipv4Addr) -> Result<(), ConfigError> {
+    if a.is_unspecified() || a.is_multicast() || a.is_broadcast() || a.is_loopback() {
+        return Err(ConfigError::new(field, format!("a unicast IPv4 address, got {a}")));
+    }
+    Ok(())
 }
 
 /// serde_yaml appends " at line L column C"; we report the location once, ourselves.

@@ -1,0 +1,268 @@
+//! VRRP groups in the standalone config: which nodes share which VIPs, and how.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    time::Duration,
+};
+
+use serde::{Deserialize, Deserializer, de};
+
+use super::{ConfigError, check_unicast};
+use crate::vrrp::{packet::ChecksumMode, router::Transport};
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GroupConfig {
+    pub name: String,
+    pub nodes: Vec<GroupNode>,
+    #[serde(default)]
+    pub vips: Vec<GroupVip>,
+    /// How often the master advertises: 10ms to 40.95s in steps of 10ms.
+    #[serde(default = "default_advert_interval", deserialize_with = "duration")]
+    pub advert_interval: Duration,
+    /// Spread a Service's VIPs over distinct nodes (the planner). Off: each Service's VIPs all
+    /// follow its first VIP.
+    #[serde(default)]
+    pub spread: Option<bool>,
+    /// A single, manually numbered VRRP instance carrying every VIP of the group, as keepalived
+    /// is configured. Needs `priorities`; the planner is not used.
+    #[serde(default)]
+    pub vrid: Option<u8>,
+    /// Manual priorities by node name (1–254; 255 for the address owner). Only with `vrid`.
+    #[serde(default)]
+    pub priorities: Option<BTreeMap<String, u8>>,
+    #[serde(default)]
+    pub transport: Transport,
+    /// VRIDs the planner must not use (other routers on the segment).
+    #[serde(default)]
+    pub excluded_vrids: Vec<u8>,
+    #[serde(default = "yes")]
+    pub preempt: bool,
+    #[serde(default, deserialize_with = "duration")]
+    pub preempt_delay: Duration,
+    #[serde(default)]
+    pub checksum: ChecksumMode,
+    #[serde(default)]
+    pub vip_mode: VipMode,
+    #[serde(default)]
+    pub garp: GarpConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GroupNode {
+    pub name: String,
+    /// The node's address on the uplink: the source of its advertisements.
+    pub address: Ipv4Addr,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GroupVip {
+    pub address: Ipv4Addr,
+    /// The Service the VIP belongs to (e.g. `default/web`); a Service's VIPs are spread.
+    #[serde(default)]
+    pub service: Option<String>,
+}
+
+/// How a Master makes its VIPs reachable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum VipMode {
+    /// XDP answers ARP; the kernel does not hold the address.
+    #[default]
+    Xdp,
+    /// The address is added to the uplink through rtnetlink and the kernel answers ARP: for
+    /// hosts where XDP is unavailable.
+    Netlink,
+    /// Both: XDP answers ARP, and the kernel accepts traffic to the VIP locally.
+    Both,
+}
+
+impl VipMode {
+    pub fn uses_xdp(self) -> bool {
+        matches!(self, VipMode::Xdp | VipMode::Both)
+    }
+
+    pub fn uses_netlink(self) -> bool {
+        matches!(self, VipMode::Netlink | VipMode::Both)
+    }
+}
+
+/// Gratuitous ARP on becoming Master.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GarpConfig {
+    /// Announcements per VIP.
+    #[serde(default = "default_garp_count")]
+    pub count: u32,
+    /// Pause between announcements.
+    #[serde(default = "default_garp_interval", deserialize_with = "duration")]
+    pub interval: Duration,
+}
+
+impl Default for GarpConfig {
+    fn default() -> Self {
+        Self { count: default_garp_count(), interval: default_garp_interval() }
+    }
+}
+
+fn default_advert_interval() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_garp_count() -> u32 {
+    3
+}
+fn default_garp_interval() -> Duration {
+    Duration::from_millis(20)
+}
+fn yes() -> bool {
+    true
+}
+
+/// Durations are written as `10ms`, `1s`, `1m`.
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text)
+        .map_err(|e| de::Error::custom(format!("a duration like 100ms or 1s, got {text:?} ({e})")))
+}
+
+const MAX_ADVERT_INTERVAL: Duration = Duration::from_millis(40_950);
+
+pub(super) fn validate_groups(
+    groups: &[GroupConfig],
+    vip_owner: &mut BTreeMap<Ipv4Addr, String>,
+) -> Result<(), ConfigError> {
+    let mut names = BTreeMap::new();
+    let mut manual_vrids: BTreeMap<u8, usize> = BTreeMap::new();
+    let mut node_addresses: BTreeMap<String, (Ipv4Addr, String)> = BTreeMap::new();
+    for (g, group) in groups.iter().enumerate() {
+        let at = |field: &str| format!("groups[{g}].{field}");
+        if group.name.is_empty() {
+            return Err(ConfigError::new(at("name"), "a non-empty group name"));
+        }
+        if let Some(first) = names.insert(group.name.as_str(), g) {
+            return Err(ConfigError::new(
+                at("name"),
+                format!("a unique name, but groups[{first}] is also {:?}", group.name),
+            ));
+        }
+        if group.nodes.is_empty() {
+            return Err(ConfigError::new(at("nodes"), "at least one node"));
+        }
+        let mut members = BTreeSet::new();
+        let mut addresses = BTreeSet::new();
+        for (n, node) in group.nodes.iter().enumerate() {
+            let field = at(&format!("nodes[{n}]"));
+            if node.name.is_empty() || !members.insert(node.name.as_str()) {
+                return Err(ConfigError::new(
+                    format!("{field}.name"),
+                    format!("a unique, non-empty node name, got {:?}", node.name),
+                ));
+            }
+            check_unicast(&format!("{field}.address"), node.address)?;
+            if !addresses.insert(node.address) {
+                return Err(ConfigError::new(
+                    format!("{field}.address"),
+                    format!("a unique address, {} is listed twice", node.address),
+                ));
+            }
+            // Every group runs on the one uplink, where a node has one source address.
+            match node_addresses.get(&node.name) {
+                Some((address, first)) if *address != node.address => {
+                    return Err(ConfigError::new(
+                        format!("{field}.address"),
+                        format!("{} as in {first}, since a node has one address on the uplink", address),
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    node_addresses.insert(node.name.clone(), (node.address, format!("{field}.address")));
+                }
+            }
+        }
+        for (v, vip) in group.vips.iter().enumerate() {
+            let field = at(&format!("vips[{v}].address"));
+            check_unicast(&field, vip.address)?;
+            if let Some(first) = vip_owner.insert(vip.address, at(&format!("vips[{v}]"))) {
+                return Err(ConfigError::new(
+                    field,
+                    format!("each VIP once, but {} is also {first}", vip.address),
+                ));
+            }
+        }
+        let interval = group.advert_interval;
+        if interval < Duration::from_millis(10)
+            || interval > MAX_ADVERT_INTERVAL
+            || interval.as_micros() % 10_000 != 0
+        {
+            return Err(ConfigError::new(
+                at("advertInterval"),
+                format!("10ms to 40.95s in steps of 10ms (VRRPv3 counts centiseconds), got {interval:?}"),
+            ));
+        }
+        for (i, vrid) in group.excluded_vrids.iter().enumerate() {
+            if *vrid == 0 {
+                return Err(ConfigError::new(at(&format!("excludedVrids[{i}]")), "a VRID from 1 to 255"));
+            }
+        }
+        match (group.vrid, &group.priorities) {
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(ConfigError::new(
+                    at("priorities"),
+                    "a priority for every node, since vrid is set",
+                ));
+            }
+            (None, Some(_)) => return Err(ConfigError::new(at("vrid"), "a VRID, since priorities are set")),
+            (Some(vrid), Some(priorities)) => {
+                if vrid == 0 || group.excluded_vrids.contains(&vrid) {
+                    return Err(ConfigError::new(
+                        at("vrid"),
+                        format!("a VRID from 1 to 255 not in excludedVrids, got {vrid}"),
+                    ));
+                }
+                if let Some(first) = manual_vrids.insert(vrid, g) {
+                    return Err(ConfigError::new(
+                        at("vrid"),
+                        format!("a VRID no other group uses, but groups[{first}] uses {vrid}"),
+                    ));
+                }
+                if group.spread == Some(true) {
+                    return Err(ConfigError::new(
+                        at("spread"),
+                        "false or absent: a manual vrid carries every VIP on one master",
+                    ));
+                }
+                for node in &group.nodes {
+                    match priorities.get(&node.name) {
+                        Some(1..=255) => {}
+                        Some(p) => {
+                            return Err(ConfigError::new(
+                                at(&format!("priorities.{}", node.name)),
+                                format!("1 to 255, got {p}"),
+                            ));
+                        }
+                        None => {
+                            return Err(ConfigError::new(
+                                at("priorities"),
+                                format!("a priority for node {:?}", node.name),
+                            ));
+                        }
+                    }
+                }
+                if let Some(stranger) = priorities.keys().find(|n| !members.contains(n.as_str())) {
+                    return Err(ConfigError::new(
+                        at(&format!("priorities.{stranger}")),
+                        "a node listed in nodes",
+                    ));
+                }
+            }
+        }
+        if group.garp.count > 100 || group.garp.interval > Duration::from_secs(10) {
+            return Err(ConfigError::new(at("garp"), "count ≤ 100 and interval ≤ 10s"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,371 @@
+//! VRRPv3 advertisements on the wire (RFC 5798 §5, RFC 9568 §5), IPv4.
+//!
+//! ```text
+//!  0                   1                   2                   3
+//!  0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
+//! |Version| Type  | Virtual Rtr ID|   Priority    |Count IPvX Addr|
+//! |(rsvd) |     Max Adver Int     |          Checksum             |
+//! |                       IPvX Address(es)                        |
+//! ```
+//!
+//! Decoding never panics: every way a datagram can be wrong is a [`DecodeError`], which the
+//! caller counts as a drop reason.
+
+use std::net::Ipv4Addr;
+
+/// IANA protocol number for VRRP.
+pub const IPPROTO_VRRP: u8 = 112;
+/// RFC 5798 §5.1.1.2: the IPv4 multicast group.
+pub const VRRP_MULTICAST_V4: Ipv4Addr = Ipv4Addr::new(224, 0, 0, 18);
+/// RFC 5798 §5.1.1.3: VRRP packets are sent with TTL 255 and received only with TTL 255.
+pub const VRRP_TTL: u8 = 255;
+
+const VERSION_3: u8 = 3;
+const TYPE_ADVERTISEMENT: u8 = 1;
+const HEADER_LEN: usize = 8;
+/// Max Adver Int is a 12-bit count of centiseconds.
+pub const MAX_ADVER_INT_CS: u16 = 0x0fff;
+/// More addresses than this do not fit one advertisement (the count is a byte). The address list
+/// is informational (RFC 5798 §7.1 "MAY verify"), so large shared instances list the first ones.
+pub const MAX_ADVERTISED_ADDRS: usize = 255;
+
+/// Which pseudo-header the checksum covers.
+///
+/// RFC 5798 §5.2.8 includes an IPv4 pseudo-header with the packet's real destination. keepalived
+/// before 2.2.? (and with `old_unicast_checksum`) used 224.0.0.18 as the destination even for
+/// unicast adverts; some VRRPv2-era implementations use no pseudo-header at all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ChecksumMode {
+    /// RFC 5798: pseudo-header with the real destination. keepalived 2.2.7's default.
+    #[default]
+    Rfc,
+    /// Pseudo-header with 224.0.0.18 as destination whatever the real one (keepalived's
+    /// `old_unicast_checksum`).
+    MulticastDestination,
+    /// The VRRP message alone, as in VRRPv2.
+    NoPseudoHeader,
+}
+
+/// A VRRPv3 advertisement, independent of the IP header that carried it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Advertisement {
+    pub vrid: u8,
+    pub priority: u8,
+    /// Centiseconds, 1..=4095.
+    pub max_adver_int_cs: u16,
+    pub addresses: Vec<Ipv4Addr>,
+}
+
+/// An advertisement with what the IPv4 header said about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    pub source: Ipv4Addr,
+    pub destination: Ipv4Addr,
+    pub advert: Advertisement,
+}
+
+/// Why a datagram was dropped. [`DecodeError::label`] is the metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("truncated: {0} bytes")]
+    Truncated(usize),
+    #[error("not an IPv4 VRRP datagram")]
+    NotVrrp,
+    #[error("IPv4 fragment")]
+    Fragment,
+    #[error("TTL {0}, expected 255 (RFC 5798 §7.1)")]
+    BadTtl(u8),
+    #[error("VRRP version {0}, expected 3")]
+    BadVersion(u8),
+    #[error("VRRP type {0}, expected 1 (advertisement)")]
+    BadType(u8),
+    #[error("address count {count} does not match {len} bytes of addresses")]
+    BadCount { count: u8, len: usize },
+    #[error("advertisement interval 0")]
+    ZeroInterval,
+    #[error("bad checksum")]
+    BadChecksum,
+}
+
+impl DecodeError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            DecodeError::Truncated(_) => "truncated",
+            DecodeError::NotVrrp => "not_vrrp",
+            DecodeError::Fragment => "fragment",
+            DecodeError::BadTtl(_) => "bad_ttl",
+            DecodeError::BadVersion(_) => "bad_version",
+            DecodeError::BadType(_) => "bad_type",
+            DecodeError::BadCount { .. } => "bad_count",
+            DecodeError::ZeroInterval => "zero_interval",
+            DecodeError::BadChecksum => "bad_checksum",
+        }
+    }
+}
+
+impl Advertisement {
+    /// The VRRP message (no IP header), checksummed for `source` → `destination`.
+    pub fn encode(&self, source: Ipv4Addr, destination: Ipv4Addr, mode: ChecksumMode) -> Vec<u8> {
+        let addresses = &self.addresses[..self.addresses.len().min(MAX_ADVERTISED_ADDRS)];
+        let mut buf = Vec::with_capacity(HEADER_LEN + 4 * addresses.len());
+        buf.push(VERSION_3 << 4 | TYPE_ADVERTISEMENT);
+        buf.push(self.vrid);
+        buf.push(self.priority);
+        buf.push(addresses.len() as u8);
+        buf.extend_from_slice(&(self.max_adver_int_cs & MAX_ADVER_INT_CS).to_be_bytes());
+        buf.extend_from_slice(&[0, 0]);
+        for a in addresses {
+            buf.extend_from_slice(&a.octets());
+        }
+        let sum = checksum(&buf, source, destination, mode);
+        buf[6..8].copy_from_slice(&sum.to_be_bytes());
+        buf
+    }
+
+    /// Decodes a VRRP message whose IP header was already checked. RFC 5798 §7.1's checks that
+    /// need only the packet: version, type, completeness, checksum.
+    pub fn decode(
+        msg: &[u8],
+        source: Ipv4Addr,
+        destination: Ipv4Addr,
+        mode: ChecksumMode,
+    ) -> Result<Self, DecodeError> {
+        if msg.len() < HEADER_LEN {
+            return Err(DecodeError::Truncated(msg.len()));
+        }
+        let version = msg[0] >> 4;
+        if version != VERSION_3 {
+            return Err(DecodeError::BadVersion(version));
+        }
+        let kind = msg[0] & 0x0f;
+        if kind != TYPE_ADVERTISEMENT {
+            return Err(DecodeError::BadType(kind));
+        }
+        let count = msg[3];
+        let body = &msg[HEADER_LEN..];
+        // Trailing bytes beyond the addresses would be padding from a sloppy sender; a short body
+        // is an incomplete packet. Both are rejected: the checksum could not be trusted.
+        if body.len() != 4 * count as usize {
+            return Err(DecodeError::BadCount { count, len: body.len() });
+        }
+        if checksum(msg, source, destination, mode) != 0 {
+            return Err(DecodeError::BadChecksum);
+        }
+        let max_adver_int_cs = u16::from_be_bytes([msg[4], msg[5]]) & MAX_ADVER_INT_CS;
+        if max_adver_int_cs == 0 {
+            return Err(DecodeError::ZeroInterval);
+        }
+        let addresses = body.chunks_exact(4).map(|a| Ipv4Addr::new(a[0], a[1], a[2], a[3])).collect();
+        Ok(Advertisement { vrid: msg[1], priority: msg[2], max_adver_int_cs, addresses })
+    }
+}
+
+/// Decodes a whole IPv4 datagram as a raw socket delivers it: header checks (protocol, TTL 255,
+/// no fragments) then the VRRP message.
+pub fn decode_ipv4(datagram: &[u8], mode: ChecksumMode) -> Result<Received, DecodeError> {
+    if datagram.len() < 20 {
+        return Err(DecodeError::Truncated(datagram.len()));
+    }
+    if datagram[0] >> 4 != 4 || datagram[9] != IPPROTO_VRRP {
+        return Err(DecodeError::NotVrrp);
+    }
+    let header_len = usize::from(datagram[0] & 0x0f) * 4;
+    let total_len = usize::from(u16::from_be_bytes([datagram[2], datagram[3]]));
+    if header_len < 20 || total_len < header_len || datagram.len() < total_len {
+        return Err(DecodeError::Truncated(datagram.len()));
+    }
+    let flags_fragment = u16::from_be_bytes([datagram[6], datagram[7]]);
+    if flags_fragment & 0x3fff != 0 {
+        // More-fragments set or a non-zero offset: VRRP adverts are never fragmented.
+        return Err(DecodeError::Fragment);
+    }
+    let ttl = datagram[8];
+    if ttl != VRRP_TTL {
+        return Err(DecodeError::BadTtl(ttl));
+    }
+    let source = Ipv4Addr::new(datagram[12], datagram[13], datagram[14], datagram[15]);
+    let destination = Ipv4Addr::new(datagram[16], datagram[17], datagram[18], datagram[19]);
+    let advert = Advertisement::decode(&datagram[header_len..total_len], source, destination, mode)?;
+    Ok(Received { source, destination, advert })
+}
+
+/// The Internet checksum (RFC 1071) over the message and, per `mode`, the IPv4 pseudo-header.
+/// Over a message that already carries its checksum the result is 0.
+pub fn checksum(msg: &[u8], source: Ipv4Addr, destination: Ipv4Addr, mode: ChecksumMode) -> u16 {
+    let mut sum: u32 = 0;
+    let mut add = |bytes: &[u8]| {
+        let mut chunks = bytes.chunks_exact(2);
+        for c in &mut chunks {
+            sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+        }
+        if let [last] = chunks.remainder() {
+            sum += u32::from(*last) << 8;
+        }
+    };
+    let destination = match mode {
+        ChecksumMode::Rfc => Some(destination),
+        ChecksumMode::MulticastDestination => Some(VRRP_MULTICAST_V4),
+        ChecksumMode::NoPseudoHeader => None,
+    };
+    if let Some(destination) = destination {
+        add(&source.octets());
+        add(&destination.octets());
+        add(&[0, IPPROTO_VRRP]);
+        add(&(msg.len() as u16).to_be_bytes());
+    }
+    add(msg);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SRC: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+
+    fn advert() -> Advertisement {
+        Advertisement {
+            vrid: 51,
+            priority: 150,
+            max_adver_int_cs: 100,
+            addresses: vec![Ipv4Addr::new(198, 51, 100, 10), Ipv4Addr::new(198, 51, 100, 11)],
+        }
+    }
+
+    /// An IPv4 header (no options) around `msg`, as the kernel hands it to a raw socket.
+    fn datagram(msg: &[u8], ttl: u8, destination: Ipv4Addr) -> Vec<u8> {
+        let mut d = vec![0x45, 0xc0];
+        d.extend_from_slice(&((20 + msg.len()) as u16).to_be_bytes());
+        d.extend_from_slice(&[0, 0, 0, 0, ttl, IPPROTO_VRRP, 0, 0]);
+        d.extend_from_slice(&SRC.octets());
+        d.extend_from_slice(&destination.octets());
+        d.extend_from_slice(msg);
+        d
+    }
+
+    /// Golden datagram: what keepalived 2.2.7 (Debian 12) sent for `version 3,
+    /// virtual_router_id 51, priority 150, advert_int 1, virtual_ipaddress { 198.51.100.10
+    /// 198.51.100.11 }` from 192.0.2.10, captured with `tcpdump -xx` in a namespace.
+    const KEEPALIVED_DATAGRAM: [u8; 36] = [
+        0x45, 0xc0, 0x00, 0x24, 0x00, 0x01, 0x00, 0x00, 0xff, 0x70, 0x18, 0x8c, 0xc0, 0x00, 0x02,
+        0x0a, //
+        0xe0, 0x00, 0x00, 0x12, 0x31, 0x33, 0x96, 0x02, 0x00, 0x64, 0x41, 0x4b, 0xc6, 0x33, 0x64,
+        0x0a, //
+        0xc6, 0x33, 0x64, 0x0b,
+    ];
+
+    #[test]
+    fn decodes_what_keepalived_sends() {
+        let got = decode_ipv4(&KEEPALIVED_DATAGRAM, ChecksumMode::Rfc).unwrap();
+        assert_eq!(got, Received { source: SRC, destination: VRRP_MULTICAST_V4, advert: advert() });
+    }
+
+    #[test]
+    fn encodes_what_keepalived_sends() {
+        let msg = advert().encode(SRC, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
+        assert_eq!(msg, KEEPALIVED_DATAGRAM[20..]);
+    }
+
+    #[test]
+    fn round_trips_in_every_checksum_mode() {
+        for mode in [ChecksumMode::Rfc, ChecksumMode::MulticastDestination, ChecksumMode::NoPseudoHeader] {
+            let dst = Ipv4Addr::new(192, 0, 2, 11);
+            let msg = advert().encode(SRC, dst, mode);
+            let got = decode_ipv4(&datagram(&msg, 255, dst), mode).unwrap();
+            assert_eq!(got.advert, advert(), "{mode:?}");
+            assert_eq!((got.source, got.destination), (SRC, dst));
+        }
+    }
+
+    #[test]
+    fn checksum_modes_differ_for_unicast_and_are_not_interchangeable() {
+        let dst = Ipv4Addr::new(192, 0, 2, 11);
+        let rfc = advert().encode(SRC, dst, ChecksumMode::Rfc);
+        let old = advert().encode(SRC, dst, ChecksumMode::MulticastDestination);
+        assert_ne!(rfc, old);
+        assert_eq!(
+            decode_ipv4(&datagram(&rfc, 255, dst), ChecksumMode::MulticastDestination),
+            Err(DecodeError::BadChecksum)
+        );
+        // For multicast the two modes agree.
+        assert_eq!(
+            advert().encode(SRC, VRRP_MULTICAST_V4, ChecksumMode::Rfc),
+            advert().encode(SRC, VRRP_MULTICAST_V4, ChecksumMode::MulticastDestination)
+        );
+    }
+
+    #[test]
+    fn hostile_datagrams_are_rejected_with_their_reason() {
+        let msg = advert().encode(SRC, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
+        let good = datagram(&msg, 255, VRRP_MULTICAST_V4);
+        let decode = |d: &[u8]| decode_ipv4(d, ChecksumMode::Rfc);
+        assert!(decode(&good).is_ok());
+
+        assert_eq!(decode(&datagram(&msg, 254, VRRP_MULTICAST_V4)), Err(DecodeError::BadTtl(254)));
+        assert_eq!(decode(&good[..10]), Err(DecodeError::Truncated(10)));
+        assert_eq!(decode(&good[..good.len() - 1]), Err(DecodeError::Truncated(good.len() - 1)));
+
+        let mut v2 = msg.clone();
+        v2[0] = 0x21;
+        assert_eq!(decode(&datagram(&v2, 255, VRRP_MULTICAST_V4)), Err(DecodeError::BadVersion(2)));
+        let mut bad_type = msg.clone();
+        bad_type[0] = 0x32;
+        assert_eq!(decode(&datagram(&bad_type, 255, VRRP_MULTICAST_V4)), Err(DecodeError::BadType(2)));
+        let mut bad_sum = msg.clone();
+        bad_sum[7] ^= 1;
+        assert_eq!(decode(&datagram(&bad_sum, 255, VRRP_MULTICAST_V4)), Err(DecodeError::BadChecksum));
+        let mut bad_count = msg.clone();
+        bad_count[3] = 3;
+        assert_eq!(
+            decode(&datagram(&bad_count, 255, VRRP_MULTICAST_V4)),
+            Err(DecodeError::BadCount { count: 3, len: 8 })
+        );
+        let mut fragment = good.clone();
+        fragment[6] = 0x20; // more fragments
+        assert_eq!(decode(&fragment), Err(DecodeError::Fragment));
+        let mut other_proto = good.clone();
+        other_proto[9] = 17;
+        assert_eq!(decode(&other_proto), Err(DecodeError::NotVrrp));
+        let zero_interval = Advertisement { max_adver_int_cs: 0, ..advert() }.encode(
+            SRC,
+            VRRP_MULTICAST_V4,
+            ChecksumMode::Rfc,
+        );
+        assert_eq!(decode(&datagram(&zero_interval, 255, VRRP_MULTICAST_V4)), Err(DecodeError::ZeroInterval));
+    }
+
+    #[test]
+    fn options_in_the_ip_header_are_skipped() {
+        let msg = advert().encode(SRC, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
+        let mut d = datagram(&msg, 255, VRRP_MULTICAST_V4);
+        d[0] = 0x46; // IHL 6: one word of options (Router Alert)
+        d.splice(20..20, [0x94, 0x04, 0x00, 0x00]);
+        let total = (d.len() as u16).to_be_bytes();
+        d[2..4].copy_from_slice(&total);
+        assert_eq!(decode_ipv4(&d, ChecksumMode::Rfc).unwrap().advert, advert());
+    }
+
+    #[test]
+    fn interval_uses_only_twelve_bits() {
+        let a = Advertisement { max_adver_int_cs: 0xf064, ..advert() };
+        let msg = a.encode(SRC, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
+        assert_eq!(msg[4] & 0xf0, 0, "reserved bits are sent as zero");
+        let got = Advertisement::decode(&msg, SRC, VRRP_MULTICAST_V4, ChecksumMode::Rfc).unwrap();
+        assert_eq!(got.max_adver_int_cs, 0x064);
+    }
+
+    #[test]
+    fn too_many_addresses_are_capped_at_the_count_field() {
+        let a = Advertisement {
+            addresses: (0..300u32).map(|i| Ipv4Addr::from(0xc633_6400 + i)).collect(),
+            ..advert()
+        };
+        let msg = a.encode(SRC, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
+        assert_eq!(msg[3], 255);
+        assert_eq!(msg.len(), 8 + 4 * 255);
+    }
+}

@@ -1,0 +1,550 @@
+//! All of this node's virtual routers on one interface: the §7.1 receive checks, dispatch by
+//! VRID, advertisement encoding, and the graceful handover on shutdown.
+//!
+//! Still sans-IO: datagrams and time go in, [`Outgoing`] datagrams and the owned-VIP set come
+//! out. The agent's shell owns the socket and the data plane.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use tracing::{debug, info, warn};
+
+use super::{
+    instance::{Action, Ignored, Instance, InstanceConfig, PRIORITY_RESIGN, State},
+    metrics::VrrpMetrics,
+    packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V4, decode_ipv4},
+};
+
+/// Multicast to 224.0.0.18, or unicast to each peer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Transport {
+    #[default]
+    Multicast,
+    Unicast,
+}
+
+/// What this node runs for one VRID: derived from the plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceSpec {
+    pub group: String,
+    pub vrid: u8,
+    pub priority: u8,
+    pub advert_interval: Duration,
+    pub preempt: bool,
+    pub preempt_delay: Duration,
+    pub vips: BTreeSet<Ipv4Addr>,
+    /// The other members' addresses: the only accepted sources, and the unicast destinations.
+    pub peers: BTreeSet<Ipv4Addr>,
+    pub transport: Transport,
+    pub checksum: ChecksumMode,
+}
+
+/// A datagram for the shell to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    pub destination: Ipv4Addr,
+    pub payload: Vec<u8>,
+}
+
+/// Why a received datagram was dropped before or by the state machine (metric labels).
+pub mod drop_reason {
+    pub const OWN: &str = "own_advert";
+    pub const UNKNOWN_VRID: &str = "unknown_vrid";
+    pub const NOT_MEMBER: &str = "not_member";
+    pub const LOWER_PRIORITY: &str = "lower_priority";
+    pub const WE_ARE_OWNER: &str = "we_are_owner";
+    pub const NOT_RUNNING: &str = "not_running";
+}
+
+struct Running {
+    spec: InstanceSpec,
+    machine: Instance,
+}
+
+/// A resigned master that keeps its VIPs until a new master is heard (or a bound passes), so a
+/// rolling restart never leaves the VIPs unanswered.
+struct Handover {
+    group: String,
+    vips: BTreeSet<Ipv4Addr>,
+    peers: BTreeSet<Ipv4Addr>,
+    release_at: Instant,
+    successor_heard: bool,
+}
+
+pub struct Router {
+    local: Ipv4Addr,
+    instances: BTreeMap<u8, Running>,
+    handovers: BTreeMap<u8, Handover>,
+    metrics: VrrpMetrics,
+    started: bool,
+}
+
+/// After the successor's first advertisement, keep answering this long: its gratuitous ARPs
+/// are on their way to the clients, and traffic still addressed to us is served meanwhile.
+const HANDOVER_GRACE: Duration = Duration::from_millis(50);
+
+impl Router {
+    pub fn new(local: Ipv4Addr, metrics: VrrpMetrics) -> Self {
+        Self { local, instances: BTreeMap::new(), handovers: BTreeMap::new(), metrics, started: false }
+    }
+
+    pub fn local_address(&self) -> Ipv4Addr {
+        self.local
+    }
+
+    /// Starts every instance (§6.4.1 Startup).
+    pub fn start(&mut self, now: Instant) -> Vec<Outgoing> {
+        self.started = true;
+        let mut out = Vec::new();
+        let vrids: Vec<u8> = self.instances.keys().copied().collect();
+        for vrid in vrids {
+            let actions = self.instances.get_mut(&vrid).map(|r| r.machine.startup(now)).unwrap_or_default();
+            self.carry_out(vrid, actions, &mut out);
+        }
+        out
+    }
+
+    /// Brings the instances in line with `specs`: new VRIDs start, vanished ones resign,
+    /// changed ones take their new priority, interval and VIPs without restarting.
+    pub fn reconfigure(&mut self, now: Instant, specs: Vec<InstanceSpec>) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        let wanted: BTreeMap<u8, InstanceSpec> = specs.into_iter().map(|s| (s.vrid, s)).collect();
+        let gone: Vec<u8> = self.instances.keys().filter(|v| !wanted.contains_key(v)).copied().collect();
+        for vrid in gone {
+            if let Some(mut running) = self.instances.remove(&vrid) {
+                let actions = running.machine.shutdown();
+                self.record_state(vrid, &running.spec.group, running.machine.state());
+                self.metrics.forget(&running.spec.group, vrid);
+                // Nothing will take over this VRID: the VIPs moved to other instances.
+                for action in actions {
+                    if let Action::SendAdvert { priority } = action {
+                        encode_adverts(self.local, &running.spec, priority, &mut out);
+                    }
+                }
+            }
+        }
+        for (vrid, spec) in wanted {
+            match self.instances.get_mut(&vrid) {
+                Some(running) => {
+                    running.machine.set_priority(spec.priority);
+                    running.machine.set_preempt(spec.preempt, spec.preempt_delay);
+                    running.machine.set_advert_interval(spec.advert_interval);
+                    running.spec = spec;
+                }
+                None => {
+                    let machine = Instance::new(InstanceConfig {
+                        vrid,
+                        priority: spec.priority,
+                        advert_interval: spec.advert_interval,
+                        preempt: spec.preempt,
+                        preempt_delay: spec.preempt_delay,
+                        primary_address: self.local,
+                    });
+                    self.record_state(vrid, &spec.group, State::Initialize);
+                    self.instances.insert(vrid, Running { spec, machine });
+                    if self.started {
+                        let actions = self.instances.get_mut(&vrid).map(|r| r.machine.startup(now)).unwrap();
+                        self.carry_out(vrid, actions, &mut out);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Handles one datagram from the raw socket (IPv4 header included).
+    pub fn on_datagram(&mut self, now: Instant, datagram: &[u8]) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        // The checksum mode is per instance, so find the VRID before verifying.
+        let checksum = peek_vrid(datagram)
+            .and_then(|vrid| self.instances.get(&vrid))
+            .map_or(ChecksumMode::Rfc, |r| r.spec.checksum);
+        let received = match decode_ipv4(datagram, checksum) {
+            Ok(r) => r,
+            Err(e) => {
+                debug!(error = %e, "VRRP datagram dropped");
+                self.metrics.dropped(peek_vrid(datagram), e.label());
+                return out;
+            }
+        };
+        let vrid = received.advert.vrid;
+        if received.source == self.local {
+            self.metrics.dropped(Some(vrid), drop_reason::OWN);
+            return out;
+        }
+        if let Some(handover) = self.handovers.get_mut(&vrid) {
+            if handover.peers.contains(&received.source) && received.advert.priority != PRIORITY_RESIGN {
+                if !handover.successor_heard {
+                    info!(vrid, successor = %received.source, "successor heard, releasing VIPs shortly");
+                    handover.successor_heard = true;
+                    handover.release_at = handover.release_at.min(now + HANDOVER_GRACE);
+                }
+                self.metrics.received(&handover.group, vrid);
+                return out;
+            }
+        }
+        let Some(running) = self.instances.get_mut(&vrid) else {
+            self.metrics.dropped(Some(vrid), drop_reason::UNKNOWN_VRID);
+            return out;
+        };
+        // VRRPv3 has no authentication: only the group's members may speak for its VRIDs.
+        if !running.spec.peers.contains(&received.source) {
+            warn!(vrid, source = %received.source, "advertisement from a non-member dropped");
+            self.metrics.dropped(Some(vrid), drop_reason::NOT_MEMBER);
+            return out;
+        }
+        self.metrics.received(&running.spec.group, vrid);
+        if !same_addresses(&received.advert, &running.spec.vips) {
+            // §7.1: "MAY verify … SHOULD log"; still processed, as the RFC allows.
+            debug!(vrid, source = %received.source, "advertised addresses differ from ours");
+            self.metrics.address_mismatch(&running.spec.group, vrid);
+        }
+        match running.machine.on_advert(now, received.source, &received.advert) {
+            Ok(actions) => self.carry_out(vrid, actions, &mut out),
+            Err(reason) => {
+                let label = match reason {
+                    Ignored::LowerPriority => drop_reason::LOWER_PRIORITY,
+                    Ignored::WeAreOwner => drop_reason::WE_ARE_OWNER,
+                    Ignored::NotRunning => drop_reason::NOT_RUNNING,
+                };
+                self.metrics.dropped(Some(vrid), label);
+            }
+        }
+        out
+    }
+
+    /// Fires every timer due by `now`.
+    pub fn on_timer(&mut self, now: Instant) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        let due: Vec<u8> = self
+            .instances
+            .iter()
+            .filter(|(_, r)| r.machine.next_deadline().is_some_and(|d| d <= now))
+            .map(|(v, _)| *v)
+            .collect();
+        for vrid in due {
+            let actions = self.instances.get_mut(&vrid).map(|r| r.machine.on_timer(now)).unwrap_or_default();
+            self.carry_out(vrid, actions, &mut out);
+        }
+        let released: Vec<u8> =
+            self.handovers.iter().filter(|(_, h)| h.release_at <= now).map(|(v, _)| *v).collect();
+        for vrid in released {
+            if let Some(h) = self.handovers.remove(&vrid) {
+                info!(vrid, successor_heard = h.successor_heard, "handover done, VIPs released");
+            }
+        }
+        out
+    }
+
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let instances = self.instances.values().filter_map(|r| r.machine.next_deadline());
+        instances.chain(self.handovers.values().map(|h| h.release_at)).min()
+    }
+
+    /// SIGTERM: every master resigns with priority 0 and keeps its VIPs until a successor
+    /// advertises (or three of its intervals pass, when nobody is there to take over).
+    pub fn shutdown(&mut self, now: Instant) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        let vrids: Vec<u8> = self.instances.keys().copied().collect();
+        for vrid in vrids {
+            let Some(running) = self.instances.get_mut(&vrid) else { continue };
+            let was_master = running.machine.state() == State::Master;
+            let actions = running.machine.shutdown();
+            if was_master {
+                let spec = &running.spec;
+                let bound = spec.advert_interval * 3 + Duration::from_millis(100);
+                self.handovers.insert(
+                    vrid,
+                    Handover {
+                        group: spec.group.clone(),
+                        vips: spec.vips.clone(),
+                        peers: spec.peers.clone(),
+                        release_at: now + bound,
+                        successor_heard: false,
+                    },
+                );
+            }
+            // The Release is deferred to the handover; only the resignation goes out now.
+            for action in actions {
+                if let Action::SendAdvert { priority } = action {
+                    encode_adverts(self.local, &self.instances[&vrid].spec, priority, &mut out);
+                    self.metrics.sent(&self.instances[&vrid].spec.group, vrid);
+                }
+            }
+            let group = self.instances[&vrid].spec.group.clone();
+            self.record_state(vrid, &group, State::Initialize);
+        }
+        out
+    }
+
+    /// True while a handover still holds VIPs.
+    pub fn handing_over(&self) -> bool {
+        !self.handovers.is_empty()
+    }
+
+    /// The VIPs this node must answer for now: those of Master instances and of handovers.
+    pub fn owned_vips(&self) -> BTreeSet<Ipv4Addr> {
+        let masters =
+            self.instances.values().filter(|r| r.machine.state() == State::Master).map(|r| &r.spec.vips);
+        masters.chain(self.handovers.values().map(|h| &h.vips)).flatten().copied().collect()
+    }
+
+    /// Per-instance view for status and tests.
+    pub fn instances(&self) -> impl Iterator<Item = (&InstanceSpec, &Instance)> {
+        self.instances.values().map(|r| (&r.spec, &r.machine))
+    }
+
+    fn carry_out(&mut self, vrid: u8, actions: Vec<Action>, out: &mut Vec<Outgoing>) {
+        let Some(running) = self.instances.get(&vrid) else { return };
+        for action in actions {
+            match action {
+                Action::SendAdvert { priority } => {
+                    encode_adverts(self.local, &running.spec, priority, out);
+                    self.metrics.sent(&running.spec.group, vrid);
+                }
+                // Ownership is derived from the states (see `owned_vips`), not tracked twice.
+                Action::TakeOwnership | Action::ReleaseOwnership => {}
+            }
+        }
+        let (group, state, master) =
+            (running.spec.group.clone(), running.machine.state(), running.machine.master());
+        self.record_state(vrid, &group, state);
+        self.metrics.master(&group, vrid, master);
+    }
+
+    fn record_state(&mut self, vrid: u8, group: &str, state: State) {
+        if let Some((from, to)) = self.metrics.state(group, vrid, state) {
+            info!(group, vrid, from = from.as_str(), to = to.as_str(), "VRRP transition");
+        }
+    }
+}
+
+fn encode_adverts(local: Ipv4Addr, spec: &InstanceSpec, priority: u8, out: &mut Vec<Outgoing>) {
+    let advert = Advertisement {
+        vrid: spec.vrid,
+        priority,
+        max_adver_int_cs: (spec.advert_interval.as_millis() / 10) as u16,
+        addresses: spec.vips.iter().copied().collect(),
+    };
+    match spec.transport {
+        Transport::Multicast => out.push(Outgoing {
+            destination: VRRP_MULTICAST_V4,
+            payload: advert.encode(local, VRRP_MULTICAST_V4, spec.checksum),
+        }),
+        Transport::Unicast => {
+            for &peer in &spec.peers {
+                out.push(Outgoing { destination: peer, payload: advert.encode(local, peer, spec.checksum) });
+            }
+        }
+    }
+}
+
+/// The VRID byte of a VRRP datagram, before anything is verified.
+fn peek_vrid(datagram: &[u8]) -> Option<u8> {
+    let header_len = usize::from(*datagram.first()? & 0x0f) * 4;
+    datagram.get(header_len + 1).copied()
+}
+
+fn same_addresses(advert: &Advertisement, ours: &BTreeSet<Ipv4Addr>) -> bool {
+    let listed: BTreeSet<Ipv4Addr> = advert.addresses.iter().copied().collect();
+    // Large instances advertise only the first addresses (see packet::MAX_ADVERTISED_ADDRS).
+    listed.len() == advert.addresses.len()
+        && listed.iter().all(|a| ours.contains(a))
+        && (listed.len() == ours.len() || listed.len() == super::packet::MAX_ADVERTISED_ADDRS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::registry::Registry;
+
+    const A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+    const B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
+    const ROGUE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 66);
+    const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn spec(priority: u8, peers: &[Ipv4Addr], transport: Transport) -> InstanceSpec {
+        InstanceSpec {
+            group: "g".into(),
+            vrid: 9,
+            priority,
+            advert_interval: ms(100),
+            preempt: true,
+            preempt_delay: Duration::ZERO,
+            vips: [VIP].into(),
+            peers: peers.iter().copied().collect(),
+            transport,
+            checksum: ChecksumMode::Rfc,
+        }
+    }
+
+    fn router(local: Ipv4Addr, spec: InstanceSpec) -> (Router, Registry) {
+        let mut registry = Registry::default();
+        let metrics = VrrpMetrics::register(&mut registry);
+        let mut r = Router::new(local, metrics);
+        r.reconfigure(Instant::now(), vec![spec]);
+        (r, registry)
+    }
+
+    /// The datagram the kernel would deliver for `out` sent by `source`.
+    fn on_wire(source: Ipv4Addr, out: &Outgoing, ttl: u8) -> Vec<u8> {
+        let mut d = vec![0x45, 0xc0];
+        d.extend_from_slice(&((20 + out.payload.len()) as u16).to_be_bytes());
+        d.extend_from_slice(&[0, 0, 0, 0, ttl, 112, 0, 0]);
+        d.extend_from_slice(&source.octets());
+        d.extend_from_slice(&out.destination.octets());
+        d.extend_from_slice(&out.payload);
+        d
+    }
+
+    fn text(registry: &Registry) -> String {
+        let mut s = String::new();
+        prometheus_client::encoding::text::encode(&mut s, registry).unwrap();
+        s
+    }
+
+    #[test]
+    fn the_backup_takes_over_when_the_master_goes_silent() {
+        let t0 = Instant::now();
+        let (mut a, _) = router(A, spec(200, &[B], Transport::Multicast));
+        let (mut b, registry) = router(B, spec(100, &[A], Transport::Multicast));
+        assert!(b.start(t0).is_empty());
+        a.start(t0);
+        // A becomes master after its own Master_Down (3 × 100 ms + 56/256 × 100 ms).
+        let adverts = a.on_timer(t0 + ms(322));
+        assert_eq!(a.owned_vips(), [VIP].into());
+        assert_eq!(adverts.len(), 1);
+        assert_eq!(adverts[0].destination, VRRP_MULTICAST_V4);
+        assert!(b.on_datagram(t0 + ms(322), &on_wire(A, &adverts[0], 255)).is_empty());
+        assert!(b.owned_vips().is_empty());
+        // A dies. B's down timer, reset at 322 ms: 300 ms + 156/256 × 100 ms = 360.9 ms later.
+        assert!(b.on_timer(t0 + ms(682)).is_empty());
+        let takeover = b.on_timer(t0 + ms(683));
+        assert_eq!(takeover.len(), 1, "B advertises as it takes over");
+        assert_eq!(b.owned_vips(), [VIP].into());
+        let metrics = text(&registry);
+        let transition = r#"vrrp_transitions_total{group="g",vrid="9",from="backup",to="master"} 1"#;
+        assert!(metrics.contains(transition), "{metrics}");
+    }
+
+    #[test]
+    fn non_members_and_broken_datagrams_are_dropped_and_counted() {
+        let t0 = Instant::now();
+        let (mut rogue, _) = router(ROGUE, spec(254, &[B], Transport::Multicast));
+        rogue.start(t0);
+        let adverts = rogue.on_timer(t0 + ms(400));
+        let (mut b, registry) = router(B, spec(100, &[A], Transport::Multicast));
+        b.start(t0);
+        b.on_datagram(t0 + ms(400), &on_wire(ROGUE, &adverts[0], 255));
+        b.on_datagram(t0 + ms(400), &on_wire(A, &adverts[0], 64));
+        // Our own advert looped back.
+        let own = Advertisement { vrid: 9, priority: 100, max_adver_int_cs: 10, addresses: vec![VIP] };
+        let own = Outgoing {
+            destination: VRRP_MULTICAST_V4,
+            payload: own.encode(B, VRRP_MULTICAST_V4, ChecksumMode::Rfc),
+        };
+        b.on_datagram(t0 + ms(400), &on_wire(B, &own, 255));
+        // A VRID nobody configured.
+        let mut corrupted = adverts[0].clone();
+        corrupted.payload[1] = 77;
+        b.on_datagram(t0 + ms(400), &on_wire(A, &corrupted, 255));
+        let foreign = Advertisement { vrid: 78, priority: 100, max_adver_int_cs: 10, addresses: vec![] };
+        let foreign = Outgoing {
+            destination: VRRP_MULTICAST_V4,
+            payload: foreign.encode(A, VRRP_MULTICAST_V4, ChecksumMode::Rfc),
+        };
+        b.on_datagram(t0 + ms(400), &on_wire(A, &foreign, 255));
+        b.on_datagram(t0 + ms(400), &on_wire(A, &foreign, 255)[..27]);
+        let metrics = text(&registry);
+        for sample in [
+            r#"vrrp_adverts_dropped_total{vrid="9",reason="not_member"} 1"#,
+            r#"vrrp_adverts_dropped_total{vrid="9",reason="bad_ttl"} 1"#,
+            r#"vrrp_adverts_dropped_total{vrid="78",reason="unknown_vrid"} 1"#,
+            r#"vrrp_adverts_dropped_total{vrid="78",reason="truncated"} 1"#,
+            r#"vrrp_adverts_dropped_total{vrid="9",reason="own_advert"} 1"#,
+            r#"vrrp_adverts_dropped_total{vrid="77",reason="bad_checksum"} 1"#,
+        ] {
+            assert!(metrics.contains(sample), "{sample} missing from\n{metrics}");
+        }
+        // The rogue's priority 254 did not keep B from taking over on schedule.
+        b.on_timer(t0 + ms(361));
+        assert_eq!(b.owned_vips(), [VIP].into());
+    }
+
+    #[test]
+    fn shutdown_resigns_and_holds_the_vips_until_the_successor_speaks() {
+        let t0 = Instant::now();
+        let (mut a, _) = router(A, spec(200, &[B], Transport::Multicast));
+        let (mut b, _) = router(B, spec(100, &[A], Transport::Multicast));
+        a.start(t0);
+        b.start(t0);
+        let advert = a.on_timer(t0 + ms(322));
+        b.on_datagram(t0 + ms(322), &on_wire(A, &advert[0], 255));
+
+        let resign = a.shutdown(t0 + ms(400));
+        assert_eq!(resign.len(), 1);
+        assert_eq!(resign[0].payload[2], 0, "priority 0");
+        assert!(a.handing_over());
+        assert_eq!(a.owned_vips(), [VIP].into(), "still serving while B takes over");
+
+        b.on_datagram(t0 + ms(400), &on_wire(A, &resign[0], 255));
+        // B waits only Skew_Time: 156/256 × 100 ms = 60.9 ms.
+        let takeover = b.on_timer(t0 + ms(461));
+        assert_eq!(b.owned_vips(), [VIP].into());
+        a.on_datagram(t0 + ms(461), &on_wire(B, &takeover[0], 255));
+        assert_eq!(a.next_deadline(), Some(t0 + ms(461) + HANDOVER_GRACE));
+        a.on_timer(t0 + ms(461) + HANDOVER_GRACE);
+        assert!(!a.handing_over());
+        assert!(a.owned_vips().is_empty());
+    }
+
+    #[test]
+    fn a_lone_master_releases_after_a_bound_when_nobody_takes_over() {
+        let t0 = Instant::now();
+        let (mut a, _) = router(A, spec(200, &[B], Transport::Multicast));
+        a.start(t0);
+        a.on_timer(t0 + ms(322));
+        a.shutdown(t0 + ms(400));
+        a.on_timer(t0 + ms(799));
+        assert!(a.handing_over());
+        a.on_timer(t0 + ms(800));
+        assert!(!a.handing_over());
+    }
+
+    #[test]
+    fn unicast_sends_one_checksummed_copy_to_each_peer() {
+        let t0 = Instant::now();
+        let c = Ipv4Addr::new(192, 0, 2, 12);
+        let (mut a, _) = router(A, spec(200, &[B, c], Transport::Unicast));
+        a.start(t0);
+        let out = a.on_timer(t0 + ms(322));
+        assert_eq!(out.iter().map(|o| o.destination).collect::<Vec<_>>(), vec![B, c]);
+        for o in &out {
+            let received = crate::vrrp::packet::decode_ipv4(&on_wire(A, o, 255), ChecksumMode::Rfc).unwrap();
+            assert_eq!(received.advert.addresses, vec![VIP]);
+        }
+    }
+
+    #[test]
+    fn reconfigure_changes_priority_without_restarting_and_removes_vanished_vrids() {
+        let t0 = Instant::now();
+        let (mut a, _) = router(A, spec(200, &[B], Transport::Multicast));
+        a.start(t0);
+        a.on_timer(t0 + ms(322));
+        assert!(a.reconfigure(t0 + ms(330), vec![spec(150, &[B], Transport::Multicast)]).is_empty());
+        assert_eq!(a.instances().next().unwrap().1.config().priority, 150);
+        assert_eq!(a.owned_vips(), [VIP].into(), "still master");
+        let resign = a.reconfigure(t0 + ms(340), vec![]);
+        assert_eq!(resign.len(), 1);
+        assert_eq!(resign[0].payload[2], 0);
+        assert!(a.owned_vips().is_empty());
+    }
+}

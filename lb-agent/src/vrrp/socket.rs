@@ -1,0 +1,60 @@
+//! The raw IP socket for protocol 112: the only part of VRRP that touches the network.
+
+use std::{
+    io,
+    mem::MaybeUninit,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+};
+
+use socket2::{Domain, InterfaceIndexOrAddress, Protocol, SockAddr, Socket, Type};
+use tokio::io::{Interest, unix::AsyncFd};
+
+use super::packet::{IPPROTO_VRRP, VRRP_MULTICAST_V4, VRRP_TTL};
+
+/// DSCP CS6 (network control), as keepalived and most routers send VRRP.
+const TOS_NETWORK_CONTROL: u32 = 0xc0;
+
+pub struct VrrpSocket {
+    fd: AsyncFd<Socket>,
+}
+
+impl VrrpSocket {
+    /// Opens the socket on `interface`, sourced from `source`, joined to 224.0.0.18.
+    ///
+    /// Bound to the device so that only the uplink's adverts arrive; multicast loop off so we
+    /// never hear ourselves; TTL 255 both ways because receivers drop anything else (§5.1.1.3).
+    pub fn open(interface: &str, ifindex: u32, source: Ipv4Addr) -> io::Result<Self> {
+        let socket = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::from(i32::from(IPPROTO_VRRP))))?;
+        socket.bind_device(Some(interface.as_bytes()))?;
+        socket.bind(&SockAddr::from(SocketAddrV4::new(source, 0)))?;
+        socket.set_ttl_v4(u32::from(VRRP_TTL))?;
+        socket.set_multicast_ttl_v4(u32::from(VRRP_TTL))?;
+        socket.set_multicast_loop_v4(false)?;
+        socket.set_multicast_if_v4(&source)?;
+        socket.set_tos_v4(TOS_NETWORK_CONTROL)?;
+        socket.join_multicast_v4_n(&VRRP_MULTICAST_V4, &InterfaceIndexOrAddress::Index(ifindex))?;
+        socket.set_nonblocking(true)?;
+        // SAFETY: the Socket owns its fd, which stays open until the AsyncFd drops it.
+        let fd = unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        Ok(Self { fd })
+    }
+
+    /// Receives one datagram, IPv4 header included.
+    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.fd
+            .async_io(Interest::READABLE, |socket| {
+                // SAFETY: recv only writes initialised bytes into the prefix it reports.
+                let uninit = unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) };
+                socket.recv(uninit)
+            })
+            .await
+    }
+
+    pub fn send_to(&self, msg: &[u8], destination: Ipv4Addr) -> io::Result<()> {
+        let addr = SockAddr::from(SocketAddr::from((destination, 0)));
+        // Adverts are small and the socket buffer is rarely full; a send that would block is
+        // reported rather than awaited so the state machine never stalls behind the network.
+        self.fd.get_ref().send_to(msg, &addr).map(|_| ())
+    }
+}

@@ -1,16 +1,22 @@
-//! `lb-agent run`: validate, attach, apply, serve, and react to signals.
+//! `lb-agent run`: validate, attach, run VRRP, apply ownership, serve, and react to signals.
 //!
 //! Order matters for the operator: everything that can be checked (config, interface, HTTP
-//! port) is checked before XDP is attached, so a bad start leaves the node untouched.
+//! port, VRRP socket) is checked before XDP is attached, so a bad start leaves the node
+//! untouched. One task runs the VRRP router and applies its ownership changes directly, so a
+//! failover costs no more than a map update after the timer fires.
 
 use std::{
-    path::{Path, PathBuf},
+    collections::BTreeSet,
+    net::Ipv4Addr,
+    path::PathBuf,
     sync::{Arc, Mutex, atomic::Ordering},
+    time::Duration,
 };
 
 use tokio::{
     net::TcpListener,
-    signal::unix::{SignalKind, signal},
+    signal::unix::{Signal, SignalKind, signal},
+    time::Instant,
 };
 use tracing::{error, info, warn};
 
@@ -21,25 +27,53 @@ use crate::{
     http::{self, HttpState},
     metrics::{Metrics, ResultLabels, XdpLabels},
     netdev::{self, Interface},
+    node_plan::{NodePlan, node_plan},
+    vrrp::{
+        garp::{GarpSocket, announcement},
+        metrics::VrrpMetrics,
+        router::{Outgoing, Router},
+        socket::VrrpSocket,
+    },
 };
 
-pub async fn run(config_path: PathBuf) -> Result<()> {
+/// How long a stopping agent waits for its VRRP handovers before leaving anyway.
+const STOP_BOUND: Duration = Duration::from_secs(10);
+
+pub async fn run(config_path: PathBuf, node_override: Option<String>) -> Result<()> {
     let config = Config::load(&config_path)?;
+    let node = node_name(&config, node_override);
     let netlink = netdev::connect()?;
-    let interface = netdev::find(&netlink, &config.interface).await?.ok_or_else(|| Error::Config {
+    let config_error = |field: &str, expected: String| Error::Config {
         path: config_path.clone(),
-        error: ConfigError::new(
+        error: ConfigError::new(field, expected),
+    };
+    let interface = netdev::find(&netlink, &config.interface).await?.ok_or_else(|| {
+        config_error(
             "interface",
             format!("an interface of this node, but {:?} does not exist here", config.interface),
-        ),
+        )
     })?;
+    let plan = node_plan(&config, &node);
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| Error::io(format!("listening on {} (listen)", config.listen), e))?;
 
-    let (mut dataplane, counters) = Dataplane::attach(&interface, config.xdp_mode)?;
-    let counters = Arc::new(Mutex::new(counters));
     let mut metrics = Metrics::new();
+    let vrrp = match plan.local {
+        Some(local) if !plan.instances.is_empty() => {
+            let socket = VrrpSocket::open(&interface.name, interface.index, local).map_err(|e| {
+                Error::io(format!("opening the VRRP socket on {} from {local}", interface.name), e)
+            })?;
+            let router = Router::new(local, VrrpMetrics::register(&mut metrics.registry));
+            Some(Vrrp { socket, router })
+        }
+        _ => None,
+    };
+    let garp =
+        GarpSocket::open(interface.index).map_err(|e| Error::io("opening the gratuitous-ARP socket", e))?;
+
+    let (dataplane, counters) = Dataplane::attach(&interface, config.xdp_mode)?;
+    let counters = Arc::new(Mutex::new(counters));
     metrics.register_xdp(counters.clone());
     metrics
         .xdp_attached
@@ -47,102 +81,294 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
         .set(1);
     let state = Arc::new(HttpState { metrics, ready: Default::default() });
 
-    apply(&mut dataplane, &counters, &state, &config)?;
+    let mut agent = Agent {
+        config_path,
+        config,
+        node,
+        plan,
+        netlink,
+        interface,
+        dataplane,
+        counters,
+        state: state.clone(),
+        vrrp,
+        garp: Arc::new(garp),
+        announced: BTreeSet::new(),
+        kernel_vips: None,
+    };
+    // A crashed earlier run may have left VIP addresses behind: start from none.
+    agent.apply_ownership().await;
+    agent.log_plan();
+    if let Some(vrrp) = &mut agent.vrrp {
+        let out = vrrp.router.reconfigure(Instant::now().into_std(), agent.plan.instances.clone());
+        vrrp.send(&out);
+        let out = vrrp.router.start(Instant::now().into_std());
+        vrrp.send(&out);
+    }
+    agent.apply_ownership().await;
+
     let server = tokio::spawn(http::serve(listener, state.clone()));
     state.ready.store(true, Ordering::Relaxed);
-    info!(config = %config_path.display(), listen = %config.listen, "lb-agent running");
+    info!(config = %agent.config_path.display(), node = %agent.node, listen = %agent.config.listen, "lb-agent running");
 
-    let mut config = config;
-    let result = signals(&config_path, &mut config, &mut dataplane, &counters, &state).await;
+    let result = agent.event_loop().await;
     state.ready.store(false, Ordering::Relaxed);
     server.abort();
-    dataplane.detach()?;
+    agent.kernel_vips = None;
+    agent.vrrp = None;
+    agent.apply_ownership().await;
+    agent.dataplane.detach()?;
     result
 }
 
-/// Waits for SIGTERM/SIGINT (stop) and SIGHUP (reload).
-async fn signals(
-    config_path: &Path,
-    config: &mut Config,
-    dataplane: &mut Dataplane,
-    counters: &Mutex<XdpCounters>,
-    state: &HttpState,
-) -> Result<()> {
-    let sig = |kind| signal(kind).map_err(|e| Error::io("installing a signal handler", e));
-    let (mut term, mut int, mut hup) =
-        (sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?, sig(SignalKind::hangup())?);
-    loop {
-        tokio::select! {
-            _ = term.recv() => { info!("SIGTERM: stopping"); return Ok(()) }
-            _ = int.recv() => { info!("SIGINT: stopping"); return Ok(()) }
-            _ = hup.recv() => reload(config_path, config, dataplane, counters, state),
+fn node_name(config: &Config, node_override: Option<String>) -> String {
+    node_override
+        .or_else(|| config.node.clone())
+        .or_else(|| std::env::var("NODE_NAME").ok())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()))
+        .unwrap_or_default()
+}
+
+struct Vrrp {
+    socket: VrrpSocket,
+    router: Router,
+}
+
+impl Vrrp {
+    fn send(&self, out: &[Outgoing]) {
+        for o in out {
+            if let Err(e) = self.socket.send_to(&o.payload, o.destination) {
+                warn!(destination = %o.destination, error = %e, "sending a VRRP advertisement failed");
+            }
         }
     }
 }
 
-/// A reload that fails leaves the running config in place: a typo never drops live VIPs.
-fn reload(
-    config_path: &Path,
-    config: &mut Config,
-    dataplane: &mut Dataplane,
-    counters: &Mutex<XdpCounters>,
-    state: &HttpState,
-) {
-    let count = |result| state.metrics.config_reloads.get_or_create(&ResultLabels { result }).inc();
-    let new = match Config::load(config_path) {
-        Ok(new) => new,
-        Err(e) => {
-            error!(error = %e, "SIGHUP: config rejected, keeping the running config");
-            count("rejected");
+struct Agent {
+    config_path: PathBuf,
+    config: Config,
+    node: String,
+    plan: NodePlan,
+    netlink: rtnetlink::Handle,
+    interface: Interface,
+    dataplane: Dataplane,
+    counters: Arc<Mutex<XdpCounters>>,
+    state: Arc<HttpState>,
+    vrrp: Option<Vrrp>,
+    garp: Arc<GarpSocket>,
+    /// VRRP VIPs owned at the last apply: the ones new since then get gratuitous ARPs.
+    announced: BTreeSet<Ipv4Addr>,
+    /// The VIP addresses last put on the uplink; `None` forces a netlink sync.
+    kernel_vips: Option<BTreeSet<Ipv4Addr>>,
+}
+
+impl Agent {
+    async fn event_loop(&mut self) -> Result<()> {
+        let sig = |kind| signal(kind).map_err(|e| Error::io("installing a signal handler", e));
+        let (mut term, mut int, mut hup) =
+            (sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?, sig(SignalKind::hangup())?);
+        let mut buf = vec![0u8; 65_536];
+        let mut stop_by: Option<Instant> = None;
+        loop {
+            if let Some(deadline) = stop_by {
+                let handing_over = self.vrrp.as_ref().is_some_and(|v| v.router.handing_over());
+                if !handing_over || Instant::now() >= deadline {
+                    return Ok(());
+                }
+            }
+            let deadline = self.vrrp.as_ref().and_then(|v| v.router.next_deadline()).map(Instant::from_std);
+            tokio::select! {
+                _ = stop_signal(&mut term, &mut int), if stop_by.is_none() => {
+                    stop_by = Some(Instant::now() + STOP_BOUND);
+                    self.begin_stop().await;
+                }
+                _ = hup.recv() => self.reload().await,
+                received = recv(&self.vrrp, &mut buf) => {
+                    match received {
+                        Ok(n) => {
+                            let vrrp = self.vrrp.as_mut().expect("recv only completes with VRRP running");
+                            let out = vrrp.router.on_datagram(Instant::now().into_std(), &buf[..n]);
+                            vrrp.send(&out);
+                            self.apply_ownership().await;
+                        }
+                        Err(e) => warn!(error = %e, "receiving VRRP failed"),
+                    }
+                }
+                _ = sleep_until(deadline) => {
+                    if let Some(vrrp) = &mut self.vrrp {
+                        let out = vrrp.router.on_timer(Instant::now().into_std());
+                        vrrp.send(&out);
+                    }
+                    self.apply_ownership().await;
+                }
+            }
+        }
+    }
+
+    /// SIGTERM/SIGINT: masters resign and hand over; the loop ends when the handovers are done.
+    async fn begin_stop(&mut self) {
+        info!("stopping: resigning VRRP masters");
+        self.state.ready.store(false, Ordering::Relaxed);
+        if let Some(vrrp) = &mut self.vrrp {
+            let out = vrrp.router.shutdown(Instant::now().into_std());
+            vrrp.send(&out);
+        }
+        self.apply_ownership().await;
+    }
+
+    /// SIGHUP. A config that fails to validate leaves everything running as it was.
+    async fn reload(&mut self) {
+        let count = |state: &HttpState, result| {
+            state.metrics.config_reloads.get_or_create(&ResultLabels { result }).inc()
+        };
+        let new = match Config::load(&self.config_path) {
+            Ok(new) => new,
+            Err(e) => {
+                error!(error = %e, "SIGHUP: config rejected, keeping the running config");
+                count(&self.state, "rejected");
+                return;
+            }
+        };
+        let new_plan = node_plan(&new, &self.node);
+        let restart_needed = [
+            ("interface", new.interface != self.config.interface),
+            ("xdpMode", new.xdp_mode != self.config.xdp_mode),
+            ("listen", new.listen != self.config.listen),
+            ("node", new.node != self.config.node),
+            ("groups[].nodes[].address (this node's)", new_plan.local != self.plan.local),
+        ];
+        for (field, changed) in restart_needed {
+            if changed {
+                warn!(field, "SIGHUP: this only takes effect on restart; keeping the running value");
+            }
+        }
+        let vrrp_wanted = !new_plan.instances.is_empty();
+        if vrrp_wanted && self.vrrp.is_none() || new_plan.local != self.plan.local {
+            error!("SIGHUP: joining or leaving VRRP groups needs a restart; keeping the running config");
+            count(&self.state, "rejected");
             return;
         }
-    };
-    for (field, changed) in [
-        ("interface", new.interface != config.interface),
-        ("xdpMode", new.xdp_mode != config.xdp_mode),
-        ("listen", new.listen != config.listen),
-    ] {
-        if changed {
-            warn!(field, "SIGHUP: this field only takes effect on restart; keeping the running value");
+        self.config = Config {
+            interface: self.config.interface.clone(),
+            xdp_mode: self.config.xdp_mode,
+            listen: self.config.listen,
+            node: self.config.node.clone(),
+            ..new
+        };
+        self.plan = new_plan;
+        self.log_plan();
+        if let Some(vrrp) = &mut self.vrrp {
+            let out = vrrp.router.reconfigure(Instant::now().into_std(), self.plan.instances.clone());
+            vrrp.send(&out);
+        }
+        self.kernel_vips = None;
+        self.apply_ownership().await;
+        count(&self.state, "applied");
+    }
+
+    /// Makes the data plane and the uplink's addresses match who owns what now.
+    async fn apply_ownership(&mut self) {
+        let vrrp_owned = self.vrrp.as_ref().map(|v| v.router.owned_vips()).unwrap_or_default();
+        let mut xdp: OwnedSet =
+            self.config.vips.iter().map(|v| (v.address, v.mac.unwrap_or(self.interface.mac))).collect();
+        let mut kernel = BTreeSet::new();
+        for vip in &vrrp_owned {
+            let Some(settings) = self.plan.vips.get(vip) else { continue };
+            if settings.mode.uses_xdp() {
+                xdp.insert(*vip, self.interface.mac);
+            }
+            if settings.mode.uses_netlink() {
+                kernel.insert(*vip);
+            }
+        }
+        match self.dataplane.set_owned_vips(&xdp) {
+            Ok(applied) if !applied.is_empty() => {
+                info!(added = ?applied.added, changed = ?applied.changed, removed = ?applied.removed, "owned VIPs updated");
+            }
+            Ok(_) => {}
+            Err(e) => error!(error = %e, "updating the owned-VIP map failed"),
+        }
+        self.state.metrics.owned_vips.set(xdp.len() as i64);
+
+        let newly_owned: Vec<Ipv4Addr> = vrrp_owned.difference(&self.announced).copied().collect();
+        self.announced = vrrp_owned;
+        if self.kernel_vips.as_ref() != Some(&kernel) {
+            match netdev::sync_vip_addresses(&self.netlink, self.interface.index, &kernel).await {
+                Ok((added, removed)) => {
+                    if !added.is_empty() || !removed.is_empty() {
+                        info!(?added, ?removed, interface = %self.interface.name, "VIP addresses updated");
+                    }
+                    self.kernel_vips = Some(kernel);
+                }
+                Err(e) => error!(error = %e, "updating VIP addresses on the uplink failed"),
+            }
+        }
+        self.announce(newly_owned);
+
+        let configured: BTreeSet<Ipv4Addr> =
+            self.config.vips.iter().map(|v| v.address).chain(self.plan.vips.keys().copied()).collect();
+        if let Ok(mut counters) = self.counters.lock()
+            && let Err(e) = counters.retain_vips(|vip| configured.contains(vip))
+        {
+            warn!(error = %e, "pruning per-VIP counters failed");
         }
     }
-    let applied = Config {
-        interface: config.interface.clone(),
-        xdp_mode: config.xdp_mode,
-        listen: config.listen,
-        ..new
-    };
-    match apply(dataplane, counters, state, &applied) {
-        Ok(()) => {
-            *config = applied;
-            count("applied");
+
+    /// Gratuitous ARPs for VIPs just taken, in the background so the loop never waits on them.
+    fn announce(&self, vips: Vec<Ipv4Addr>) {
+        let bursts: Vec<(Ipv4Addr, u32, Duration)> = vips
+            .into_iter()
+            .filter_map(|vip| self.plan.vips.get(&vip).map(|s| (vip, s.garp.count, s.garp.interval)))
+            .filter(|(_, count, _)| *count > 0)
+            .collect();
+        if bursts.is_empty() {
+            return;
         }
-        Err(e) => {
-            error!(error = %e, "SIGHUP: applying the config failed");
-            count("failed");
+        let socket = self.garp.clone();
+        let mac = self.interface.mac;
+        tokio::spawn(async move {
+            let rounds = bursts.iter().map(|b| b.1).max().unwrap_or(0);
+            let pause = bursts.iter().map(|b| b.2).min().unwrap_or_default();
+            for round in 0..rounds {
+                for (vip, count, _) in &bursts {
+                    if round < *count
+                        && let Err(e) = socket.send(&announcement(mac, *vip))
+                    {
+                        warn!(%vip, error = %e, "gratuitous ARP failed");
+                    }
+                }
+                tokio::time::sleep(pause).await;
+            }
+        });
+    }
+
+    fn log_plan(&self) {
+        for spec in &self.plan.instances {
+            info!(group = %spec.group, vrid = spec.vrid, priority = spec.priority, vips = spec.vips.len(), "VRRP instance planned");
+        }
+        for (group, vip, reason) in &self.plan.unplaced {
+            warn!(group, %vip, reason, "VIP could not be placed");
         }
     }
 }
 
-fn apply(
-    dataplane: &mut Dataplane,
-    counters: &Mutex<XdpCounters>,
-    state: &HttpState,
-    config: &Config,
-) -> Result<()> {
-    let desired = owned_set(config, &dataplane.interface);
-    let applied = dataplane.set_owned_vips(&desired)?;
-    if !applied.is_empty() {
-        info!(added = ?applied.added, changed = ?applied.changed, removed = ?applied.removed, "owned VIPs updated");
+async fn stop_signal(term: &mut Signal, int: &mut Signal) {
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM"),
+        _ = int.recv() => info!("SIGINT"),
     }
-    if let Ok(mut counters) = counters.lock() {
-        counters.retain_vips(|vip| desired.contains_key(vip))?;
-    }
-    state.metrics.owned_vips.set(desired.len() as i64);
-    Ok(())
 }
 
-/// Without VRRP every configured VIP is owned, answered with its own MAC or the uplink's.
-pub fn owned_set(config: &Config, uplink: &Interface) -> OwnedSet {
-    config.vips.iter().map(|v| (v.address, v.mac.unwrap_or(uplink.mac))).collect()
+async fn recv(vrrp: &Option<Vrrp>, buf: &mut [u8]) -> std::io::Result<usize> {
+    match vrrp {
+        Some(v) => v.socket.recv(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
 }

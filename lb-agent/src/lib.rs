@@ -6,6 +6,8 @@
 //! - [`metrics`]: Prometheus metrics, with XDP counters collected at scrape time.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`vrrp`]: VRRPv3 — who owns each VIP at run time.
+//! - [`planner`]: the pure, deterministic plan: VIP owners and shared VRRP instances.
+//! - [`node_plan`]: from the config and the planner to this node's VRRP instances.
 //! - [`agent`]: the run loop and signal handling.
 //! - [`error`]: the crate's error type.
 
@@ -16,4 +18,6 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod netdev;
+pub mod node_plan;
+pub mod planner;
 pub mod vrrp;

@@ -24,6 +24,10 @@ enum Command {
     Run {
         #[arg(long, short)]
         config: PathBuf,
+        /// This node's name in the config's groups (default: the config's `node`, then
+        /// $NODE_NAME, then the host name).
+        #[arg(long)]
+        node: Option<String>,
     },
     /// Validate a config file and exit: 0 when valid, 64 with the offending field otherwise.
     CheckConfig {
@@ -42,12 +46,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log);
     let result = match cli.command {
-        Command::Run { config } => tokio::runtime::Builder::new_multi_thread()
+        Command::Run { config, node } => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e))
-            .and_then(|rt| rt.block_on(agent::run(config))),
+            .and_then(|rt| rt.block_on(agent::run(config, node))),
         Command::CheckConfig { config } => {
             Config::load(&config).map(|_| println!("{}: valid", config.display()))
         }

@@ -1,7 +1,15 @@
 //! Network interfaces, through rtnetlink.
 
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr},
+};
+
 use futures::TryStreamExt;
-use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+use rtnetlink::packet_route::{
+    address::{AddressAttribute, AddressMessage, AddressProtocol},
+    link::{LinkAttribute, LinkMessage},
+};
 
 use crate::{config::MacAddr, error::Result};
 
@@ -43,4 +51,84 @@ fn interface(name: &str, msg: &LinkMessage) -> Interface {
         })
         .unwrap_or_default();
     Interface { name: name.to_owned(), index: msg.header.index, mac: MacAddr(mac) }
+}
+
+/// IFA_PROTO value ('l') on the VIP addresses lb-agent adds, so that a restart after a crash
+/// finds and removes exactly its own leftovers and never an address an operator configured.
+pub const VIP_ADDRESS_PROTO: u8 = b'l';
+
+/// The /32 VIPs lb-agent has on the interface (IPv4, marked with [`VIP_ADDRESS_PROTO`]).
+async fn managed_addresses(
+    handle: &rtnetlink::Handle,
+    ifindex: u32,
+) -> Result<Vec<(Ipv4Addr, AddressMessage)>> {
+    let mut found = Vec::new();
+    let mut stream = std::pin::pin!(handle.address().get().set_link_index_filter(ifindex).execute());
+    while let Some(msg) = stream.try_next().await? {
+        let ours = msg
+            .attributes
+            .iter()
+            .any(|a| matches!(a, AddressAttribute::Protocol(p) if u8::from(*p) == VIP_ADDRESS_PROTO));
+        let local = msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Local(IpAddr::V4(v4)) => Some(*v4),
+            _ => None,
+        });
+        if let (true, Some(v4)) = (ours, local) {
+            found.push((v4, msg));
+        }
+    }
+    Ok(found)
+}
+
+/// Makes the interface's lb-agent VIP addresses equal `desired`; returns (added, removed).
+pub async fn sync_vip_addresses(
+    handle: &rtnetlink::Handle,
+    ifindex: u32,
+    desired: &BTreeSet<Ipv4Addr>,
+) -> Result<(Vec<Ipv4Addr>, Vec<Ipv4Addr>)> {
+    let current = managed_addresses(handle, ifindex).await?;
+    let have: BTreeSet<Ipv4Addr> = current.iter().map(|(a, _)| *a).collect();
+    let mut added = Vec::new();
+    for vip in desired.difference(&have) {
+        let mut request = handle.address().add(ifindex, IpAddr::V4(*vip), 32);
+        request
+            .message_mut()
+            .attributes
+            .push(AddressAttribute::Protocol(AddressProtocol::from(VIP_ADDRESS_PROTO)));
+        match request.execute().await {
+            Ok(()) => added.push(*vip),
+            // Already there (e.g. added by hand without our mark): nothing to do.
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut removed = Vec::new();
+    for (vip, msg) in current {
+        if !desired.contains(&vip) {
+            handle.address().del(msg).execute().await?;
+            removed.push(vip);
+        }
+    }
+    Ok((added, removed))
+}
+
+/// The interface's first IPv4 address that is not one of our VIPs: the VRRP source.
+pub async fn primary_ipv4(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Option<Ipv4Addr>> {
+    let mut stream = std::pin::pin!(handle.address().get().set_link_index_filter(ifindex).execute());
+    while let Some(msg) = stream.try_next().await? {
+        let ours = msg
+            .attributes
+            .iter()
+            .any(|a| matches!(a, AddressAttribute::Protocol(p) if u8::from(*p) == VIP_ADDRESS_PROTO));
+        if ours {
+            continue;
+        }
+        if let Some(v4) = msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Local(IpAddr::V4(v4)) => Some(*v4),
+            _ => None,
+        }) {
+            return Ok(Some(v4));
+        }
+    }
+    Ok(None)
 }

@@ -139,6 +139,12 @@ impl Agent {
         }
     }
 
+    /// SIGKILL: no resignation, no cleanup (the crash case).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -41,6 +41,54 @@ pub struct Host {
 impl Host {
     pub const IFACE: &'static str = "eth0";
 
+    /// Runs a command here and reports whether it succeeded.
+    pub fn output_ok(&self, argv: &[&str]) -> bool {
+        self.ns.output(argv).status.success()
+    }
+
+    /// Starts a long-running command in this host's namespace; it is killed when the guard drops.
+    pub fn spawn(&self, argv: &[&str]) -> Process {
+        use std::os::unix::process::CommandExt;
+        let child = self
+            .ns
+            .command(argv)
+            // Its own process group, so daemons that fork helpers (keepalived) die whole.
+            .process_group(0)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {argv:?}: {e}"));
+        Process { child }
+    }
+
+    /// A TCP server on `port` that answers every connection with this host's name.
+    pub fn serve_name(&self, port: u16) -> Process {
+        let script = format!(
+            "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+             s.bind(('0.0.0.0',{port}))\ns.listen(64)\nwhile True:\n c,_=s.accept()\n c.sendall(b'{}')\n c.close()\n",
+            self.name
+        );
+        self.spawn(&["python3", "-c", &script])
+    }
+
+    /// Connects to `addr:port` and returns what the server says (empty on failure).
+    pub fn tcp_read(&self, addr: Ipv4Addr, port: u16) -> String {
+        crate::netns::run_in(self.ns.name(), move || {
+            use std::io::Read;
+            let target = std::net::SocketAddr::from((addr, port));
+            let Ok(mut stream) =
+                std::net::TcpStream::connect_timeout(&target, std::time::Duration::from_millis(500))
+            else {
+                return String::new();
+            };
+            let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(500)));
+            let mut text = String::new();
+            let _ = stream.read_to_string(&mut text);
+            text
+        })
+    }
+
     pub fn mac_string(&self) -> String {
         format_mac(&self.mac)
     }
@@ -65,6 +113,29 @@ impl Host {
             .map(|l| l.trim().to_lowercase())
             .filter(|l| !l.is_empty())
             .collect()
+    }
+}
+
+/// A child process that is killed when dropped.
+pub struct Process {
+    child: std::process::Child,
+}
+
+impl Process {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill(&mut self) {
+        // SAFETY: signalling the process group we created.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 
@@ -126,6 +197,17 @@ impl Lab {
         let path = self.dir.join(format!("{}.yaml", host.name));
         std::fs::write(&path, config).expect("writing the agent config");
         Agent::spawn(&host.ns, path, self.dir.join(format!("{}.log", host.name)))
+    }
+
+    /// Hard failure, part one: the node's switch port goes down, so nothing it sends (not even
+    /// a last advertisement) reaches the segment. Kill its processes afterwards.
+    pub fn cut(&self, node: usize) {
+        self.switch.run_cmd(&["ip", "link", "set", &self.nodes[node].switch_port, "down"]);
+    }
+
+    /// Plugs a cut node back in.
+    pub fn restore(&self, node: usize) {
+        self.switch.run_cmd(&["ip", "link", "set", &self.nodes[node].switch_port, "up"]);
     }
 
     /// A path inside the lab's scratch directory.

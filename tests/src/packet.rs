@@ -144,3 +144,38 @@ pub fn arp_replies(frames: &[Vec<u8>]) -> Vec<([u8; 6], Ipv4Addr, [u8; 6], Ipv4A
         })
         .collect()
 }
+
+/// An Ethernet frame carrying an IPv4 datagram (no options, checksummed header).
+pub fn ipv4_frame(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    ttl: u8,
+    protocol: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut header = vec![0x45, 0xc0];
+    header.extend_from_slice(&((20 + payload.len()) as u16).to_be_bytes());
+    header.extend_from_slice(&[0, 0, 0, 0, ttl, protocol, 0, 0]);
+    header.extend_from_slice(&src.octets());
+    header.extend_from_slice(&dst.octets());
+    let mut sum: u32 = header.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    header[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let mut frame = Vec::with_capacity(14 + header.len() + payload.len());
+    frame.extend_from_slice(&dst_mac);
+    frame.extend_from_slice(&src_mac);
+    frame.extend_from_slice(&[0x08, 0x00]);
+    frame.extend_from_slice(&header);
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// The Ethernet address of an IPv4 multicast group (RFC 1112 §6.4).
+pub fn multicast_mac(group: Ipv4Addr) -> [u8; 6] {
+    let o = group.octets();
+    [0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]
+}

@@ -39,6 +39,21 @@ enum Task {
     },
     /// Build a lab and show a VIP answered by XDP, with the counters.
     Demo,
+    /// Benchmarks against the peer measured in the same run; prints the README's tables.
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// VRRP failover outage and CPU: keepalived against lb-agent, same lab, same run.
+    Failover {
+        /// One interval and 100 VIPs: a smoke run of the benchmark itself.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -53,6 +68,17 @@ fn main() -> Result<()> {
             setup::run()?;
             ebpf::build()?;
             demo::run()
+        }
+        Task::Bench { which: Bench::Failover { quick } } => {
+            setup::run()?;
+            ebpf::build()?;
+            cargo(&["build", "--release", "--package", "lb-agent", "--bin", "lb-agent"])?;
+            let mut args =
+                vec!["run", "--release", "--quiet", "--package", "lb-lab", "--bin", "bench-failover", "--"];
+            if quick {
+                args.push("--quick");
+            }
+            cargo(&args)
         }
     }
 }

@@ -266,3 +266,76 @@ pub(super) fn validate_groups(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    const BASE: &str = "interface: eth0\ngroups:\n  - name: web\n    nodes:\n      - name: n0\n        address: 192.0.2.10\n      - name: n1\n        address: 192.0.2.11\n";
+
+    fn err(extra: &str) -> (String, String) {
+        let e = Config::parse(&format!("{BASE}{extra}")).expect_err("should be rejected");
+        (e.field, e.expected)
+    }
+
+    #[test]
+    fn a_spread_group_parses_with_defaults() {
+        let c = Config::parse(&format!(
+            "{BASE}    vips:\n      - address: 198.51.100.10\n        service: default/web\n"
+        ))
+        .unwrap();
+        let g = &c.groups[0];
+        assert_eq!(g.advert_interval, std::time::Duration::from_secs(1));
+        assert!(g.preempt);
+        assert_eq!(g.vips[0].service.as_deref(), Some("default/web"));
+        assert_eq!(g.garp.count, 3);
+    }
+
+    #[test]
+    fn intervals_must_be_whole_centiseconds_in_range() {
+        assert_eq!(err("    advertInterval: 5ms\n").0, "groups[0].advertInterval");
+        assert_eq!(err("    advertInterval: 15ms\n").0, "groups[0].advertInterval");
+        assert_eq!(err("    advertInterval: 41s\n").0, "groups[0].advertInterval");
+        let (field, expected) = err("    advertInterval: fast\n");
+        assert_eq!(field, "groups[0].advertInterval");
+        assert!(expected.contains("a duration like 100ms"), "{expected}");
+        assert!(Config::parse(&format!("{BASE}    advertInterval: 10ms\n")).is_ok());
+    }
+
+    #[test]
+    fn manual_groups_need_a_vrid_and_every_priority() {
+        assert_eq!(err("    vrid: 7\n").0, "groups[0].priorities");
+        assert_eq!(err("    priorities: {n0: 200, n1: 100}\n").0, "groups[0].vrid");
+        let (field, expected) = err("    vrid: 7\n    priorities: {n0: 200}\n");
+        assert_eq!(field, "groups[0].priorities");
+        assert!(expected.contains("\"n1\""), "{expected}");
+        assert_eq!(err("    vrid: 7\n    priorities: {n0: 200, n1: 0}\n").0, "groups[0].priorities.n1");
+        assert_eq!(
+            err("    vrid: 7\n    priorities: {n0: 200, n1: 100, n9: 50}\n").0,
+            "groups[0].priorities.n9"
+        );
+        assert_eq!(err("    vrid: 0\n    priorities: {n0: 200, n1: 100}\n").0, "groups[0].vrid");
+        assert_eq!(
+            err("    vrid: 7\n    excludedVrids: [7]\n    priorities: {n0: 200, n1: 100}\n").0,
+            "groups[0].vrid"
+        );
+        assert!(err("    vrid: 300\n    priorities: {n0: 200, n1: 100}\n").1.contains("300"));
+    }
+
+    #[test]
+    fn nodes_and_vips_are_unique_and_consistent() {
+        let dup = "interface: eth0\ngroups:\n  - name: a\n    nodes:\n      - {name: n0, address: 192.0.2.10}\n      - {name: n0, address: 192.0.2.11}\n";
+        assert_eq!(Config::parse(dup).unwrap_err().field, "groups[0].nodes[1].name");
+        let moved = format!("{BASE}  - name: b\n    nodes:\n      - {{name: n0, address: 192.0.2.99}}\n");
+        let e = Config::parse(&moved).unwrap_err();
+        assert_eq!(e.field, "groups[1].nodes[0].address");
+        assert!(e.expected.contains("groups[0].nodes[0].address"), "{e}");
+        let shared_vip =
+            format!("vips:\n  - address: 198.51.100.10\n{BASE}    vips:\n      - address: 198.51.100.10\n");
+        let e = Config::parse(&shared_vip).unwrap_err();
+        assert_eq!(e.field, "groups[0].vips[0].address");
+        assert!(e.expected.contains("vips[0]"), "{e}");
+        assert_eq!(err("    excludedVrids: [0]\n").0, "groups[0].excludedVrids[0]");
+        assert_eq!(err("    transport: broadcast\n").0, "groups[0].transport");
+    }
+}

@@ -1,0 +1,116 @@
+//! From the configuration to what this node runs: its VRRP instances and how each VIP is served.
+//!
+//! Every node computes the plan for every group, member or not, so that all nodes agree on
+//! which VRIDs are taken: the result depends only on the configuration, never on which node
+//! computes it.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr},
+};
+
+use crate::{
+    config::{Config, GarpConfig, GroupConfig, VipMode},
+    planner::{self, GroupInput, VipInput},
+    vrrp::router::InstanceSpec,
+};
+
+/// How a VRRP-managed VIP is served when this node is its master.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VipSettings {
+    pub group: String,
+    pub mode: VipMode,
+    pub garp: GarpConfig,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodePlan {
+    /// This node's address on the uplink, when it is a member of any group.
+    pub local: Option<Ipv4Addr>,
+    pub instances: Vec<InstanceSpec>,
+    /// Every group VIP, whether or not this node ever owns it.
+    pub vips: BTreeMap<Ipv4Addr, VipSettings>,
+    /// VIPs the planner could not place, with the reason, for logs and Events.
+    pub unplaced: Vec<(String, Ipv4Addr, String)>,
+}
+
+pub fn node_plan(config: &Config, me: &str) -> NodePlan {
+    let mut plan = NodePlan::default();
+    let mut groups: Vec<&GroupConfig> = config.groups.iter().collect();
+    groups.sort_by(|a, b| a.name.cmp(&b.name));
+    // Manual VRIDs are reserved before the planner allocates any.
+    let mut taken: BTreeSet<u8> = groups.iter().filter_map(|g| g.vrid).collect();
+
+    for group in groups {
+        let me_in_group = group.nodes.iter().find(|n| n.name == me);
+        let peers: BTreeSet<Ipv4Addr> =
+            group.nodes.iter().filter(|n| n.name != me).map(|n| n.address).collect();
+        if let Some(node) = me_in_group {
+            plan.local = Some(node.address);
+        }
+        for vip in &group.vips {
+            plan.vips.insert(
+                vip.address,
+                VipSettings { group: group.name.clone(), mode: group.vip_mode, garp: group.garp.clone() },
+            );
+        }
+        let spec = |vrid: u8, priority: u8, vips: BTreeSet<Ipv4Addr>| InstanceSpec {
+            group: group.name.clone(),
+            vrid,
+            priority,
+            advert_interval: group.advert_interval,
+            preempt: group.preempt,
+            preempt_delay: group.preempt_delay,
+            vips,
+            peers: peers.clone(),
+            transport: group.transport,
+            checksum: group.checksum,
+        };
+
+        if let (Some(vrid), Some(priorities)) = (group.vrid, &group.priorities) {
+            if let Some(priority) = priorities.get(me) {
+                plan.instances.push(spec(vrid, *priority, group.vips.iter().map(|v| v.address).collect()));
+            }
+            continue;
+        }
+
+        let input = GroupInput {
+            nodes: group.nodes.iter().map(|n| n.name.clone()).collect(),
+            vips: group
+                .vips
+                .iter()
+                .map(|v| VipInput {
+                    address: IpAddr::V4(v.address),
+                    service: v.service.clone(),
+                    spread: group.spread.unwrap_or(true),
+                    eligible: None,
+                })
+                .collect(),
+            excluded_vrids: group.excluded_vrids.iter().copied().chain(taken.iter().copied()).collect(),
+            pinned_vrids: BTreeMap::new(),
+        };
+        let group_plan = planner::plan(&input);
+        taken.extend(group_plan.instances.keys().copied());
+        for (address, reason) in &group_plan.unplaced {
+            if let IpAddr::V4(v4) = address {
+                plan.unplaced.push((group.name.clone(), *v4, format!("{reason:?}")));
+            }
+        }
+        if me_in_group.is_none() {
+            continue;
+        }
+        for (vrid, instance) in &group_plan.instances {
+            let Some(priority) = planner::priority(instance, me) else { continue };
+            let vips = instance
+                .vips
+                .iter()
+                .filter_map(|a| match a {
+                    IpAddr::V4(v4) => Some(*v4),
+                    IpAddr::V6(_) => None,
+                })
+                .collect();
+            plan.instances.push(spec(*vrid, priority, vips));
+        }
+    }
+    plan
+}

@@ -1,0 +1,292 @@
+//! VRRP with real packets: three lab nodes run lb-agent (and, for interop, keepalived), and the
+//! client checks who answers for each VIP — by ARP, ping and TCP.
+
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use lb_agent::vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V4};
+use lb_lab::{
+    Agent, Lab,
+    agent::AGENT_LISTEN,
+    packet::{ipv4_frame, multicast_mac, send_and_capture},
+};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const VRID: u8 = 10;
+const PORT: u16 = 8080;
+
+/// A manual (keepalived-style) group: one VRID, explicit priorities.
+fn manual_group(lab: &Lab, me: usize, priorities: &[u8], extra: &str) -> String {
+    let mut yaml = format!(
+        "node: {}\ninterface: eth0\nlisten: {AGENT_LISTEN}\ngroups:\n  - name: web\n    vrid: {VRID}\n    \
+         advertInterval: 50ms\n    vipMode: both\n{extra}    nodes:\n",
+        lab.nodes[me].name
+    );
+    for node in &lab.nodes {
+        yaml.push_str(&format!("      - name: {}\n        address: {}\n", node.name, node.ip));
+    }
+    yaml.push_str("    priorities:\n");
+    for (node, p) in lab.nodes.iter().zip(priorities) {
+        yaml.push_str(&format!("      {}: {p}\n", node.name));
+    }
+    yaml.push_str(&format!("    vips:\n      - address: {VIP}\n"));
+    yaml
+}
+
+fn start_all(lab: &mut Lab, config: impl Fn(&Lab, usize) -> String) -> Vec<Agent> {
+    (0..lab.nodes.len())
+        .map(|i| {
+            lab.enable_native_xdp(i);
+            let mut agent = lab.start_agent(i, &config(lab, i));
+            agent.wait_ready();
+            agent
+        })
+        .collect()
+}
+
+/// Polls until `vip` is answered by `node`'s MAC (and only that MAC), or panics.
+fn wait_owner(lab: &Lab, vip: Ipv4Addr, node: usize, agents: &[Agent]) {
+    let expected = lab.nodes[node].mac_string();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let replies = lab.client.arping(vip, 1);
+        if replies == [expected.as_str()] {
+            return;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = agents.iter().map(|a| a.log_text()).collect();
+            panic!(
+                "{vip} answered by {replies:?}, expected {expected} ({})\n{}",
+                lab.nodes[node].name,
+                logs.join("\n----\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_tcp(lab: &Lab, node: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lab.client.tcp_read(VIP, PORT) != lab.nodes[node].name {
+        assert!(Instant::now() < deadline, "TCP to the VIP never reached {}", lab.nodes[node].name);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn election_failover_and_preemption() {
+    let mut lab = Lab::new(3);
+    let servers: Vec<_> = lab.nodes.iter().map(|n| n.serve_name(PORT)).collect();
+    let mut agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 150, 100], ""));
+
+    wait_owner(&lab, VIP, 0, &agents);
+    wait_tcp(&lab, 0);
+    assert!(lab.client.output_ok(&["ping", "-c", "3", "-i", "0.05", "-W", "1", &VIP.to_string()]));
+    agents[0].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="master"}"#, 1.0);
+    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="backup"}"#, 1.0);
+    agents[1].wait_metric(
+        &format!(r#"lbagent_vrrp_master{{group="web",vrid="10",master="{}"}}"#, lab.nodes[0].ip),
+        1.0,
+    );
+
+    // Hard failure of the master: its port goes down, then it dies.
+    lab.cut(0);
+    agents[0].kill();
+    wait_owner(&lab, VIP, 1, &agents);
+    wait_tcp(&lab, 1);
+
+    // The preferred node returns and takes its VIP back.
+    lab.restore(0);
+    let mut returned = lab.start_agent(0, &manual_group(&lab, 0, &[200, 150, 100], ""));
+    returned.wait_ready();
+    agents[0] = returned;
+    wait_owner(&lab, VIP, 0, &agents);
+    wait_tcp(&lab, 0);
+    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="backup"}"#, 1.0);
+    drop(servers);
+}
+
+#[test]
+fn graceful_stop_loses_no_ping() {
+    let mut lab = Lab::new(2);
+    let mut agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], ""));
+    wait_owner(&lab, VIP, 0, &agents);
+    // Warm the client's neighbour entry.
+    assert!(lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]));
+
+    let ping = std::thread::spawn({
+        let ns = lab.client.ns.name().to_owned();
+        move || {
+            std::process::Command::new("ip")
+                .args(["netns", "exec", &ns, "ping", "-n", "-q", "-i", "0.005", "-c", "600", "-W", "1"])
+                .arg(VIP.to_string())
+                .output()
+                .unwrap()
+        }
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    agents[0].signal(libc::SIGTERM);
+    let status = agents[0].wait_exit(Duration::from_secs(5));
+    assert!(status.success(), "{}", agents[0].log_text());
+    let out = ping.join().unwrap();
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(summary.contains("600 packets transmitted, 600 received"), "{summary}\n{}", agents[0].log_text());
+    wait_owner(&lab, VIP, 1, &agents);
+    assert!(agents[0].log_text().contains("successor heard"), "{}", agents[0].log_text());
+}
+
+/// keepalived 2.2.7 on n1 and lb-agent on n0 share one VRID, in both directions.
+#[test]
+fn interop_with_keepalived() {
+    for (agent_priority, keepalived_priority) in [(200u8, 100u8), (100, 200)] {
+        let mut lab = Lab::new(2);
+        lab.enable_native_xdp(0);
+        let conf = lab.path("keepalived.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "global_defs {{\n  router_id {peer}\n}}\nvrrp_instance web {{\n  state BACKUP\n  interface eth0\n  \
+                 virtual_router_id {VRID}\n  priority {keepalived_priority}\n  advert_int 0.05\n  version 3\n  \
+                 virtual_ipaddress {{\n    {VIP}/32\n  }}\n}}\n",
+                peer = lab.nodes[1].name
+            ),
+        )
+        .unwrap();
+        let pid = lab.path("keepalived.pid");
+        let vrrp_pid = lab.path("keepalived-vrrp.pid");
+        let keepalived_args = [
+            "keepalived",
+            "--dont-fork",
+            "--log-console",
+            "--vrrp",
+            "-f",
+            conf.to_str().unwrap(),
+            "-p",
+            pid.to_str().unwrap(),
+            "-r",
+            vrrp_pid.to_str().unwrap(),
+        ];
+        let mut keepalived = lab.nodes[1].spawn(&keepalived_args);
+        let mut agent =
+            lab.start_agent(0, &manual_group(&lab, 0, &[agent_priority, keepalived_priority], ""));
+        agent.wait_ready();
+        let agents = [agent];
+
+        let (winner, loser) = if agent_priority > keepalived_priority { (0, 1) } else { (1, 0) };
+        wait_owner(&lab, VIP, winner, &agents);
+        // …and the other side agrees: no split brain.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(lab.client.arping(VIP, 2), vec![lab.nodes[winner].mac_string(); 2]);
+
+        // Hard failure of the winner; the other takes over.
+        lab.cut(winner);
+        let [mut agent] = agents;
+        if winner == 0 {
+            agent.kill()
+        } else {
+            keepalived.kill()
+        }
+        wait_owner(&lab, VIP, loser, std::slice::from_ref(&agent));
+        if loser == 0 {
+            agent.wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="master"}"#, 1.0);
+        }
+    }
+}
+
+/// A spread group: one Service's three VIPs land on three different nodes.
+#[test]
+fn spread_gives_each_vip_of_a_service_its_own_node() {
+    let vips =
+        [Ipv4Addr::new(198, 51, 100, 20), Ipv4Addr::new(198, 51, 100, 21), Ipv4Addr::new(198, 51, 100, 22)];
+    let mut lab = Lab::new(3);
+    let agents = start_all(&mut lab, |lab, me| {
+        let mut yaml = format!(
+            "node: {}\ninterface: eth0\nlisten: {AGENT_LISTEN}\ngroups:\n  - name: spread\n    advertInterval: 50ms\n    nodes:\n",
+            lab.nodes[me].name
+        );
+        for node in &lab.nodes {
+            yaml.push_str(&format!("      - name: {}\n        address: {}\n", node.name, node.ip));
+        }
+        yaml.push_str("    vips:\n");
+        for vip in vips {
+            yaml.push_str(&format!("      - address: {vip}\n        service: default/web\n"));
+        }
+        yaml
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let owners: Vec<Vec<String>> = vips.iter().map(|v| lab.client.arping(*v, 1)).collect();
+        let mut macs: Vec<String> = owners.iter().filter(|o| o.len() == 1).map(|o| o[0].clone()).collect();
+        macs.sort();
+        macs.dedup();
+        if macs.len() == 3 {
+            let node_macs: Vec<String> = lab.nodes.iter().map(|n| n.mac_string()).collect();
+            assert!(macs.iter().all(|m| node_macs.contains(m)), "{macs:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "owners {owners:?}\n{}",
+            agents.iter().map(|a| a.log_text()).collect::<Vec<_>>().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Hostile advertisements on the segment are dropped and counted, and the master holds.
+#[test]
+fn hostile_advertisements_are_dropped_and_counted() {
+    let mut lab = Lab::new(2);
+    let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], ""));
+    wait_owner(&lab, VIP, 0, &agents);
+
+    let client = &lab.client;
+    let member = lab.nodes[1].ip;
+    let advert = |vrid: u8, priority: u8| Advertisement {
+        vrid,
+        priority,
+        max_adver_int_cs: 100,
+        addresses: vec![VIP],
+    };
+    let frame = |src: Ipv4Addr, ttl: u8, payload: &[u8]| {
+        ipv4_frame(client.mac, multicast_mac(VRRP_MULTICAST_V4), src, VRRP_MULTICAST_V4, ttl, 112, payload)
+    };
+    let good = |src: Ipv4Addr, vrid: u8, priority: u8| {
+        advert(vrid, priority).encode(src, VRRP_MULTICAST_V4, ChecksumMode::Rfc)
+    };
+    let mut bad_checksum = good(member, VRID, 254);
+    bad_checksum[7] ^= 0xff;
+    let mut version2 = good(member, VRID, 254);
+    version2[0] = 0x21;
+    let hostile = vec![
+        // A rogue on the segment claiming priority 254: not a member.
+        frame(client.ip, 255, &good(client.ip, VRID, 254)),
+        // A member's address, but TTL 64: it crossed a router.
+        frame(member, 64, &good(member, VRID, 254)),
+        frame(member, 255, &bad_checksum),
+        frame(member, 255, &version2),
+        frame(member, 255, &good(member, 99, 254)),
+        frame(member, 255, &good(member, VRID, 254)[..10]),
+    ];
+    for _ in 0..5 {
+        send_and_capture(client.ns.name(), "eth0", hostile.clone(), Duration::from_millis(60));
+    }
+    let dropped = |reason: &str, vrid: &str| {
+        agents[0].metric(&format!(r#"lbagent_vrrp_adverts_dropped_total{{vrid="{vrid}",reason="{reason}"}}"#))
+    };
+    assert_eq!(dropped("not_member", "10"), 5.0);
+    assert_eq!(dropped("bad_ttl", "10"), 5.0);
+    assert_eq!(dropped("bad_checksum", "10"), 5.0);
+    assert_eq!(dropped("bad_version", "10"), 5.0);
+    assert_eq!(dropped("unknown_vrid", "99"), 5.0);
+    assert_eq!(dropped("bad_count", "10"), 5.0);
+    // The master never wavered.
+    assert_eq!(
+        agents[0]
+            .metric(r#"lbagent_vrrp_transitions_total{group="web",vrid="10",from="master",to="backup"}"#),
+        0.0
+    );
+    assert_eq!(lab.client.arping(VIP, 2), vec![lab.nodes[0].mac_string(); 2]);
+}

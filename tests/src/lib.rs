@@ -25,6 +25,9 @@ use std::{
 pub use agent::{Agent, agent_binary};
 pub use netns::Netns;
 
+/// Where tests take VIPs from (TEST-NET-2), on-link for the client.
+pub const VIP_RANGE: &str = "198.51.100.0/24";
+
 /// The segment's prefix: nodes are .10, .11, …; the client is .100.
 pub const SEGMENT_PREFIX_LEN: u8 = 24;
 
@@ -180,6 +183,9 @@ impl Lab {
             })
             .collect();
         let client = plug(&switch, &id, "cl", Ipv4Addr::new(192, 0, 2, 100), [0x02, 0x1b, 0, 0, 0, 0xcc]);
+        // VIPs live on the segment: the client resolves them with ARP, as a host on the VIPs'
+        // L2 network would.
+        client.ns.run_cmd(&["ip", "route", "add", VIP_RANGE, "dev", Host::IFACE]);
         Lab { pass_programs: Vec::new(), id, nodes, client, switch, dir }
     }
 

@@ -83,7 +83,13 @@ fn election_failover_and_preemption() {
 
     wait_owner(&lab, VIP, 0, &agents);
     wait_tcp(&lab, 0);
-    assert!(lab.client.output_ok(&["ping", "-c", "3", "-i", "0.05", "-W", "1", &VIP.to_string()]));
+    let ping = lab.client.ns.output(&["ping", "-c", "3", "-i", "0.05", "-W", "1", &VIP.to_string()]);
+    assert!(
+        ping.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&ping.stdout),
+        String::from_utf8_lossy(&ping.stderr)
+    );
     agents[0].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="master"}"#, 1.0);
     agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="backup"}"#, 1.0);
     agents[1].wait_metric(

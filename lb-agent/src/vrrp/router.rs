@@ -176,16 +176,17 @@ impl Router {
             self.metrics.dropped(Some(vrid), drop_reason::OWN);
             return out;
         }
-        if let Some(handover) = self.handovers.get_mut(&vrid) {
-            if handover.peers.contains(&received.source) && received.advert.priority != PRIORITY_RESIGN {
-                if !handover.successor_heard {
-                    info!(vrid, successor = %received.source, "successor heard, releasing VIPs shortly");
-                    handover.successor_heard = true;
-                    handover.release_at = handover.release_at.min(now + HANDOVER_GRACE);
-                }
-                self.metrics.received(&handover.group, vrid);
-                return out;
+        if let Some(handover) = self.handovers.get_mut(&vrid)
+            && handover.peers.contains(&received.source)
+            && received.advert.priority != PRIORITY_RESIGN
+        {
+            if !handover.successor_heard {
+                info!(vrid, successor = %received.source, "successor heard, releasing VIPs shortly");
+                handover.successor_heard = true;
+                handover.release_at = handover.release_at.min(now + HANDOVER_GRACE);
             }
+            self.metrics.received(&handover.group, vrid);
+            return out;
         }
         let Some(running) = self.instances.get_mut(&vrid) else {
             self.metrics.dropped(Some(vrid), drop_reason::UNKNOWN_VRID);

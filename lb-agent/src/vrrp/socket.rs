@@ -15,34 +15,48 @@ use super::packet::{IPPROTO_VRRP, VRRP_MULTICAST_V4, VRRP_TTL};
 const TOS_NETWORK_CONTROL: u32 = 0xc0;
 
 pub struct VrrpSocket {
-    fd: AsyncFd<Socket>,
+    /// Unbound: a raw socket bound to an address only receives datagrams addressed to it, and
+    /// adverts go to 224.0.0.18.
+    receive: AsyncFd<Socket>,
+    /// Bound to our address, so adverts carry the source the peers expect and the checksum
+    /// was computed with.
+    send: Socket,
 }
 
 impl VrrpSocket {
-    /// Opens the socket on `interface`, sourced from `source`, joined to 224.0.0.18.
+    /// Opens the sockets on `interface`, sourced from `source`, joined to 224.0.0.18.
     ///
     /// Bound to the device so that only the uplink's adverts arrive; multicast loop off so we
     /// never hear ourselves; TTL 255 both ways because receivers drop anything else (§5.1.1.3).
     pub fn open(interface: &str, ifindex: u32, source: Ipv4Addr) -> io::Result<Self> {
-        let socket = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::from(i32::from(IPPROTO_VRRP))))?;
-        socket.bind_device(Some(interface.as_bytes()))?;
-        socket.bind(&SockAddr::from(SocketAddrV4::new(source, 0)))?;
-        socket.set_ttl_v4(u32::from(VRRP_TTL))?;
-        socket.set_multicast_ttl_v4(u32::from(VRRP_TTL))?;
-        socket.set_multicast_loop_v4(false)?;
-        socket.set_multicast_if_v4(&source)?;
-        socket.set_tos_v4(TOS_NETWORK_CONTROL)?;
-        socket.join_multicast_v4_n(&VRRP_MULTICAST_V4, &InterfaceIndexOrAddress::Index(ifindex))?;
-        socket.set_nonblocking(true)?;
+        let raw = || Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::from(i32::from(IPPROTO_VRRP))));
+        let receive = raw()?;
+        receive.bind_device(Some(interface.as_bytes()))?;
+        receive.join_multicast_v4_n(&VRRP_MULTICAST_V4, &InterfaceIndexOrAddress::Index(ifindex))?;
+        receive.set_multicast_loop_v4(false)?;
+        receive.set_nonblocking(true)?;
+
+        let send = raw()?;
+        send.bind_device(Some(interface.as_bytes()))?;
+        send.bind(&SockAddr::from(SocketAddrV4::new(source, 0)))?;
+        send.set_ttl_v4(u32::from(VRRP_TTL))?;
+        send.set_multicast_ttl_v4(u32::from(VRRP_TTL))?;
+        send.set_multicast_loop_v4(false)?;
+        send.set_multicast_if_v4(&source)?;
+        send.set_tos_v4(TOS_NETWORK_CONTROL)?;
+        send.set_nonblocking(true)?;
+        // The send socket would queue every advert on the segment too; nobody reads it.
+        send.set_recv_buffer_size(0)?;
+
         // SAFETY: the Socket owns its fd, which stays open until the AsyncFd drops it.
-        let fd = unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }
+        let receive = unsafe { AsyncFd::register_with_interest(receive, Interest::READABLE) }
             .map_err(|e| io::Error::other(e.to_string()))?;
-        Ok(Self { fd })
+        Ok(Self { receive, send })
     }
 
     /// Receives one datagram, IPv4 header included.
     pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.fd
+        self.receive
             .async_io(Interest::READABLE, |socket| {
                 // SAFETY: recv only writes initialised bytes into the prefix it reports.
                 let uninit = unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) };
@@ -55,6 +69,6 @@ impl VrrpSocket {
         let addr = SockAddr::from(SocketAddr::from((destination, 0)));
         // Adverts are small and the socket buffer is rarely full; a send that would block is
         // reported rather than awaited so the state machine never stalls behind the network.
-        self.fd.get_ref().send_to(msg, &addr).map(|_| ())
+        self.send.send_to(msg, &addr).map(|_| ())
     }
 }

@@ -95,6 +95,7 @@ pub async fn run(config_path: PathBuf, node_override: Option<String>) -> Result<
         garp: Arc::new(garp),
         announced: BTreeSet::new(),
         kernel_vips: None,
+        applied_epoch: None,
     };
     // A crashed earlier run may have left VIP addresses behind: start from none.
     agent.apply_ownership().await;
@@ -115,6 +116,7 @@ pub async fn run(config_path: PathBuf, node_override: Option<String>) -> Result<
     state.ready.store(false, Ordering::Relaxed);
     server.abort();
     agent.kernel_vips = None;
+    agent.applied_epoch = None;
     agent.vrrp = None;
     agent.apply_ownership().await;
     agent.dataplane.detach()?;
@@ -160,6 +162,8 @@ struct Agent {
     announced: BTreeSet<Ipv4Addr>,
     /// The VIP addresses last put on the uplink; `None` forces a netlink sync.
     kernel_vips: Option<BTreeSet<Ipv4Addr>>,
+    /// The router's ownership epoch last applied; `None` forces a full apply.
+    applied_epoch: Option<u64>,
 }
 
 impl Agent {
@@ -262,12 +266,19 @@ impl Agent {
             vrrp.send(&out);
         }
         self.kernel_vips = None;
+        self.applied_epoch = None;
         self.apply_ownership().await;
         count(&self.state, "applied");
     }
 
-    /// Makes the data plane and the uplink's addresses match who owns what now.
+    /// Makes the data plane and the uplink's addresses match who owns what now. Cheap when
+    /// nothing changed: most events are advertisements that change no ownership.
     async fn apply_ownership(&mut self) {
+        let epoch = self.vrrp.as_ref().map(|v| v.router.ownership_epoch());
+        if epoch.is_some() && epoch == self.applied_epoch {
+            return;
+        }
+        self.applied_epoch = epoch;
         let vrrp_owned = self.vrrp.as_ref().map(|v| v.router.owned_vips()).unwrap_or_default();
         let mut xdp: OwnedSet =
             self.config.vips.iter().map(|v| (v.address, v.mac.unwrap_or(self.interface.mac))).collect();

@@ -216,6 +216,26 @@ impl Lab {
         self.switch.run_cmd(&["ip", "link", "set", &self.nodes[node].switch_port, "up"]);
     }
 
+    /// Starts keepalived (VRRP only) on `node` with `config`; the guard kills its process group.
+    pub fn start_keepalived(&self, node: usize, config: &str) -> Process {
+        let conf = self.path(&format!("keepalived-{node}.conf"));
+        std::fs::write(&conf, config).expect("writing the keepalived config");
+        let pid = self.path(&format!("keepalived-{node}.pid"));
+        let vrrp_pid = self.path(&format!("keepalived-vrrp-{node}.pid"));
+        let path = |p: &PathBuf| p.to_str().expect("a UTF-8 lab path").to_owned();
+        self.nodes[node].spawn(&[
+            "keepalived",
+            "--dont-fork",
+            "--vrrp",
+            "-f",
+            &path(&conf),
+            "-p",
+            &path(&pid),
+            "-r",
+            &path(&vrrp_pid),
+        ])
+    }
+
     /// A path inside the lab's scratch directory.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)

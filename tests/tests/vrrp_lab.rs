@@ -76,10 +76,19 @@ fn wait_tcp(lab: &Lab, node: usize) {
 }
 
 #[test]
-fn election_failover_and_preemption() {
+fn election_failover_and_preemption_multicast() {
+    election_failover_and_preemption("");
+}
+
+#[test]
+fn election_failover_and_preemption_unicast() {
+    election_failover_and_preemption("    transport: unicast\n");
+}
+
+fn election_failover_and_preemption(transport: &str) {
     let mut lab = Lab::new(3);
     let servers: Vec<_> = lab.nodes.iter().map(|n| n.serve_name(PORT)).collect();
-    let mut agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 150, 100], ""));
+    let mut agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 150, 100], transport));
 
     wait_owner(&lab, VIP, 0, &agents);
     wait_tcp(&lab, 0);
@@ -105,7 +114,7 @@ fn election_failover_and_preemption() {
 
     // The preferred node returns and takes its VIP back.
     lab.restore(0);
-    let mut returned = lab.start_agent(0, &manual_group(&lab, 0, &[200, 150, 100], ""));
+    let mut returned = lab.start_agent(0, &manual_group(&lab, 0, &[200, 150, 100], transport));
     returned.wait_ready();
     agents[0] = returned;
     wait_owner(&lab, VIP, 0, &agents);
@@ -295,4 +304,29 @@ fn hostile_advertisements_are_dropped_and_counted() {
         0.0
     );
     assert_eq!(lab.client.arping(VIP, 2), vec![lab.nodes[0].mac_string(); 2]);
+}
+
+fn uplink_addresses(lab: &Lab, node: usize) -> String {
+    String::from_utf8_lossy(&lab.nodes[node].ns.run_cmd(&["ip", "-4", "addr", "show", "dev", "eth0"]).stdout)
+        .into_owned()
+}
+
+/// A crashed run leaves its VIP address on the uplink; the next start removes it, and only it.
+#[test]
+fn start_up_removes_vip_addresses_left_by_a_crash() {
+    let mut lab = Lab::new(1);
+    lab.enable_native_xdp(0);
+    lab.nodes[0].ns.run_cmd(&["ip", "addr", "add", "198.51.100.200/32", "dev", "eth0"]);
+    let mut agent = lab.start_agent(0, &manual_group(&lab, 0, &[200], ""));
+    agent.wait_ready();
+    wait_owner(&lab, VIP, 0, std::slice::from_ref(&agent));
+    agent.kill();
+    assert!(uplink_addresses(&lab, 0).contains(&format!("{VIP}/32")), "the crash left the VIP behind");
+
+    let mut agent = lab.start_agent(0, &format!("interface: eth0\nlisten: {AGENT_LISTEN}\n"));
+    agent.wait_ready();
+    let addresses = uplink_addresses(&lab, 0);
+    assert!(!addresses.contains(&format!("{VIP}/32")), "stale VIP removed:\n{addresses}");
+    assert!(addresses.contains("198.51.100.200/32"), "an operator's address is never touched:\n{addresses}");
+    assert!(agent.log_text().contains("VIP addresses updated"), "{}", agent.log_text());
 }

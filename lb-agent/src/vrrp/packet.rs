@@ -25,9 +25,10 @@ const TYPE_ADVERTISEMENT: u8 = 1;
 const HEADER_LEN: usize = 8;
 /// Max Adver Int is a 12-bit count of centiseconds.
 pub const MAX_ADVER_INT_CS: u16 = 0x0fff;
-/// More addresses than this do not fit one advertisement (the count is a byte). The address list
-/// is informational (RFC 5798 §7.1 "MAY verify"), so large shared instances list the first ones.
-pub const MAX_ADVERTISED_ADDRS: usize = 255;
+/// Addresses listed in one advertisement. The list is informational (RFC 5798 §7.1 "MAY
+/// verify"), so a large shared instance lists its first 20, as keepalived does (it moves the
+/// rest to `virtual_ipaddress_excluded`): adverts stay small at 10 ms intervals.
+pub const MAX_ADVERTISED_ADDRS: usize = 20;
 
 /// Which pseudo-header the checksum covers.
 ///
@@ -359,13 +360,76 @@ mod tests {
     }
 
     #[test]
-    fn too_many_addresses_are_capped_at_the_count_field() {
+    fn large_instances_list_their_first_addresses() {
         let a = Advertisement {
             addresses: (0..300u32).map(|i| Ipv4Addr::from(0xc633_6400 + i)).collect(),
             ..advert()
         };
         let msg = a.encode(SRC, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
-        assert_eq!(msg[3], 255);
-        assert_eq!(msg.len(), 8 + 4 * 255);
+        assert_eq!(usize::from(msg[3]), MAX_ADVERTISED_ADDRS);
+        assert_eq!(msg.len(), 8 + 4 * MAX_ADVERTISED_ADDRS);
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    //! The decoder against arbitrary and mutated input: it may reject, it must never panic, and
+    //! whatever it accepts must re-encode to the same bytes.
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn valid_datagram(vrid: u8, priority: u8, count: usize) -> Vec<u8> {
+        let advert = Advertisement {
+            vrid,
+            priority,
+            max_adver_int_cs: 100,
+            addresses: (0..count as u32).map(|i| Ipv4Addr::from(0xc633_6400 + i)).collect(),
+        };
+        let src = Ipv4Addr::new(192, 0, 2, 10);
+        let msg = advert.encode(src, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
+        let mut d = vec![0x45, 0xc0];
+        d.extend_from_slice(&((20 + msg.len()) as u16).to_be_bytes());
+        d.extend_from_slice(&[0, 0, 0, 0, 255, IPPROTO_VRRP, 0, 0]);
+        d.extend_from_slice(&src.octets());
+        d.extend_from_slice(&VRRP_MULTICAST_V4.octets());
+        d.extend_from_slice(&msg);
+        d
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_ipv4(&bytes, ChecksumMode::Rfc);
+            let _ = decode_ipv4(&bytes, ChecksumMode::NoPseudoHeader);
+        }
+
+        #[test]
+        fn mutated_adverts_are_rejected_or_round_trip(
+            vrid in any::<u8>(),
+            priority in any::<u8>(),
+            count in 0usize..6,
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..4),
+            cut in any::<usize>(),
+        ) {
+            let mut d = valid_datagram(vrid, priority, count);
+            for (at, xor) in flips {
+                let at = at % d.len();
+                d[at] ^= xor;
+            }
+            d.truncate(cut % (d.len() + 1));
+            if let Ok(r) = decode_ipv4(&d, ChecksumMode::Rfc) {
+                let again = r.advert.encode(r.source, r.destination, ChecksumMode::Rfc);
+                let header_len = usize::from(d[0] & 0x0f) * 4;
+                // Reserved bits are ignored on receipt and sent as zero, so compare without them.
+                let mut original = d[header_len..header_len + again.len()].to_vec();
+                original[4] &= 0x0f;
+                let mut again = again;
+                again[6..8].copy_from_slice(&original[6..8]);
+                prop_assert_eq!(original, again);
+            }
+        }
     }
 }

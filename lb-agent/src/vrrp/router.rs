@@ -81,6 +81,9 @@ pub struct Router {
     handovers: BTreeMap<u8, Handover>,
     metrics: VrrpMetrics,
     started: bool,
+    /// Bumped whenever [`Router::owned_vips`] may have changed, so the shell re-applies
+    /// ownership only then and not on every advertisement.
+    ownership_epoch: u64,
 }
 
 /// After the successor's first advertisement, keep answering this long: its gratuitous ARPs
@@ -89,7 +92,14 @@ const HANDOVER_GRACE: Duration = Duration::from_millis(50);
 
 impl Router {
     pub fn new(local: Ipv4Addr, metrics: VrrpMetrics) -> Self {
-        Self { local, instances: BTreeMap::new(), handovers: BTreeMap::new(), metrics, started: false }
+        Self {
+            local,
+            instances: BTreeMap::new(),
+            handovers: BTreeMap::new(),
+            metrics,
+            started: false,
+            ownership_epoch: 0,
+        }
     }
 
     pub fn local_address(&self) -> Ipv4Addr {
@@ -111,6 +121,7 @@ impl Router {
     /// Brings the instances in line with `specs`: new VRIDs start, vanished ones resign,
     /// changed ones take their new priority, interval and VIPs without restarting.
     pub fn reconfigure(&mut self, now: Instant, specs: Vec<InstanceSpec>) -> Vec<Outgoing> {
+        self.ownership_epoch += 1;
         let mut out = Vec::new();
         let wanted: BTreeMap<u8, InstanceSpec> = specs.into_iter().map(|s| (s.vrid, s)).collect();
         let gone: Vec<u8> = self.instances.keys().filter(|v| !wanted.contains_key(v)).copied().collect();
@@ -235,6 +246,7 @@ impl Router {
             self.handovers.iter().filter(|(_, h)| h.release_at <= now).map(|(v, _)| *v).collect();
         for vrid in released {
             if let Some(h) = self.handovers.remove(&vrid) {
+                self.ownership_epoch += 1;
                 info!(vrid, successor_heard = h.successor_heard, "handover done, VIPs released");
             }
         }
@@ -249,6 +261,7 @@ impl Router {
     /// SIGTERM: every master resigns with priority 0 and keeps its VIPs until a successor
     /// advertises (or three of its intervals pass, when nobody is there to take over).
     pub fn shutdown(&mut self, now: Instant) -> Vec<Outgoing> {
+        self.ownership_epoch += 1;
         let mut out = Vec::new();
         let vrids: Vec<u8> = self.instances.keys().copied().collect();
         for vrid in vrids {
@@ -294,6 +307,11 @@ impl Router {
         masters.chain(self.handovers.values().map(|h| &h.vips)).flatten().copied().collect()
     }
 
+    /// Changes whenever [`Router::owned_vips`] may have changed.
+    pub fn ownership_epoch(&self) -> u64 {
+        self.ownership_epoch
+    }
+
     /// Per-instance view for status and tests.
     pub fn instances(&self) -> impl Iterator<Item = (&InstanceSpec, &Instance)> {
         self.instances.values().map(|r| (&r.spec, &r.machine))
@@ -308,7 +326,7 @@ impl Router {
                     self.metrics.sent(&running.spec.group, vrid);
                 }
                 // Ownership is derived from the states (see `owned_vips`), not tracked twice.
-                Action::TakeOwnership | Action::ReleaseOwnership => {}
+                Action::TakeOwnership | Action::ReleaseOwnership => self.ownership_epoch += 1,
             }
         }
         let (group, state, master) =

@@ -114,21 +114,7 @@ fn start(lab: &mut Lab, peer: Peer, node: usize, interval: Duration, vips: &[Ipv
             Running::Agent(agent)
         }
         Peer::Keepalived => {
-            let conf = lab.path(&format!("keepalived-{node}.conf"));
-            std::fs::write(&conf, keepalived_conf(lab, node, interval, vips)).unwrap();
-            let pid = lab.path(&format!("ka-{node}.pid"));
-            let vpid = lab.path(&format!("ka-vrrp-{node}.pid"));
-            Running::Keepalived(lab.nodes[node].spawn(&[
-                "keepalived",
-                "--dont-fork",
-                "--vrrp",
-                "-f",
-                conf.to_str().unwrap(),
-                "-p",
-                pid.to_str().unwrap(),
-                "-r",
-                vpid.to_str().unwrap(),
-            ]))
+            Running::Keepalived(lab.start_keepalived(node, &keepalived_conf(lab, node, interval, vips)))
         }
     }
 }

@@ -274,6 +274,10 @@ impl Agent {
     /// Makes the data plane and the uplink's addresses match who owns what now. Cheap when
     /// nothing changed: most events are advertisements that change no ownership.
     async fn apply_ownership(&mut self) {
+        if let Some(vrrp) = &mut self.vrrp {
+            let again: Vec<Ipv4Addr> = vrrp.router.take_reannouncements().into_iter().collect();
+            self.announce(again);
+        }
         let epoch = self.vrrp.as_ref().map(|v| v.router.ownership_epoch());
         if epoch.is_some() && epoch == self.applied_epoch {
             return;

@@ -9,13 +9,17 @@
 //! - [`planner`]: the pure, deterministic plan: VIP owners and shared VRRP instances.
 //! - [`node_plan`]: from the config and the planner to this node's VRRP instances.
 //! - [`agent`]: the run loop and signal handling.
+//! - [`maglev`]: Maglev lookup tables for the data plane.
+//! - [`hash`]: the fixed hash every agent ranks and places with.
 //! - [`error`]: the crate's error type.
 
 pub mod agent;
 pub mod config;
 pub mod dataplane;
 pub mod error;
+pub mod hash;
 pub mod http;
+pub mod maglev;
 pub mod metrics;
 pub mod netdev;
 pub mod node_plan;

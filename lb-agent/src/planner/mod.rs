@@ -17,14 +17,12 @@
 //! - VRIDs: pinned allocations (published earlier) are kept; other keys take their hash-preferred
 //!   VRID, probing upwards, so a new key seldom shifts an existing one.
 
-mod hash;
-
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
 };
 
-use hash::hrw;
+use crate::hash::{self, hrw};
 
 /// Up to this many nodes, instances are keyed by (owner, backup): 16·15 = 240 ≤ 255 VRIDs.
 pub const PAIR_KEYED_MAX_NODES: usize = 16;

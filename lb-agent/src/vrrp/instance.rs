@@ -60,6 +60,8 @@ pub enum Action {
     TakeOwnership,
     /// Stopped being Master: stop answering for the virtual addresses.
     ReleaseOwnership,
+    /// Still Master, but another router acted as one: announce the addresses again.
+    Reannounce,
 }
 
 /// Why a received advertisement changed nothing; counted by the shell.
@@ -260,7 +262,14 @@ impl Instance {
         let tie_won_by_sender =
             advert.priority == self.config.priority && source > self.config.primary_address;
         if !(higher || tie_won_by_sender) {
-            return Err(Ignored::LowerPriority);
+            // The RFC discards this. But a lower-priority router advertising means it believed
+            // itself Master (e.g. two backups racing after a resignation, their skews a few ms
+            // apart) and has sent gratuitous ARPs for our addresses; when it yields, clients
+            // keep sending to it until their ARP entries expire. So reassert at once: advertise
+            // and announce again. keepalived does the same by default
+            // (`vrrp_lower_prio_no_advert` off).
+            self.adver_timer = Some(now + self.config.advert_interval);
+            return Ok(vec![Action::SendAdvert { priority: self.config.priority }, Action::Reannounce]);
         }
         // "Cancel Adver_Timer, Set Master_Adver_Interval…, Recompute Master_Down_Interval,
         //  Set Master_Down_Timer…, Transition to the Backup state."
@@ -415,13 +424,30 @@ mod tests {
         let mut i = instance(100);
         i.startup(t0);
         i.on_timer(t0 + ms(4000));
-        assert_eq!(i.on_advert(t0 + ms(4100), LOWER_IP, &advert(100, 100)), Err(Ignored::LowerPriority));
+        assert_eq!(
+            i.on_advert(t0 + ms(4100), LOWER_IP, &advert(100, 100)),
+            Ok(vec![SEND_OWN(100), Action::Reannounce])
+        );
         assert_eq!(i.state(), State::Master);
         assert_eq!(
             i.on_advert(t0 + ms(4200), HIGHER_IP, &advert(100, 100)),
             Ok(vec![Action::ReleaseOwnership])
         );
         assert_eq!(i.state(), State::Backup);
+    }
+
+    #[test]
+    fn a_master_hearing_a_lower_master_reasserts_itself() {
+        let t0 = Instant::now();
+        let mut i = instance(150);
+        i.startup(t0);
+        i.on_timer(t0 + ms(4000));
+        assert_eq!(
+            i.on_advert(t0 + ms(4300), LOWER_IP, &advert(100, 1)),
+            Ok(vec![SEND_OWN(150), Action::Reannounce])
+        );
+        assert_eq!(i.state(), State::Master);
+        assert_eq!(i.next_deadline(), Some(t0 + ms(5300)), "the advert timer restarts");
     }
 
     #[test]

@@ -55,6 +55,7 @@ pub struct VrrpMetrics {
     received: Family<InstanceLabels, Counter>,
     dropped: Family<DropLabels, Counter>,
     address_mismatch: Family<InstanceLabels, Counter>,
+    reasserted: Family<InstanceLabels, Counter>,
     master: Family<MasterLabels, Gauge>,
     last_state: BTreeMap<(String, u8), State>,
     last_master: BTreeMap<(String, u8), Ipv4Addr>,
@@ -76,6 +77,11 @@ impl VrrpMetrics {
             "vrrp_address_mismatch",
             "Advertisements whose address list differs from ours (processed anyway)",
             m.address_mismatch.clone(),
+        );
+        registry.register(
+            "vrrp_reassertions",
+            "Times this master heard a lower-priority master and announced itself again",
+            m.reasserted.clone(),
         );
         registry.register("vrrp_master", "1 for the current master of each VRRP instance", m.master.clone());
         m
@@ -139,6 +145,10 @@ impl VrrpMetrics {
 
     pub fn address_mismatch(&self, group: &str, vrid: u8) {
         self.address_mismatch.get_or_create(&InstanceLabels { group: group.to_owned(), vrid }).inc();
+    }
+
+    pub fn reasserted(&self, group: &str, vrid: u8) {
+        self.reasserted.get_or_create(&InstanceLabels { group: group.to_owned(), vrid }).inc();
     }
 
     /// Drops the label sets of an instance that no longer exists.

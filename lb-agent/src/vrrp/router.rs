@@ -84,6 +84,8 @@ pub struct Router {
     /// Bumped whenever [`Router::owned_vips`] may have changed, so the shell re-applies
     /// ownership only then and not on every advertisement.
     ownership_epoch: u64,
+    /// VIPs to announce again (gratuitous ARP) although ownership did not change.
+    reannounce: BTreeSet<Ipv4Addr>,
 }
 
 /// After the successor's first advertisement, keep answering this long: its gratuitous ARPs
@@ -99,6 +101,7 @@ impl Router {
             metrics,
             started: false,
             ownership_epoch: 0,
+            reannounce: BTreeSet::new(),
         }
     }
 
@@ -307,6 +310,11 @@ impl Router {
         masters.chain(self.handovers.values().map(|h| &h.vips)).flatten().copied().collect()
     }
 
+    /// VIPs to announce again since the last call (see [`Action::Reannounce`]).
+    pub fn take_reannouncements(&mut self) -> BTreeSet<Ipv4Addr> {
+        std::mem::take(&mut self.reannounce)
+    }
+
     /// Changes whenever [`Router::owned_vips`] may have changed.
     pub fn ownership_epoch(&self) -> u64 {
         self.ownership_epoch
@@ -327,6 +335,11 @@ impl Router {
                 }
                 // Ownership is derived from the states (see `owned_vips`), not tracked twice.
                 Action::TakeOwnership | Action::ReleaseOwnership => self.ownership_epoch += 1,
+                Action::Reannounce => {
+                    info!(group = %running.spec.group, vrid, "a lower-priority router acted as master; reasserting");
+                    self.metrics.reasserted(&running.spec.group, vrid);
+                    self.reannounce.extend(&running.spec.vips);
+                }
             }
         }
         let (group, state, master) =

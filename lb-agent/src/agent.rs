@@ -62,7 +62,15 @@ pub async fn run(config_path: PathBuf, node_override: Option<String>) -> Result<
     let vrrp = match plan.local {
         Some(local) if !plan.instances.is_empty() => {
             let socket = VrrpSocket::open(&interface.name, interface.index, local).map_err(|e| {
-                Error::io(format!("opening the VRRP socket on {} from {local}", interface.name), e)
+                if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+                    // The config names an address this node does not have: a config mistake.
+                    config_error(
+                        &node_address_field(&config, &node),
+                        format!("an address of {} on this node, but {local} is not", interface.name),
+                    )
+                } else {
+                    Error::io(format!("opening the VRRP socket on {} from {local}", interface.name), e)
+                }
             })?;
             let router = Router::new(local, VrrpMetrics::register(&mut metrics.registry));
             Some(Vrrp { socket, router })
@@ -121,6 +129,19 @@ pub async fn run(config_path: PathBuf, node_override: Option<String>) -> Result<
     agent.apply_ownership().await;
     agent.dataplane.detach()?;
     result
+}
+
+/// The config path of this node's address, e.g. `groups[0].nodes[2].address`.
+fn node_address_field(config: &Config, node: &str) -> String {
+    config
+        .groups
+        .iter()
+        .enumerate()
+        .find_map(|(g, group)| {
+            let n = group.nodes.iter().position(|n| n.name == node)?;
+            Some(format!("groups[{g}].nodes[{n}].address"))
+        })
+        .unwrap_or_else(|| "groups[].nodes[].address".into())
 }
 
 fn node_name(config: &Config, node_override: Option<String>) -> String {
@@ -358,6 +379,9 @@ impl Agent {
     }
 
     fn log_plan(&self) {
+        if !self.config.groups.is_empty() && self.plan.local.is_none() {
+            warn!(node = %self.node, "this node is in no group's nodes: it runs no VRRP (check `node` or --node)");
+        }
         for spec in &self.plan.instances {
             info!(group = %spec.group, vrid = spec.vrid, priority = spec.priority, vips = spec.vips.len(), "VRRP instance planned");
         }

@@ -72,7 +72,7 @@ fn service_sizes(total: usize) -> impl Strategy<Value = Vec<usize>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     /// Property 1: a function of the sets, not of their order or of which names are used.
     #[test]
@@ -113,7 +113,9 @@ proptest! {
         }
     }
 
-    /// Property 3: 1,000 VIPs on 8 nodes, Services of 1–4 VIPs: max/mean ≤ 1.25.
+    /// Property 3: 1,000 VIPs on 8 nodes, Services of 1–4 VIPs: max/mean ≤ 1.25. The bounded
+    /// load (⌈1.2 × mean⌉ = 150) makes it hold for every input. Observed: worst 1.152 over 200
+    /// random inputs.
     #[test]
     fn balance_across_services(sizes in service_sizes(1000)) {
         let p = plan(&input(8, &sizes));
@@ -123,6 +125,8 @@ proptest! {
     }
 
     /// Property 4: a failed node's VIPs go to several survivors, each to its former backup.
+    /// Observed over 200 inputs (n = 4..10, 200 VIPs): at least 3 heirs; new owner = former
+    /// backup for 99.2% of orphans on average, 87% at worst.
     #[test]
     fn graceful_failure(sizes in service_sizes(200), n in 4usize..10, failed in 0usize..4) {
         let before_input = input(n, &sizes);
@@ -139,16 +143,21 @@ proptest! {
         prop_assert!(to_backup * 10 >= orphans.len() * 7, "{to_backup} of {} went to their backup", orphans.len());
     }
 
-    /// Property 5: adding or removing one node moves about 1/n of the VIPs.
+    /// Property 5: adding or removing one node moves about 1/n of the VIPs, plus what property 2
+    /// forces. Observed over 400 inputs of 500 VIPs (worst moved fraction, n = 4 / 6 / 8 / 10):
+    /// adding 0.306 / 0.210 / 0.148 / 0.120; removing any node 0.430 / 0.256 / 0.190 / 0.162.
+    /// Removal gets 1/n more slack: at n = 4 it can just exceed 1.5/n + 0.05 (0.430 > 0.425),
+    /// as 4-VIP Services no longer fit on distinct nodes and the higher capacity reshuffles
+    /// overflow choices.
     #[test]
-    fn minimal_movement(sizes in service_sizes(500), n in 4usize..=10) {
+    fn minimal_movement(sizes in service_sizes(500), n in 4usize..=10, gone in 0usize..10) {
         let base = input(n, &sizes);
         let before = plan(&base);
         let mut grown = base.clone();
         grown.nodes.push(format!("node-{n}"));
         let added = moved_fraction(&before, &plan(&grown));
         let mut shrunk = base.clone();
-        shrunk.nodes.pop();
+        shrunk.nodes.remove(gone % n);
         let removed = moved_fraction(&before, &plan(&shrunk));
         let bound = 1.5 / n as f64 + 0.05;
         prop_assert!(added <= bound, "adding moved {added:.3} > {bound:.3}");
@@ -247,14 +256,51 @@ fn eligibility_restricts_owners_and_instances() {
     assert_eq!(p.unplaced[&vip(99)], UnplacedReason::NoEligibleNode);
 }
 
+/// Unspread VIPs share the first VIP's whole ranking and instance, not just its owner: otherwise
+/// each would fail over to its own backup and the Service would split while its owner is down.
 #[test]
-fn unspread_services_share_one_owner() {
-    let mut i = input(5, &[4]);
+fn unspread_services_share_one_instance() {
+    let mut i = input(6, &[3; 40]);
     for v in &mut i.vips {
         v.spread = false;
     }
-    let owners: BTreeSet<String> = owners(&plan(&i)).into_values().collect();
-    assert_eq!(owners.len(), 1);
+    let p = plan(&i);
+    for s in 0..40 {
+        let first = &p.vips[&vip(3 * s)];
+        for k in 1..3 {
+            assert_eq!(&p.vips[&vip(3 * s + k)], first, "service {s}, VIP {k}");
+        }
+    }
+}
+
+/// The same address listed twice with different settings: the plan must not depend on which
+/// one comes first.
+#[test]
+fn duplicate_addresses_do_not_depend_on_order() {
+    let mut a = input(5, &[2, 2, 1]);
+    let mut conflicting = a.vips[0].clone();
+    conflicting.service = Some("ns/other".into());
+    conflicting.eligible = Some(["node-4".into()].into());
+    let mut b = a.clone();
+    a.vips.push(conflicting.clone());
+    b.vips.insert(0, conflicting);
+    assert_eq!(plan(&a), plan(&b));
+}
+
+/// A dual-stack Service: its IPv4 and IPv6 VIPs are spread like any others.
+#[test]
+fn dual_stack_service_is_spread() {
+    let mut i = input(4, &[1]);
+    i.vips.push(VipInput {
+        address: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
+        service: Some("ns/svc-0".into()),
+        spread: true,
+        eligible: None,
+    });
+    let p = plan(&i);
+    let owners: BTreeSet<String> = owners(&p).into_values().collect();
+    assert_eq!(owners.len(), 2);
+    assert!(p.unplaced.is_empty());
 }
 
 #[test]

@@ -339,6 +339,15 @@ mod tests {
         })
     }
 
+    /// A lone instance that started at `t0` and became Master when its down timer fired.
+    fn master_at_4s(t0: Instant, priority: u8) -> Instance {
+        let mut i = instance(priority);
+        i.startup(t0);
+        i.on_timer(t0 + ms(4000));
+        assert_eq!(i.state(), State::Master);
+        i
+    }
+
     fn advert(priority: u8, interval_cs: u16) -> Advertisement {
         Advertisement { vrid: 7, priority, max_adver_int_cs: interval_cs, addresses: vec![] }
     }
@@ -406,9 +415,7 @@ mod tests {
     #[test]
     fn a_master_yields_to_higher_priority() {
         let t0 = Instant::now();
-        let mut i = instance(100);
-        i.startup(t0);
-        i.on_timer(t0 + ms(4000));
+        let mut i = master_at_4s(t0, 100);
         assert_eq!(i.state(), State::Master);
         assert_eq!(
             i.on_advert(t0 + ms(4100), LOWER_IP, &advert(150, 100)),
@@ -421,9 +428,7 @@ mod tests {
     #[test]
     fn equal_priority_is_won_by_the_higher_address() {
         let t0 = Instant::now();
-        let mut i = instance(100);
-        i.startup(t0);
-        i.on_timer(t0 + ms(4000));
+        let mut i = master_at_4s(t0, 100);
         assert_eq!(
             i.on_advert(t0 + ms(4100), LOWER_IP, &advert(100, 100)),
             Ok(vec![SEND_OWN(100), Action::Reannounce])
@@ -439,9 +444,7 @@ mod tests {
     #[test]
     fn a_master_hearing_a_lower_master_reasserts_itself() {
         let t0 = Instant::now();
-        let mut i = instance(150);
-        i.startup(t0);
-        i.on_timer(t0 + ms(4000));
+        let mut i = master_at_4s(t0, 150);
         assert_eq!(
             i.on_advert(t0 + ms(4300), LOWER_IP, &advert(100, 1)),
             Ok(vec![SEND_OWN(150), Action::Reannounce])
@@ -453,9 +456,7 @@ mod tests {
     #[test]
     fn a_master_answers_a_resignation_at_once() {
         let t0 = Instant::now();
-        let mut i = instance(100);
-        i.startup(t0);
-        i.on_timer(t0 + ms(4000));
+        let mut i = master_at_4s(t0, 100);
         assert_eq!(i.on_advert(t0 + ms(4300), HIGHER_IP, &advert(0, 100)), Ok(vec![SEND_OWN(100)]));
         assert_eq!(i.next_deadline(), Some(t0 + ms(5300)));
     }

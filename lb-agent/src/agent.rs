@@ -260,7 +260,6 @@ impl Agent {
             ("xdpMode", new.xdp_mode != self.config.xdp_mode),
             ("listen", new.listen != self.config.listen),
             ("node", new.node != self.config.node),
-            ("groups[].nodes[].address (this node's)", new_plan.local != self.plan.local),
         ];
         for (field, changed) in restart_needed {
             if changed {

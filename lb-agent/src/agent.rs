@@ -13,12 +13,14 @@ use std::{
     time::Duration,
 };
 
+use lb_common::maps::OwnedVip;
 use tokio::{
     net::TcpListener,
     signal::unix::{Signal, SignalKind, signal},
+    sync::watch,
     time::Instant,
 };
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::{
     config::{Config, ConfigError},
@@ -28,6 +30,7 @@ use crate::{
     metrics::{Metrics, ResultLabels, XdpLabels},
     netdev::{self, Interface},
     node_plan::{NodePlan, node_plan},
+    service_sync::{ServiceSync, SyncMetrics, SyncRequest},
     vrrp::{
         garp::{GarpSocket, announcement},
         metrics::VrrpMetrics,
@@ -38,9 +41,19 @@ use crate::{
 
 /// How long a stopping agent waits for its VRRP handovers before leaving anyway.
 const STOP_BOUND: Duration = Duration::from_secs(10);
+/// At most this many queued datagrams are read before a timer is handled, so a flood cannot
+/// starve the timers.
+const DRAIN_LIMIT: usize = 64;
 
-pub async fn run(config_path: PathBuf, node_override: Option<String>) -> Result<()> {
-    let config = Config::load(&config_path)?;
+pub async fn run(
+    config_path: PathBuf,
+    node_override: Option<String>,
+    pin_override: Option<PathBuf>,
+) -> Result<()> {
+    let mut config = Config::load(&config_path)?;
+    if let Some(pin_path) = &pin_override {
+        config.dataplane.pin_path = pin_path.clone();
+    }
     let node = node_name(&config, node_override);
     let netlink = netdev::connect()?;
     let config_error = |field: &str, expected: String| Error::Config {
@@ -54,6 +67,15 @@ pub async fn run(config_path: PathBuf, node_override: Option<String>) -> Result<
         )
     })?;
     let plan = node_plan(&config, &node);
+    let node_address = match config.node_address {
+        Some(address) => address,
+        None => netdev::primary_ipv4(&netlink, interface.index).await?.ok_or_else(|| {
+            config_error(
+                "nodeAddress",
+                format!("this node's address, since {} has no IPv4 address to default to", interface.name),
+            )
+        })?,
+    };
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| Error::io(format!("listening on {} (listen)", config.listen), e))?;
@@ -80,8 +102,20 @@ pub async fn run(config_path: PathBuf, node_override: Option<String>) -> Result<
     let garp =
         GarpSocket::open(interface.index).map_err(|e| Error::io("opening the gratuitous-ARP socket", e))?;
 
-    let (dataplane, counters) = Dataplane::attach(&interface, config.xdp_mode)?;
+    let (dataplane, counters, service_maps) =
+        Dataplane::attach(&interface, config.xdp_mode, &config.dataplane.pin_path)?;
     let counters = Arc::new(Mutex::new(counters));
+    // The first sync completes before anything is announced ready; later ones run beside VRRP.
+    let request = SyncRequest { config: Arc::new(config.clone()), node: node.clone(), node_address };
+    let sync_metrics = SyncMetrics {
+        syncs: metrics.service_syncs.clone(),
+        services: metrics.services.clone(),
+        backends: metrics.backends.clone(),
+    };
+    let mut sync = ServiceSync::new(service_maps, netlink.clone(), counters.clone(), sync_metrics);
+    sync.apply(&request).await?;
+    let (services, requests) = watch::channel(request);
+    let sync_task = sync.spawn(requests);
     metrics.register_xdp(counters.clone());
     metrics
         .xdp_attached
@@ -104,6 +138,9 @@ pub async fn run(config_path: PathBuf, node_override: Option<String>) -> Result<
         announced: BTreeSet::new(),
         kernel_vips: None,
         applied_epoch: None,
+        node_address,
+        services,
+        pin_override,
     };
     // A crashed earlier run may have left VIP addresses behind: start from none.
     agent.apply_ownership().await;
@@ -121,13 +158,18 @@ pub async fn run(config_path: PathBuf, node_override: Option<String>) -> Result<
     info!(config = %agent.config_path.display(), node = %agent.node, listen = %agent.config.listen, "lb-agent running");
 
     let result = agent.event_loop().await;
+    sync_task.abort();
     state.ready.store(false, Ordering::Relaxed);
     server.abort();
     agent.kernel_vips = None;
     agent.applied_epoch = None;
     agent.vrrp = None;
     agent.apply_ownership().await;
-    agent.dataplane.detach()?;
+    if agent.config.dataplane.keep_on_exit {
+        agent.dataplane.keep();
+    } else {
+        agent.dataplane.remove()?;
+    }
     result
 }
 
@@ -185,6 +227,12 @@ struct Agent {
     kernel_vips: Option<BTreeSet<Ipv4Addr>>,
     /// The router's ownership epoch last applied; `None` forces a full apply.
     applied_epoch: Option<u64>,
+    /// The source of full-NAT and IPIP traffic.
+    node_address: Ipv4Addr,
+    /// Hands each accepted config to the service-sync task.
+    services: watch::Sender<SyncRequest>,
+    /// `--pin-path`, which outranks the config file's on every load.
+    pin_override: Option<PathBuf>,
 }
 
 impl Agent {
@@ -207,7 +255,11 @@ impl Agent {
                     stop_by = Some(Instant::now() + STOP_BOUND);
                     self.begin_stop().await;
                 }
-                _ = hup.recv() => self.reload().await,
+                _ = hup.recv() => {
+                    let started = Instant::now();
+                    self.reload().await;
+                    debug!(elapsed = ?started.elapsed(), "SIGHUP handled");
+                }
                 received = recv(&self.vrrp, &mut buf) => {
                     match received {
                         Ok(n) => {
@@ -220,6 +272,10 @@ impl Agent {
                     }
                 }
                 _ = sleep_until(deadline) => {
+                    // Advertisements that queued up while this loop was busy may reset the
+                    // timer that just fired: read them first, so a slow moment here never
+                    // passes for a silent master.
+                    self.drain_vrrp(&mut buf);
                     if let Some(vrrp) = &mut self.vrrp {
                         let out = vrrp.router.on_timer(Instant::now().into_std());
                         vrrp.send(&out);
@@ -227,6 +283,16 @@ impl Agent {
                     self.apply_ownership().await;
                 }
             }
+        }
+    }
+
+    /// Handles the datagrams already waiting on the VRRP socket, without waiting for more.
+    fn drain_vrrp(&mut self, buf: &mut [u8]) {
+        let Some(vrrp) = &mut self.vrrp else { return };
+        for _ in 0..DRAIN_LIMIT {
+            let Ok(n) = vrrp.socket.try_recv(buf) else { return };
+            let out = vrrp.router.on_datagram(Instant::now().into_std(), &buf[..n]);
+            vrrp.send(&out);
         }
     }
 
@@ -247,7 +313,12 @@ impl Agent {
             state.metrics.config_reloads.get_or_create(&ResultLabels { result }).inc()
         };
         let new = match Config::load(&self.config_path) {
-            Ok(new) => new,
+            Ok(mut new) => {
+                if let Some(pin_path) = &self.pin_override {
+                    new.dataplane.pin_path = pin_path.clone();
+                }
+                new
+            }
             Err(e) => {
                 error!(error = %e, "SIGHUP: config rejected, keeping the running config");
                 count(&self.state, "rejected");
@@ -260,6 +331,8 @@ impl Agent {
             ("xdpMode", new.xdp_mode != self.config.xdp_mode),
             ("listen", new.listen != self.config.listen),
             ("node", new.node != self.config.node),
+            ("nodeAddress", new.node_address != self.config.node_address),
+            ("dataplane.pinPath", new.dataplane.pin_path != self.config.dataplane.pin_path),
         ];
         for (field, changed) in restart_needed {
             if changed {
@@ -272,14 +345,23 @@ impl Agent {
             count(&self.state, "rejected");
             return;
         }
+        let mut dataplane = new.dataplane.clone();
+        dataplane.pin_path = self.config.dataplane.pin_path.clone();
         self.config = Config {
             interface: self.config.interface.clone(),
             xdp_mode: self.config.xdp_mode,
             listen: self.config.listen,
             node: self.config.node.clone(),
+            node_address: self.config.node_address,
+            dataplane,
             ..new
         };
         self.plan = new_plan;
+        self.services.send_replace(SyncRequest {
+            config: Arc::new(self.config.clone()),
+            node: self.node.clone(),
+            node_address: self.node_address,
+        });
         self.log_plan();
         if let Some(vrrp) = &mut self.vrrp {
             let out = vrrp.router.reconfigure(Instant::now().into_std(), self.plan.instances.clone());
@@ -304,13 +386,23 @@ impl Agent {
         }
         self.applied_epoch = epoch;
         let vrrp_owned = self.vrrp.as_ref().map(|v| v.router.owned_vips()).unwrap_or_default();
-        let mut xdp: OwnedSet =
-            self.config.vips.iter().map(|v| (v.address, v.mac.unwrap_or(self.interface.mac))).collect();
+        let mut xdp: OwnedSet = self
+            .config
+            .vips
+            .iter()
+            .map(|v| (v.address, OwnedVip::new(v.mac.unwrap_or(self.interface.mac).0)))
+            .collect();
         let mut kernel = BTreeSet::new();
         for vip in &vrrp_owned {
             let Some(settings) = self.plan.vips.get(vip) else { continue };
             if settings.mode.uses_xdp() {
-                xdp.insert(*vip, self.interface.mac);
+                let mac = self.interface.mac.0;
+                let entry = if settings.mode.uses_netlink() {
+                    OwnedVip::with_kernel(mac)
+                } else {
+                    OwnedVip::new(mac)
+                };
+                xdp.insert(*vip, entry);
             }
             if settings.mode.uses_netlink() {
                 kernel.insert(*vip);

@@ -27,6 +27,15 @@ pub enum Error {
     #[error("attaching XDP to {interface} in {mode} mode: {source}")]
     XdpAttach { interface: String, mode: &'static str, source: aya::programs::ProgramError },
 
+    #[error("BPF link of {program}: {source}")]
+    BpfLink { program: &'static str, source: aya::programs::links::LinkError },
+
+    #[error("too many {what}: the data plane holds at most {limit}")]
+    Capacity { what: &'static str, limit: u32 },
+
+    #[error("pinning under {path}: {reason}")]
+    Pin { path: PathBuf, reason: String },
+
     #[error("netlink: {0}")]
     Netlink(#[from] rtnetlink::Error),
 

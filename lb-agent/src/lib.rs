@@ -8,6 +8,8 @@
 //! - [`vrrp`]: VRRPv3 — who owns each VIP at run time.
 //! - [`planner`]: the pure, deterministic plan: VIP owners and shared VRRP instances.
 //! - [`node_plan`]: from the config and the planner to this node's VRRP instances.
+//! - [`service_plan`]: from the config's services to this node's forwarding maps (pure).
+//! - [`service_sync`]: applies service plans to the maps in a task of its own.
 //! - [`agent`]: the run loop and signal handling.
 //! - [`maglev`]: Maglev lookup tables for the data plane.
 //! - [`hash`]: the fixed hash every agent ranks and places with.
@@ -24,4 +26,6 @@ pub mod metrics;
 pub mod netdev;
 pub mod node_plan;
 pub mod planner;
+pub mod service_plan;
+pub mod service_sync;
 pub mod vrrp;

@@ -28,6 +28,16 @@ enum Command {
         /// $NODE_NAME, then the host name).
         #[arg(long)]
         node: Option<String>,
+        /// Overrides the config's `dataplane.pinPath` (several agents on one host, as in the lab).
+        #[arg(long, env = "LB_PIN_PATH")]
+        pin_path: Option<PathBuf>,
+    },
+    /// Detach the data plane and delete its pinned maps: for uninstalling, after the agent
+    /// has stopped (it leaves forwarding running on exit by default).
+    Cleanup {
+        /// The pin directory, as `dataplane.pinPath`.
+        #[arg(long, default_value = "/sys/fs/bpf/lb-agent")]
+        pin_path: PathBuf,
     },
     /// Validate a config file and exit: 0 when valid, 64 with the offending field otherwise.
     CheckConfig {
@@ -46,12 +56,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log);
     let result = match cli.command {
-        Command::Run { config, node } => tokio::runtime::Builder::new_multi_thread()
+        Command::Run { config, node, pin_path } => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e))
-            .and_then(|rt| rt.block_on(agent::run(config, node))),
+            .and_then(|rt| rt.block_on(agent::run(config, node, pin_path))),
+        Command::Cleanup { pin_path } => lb_agent::dataplane::remove_pins(&pin_path)
+            .map(|()| println!("removed {}: the data plane is detached", pin_path.display())),
         Command::CheckConfig { config } => {
             Config::load(&config).map(|_| println!("{}: valid", config.display()))
         }

@@ -3,7 +3,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use lb_common::counters::{Reason, XDP_ACTION_COUNT, action_label};
+use lb_common::{
+    counters::{Reason, XDP_ACTION_COUNT, action_label},
+    service::Delivery,
+};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
@@ -35,6 +38,9 @@ pub struct Metrics {
     pub owned_vips: Gauge,
     pub config_reloads: Family<ResultLabels, Counter>,
     pub xdp_attached: Family<XdpLabels, Gauge>,
+    pub service_syncs: Family<ResultLabels, Counter>,
+    pub services: Gauge,
+    pub backends: Gauge,
 }
 
 impl Metrics {
@@ -50,7 +56,21 @@ impl Metrics {
             "1 while the XDP program is attached to the interface",
             xdp_attached.clone(),
         );
-        Self { registry, owned_vips, config_reloads, xdp_attached }
+        let service_syncs = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "service_syncs",
+            "Updates of the service maps from a config, by result",
+            service_syncs.clone(),
+        );
+        let services = Gauge::default();
+        registry.register(
+            "services",
+            "Service entries (VIP, port, protocol) in the data plane",
+            services.clone(),
+        );
+        let backends = Gauge::default();
+        registry.register("backends", "Backends (endpoint and delivery) in the data plane", backends.clone());
+        Self { registry, owned_vips, config_reloads, xdp_attached, service_syncs, services, backends }
     }
 
     pub fn register_xdp(&mut self, counters: Arc<Mutex<XdpCounters>>) {
@@ -88,6 +108,12 @@ struct ReasonLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VipLabel {
     vip: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabel {
+    backend: String,
+    delivery: &'static str,
 }
 
 impl Collector for XdpCollector {
@@ -131,6 +157,40 @@ impl Collector for XdpCollector {
             "arp_replies",
             "ARP replies sent from XDP, per VIP",
             vips.iter().map(|(l, v)| (l, *v)),
+        )?;
+        let vip_traffic: Vec<_> =
+            snapshot.vips.iter().map(|(vip, s)| (VipLabel { vip: vip.to_string() }, *s)).collect();
+        counter_family(
+            &mut encoder,
+            "vip_packets",
+            "Packets to a VIP's services, per VIP",
+            vip_traffic.iter().map(|(l, s)| (l, s.packets)),
+        )?;
+        counter_family(
+            &mut encoder,
+            "vip_bytes",
+            "Bytes to a VIP's services, per VIP",
+            vip_traffic.iter().map(|(l, s)| (l, s.bytes)),
+        )?;
+        let backends: Vec<_> = snapshot
+            .backends
+            .iter()
+            .map(|(b, c)| {
+                let delivery = Delivery::from_u8(b.delivery).map_or("none", Delivery::label);
+                (BackendLabel { backend: crate::service_plan::identity(b), delivery }, *c)
+            })
+            .collect();
+        counter_family(
+            &mut encoder,
+            "backend_packets",
+            "Packets forwarded to each backend (endpoint address and port)",
+            backends.iter().map(|(l, c)| (l, c.packets)),
+        )?;
+        counter_family(
+            &mut encoder,
+            "backend_bytes",
+            "Bytes forwarded to each backend",
+            backends.iter().map(|(l, c)| (l, c.bytes)),
         )
     }
 }

@@ -111,3 +111,22 @@ pub async fn sync_vip_addresses(
     }
     Ok((added, removed))
 }
+
+/// The interface's first IPv4 address that lb-agent did not add (not a VIP).
+pub async fn primary_ipv4(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Option<Ipv4Addr>> {
+    let mut stream = std::pin::pin!(handle.address().get().set_link_index_filter(ifindex).execute());
+    while let Some(msg) = stream.try_next().await? {
+        let ours = msg
+            .attributes
+            .iter()
+            .any(|a| matches!(a, AddressAttribute::Protocol(p) if u8::from(*p) == VIP_ADDRESS_PROTO));
+        let local = msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Local(IpAddr::V4(v4)) => Some(*v4),
+            _ => None,
+        });
+        if let (false, Some(v4)) = (ours, local) {
+            return Ok(Some(v4));
+        }
+    }
+    Ok(None)
+}

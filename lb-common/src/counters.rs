@@ -18,19 +18,77 @@ pub enum Reason {
     /// ARP that is not a request we answer: replies, gratuitous announcements, other
     /// hardware or protocol types.
     ArpIgnored = 4,
-    /// Not ARP: left to the kernel.
-    NotArp = 5,
+    /// Neither ARP nor IPv4 (IPv6, VLAN-tagged, other EtherTypes): left to the kernel.
+    NotIpv4 = 5,
+    /// IPv4 that is truncated, not version 4, has a header length under 20 bytes or a total
+    /// length that disagrees with the frame: left to the kernel, which drops it.
+    MalformedIpv4 = 6,
+    /// IPv4 not addressed to a service, an owned VIP or a translated flow: left to the kernel.
+    Ipv4Passed = 7,
+    /// To a service, but with IP options: left to the kernel rather than parsed.
+    IpOptions = 8,
+    /// To a service, but a fragment, whose ports cannot be read: left to the kernel.
+    Fragment = 9,
+    /// To a service, but the TCP/UDP header is truncated: dropped.
+    MalformedL4 = 10,
+    /// Translated to an endpoint on this node and redirected to it.
+    ForwardedLocal = 11,
+    /// Translated (destination and source) to an endpoint on another node.
+    ForwardedFullNat = 12,
+    /// Encapsulated (IPIP) to an endpoint on another node, which replies directly.
+    ForwardedDsr = 13,
+    /// An IPIP packet from a load-balancing node, decapsulated for a local endpoint.
+    DsrDecapsulated = 14,
+    /// A full-NAT reply from an endpoint, translated back and sent to the client.
+    ReplyTranslated = 15,
+    /// ICMP echo request to an owned VIP, answered.
+    IcmpEchoReplied = 16,
+    /// To an owned VIP, but no service on that port and protocol: dropped.
+    UnexposedPort = 17,
+    /// To a service with no usable endpoint: dropped.
+    NoBackend = 18,
+    /// TTL would reach zero: left to the kernel, which sends ICMP time exceeded.
+    TtlExpired = 19,
+    /// No free full-NAT source port towards the chosen backend: dropped.
+    SnatPortsExhausted = 20,
+    /// The next hop's MAC is not resolved yet: left to the kernel, untranslated.
+    NoNeighbor = 21,
+    /// The route lookup failed (no route, forwarding disabled, unreachable): left to the kernel.
+    NoRoute = 22,
+    /// Encapsulation would exceed the uplink MTU: dropped.
+    TooBig = 23,
+    /// IPIP to a local endpoint whose inner packet is malformed or for no known service: dropped.
+    BadDecapsulation = 24,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 25;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::MalformedEthernet,
         Reason::MalformedArp,
         Reason::ArpReplied,
         Reason::ArpNotOwned,
         Reason::ArpIgnored,
-        Reason::NotArp,
+        Reason::NotIpv4,
+        Reason::MalformedIpv4,
+        Reason::Ipv4Passed,
+        Reason::IpOptions,
+        Reason::Fragment,
+        Reason::MalformedL4,
+        Reason::ForwardedLocal,
+        Reason::ForwardedFullNat,
+        Reason::ForwardedDsr,
+        Reason::DsrDecapsulated,
+        Reason::ReplyTranslated,
+        Reason::IcmpEchoReplied,
+        Reason::UnexposedPort,
+        Reason::NoBackend,
+        Reason::TtlExpired,
+        Reason::SnatPortsExhausted,
+        Reason::NoNeighbor,
+        Reason::NoRoute,
+        Reason::TooBig,
+        Reason::BadDecapsulation,
     ];
 
     /// The metric label value.
@@ -41,7 +99,26 @@ impl Reason {
             Reason::ArpReplied => "arp_replied",
             Reason::ArpNotOwned => "arp_not_owned",
             Reason::ArpIgnored => "arp_ignored",
-            Reason::NotArp => "not_arp",
+            Reason::NotIpv4 => "not_ipv4",
+            Reason::MalformedIpv4 => "malformed_ipv4",
+            Reason::Ipv4Passed => "ipv4_passed",
+            Reason::IpOptions => "ip_options",
+            Reason::Fragment => "fragment",
+            Reason::MalformedL4 => "malformed_l4",
+            Reason::ForwardedLocal => "forwarded_local",
+            Reason::ForwardedFullNat => "forwarded_full_nat",
+            Reason::ForwardedDsr => "forwarded_dsr",
+            Reason::DsrDecapsulated => "dsr_decapsulated",
+            Reason::ReplyTranslated => "reply_translated",
+            Reason::IcmpEchoReplied => "icmp_echo_replied",
+            Reason::UnexposedPort => "unexposed_port",
+            Reason::NoBackend => "no_backend",
+            Reason::TtlExpired => "ttl_expired",
+            Reason::SnatPortsExhausted => "snat_ports_exhausted",
+            Reason::NoNeighbor => "no_neighbor",
+            Reason::NoRoute => "no_route",
+            Reason::TooBig => "too_big",
+            Reason::BadDecapsulation => "bad_decapsulation",
         }
     }
 }

@@ -6,4 +6,7 @@
 
 pub mod arp;
 pub mod counters;
+pub mod csum;
+pub mod hash;
 pub mod maps;
+pub mod service;

@@ -35,12 +35,26 @@ impl VipKey {
 pub struct OwnedVip {
     /// The MAC that ARP replies carry: the uplink's, or a virtual MAC.
     pub mac: [u8; 6],
-    pub _pad: [u8; 2],
+    /// [`OwnedVip::KERNEL_TOO`] or zero.
+    pub flags: u8,
+    pub _pad: u8,
 }
 
 impl OwnedVip {
+    /// The kernel also holds the address (VIP mode `both`): traffic to ports no service
+    /// exposes goes to the kernel's own sockets instead of being dropped.
+    pub const KERNEL_TOO: u8 = 1;
+
     pub const fn new(mac: [u8; 6]) -> Self {
-        Self { mac, _pad: [0; 2] }
+        Self { mac, flags: 0, _pad: 0 }
+    }
+
+    pub const fn with_kernel(mac: [u8; 6]) -> Self {
+        Self { mac, flags: Self::KERNEL_TOO, _pad: 0 }
+    }
+
+    pub const fn kernel_too(&self) -> bool {
+        self.flags & Self::KERNEL_TOO != 0
     }
 }
 
@@ -49,6 +63,9 @@ impl OwnedVip {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VipStats {
     pub arp_replies: u64,
+    /// Packets and bytes forwarded to the VIP's services (before any rewrite).
+    pub packets: u64,
+    pub bytes: u64,
 }
 
 /// Packets and bytes, one copy per CPU.
@@ -80,7 +97,7 @@ mod tests {
         assert_eq!(size_of::<VipKey>(), 4);
         assert_eq!(size_of::<OwnedVip>(), 8);
         assert_eq!(align_of::<OwnedVip>(), 1);
-        assert_eq!(size_of::<VipStats>(), 8);
+        assert_eq!(size_of::<VipStats>(), 24);
         assert_eq!(size_of::<PacketCounter>(), 16);
     }
 }

@@ -1,12 +1,18 @@
-//! The program's maps. Names must match `lb_common::maps`, which the agent uses to find them.
+//! The programs' maps. Names must match `lb_common::maps` and `lb_common::service`, which the
+//! agent uses to find them.
 
 use aya_ebpf::{
-    macros::map,
-    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    btf_maps::{Array as BtfArray, HashOfMaps},
+    macros::{btf_map, map},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
 use lb_common::{
     counters::{Reason, XDP_ACTION_COUNT},
     maps::{MAX_VIPS, OwnedVip, PacketCounter, VipKey, VipStats},
+    service::{
+        Backend, Flow, FlowKey, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKey, MAX_BACKENDS, MAX_FLOWS,
+        MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE, MAX_SERVICES, ReplyNat, Service, ServiceKey, Settings,
+    },
 };
 
 #[map]
@@ -20,3 +26,32 @@ pub static ACTION_STATS: PerCpuArray<PacketCounter> = PerCpuArray::with_max_entr
 
 #[map]
 pub static REASON_STATS: PerCpuArray<PacketCounter> = PerCpuArray::with_max_entries(Reason::COUNT, 0);
+
+#[map]
+pub static SERVICES: HashMap<ServiceKey, Service> = HashMap::with_max_entries(MAX_SERVICES, 0);
+
+#[map]
+pub static BACKENDS: Array<Backend> = Array::with_max_entries(MAX_BACKENDS, 0);
+
+#[map]
+pub static BACKEND_STATS: PerCpuArray<PacketCounter> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+
+#[map]
+pub static FLOWS: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+
+#[map]
+pub static REPLY_NAT: LruHashMap<FlowKey, ReplyNat> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+
+#[map]
+pub static LOCAL_ENDPOINTS: HashMap<LocalEndpointKey, LocalEndpoint> =
+    HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, 0);
+
+#[map]
+pub static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);
+
+/// The inner-map template: each service's ring is its own array, sized to a prime for its
+/// backend count (`BPF_F_INNER_MAP` lets sizes differ), and replaced whole on update.
+pub type Ring = BtfArray<u32, { MAX_RING_SIZE as usize }, { INNER_MAP_FLAGS as usize }>;
+
+#[btf_map]
+pub static MAGLEV_RINGS: HashOfMaps<u32, Ring, { MAX_SERVICES as usize }> = HashOfMaps::new();

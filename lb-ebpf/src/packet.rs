@@ -1,6 +1,16 @@
-//! Bounds-checked views into the packet, in the shape the verifier accepts.
+//! Bounds-checked views into the packet, in the shape the verifier accepts, and the fixed
+//! offsets of the headers the service path handles (IPv4 without options).
 
 use aya_ebpf::programs::XdpContext;
+
+pub const ETH_LEN: usize = 14;
+pub const IPV4_LEN: usize = 20;
+/// Where TCP/UDP starts in an option-less IPv4 frame.
+pub const L4_OFFSET: usize = ETH_LEN + IPV4_LEN;
+pub const TCP_LEN: usize = 20;
+pub const UDP_LEN: usize = 8;
+pub const TCP_CHECK_OFFSET: usize = 16;
+pub const UDP_CHECK_OFFSET: usize = 6;
 
 /// A pointer to a `T` at `offset`, or `None` when the packet is too short to hold it.
 #[inline(always)]
@@ -17,4 +27,32 @@ pub fn header<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
 #[inline(always)]
 pub fn len(ctx: &XdpContext) -> usize {
     ctx.data_end() - ctx.data()
+}
+
+/// The first four bytes of TCP and UDP.
+#[repr(C)]
+pub struct Ports {
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+}
+
+/// TCP's and UDP's checksum offsets and minimum lengths.
+#[derive(Clone, Copy)]
+pub struct L4Layout {
+    pub check_offset: usize,
+    pub min_len: usize,
+    pub is_udp: bool,
+}
+
+#[inline(always)]
+pub fn l4_layout(proto: u8) -> Option<L4Layout> {
+    match proto {
+        lb_common::service::PROTO_TCP => {
+            Some(L4Layout { check_offset: TCP_CHECK_OFFSET, min_len: TCP_LEN, is_udp: false })
+        }
+        lb_common::service::PROTO_UDP => {
+            Some(L4Layout { check_offset: UDP_CHECK_OFFSET, min_len: UDP_LEN, is_udp: true })
+        }
+        _ => None,
+    }
 }

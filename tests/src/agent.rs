@@ -41,13 +41,17 @@ pub fn agent_binary() -> PathBuf {
 }
 
 impl Agent {
-    pub fn spawn(ns: &Netns, config: PathBuf, log: PathBuf) -> Agent {
-        let log_file = std::fs::File::create(&log).expect("creating the agent log");
+    /// Starts lb-agent in `ns`, pinning its data plane under `pin_path`, and appending its
+    /// output to `log` (a restarted agent adds to the same log).
+    pub fn spawn(ns: &Netns, config: PathBuf, log: PathBuf, pin_path: PathBuf) -> Agent {
+        let log_file =
+            std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("creating the agent log");
         let bin = agent_binary();
         // `ip netns exec` execs the agent in place, so the child's pid is the agent's.
         let child = ns
             .command(&[bin.to_str().unwrap(), "run", "--config", config.to_str().unwrap()])
             .env("LB_LOG", "info,lb_agent=debug")
+            .env("LB_PIN_PATH", &pin_path)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
             .stderr(log_file)

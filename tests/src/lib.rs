@@ -13,6 +13,7 @@
 //!   VIPs) and live only inside these namespaces: test traffic never leaves them.
 
 pub mod agent;
+pub mod cluster;
 mod netns;
 pub mod packet;
 
@@ -23,6 +24,7 @@ use std::{
 };
 
 pub use agent::{Agent, agent_binary};
+pub use cluster::{Pod, Session};
 pub use netns::Netns;
 
 /// Where tests take VIPs from (TEST-NET-2), on-link for the client.
@@ -51,18 +53,7 @@ impl Host {
 
     /// Starts a long-running command in this host's namespace; it is killed when the guard drops.
     pub fn spawn(&self, argv: &[&str]) -> Process {
-        use std::os::unix::process::CommandExt;
-        let child = self
-            .ns
-            .command(argv)
-            // Its own process group, so daemons that fork helpers (keepalived) die whole.
-            .process_group(0)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {argv:?}: {e}"));
-        Process { child }
+        spawn_in(&self.ns, argv)
     }
 
     /// A TCP server on `port` that answers every connection with this host's name.
@@ -119,6 +110,21 @@ impl Host {
     }
 }
 
+/// Starts a long-running command in `ns`; it is killed when the guard drops.
+pub fn spawn_in(ns: &Netns, argv: &[&str]) -> Process {
+    use std::os::unix::process::CommandExt;
+    let child = ns
+        .command(argv)
+        // Its own process group, so daemons that fork helpers (keepalived) die whole.
+        .process_group(0)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {argv:?}: {e}"));
+    Process { child }
+}
+
 /// A child process that is killed when dropped.
 pub struct Process {
     child: std::process::Child,
@@ -143,8 +149,9 @@ impl Drop for Process {
 }
 
 pub struct Lab {
-    // Field order is drop order: programs first, then the hosts, then the switch.
+    // Field order is drop order: programs first, then the pods and hosts, then the switch.
     pass_programs: Vec<aya::Ebpf>,
+    pub pods: Vec<Pod>,
     pub id: String,
     pub nodes: Vec<Host>,
     pub client: Host,
@@ -158,6 +165,7 @@ impl Lab {
     /// A switch, `nodes` nodes and a client, all up and addressed.
     pub fn new(nodes: usize) -> Lab {
         require_root();
+        mount_lab_bpffs();
         netns::sweep_orphans();
         let id = format!("lbt{}x{}", std::process::id(), LABS.fetch_add(1, Ordering::Relaxed));
         let dir = std::env::temp_dir().join(&id);
@@ -186,7 +194,9 @@ impl Lab {
         // VIPs live on the segment: the client resolves them with ARP, as a host on the VIPs'
         // L2 network would.
         client.ns.run_cmd(&["ip", "route", "add", VIP_RANGE, "dev", Host::IFACE]);
-        Lab { pass_programs: Vec::new(), id, nodes, client, switch, dir }
+        let lab = Lab { pass_programs: Vec::new(), pods: Vec::new(), id, nodes, client, switch, dir };
+        lab.make_nodes_routers();
+        lab
     }
 
     /// Native XDP on a veth only delivers `XDP_TX` frames to a peer that runs NAPI, so the
@@ -202,7 +212,12 @@ impl Lab {
         let host = &self.nodes[node];
         let path = self.dir.join(format!("{}.yaml", host.name));
         std::fs::write(&path, config).expect("writing the agent config");
-        Agent::spawn(&host.ns, path, self.dir.join(format!("{}.log", host.name)))
+        Agent::spawn(&host.ns, path, self.dir.join(format!("{}.log", host.name)), self.pin_path(node))
+    }
+
+    /// Where `node`'s agent pins its data plane (bpffs is shared by every namespace).
+    pub fn pin_path(&self, node: usize) -> PathBuf {
+        PathBuf::from(BPFFS_LABS).join(&self.id).join(&self.nodes[node].name)
     }
 
     /// Hard failure, part one: the node's switch port goes down, so nothing it sends (not even
@@ -245,6 +260,27 @@ impl Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+        // Unpinning detaches whatever agents left running; the namespaces go next.
+        let _ = std::fs::remove_dir_all(PathBuf::from(BPFFS_LABS).join(&self.id));
+    }
+}
+
+/// Where lab agents pin, one directory per lab. Not under /sys: `ip netns exec` mounts a
+/// fresh sysfs for the namespace, which hides /sys/fs/bpf from the agent.
+pub const BPFFS_LABS: &str = "/run/lb-lab-bpffs";
+
+/// Mounts the labs' bpffs once per boot.
+fn mount_lab_bpffs() {
+    let path = std::path::Path::new(BPFFS_LABS);
+    std::fs::create_dir_all(path).expect("creating the lab bpffs mount point");
+    let mounted = std::fs::read_to_string("/proc/self/mounts")
+        .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(1) == Some(BPFFS_LABS)));
+    if !mounted {
+        let status = std::process::Command::new("mount")
+            .args(["-t", "bpf", "bpf", BPFFS_LABS])
+            .status()
+            .expect("running mount");
+        assert!(status.success(), "mounting a bpffs at {BPFFS_LABS}");
     }
 }
 

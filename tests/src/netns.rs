@@ -94,6 +94,18 @@ fn run_checked(cmd: &mut Command) -> Output {
 /// Deletes lab namespaces whose creating process no longer exists: the leftovers of a test
 /// binary that was killed before its destructors ran.
 pub fn sweep_orphans() {
+    // And their pinned data planes.
+    if let Ok(entries) = std::fs::read_dir(crate::BPFFS_LABS) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name.strip_prefix("lbt").and_then(|rest| rest.split('x').next()) else {
+                continue;
+            };
+            if pid.parse::<u32>().is_ok() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
     let Ok(entries) = std::fs::read_dir("/run/netns") else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();

@@ -32,16 +32,44 @@ fn a_bad_config_exits_64_naming_the_field_and_attaches_nothing() {
     assert!(log.contains("vips[0].mac") && log.contains("unicast MAC"), "{log}");
 }
 
+fn stop(agent: &mut lb_lab::Agent) {
+    agent.signal(libc::SIGTERM);
+    let status = agent.wait_exit(Duration::from_secs(5));
+    assert!(status.success(), "{status}:\n{}", agent.log_text());
+}
+
 #[test]
-fn sigterm_detaches_and_exits_cleanly() {
+fn sigterm_leaves_forwarding_running_and_cleanup_removes_it() {
     let lab = Lab::new(1);
     let mut agent =
         lab.start_agent(0, &format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\nvips: []\n"));
     agent.wait_ready();
     assert!(xdp_attached(&lab));
-    agent.signal(libc::SIGTERM);
-    let status = agent.wait_exit(Duration::from_secs(5));
-    assert!(status.success(), "{status}:\n{}", agent.log_text());
+    stop(&mut agent);
+    assert!(xdp_attached(&lab), "by default the pinned program outlives the agent");
+    assert!(agent.log_text().contains("leaving the data plane running"), "{}", agent.log_text());
+
+    let pins = lab.pin_path(0);
+    let out = std::process::Command::new(lb_lab::agent_binary())
+        .args(["cleanup", "--pin-path", pins.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!xdp_attached(&lab), "cleanup detaches the program");
+    assert!(!pins.exists());
+}
+
+#[test]
+fn keep_on_exit_false_detaches_on_sigterm() {
+    let lab = Lab::new(1);
+    let mut agent = lab.start_agent(
+        0,
+        &format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\nvips: []\ndataplane:\n  keepOnExit: false\n"),
+    );
+    agent.wait_ready();
+    assert!(xdp_attached(&lab));
+    stop(&mut agent);
     assert!(!xdp_attached(&lab), "XDP must be detached after SIGTERM");
     assert!(agent.log_text().contains("XDP detached"));
+    assert!(!lab.pin_path(0).join("v1").exists(), "and nothing stays pinned");
 }

@@ -126,8 +126,12 @@ fn everything_else_passes_untouched_and_is_counted() {
             Reason::MalformedArp,
         ),
         ("multicast Ethernet source", with_byte(request.clone(), 6, 0x01), Reason::MalformedArp),
-        ("IPv4, not ARP", with_byte(with_byte(request.clone(), 12, 0x08), 13, 0x00), Reason::NotArp),
-        ("VLAN-tagged", with_byte(with_byte(request.clone(), 12, 0x81), 13, 0x00), Reason::NotArp),
+        (
+            "an ARP body under the IPv4 EtherType",
+            with_byte(with_byte(request.clone(), 12, 0x08), 13, 0x00),
+            Reason::MalformedIpv4,
+        ),
+        ("VLAN-tagged", with_byte(with_byte(request.clone(), 12, 0x81), 13, 0x00), Reason::NotIpv4),
     ];
     let program = Program::load();
     for (i, (name, input, reason)) in cases.iter().enumerate() {

@@ -17,8 +17,12 @@ use serde::{Deserialize, Deserializer, de};
 
 use crate::error::Error;
 
+mod dataplane;
 mod group;
+mod service;
+pub use dataplane::{DataplaneConfig, PortRange};
 pub use group::{GarpConfig, GroupConfig, GroupNode, GroupVip, VipMode};
+pub use service::{Endpoint, MAX_ENDPOINTS, Protocol, RemoteMode, ServiceConfig, ServicePort, TrafficPolicy};
 
 /// The agent's configuration file.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -42,6 +46,15 @@ pub struct Config {
     /// Groups of nodes that share VIPs through VRRP.
     #[serde(default)]
     pub groups: Vec<GroupConfig>,
+    /// This node's address on the uplink: the source of full-NAT and IPIP traffic. Defaults
+    /// to the uplink's first IPv4 address.
+    #[serde(default)]
+    pub node_address: Option<Ipv4Addr>,
+    /// Services: what traffic to the VIPs is forwarded to.
+    #[serde(default)]
+    pub services: Vec<ServiceConfig>,
+    #[serde(default)]
+    pub dataplane: DataplaneConfig,
 }
 
 /// XDP attach mode.
@@ -130,7 +143,12 @@ impl Config {
         }
         let mut vip_owner: BTreeMap<Ipv4Addr, String> =
             seen.into_iter().map(|(a, i)| (a, format!("vips[{i}]"))).collect();
-        group::validate_groups(&self.groups, &mut vip_owner)
+        group::validate_groups(&self.groups, &mut vip_owner)?;
+        if let Some(address) = self.node_address {
+            check_unicast("nodeAddress", address)?;
+        }
+        self.dataplane.validate()?;
+        service::validate_services(&self.services, &vip_owner.keys().copied().collect())
     }
 }
 

@@ -10,6 +10,7 @@ use aya::{
 use lb_common::{
     counters::{Reason, XDP_ACTION_COUNT},
     maps::{ACTION_STATS, PacketCounter, REASON_STATS, VIP_STATS, VipKey, VipStats},
+    service::{BACKEND_STATS, Backend},
 };
 
 use crate::error::{Error, Result};
@@ -19,6 +20,9 @@ pub struct XdpCounters {
     actions: PerCpuArray<MapData, PacketCounter>,
     reasons: PerCpuArray<MapData, PacketCounter>,
     vips: PerCpuHashMap<MapData, VipKey, VipStats>,
+    backend_stats: PerCpuArray<MapData, PacketCounter>,
+    /// The backend in each slot, as the last service sync left them.
+    backends: BTreeMap<Backend, u32>,
 }
 
 impl std::fmt::Debug for XdpCounters {
@@ -35,6 +39,7 @@ pub struct CounterSnapshot {
     /// Indexed by [`Reason`].
     pub reasons: Vec<PacketCounter>,
     pub vips: BTreeMap<Ipv4Addr, VipStats>,
+    pub backends: BTreeMap<Backend, PacketCounter>,
 }
 
 impl CounterSnapshot {
@@ -51,7 +56,15 @@ impl XdpCounters {
             reasons: PerCpuArray::try_from(super::take_map(ebpf, REASON_STATS)?)
                 .map_err(err(REASON_STATS))?,
             vips: PerCpuHashMap::try_from(super::take_map(ebpf, VIP_STATS)?).map_err(err(VIP_STATS))?,
+            backend_stats: PerCpuArray::try_from(super::take_map(ebpf, BACKEND_STATS)?)
+                .map_err(err(BACKEND_STATS))?,
+            backends: BTreeMap::new(),
         })
+    }
+
+    /// Records which backend sits in which slot, after a service sync.
+    pub fn set_backends(&mut self, backends: BTreeMap<Backend, u32>) {
+        self.backends = backends;
     }
 
     pub fn snapshot(&self) -> Result<CounterSnapshot> {
@@ -63,10 +76,20 @@ impl XdpCounters {
         let mut vips = BTreeMap::new();
         for entry in self.vips.iter() {
             let (key, per_cpu) = entry.map_err(err(VIP_STATS))?;
-            let arp_replies = per_cpu.iter().map(|s| s.arp_replies).sum();
-            vips.insert(Ipv4Addr::from(key.addr), VipStats { arp_replies });
+            let summed = per_cpu.iter().fold(VipStats::default(), |acc, s| VipStats {
+                arp_replies: acc.arp_replies + s.arp_replies,
+                packets: acc.packets + s.packets,
+                bytes: acc.bytes + s.bytes,
+            });
+            vips.insert(Ipv4Addr::from(key.addr), summed);
+        }
+        let mut backends = BTreeMap::new();
+        for (backend, slot) in &self.backends {
+            let values = self.backend_stats.get(slot, 0).map_err(err(BACKEND_STATS))?;
+            backends.insert(*backend, sum_counters(&values));
         }
         Ok(CounterSnapshot {
+            backends,
             actions: read_array(&self.actions, ACTION_STATS, XDP_ACTION_COUNT)?,
             reasons: read_array(&self.reasons, REASON_STATS, Reason::COUNT)?,
             vips,

@@ -1,17 +1,40 @@
-//! The XDP data plane: the embedded BPF object, attaching it to the uplink, and its maps.
+//! The data plane: the embedded BPF object, attached to the uplink, and its maps.
+//!
+//! Maps and program links are pinned under `<pinPath>/v<layout>/`. A starting agent reuses
+//! what it finds there: the maps keep their contents (flows, translations, rings), and the new
+//! programs replace the running ones atomically through the pinned links, so forwarding never
+//! stops across a restart. A layout change bumps the directory, so incompatible maps are never
+//! reused.
 //!
 //! - `vips`: the owned-VIP map, updated by difference.
+//! - `services`: the service, backend, ring and endpoint maps, updated by difference.
 //! - `counters`: the per-CPU counters, summed for metrics.
+//! - `neighbors`: keeps next hops resolved, so the program can forward without the kernel.
 
 pub mod counters;
+pub mod neighbors;
+pub mod services;
 pub mod vips;
 
+use std::path::{Path, PathBuf};
+
 use aya::{
-    Ebpf,
+    Ebpf, EbpfLoader,
     maps::{HashMap, MapData},
-    programs::{Xdp, XdpMode, xdp::XdpLinkId},
+    programs::{
+        SchedClassifier, TcAttachType, Xdp, XdpMode,
+        links::{FdLink, LinkOrder, PinnedLink},
+        tc::{SchedClassifierLink, TcAttachOptions},
+        xdp::XdpLink,
+    },
 };
-use lb_common::maps::{OWNED_VIPS, OwnedVip, VipKey};
+use lb_common::{
+    maps::{ACTION_STATS, OWNED_VIPS, OwnedVip, REASON_STATS, VIP_STATS, VipKey},
+    service::{
+        BACKEND_STATS, BACKENDS, FLOWS, LAYOUT_VERSION, LOCAL_ENDPOINTS, MAGLEV_RINGS, REPLY_NAT, SERVICES,
+        SETTINGS,
+    },
+};
 use tracing::{info, warn};
 
 use crate::{
@@ -21,6 +44,7 @@ use crate::{
 };
 
 pub use counters::XdpCounters;
+pub use services::ServiceMaps;
 
 /// The BPF object built by `cargo xtask build-ebpf`, embedded at compile time.
 pub static EMBEDDED_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJECT"));
@@ -29,6 +53,27 @@ pub static EMBEDDED_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OB
 pub const UPLINK_PROGRAM: &str = "lb_xdp";
 /// A pass-only program for the far end of a veth (see `lb-ebpf`).
 pub const PASS_PROGRAM: &str = "lb_pass";
+/// The uplink's TC egress program.
+pub const REPLY_PROGRAM: &str = "lb_reply";
+
+/// Every map, pinned by name.
+pub const PINNED_MAPS: [&str; 12] = [
+    OWNED_VIPS,
+    VIP_STATS,
+    ACTION_STATS,
+    REASON_STATS,
+    SERVICES,
+    BACKENDS,
+    BACKEND_STATS,
+    MAGLEV_RINGS,
+    FLOWS,
+    REPLY_NAT,
+    LOCAL_ENDPOINTS,
+    SETTINGS,
+];
+
+/// bpffs's magic number (`statfs.f_type`).
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 /// How the program ended up attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,54 +91,96 @@ impl AttachedMode {
     }
 }
 
-/// The loaded object, attached to the uplink. Dropping it detaches the program.
+/// The loaded object, attached to the uplink.
 pub struct Dataplane {
-    ebpf: Ebpf,
-    link: Option<XdpLinkId>,
+    _ebpf: Ebpf,
+    links: Vec<FdLink>,
+    pin_dir: PathBuf,
     pub interface: Interface,
     pub mode: AttachedMode,
     pub verified_instructions: Option<u32>,
+    /// True when a running data plane was taken over rather than attached fresh.
+    pub resumed: bool,
     owned_vips: HashMap<MapData, VipKey, OwnedVip>,
 }
 
+/// The directory this build pins under.
+pub fn pin_dir(pin_path: &Path) -> PathBuf {
+    pin_path.join(format!("v{LAYOUT_VERSION}"))
+}
+
 impl Dataplane {
-    /// Loads the embedded object and attaches `lb_xdp` to `interface`.
+    /// Loads the embedded object, with its maps pinned under `pin_path`, and attaches it to
+    /// `interface`: through the pinned links when a previous agent left them, else fresh.
     ///
     /// `Auto` tries native mode first and falls back to generic SKB mode with a warning, since
     /// not every driver supports native XDP and a slow data plane beats none.
-    pub fn attach(interface: &Interface, setting: XdpModeSetting) -> Result<(Self, XdpCounters)> {
-        let mut ebpf = Ebpf::load(EMBEDDED_OBJECT)?;
+    pub fn attach(
+        interface: &Interface,
+        setting: XdpModeSetting,
+        pin_path: &Path,
+    ) -> Result<(Self, XdpCounters, ServiceMaps)> {
+        let pin_dir = pin_dir(pin_path);
+        prepare_pin_dir(&pin_dir)?;
+        let mut loader = EbpfLoader::new();
+        let map_pins: Vec<(&str, PathBuf)> = PINNED_MAPS.iter().map(|m| (*m, pin_dir.join(m))).collect();
+        for (name, path) in &map_pins {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader.load(EMBEDDED_OBJECT)?;
+
+        // The pin's name records the attach mode (bpffs holds only BPF objects).
+        let xdp_pin = |mode: AttachedMode| pin_dir.join(format!("xdp-{}-{}", interface.name, mode.as_str()));
         let program = uplink_program(&mut ebpf)?;
         program.load().map_err(|source| Error::BpfProgram { program: UPLINK_PROGRAM, source })?;
         let verified_instructions = program.info().ok().and_then(|i| i.verified_instruction_count());
-
-        let (link, mode) = match setting {
-            XdpModeSetting::Native => {
-                (attach_in(program, interface, AttachedMode::Native)?, AttachedMode::Native)
-            }
-            XdpModeSetting::Skb => (attach_in(program, interface, AttachedMode::Skb)?, AttachedMode::Skb),
-            XdpModeSetting::Auto => match attach_in(program, interface, AttachedMode::Native) {
-                Ok(link) => (link, AttachedMode::Native),
+        let mut resumed_xdp = None;
+        for mode in [AttachedMode::Native, AttachedMode::Skb] {
+            let Ok(pinned) = PinnedLink::from_pin(xdp_pin(mode)) else { continue };
+            match replace_xdp(program, pinned) {
+                Ok(link) if resumed_xdp.is_none() => resumed_xdp = Some((link, mode)),
+                Ok(_) => warn!(interface = %interface.name, "two pinned XDP links; keeping the first"),
                 Err(e) => {
-                    warn!(interface = %interface.name, error = %e, "native XDP unavailable, falling back to SKB mode");
-                    (attach_in(program, interface, AttachedMode::Skb)?, AttachedMode::Skb)
+                    warn!(interface = %interface.name, error = %e, "the pinned XDP link is unusable; attaching afresh");
+                    let _ = std::fs::remove_file(xdp_pin(mode));
                 }
-            },
+            }
+        }
+        let resumed = resumed_xdp.is_some();
+        let (xdp_link, mode) = match resumed_xdp {
+            Some(found) => found,
+            None => {
+                let (link, mode) = attach_xdp(program, interface, setting)?;
+                (pin(link, &xdp_pin(mode))?, mode)
+            }
         };
-        info!(interface = %interface.name, mode = mode.as_str(), verified_instructions, "XDP attached");
+
+        let tc_link =
+            attach_reply(&mut ebpf, interface, &pin_dir.join(format!("tc-egress-{}", interface.name)))?;
+        info!(
+            interface = %interface.name,
+            mode = mode.as_str(),
+            verified_instructions,
+            resumed,
+            pins = %pin_dir.display(),
+            "XDP attached"
+        );
 
         let owned_vips = HashMap::try_from(take_map(&mut ebpf, OWNED_VIPS)?)
             .map_err(|source| Error::BpfMap { map: OWNED_VIPS, source })?;
         let counters = XdpCounters::take(&mut ebpf)?;
+        let services = ServiceMaps::take(&mut ebpf, &pin_dir)?;
         let dataplane = Self {
-            ebpf,
-            link: Some(link),
+            _ebpf: ebpf,
+            links: vec![xdp_link, tc_link],
+            pin_dir,
             interface: interface.clone(),
             mode,
             verified_instructions,
+            resumed,
             owned_vips,
         };
-        Ok((dataplane, counters))
+        Ok((dataplane, counters, services))
     }
 
     /// Makes the owned-VIP map equal `desired`, touching only entries that differ.
@@ -101,16 +188,122 @@ impl Dataplane {
         vips::apply(&mut self.owned_vips, desired)
     }
 
-    /// Detaches the program from the uplink now, rather than at drop.
-    pub fn detach(&mut self) -> Result<()> {
-        if let Some(link) = self.link.take() {
-            uplink_program(&mut self.ebpf)?
-                .detach(link)
-                .map_err(|source| Error::BpfProgram { program: UPLINK_PROGRAM, source })?;
-            info!(interface = %self.interface.name, "XDP detached");
-        }
+    /// Detaches the programs and deletes every pin, so nothing of the data plane remains.
+    pub fn remove(mut self) -> Result<()> {
+        self.links.clear();
+        remove_pins(&self.pin_dir)?;
+        info!(interface = %self.interface.name, "XDP detached");
         Ok(())
     }
+
+    /// Leaves the programs attached and the maps pinned for the next agent.
+    pub fn keep(self) {
+        info!(interface = %self.interface.name, pins = %self.pin_dir.display(), "leaving the data plane running");
+    }
+}
+
+/// Removes a pin directory: unpinning a link detaches its program, unpinning a map frees it
+/// once no program uses it. `lb-agent cleanup` and `keepOnExit: false` both end here.
+pub fn remove_pins(pin_dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(pin_dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(format!("removing {}", pin_dir.display()), e)),
+    }
+}
+
+fn prepare_pin_dir(pin_dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(pin_dir).map_err(|e| Error::Pin {
+        path: pin_dir.to_owned(),
+        reason: format!("cannot create the directory ({e}); dataplane.pinPath must be on a mounted bpffs"),
+    })?;
+    let c_path = std::ffi::CString::new(pin_dir.as_os_str().as_encoded_bytes()).map_err(|_| Error::Pin {
+        path: pin_dir.to_owned(),
+        reason: "the path contains a NUL byte".into(),
+    })?;
+    // SAFETY: `statfs` writes into the zeroed struct we own; the path is NUL-terminated.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 || stat.f_type as i64 != BPF_FS_MAGIC {
+        return Err(Error::Pin {
+            path: pin_dir.to_owned(),
+            reason: "not on a bpffs (mount one with `mount -t bpf bpf /sys/fs/bpf`), so nothing could survive a restart"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+fn replace_xdp(program: &mut Xdp, pinned: PinnedLink) -> Result<FdLink> {
+    let link = XdpLink::try_from(FdLink::from(pinned))
+        .map_err(|source| Error::BpfLink { program: UPLINK_PROGRAM, source })?;
+    let id = program
+        .attach_to_link(link)
+        .map_err(|source| Error::BpfProgram { program: UPLINK_PROGRAM, source })?;
+    let link =
+        program.take_link(id).map_err(|source| Error::BpfProgram { program: UPLINK_PROGRAM, source })?;
+    FdLink::try_from(link).map_err(|source| Error::BpfLink { program: UPLINK_PROGRAM, source })
+}
+
+fn attach_xdp(
+    program: &mut Xdp,
+    interface: &Interface,
+    setting: XdpModeSetting,
+) -> Result<(FdLink, AttachedMode)> {
+    let (id, mode) = match setting {
+        XdpModeSetting::Native => {
+            (attach_in(program, interface, AttachedMode::Native)?, AttachedMode::Native)
+        }
+        XdpModeSetting::Skb => (attach_in(program, interface, AttachedMode::Skb)?, AttachedMode::Skb),
+        XdpModeSetting::Auto => match attach_in(program, interface, AttachedMode::Native) {
+            Ok(link) => (link, AttachedMode::Native),
+            Err(e) => {
+                warn!(interface = %interface.name, error = %e, "native XDP unavailable, falling back to SKB mode");
+                (attach_in(program, interface, AttachedMode::Skb)?, AttachedMode::Skb)
+            }
+        },
+    };
+    let link =
+        program.take_link(id).map_err(|source| Error::BpfProgram { program: UPLINK_PROGRAM, source })?;
+    let link = FdLink::try_from(link).map_err(|source| Error::BpfLink { program: UPLINK_PROGRAM, source })?;
+    Ok((link, mode))
+}
+
+/// Attaches (or, through its pin, replaces) the TC egress program that translates replies.
+fn attach_reply(ebpf: &mut Ebpf, interface: &Interface, pin_path: &Path) -> Result<FdLink> {
+    let program_err = |source| Error::BpfProgram { program: REPLY_PROGRAM, source };
+    let link_err = |source| Error::BpfLink { program: REPLY_PROGRAM, source };
+    let program: &mut SchedClassifier = ebpf
+        .program_mut(REPLY_PROGRAM)
+        .ok_or(Error::BpfProgram { program: REPLY_PROGRAM, source: aya::programs::ProgramError::NotLoaded })?
+        .try_into()
+        .map_err(program_err)?;
+    program.load().map_err(program_err)?;
+    if let Ok(pinned) = PinnedLink::from_pin(pin_path) {
+        let replaced = SchedClassifierLink::try_from(FdLink::from(pinned))
+            .map_err(link_err)
+            .and_then(|link| program.attach_to_link(link).map_err(program_err))
+            .and_then(|id| program.take_link(id).map_err(program_err));
+        match replaced {
+            Ok(link) => return FdLink::try_from(link).map_err(link_err),
+            Err(e) => {
+                warn!(interface = %interface.name, error = %e, "the pinned TC link is unusable; attaching afresh");
+                let _ = std::fs::remove_file(pin_path);
+            }
+        }
+    }
+    let id = program
+        .attach_with_options(
+            &interface.name,
+            TcAttachType::Egress,
+            TcAttachOptions::TcxOrder(LinkOrder::default()),
+        )
+        .map_err(program_err)?;
+    let link = program.take_link(id).map_err(program_err)?;
+    pin(FdLink::try_from(link).map_err(link_err)?, pin_path)
+}
+
+fn pin(link: FdLink, path: &Path) -> Result<FdLink> {
+    link.pin(path).map(FdLink::from).map_err(|e| Error::Pin { path: path.to_owned(), reason: e.to_string() })
 }
 
 fn uplink_program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {
@@ -121,7 +314,11 @@ fn uplink_program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {
     program.try_into().map_err(|source| Error::BpfProgram { program: UPLINK_PROGRAM, source })
 }
 
-fn attach_in(program: &mut Xdp, interface: &Interface, mode: AttachedMode) -> Result<XdpLinkId> {
+fn attach_in(
+    program: &mut Xdp,
+    interface: &Interface,
+    mode: AttachedMode,
+) -> Result<aya::programs::xdp::XdpLinkId> {
     let flags = match mode {
         AttachedMode::Native => XdpMode::Driver,
         AttachedMode::Skb => XdpMode::Skb,

@@ -6,13 +6,10 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 use aya::maps::{HashMap, MapData, MapError};
 use lb_common::maps::{OWNED_VIPS, OwnedVip, VipKey};
 
-use crate::{
-    config::MacAddr,
-    error::{Error, Result},
-};
+use crate::error::{Error, Result};
 
-/// The VIPs to answer for, and the MAC each answer carries.
-pub type OwnedSet = BTreeMap<Ipv4Addr, MacAddr>;
+/// The VIPs to answer for, with the MAC each answer carries.
+pub type OwnedSet = BTreeMap<Ipv4Addr, OwnedVip>;
 
 /// What an update changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -47,11 +44,11 @@ pub fn apply(map: &mut HashMap<MapData, VipKey, OwnedVip>, desired: &OwnedSet) -
     let mut current = OwnedSet::new();
     for entry in map.iter() {
         let (key, value) = entry.map_err(map_err)?;
-        current.insert(Ipv4Addr::from(key.addr), MacAddr(value.mac));
+        current.insert(Ipv4Addr::from(key.addr), value);
     }
     let applied = diff(&current, desired);
     for vip in applied.added.iter().chain(&applied.changed) {
-        map.insert(VipKey::new(vip.octets()), OwnedVip::new(desired[vip].0), 0).map_err(map_err)?;
+        map.insert(VipKey::new(vip.octets()), desired[vip], 0).map_err(map_err)?;
     }
     for vip in &applied.removed {
         map.remove(&VipKey::new(vip.octets())).map_err(map_err)?;
@@ -66,7 +63,7 @@ mod tests {
     fn set(entries: &[(u8, u8)]) -> OwnedSet {
         entries
             .iter()
-            .map(|&(ip, mac)| (Ipv4Addr::new(198, 51, 100, ip), MacAddr([2, 0, 0, 0, 0, mac])))
+            .map(|&(ip, mac)| (Ipv4Addr::new(198, 51, 100, ip), OwnedVip::new([2, 0, 0, 0, 0, mac])))
             .collect()
     }
 

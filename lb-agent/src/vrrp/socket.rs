@@ -65,6 +65,13 @@ impl VrrpSocket {
             .await
     }
 
+    /// Receives one datagram if one is already queued; `WouldBlock` otherwise.
+    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: as in `recv`.
+        let uninit = unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) };
+        self.receive.get_ref().recv(uninit)
+    }
+
     pub fn send_to(&self, msg: &[u8], destination: Ipv4Addr) -> io::Result<()> {
         let addr = SockAddr::from(SocketAddr::from((destination, 0)));
         // Adverts are small and the socket buffer is rarely full; a send that would block is

@@ -1,0 +1,117 @@
+//! Data-plane settings: where maps are pinned, whether forwarding outlives the agent, and the
+//! full-NAT source ports.
+
+use std::{fmt, path::PathBuf, str::FromStr};
+
+use serde::{Deserialize, Deserializer, de};
+
+use super::ConfigError;
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DataplaneConfig {
+    /// A directory on bpffs. Maps and program links are pinned under it, so a restarted agent
+    /// takes over the running data plane instead of rebuilding it.
+    #[serde(default = "default_pin_path")]
+    pub pin_path: PathBuf,
+    /// Leave the programs attached (pinned) when the agent exits, so forwarding continues
+    /// through a restart or upgrade. `lb-agent cleanup` removes them for good.
+    #[serde(default = "yes")]
+    pub keep_on_exit: bool,
+    /// Source ports for full-NAT, e.g. `61000-65535`: keep them outside the kernel's
+    /// `net.ipv4.ip_local_port_range`, so translated flows never collide with local sockets.
+    #[serde(default)]
+    pub snat_ports: PortRange,
+}
+
+impl Default for DataplaneConfig {
+    fn default() -> Self {
+        Self { pin_path: default_pin_path(), keep_on_exit: true, snat_ports: PortRange::default() }
+    }
+}
+
+pub fn default_pin_path() -> PathBuf {
+    PathBuf::from("/sys/fs/bpf/lb-agent")
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl DataplaneConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if !self.pin_path.is_absolute() {
+            return Err(ConfigError::new(
+                "dataplane.pinPath",
+                format!("an absolute path on bpffs, got {:?}", self.pin_path),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An inclusive port range, written `61000-65535`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl Default for PortRange {
+    fn default() -> Self {
+        Self { first: 61_000, last: 65_535 }
+    }
+}
+
+impl FromStr for PortRange {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let expected = || format!("a port range like 61000-65535 above 1023, got {s:?}");
+        let (a, b) = s.split_once('-').ok_or_else(expected)?;
+        let first: u16 = a.trim().parse().map_err(|_| expected())?;
+        let last: u16 = b.trim().parse().map_err(|_| expected())?;
+        if first < 1024 || last < first {
+            return Err(expected());
+        }
+        Ok(Self { first, last })
+    }
+}
+
+impl fmt::Display for PortRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.first, self.last)
+    }
+}
+
+impl<'de> Deserialize<'de> for PortRange {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = Config::parse("interface: eth0\n").unwrap();
+        assert!(c.dataplane.keep_on_exit);
+        assert_eq!(c.dataplane.snat_ports.to_string(), "61000-65535");
+        let c = Config::parse("interface: eth0\ndataplane:\n  pinPath: /sys/fs/bpf/x\n  keepOnExit: false\n  snatPorts: 40000-40100\n").unwrap();
+        assert!(!c.dataplane.keep_on_exit);
+        assert_eq!((c.dataplane.snat_ports.first, c.dataplane.snat_ports.last), (40_000, 40_100));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        for bad in ["80-90", "5000-4000", "61000", "a-b"] {
+            let e = Config::parse(&format!("interface: eth0\ndataplane:\n  snatPorts: {bad}\n")).unwrap_err();
+            assert_eq!(e.field, "dataplane.snatPorts", "{bad}");
+            assert!(e.expected.contains("61000-65535"), "{e}");
+        }
+        let e = Config::parse("interface: eth0\ndataplane:\n  pinPath: relative\n").unwrap_err();
+        assert_eq!(e.field, "dataplane.pinPath");
+    }
+}

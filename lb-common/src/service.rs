@@ -1,0 +1,234 @@
+//! Service forwarding maps: what the XDP program steers and how.
+//!
+//! A packet to `(VIP, port, protocol)` finds its [`Service`]; an established flow finds its
+//! backend in [`FLOWS`], a new one through the service's Maglev ring, an array of backend ids
+//! computed in userspace and swapped whole (a new inner map replaces the old in
+//! [`MAGLEV_RINGS`]) so a packet never sees half a table. Ports and addresses are kept in
+//! network byte order, exactly as in the packet.
+
+/// `HashMap<ServiceKey, Service>`.
+pub const SERVICES: &str = "SERVICES";
+/// `Array<Backend>` indexed by backend id.
+pub const BACKENDS: &str = "BACKENDS";
+/// `HashOfMaps<u32, Array<u32>>`: ring id → Maglev ring of backend ids.
+pub const MAGLEV_RINGS: &str = "MAGLEV_RINGS";
+/// `LruHashMap<FlowKey, Flow>`: client flow → chosen backend.
+pub const FLOWS: &str = "FLOWS";
+/// `LruHashMap<FlowKey, ReplyNat>`: reply flow (as it leaves the backend) → rewritten addresses.
+pub const REPLY_NAT: &str = "REPLY_NAT";
+/// `HashMap<LocalEndpointKey, LocalEndpoint>`: this node's endpoints, for DSR decapsulation.
+pub const LOCAL_ENDPOINTS: &str = "LOCAL_ENDPOINTS";
+/// `PerCpuArray<PacketCounter>` indexed by backend id.
+pub const BACKEND_STATS: &str = "BACKEND_STATS";
+/// `Array<Settings>` with one entry.
+pub const SETTINGS: &str = "SETTINGS";
+
+pub const MAX_SERVICES: u32 = 16_384;
+pub const MAX_BACKENDS: u32 = 65_536;
+pub const MAX_FLOWS: u32 = 262_144;
+pub const MAX_LOCAL_ENDPOINTS: u32 = 65_536;
+/// The largest Maglev ring: a prime, at least 100 × 655 backends. The inner-map template has
+/// this size; each service's ring is created with its own (smaller, prime) size.
+pub const MAX_RING_SIZE: u32 = 65_537;
+/// `BPF_F_INNER_MAP`: lets inner arrays of one outer map differ in size.
+pub const INNER_MAP_FLAGS: u32 = 1 << 12;
+
+/// Bumped whenever a pinned map's layout changes, so an upgraded agent never reuses maps
+/// pinned by an incompatible one; it is part of the pin directory's name.
+pub const LAYOUT_VERSION: u32 = 1;
+
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_ICMP: u8 = 1;
+pub const PROTO_IPIP: u8 = 4;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub vip: [u8; 4],
+    pub port: [u8; 2],
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+impl ServiceKey {
+    pub const fn new(vip: [u8; 4], port: u16, proto: u8) -> Self {
+        Self { vip, port: port.to_be_bytes(), proto, _pad: 0 }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Service {
+    /// Key of this service's current ring in [`MAGLEV_RINGS`].
+    pub ring_id: u32,
+    /// Entries in that ring (prime).
+    pub ring_size: u32,
+    /// Zero when the service has no usable endpoint: its packets are dropped and counted.
+    pub backend_count: u32,
+    /// A digest of the ring's content, so a restarted agent can tell whether a pinned ring is
+    /// current without reading it back.
+    pub ring_digest: u32,
+}
+
+/// How a backend is reached from this node. Zero is no delivery: an unused [`BACKENDS`] slot
+/// (arrays start zeroed), which the program never forwards to.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Delivery {
+    /// A pod on this node: DNAT, then redirect to its host-side interface.
+    Local = 1,
+    /// A pod elsewhere, kube-proxy Cluster semantics: DNAT and SNAT to this node's address.
+    FullNat = 2,
+    /// A pod elsewhere, direct server return: IPIP to the pod, decapsulated on its node.
+    Dsr = 3,
+}
+
+impl Delivery {
+    pub const fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            1 => Some(Delivery::Local),
+            2 => Some(Delivery::FullNat),
+            3 => Some(Delivery::Dsr),
+            _ => None,
+        }
+    }
+
+    pub const fn label(self) -> &'static str {
+        match self {
+            Delivery::Local => "local",
+            Delivery::FullNat => "full_nat",
+            Delivery::Dsr => "dsr",
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Backend {
+    pub addr: [u8; 4],
+    pub port: [u8; 2],
+    /// A [`Delivery`], or zero for an unused slot.
+    pub delivery: u8,
+    pub _pad: u8,
+    /// The endpoint's node address (informational for the program; metrics and `status`).
+    pub node: [u8; 4],
+}
+
+/// A 5-tuple in the direction the packet travels.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKey {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+
+impl FlowKey {
+    pub const fn new(src: [u8; 4], dst: [u8; 4], sport: [u8; 2], dport: [u8; 2], proto: u8) -> Self {
+        Self { src, dst, sport, dport, proto, _pad: [0; 3] }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flow {
+    pub backend: u32,
+    /// Full-NAT only: the source port this flow uses towards the backend.
+    pub snat_port: [u8; 2],
+    pub _pad: [u8; 2],
+}
+
+/// The addresses a packet must carry after translation (also the rewrite target on the
+/// forward path).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyNat {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+    /// Full-NAT: the MAC the client's packets came from, so a reply can go back that way even
+    /// when the kernel has no neighbour entry for the client (XDP answered its ARP, so the
+    /// kernel never learnt it). Zero when unknown.
+    pub peer_mac: [u8; 6],
+    pub _pad: [u8; 2],
+}
+
+impl ReplyNat {
+    pub const fn new(src: [u8; 4], dst: [u8; 4], sport: [u8; 2], dport: [u8; 2]) -> Self {
+        Self { src, dst, sport, dport, peer_mac: [0; 6], _pad: [0; 2] }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LocalEndpointKey {
+    pub service: ServiceKey,
+    pub addr: [u8; 4],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalEndpoint {
+    pub target_port: [u8; 2],
+    pub _pad: [u8; 2],
+}
+
+/// Node-wide settings for the programs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// This node's address on the uplink: the full-NAT source and the IPIP outer source.
+    pub node_addr: [u8; 4],
+    /// Full-NAT source ports, inclusive, host byte order. Kept outside the kernel's
+    /// `ip_local_port_range` so translated flows never collide with local sockets.
+    pub snat_port_min: u16,
+    pub snat_port_max: u16,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: `#[repr(C)]`, integers and byte arrays only, every padding byte explicit.
+    unsafe impl aya::Pod for ServiceKey {}
+    unsafe impl aya::Pod for Service {}
+    unsafe impl aya::Pod for Backend {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for Flow {}
+    unsafe impl aya::Pod for ReplyNat {}
+    unsafe impl aya::Pod for LocalEndpointKey {}
+    unsafe impl aya::Pod for LocalEndpoint {}
+    unsafe impl aya::Pod for Settings {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(size_of::<ServiceKey>(), 8);
+        assert_eq!(size_of::<Service>(), 16);
+        assert_eq!(size_of::<Backend>(), 12);
+        assert_eq!(size_of::<FlowKey>(), 16);
+        assert_eq!(size_of::<Flow>(), 8);
+        assert_eq!(size_of::<ReplyNat>(), 20);
+        assert_eq!(size_of::<LocalEndpointKey>(), 12);
+        assert_eq!(size_of::<LocalEndpoint>(), 4);
+        assert_eq!(size_of::<Settings>(), 8);
+    }
+
+    #[test]
+    fn delivery_round_trips() {
+        for d in [Delivery::Local, Delivery::FullNat, Delivery::Dsr] {
+            assert_eq!(Delivery::from_u8(d as u8), Some(d));
+        }
+        assert_eq!(Delivery::from_u8(0), None);
+        assert_eq!(Delivery::from_u8(4), None);
+    }
+}

@@ -1,0 +1,65 @@
+//! Next hops from the kernel's FIB and neighbour table, and sending the frame there.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup,
+        xdp_action::XDP_TX,
+    },
+    helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect},
+    programs::XdpContext,
+};
+use lb_common::counters::Reason;
+use network_types::eth::EthHdr;
+
+use crate::packet::header;
+
+const AF_INET: u8 = 2;
+
+/// Where a frame goes next.
+pub struct NextHop {
+    pub ifindex: u32,
+    pub smac: [u8; 6],
+    pub dmac: [u8; 6],
+}
+
+/// Looks up the route from `src` to `dst` for a packet of `tot_len` IP bytes. Errors name the
+/// reason the caller counts; the caller has not rewritten anything yet, so it can still pass
+/// the packet untouched.
+#[inline(always)]
+pub fn lookup(ctx: &XdpContext, src: [u8; 4], dst: [u8; 4], tot_len: u16) -> Result<NextHop, Reason> {
+    // SAFETY: a plain C struct for which all-zero is a valid value.
+    let mut params: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    params.family = AF_INET;
+    params.ifindex = ctx.ingress_ifindex() as u32;
+    params.__bindgen_anon_1.tot_len = tot_len;
+    params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
+    params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
+    // SAFETY: `params` is a valid, writable struct of the size passed.
+    let rc = unsafe {
+        fib_lookup(ctx.ctx as *mut _, &mut params, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
+    };
+    match rc as u32 {
+        BPF_FIB_LKUP_RET_SUCCESS => {
+            Ok(NextHop { ifindex: params.ifindex, smac: params.smac, dmac: params.dmac })
+        }
+        BPF_FIB_LKUP_RET_NO_NEIGH => Err(Reason::NoNeighbor),
+        BPF_FIB_LKUP_RET_FRAG_NEEDED => Err(Reason::TooBig),
+        _ => Err(Reason::NoRoute),
+    }
+}
+
+/// Rewrites the Ethernet addresses for `hop` and transmits: back out of the uplink with
+/// `XDP_TX`, or to another interface with a redirect.
+#[inline(always)]
+pub fn send(ctx: &XdpContext, hop: &NextHop) -> Option<u32> {
+    let eth = header::<EthHdr>(ctx, 0)?;
+    // SAFETY: bounds-checked by `header`.
+    let eth = unsafe { &mut *eth };
+    eth.dst_addr = hop.dmac;
+    eth.src_addr = hop.smac;
+    if hop.ifindex == ctx.ingress_ifindex() as u32 {
+        return Some(XDP_TX);
+    }
+    // SAFETY: a helper call with plain integer arguments.
+    Some(unsafe { bpf_redirect(hop.ifindex, 0) } as u32)
+}

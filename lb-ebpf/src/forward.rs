@@ -1,0 +1,255 @@
+//! The service path: a packet to `(VIP, port, protocol)` goes to a backend, picked by the
+//! connection table or else by the service's Maglev ring, and delivered in that backend's mode.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_NOEXIST,
+        xdp_action::{XDP_DROP, XDP_PASS},
+    },
+    programs::XdpContext,
+};
+use lb_common::{
+    counters::Reason,
+    hash::flow_hash,
+    service::{Backend, Delivery, Flow, FlowKey, ReplyNat, Service, ServiceKey, Settings},
+};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+
+use crate::{
+    dsr, fib, ipv4,
+    maps::{BACKENDS, FLOWS, MAGLEV_RINGS, REPLY_NAT, SERVICES, SETTINGS},
+    nat,
+    packet::{self, ETH_LEN, L4_OFFSET, L4Layout, Ports, header, l4_layout},
+    stats,
+};
+
+/// Full-NAT source-port candidates tried before giving up on a flow.
+const SNAT_ATTEMPTS: u32 = 8;
+
+/// TCP or UDP in option-less, unfragmented IPv4 (checked by the caller).
+#[inline(always)]
+pub fn transport(ctx: &XdpContext, proto: u8, tot_len: u16) -> u32 {
+    let bytes = packet::len(ctx);
+    let Some(layout) = l4_layout(proto) else {
+        return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
+    };
+    let (Some(ip), Some(ports)) = (header::<Ipv4Hdr>(ctx, ETH_LEN), header::<Ports>(ctx, L4_OFFSET)) else {
+        return stats::verdict(Reason::MalformedIpv4, bytes, XDP_PASS);
+    };
+    // SAFETY: both bounds-checked by `header`; copied out.
+    let (src, dst, sport, dport) =
+        unsafe { ((*ip).src_addr, (*ip).dst_addr, (*ports).sport, (*ports).dport) };
+    let truncated = L4_OFFSET + layout.min_len > bytes;
+    let flow = FlowKey::new(src, dst, sport, dport, proto);
+
+    let service_key = ServiceKey { vip: dst, port: dport, proto, _pad: 0 };
+    // SAFETY: the value is copied out before the map can change under it.
+    if let Some(service) = unsafe { SERVICES.get(&service_key) }.copied() {
+        if truncated {
+            return stats::verdict(Reason::MalformedL4, bytes, XDP_DROP);
+        }
+        stats::count_vip_packet(&dst, bytes);
+        return to_service(ctx, layout, &flow, &service, tot_len);
+    }
+    if !truncated && let Some(action) = translate_reply(ctx, layout, &flow) {
+        return action;
+    }
+    if ipv4::is_owned_exclusively(dst) {
+        return stats::verdict(Reason::UnexposedPort, bytes, XDP_DROP);
+    }
+    stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS)
+}
+
+#[inline(always)]
+fn to_service(ctx: &XdpContext, layout: L4Layout, flow: &FlowKey, service: &Service, tot_len: u16) -> u32 {
+    let bytes = packet::len(ctx);
+    let Some((id, backend, known)) = pick_backend(flow, service) else {
+        return stats::verdict(Reason::NoBackend, bytes, XDP_DROP);
+    };
+    let Some(ttl) = header::<Ipv4Hdr>(ctx, ETH_LEN).map(|ip| unsafe { (*ip).ttl }) else {
+        return XDP_PASS;
+    };
+    if ttl <= 1 {
+        return stats::verdict(Reason::TtlExpired, bytes, XDP_PASS);
+    }
+    let (action, reason) = match Delivery::from_u8(backend.delivery) {
+        Some(Delivery::Local) => local(ctx, layout, flow, &backend, tot_len),
+        Some(Delivery::FullNat) => full_nat(ctx, layout, flow, id, &backend, known, tot_len),
+        Some(Delivery::Dsr) => dsr::encapsulate(ctx, &backend, tot_len),
+        None => (XDP_DROP, Reason::NoBackend),
+    };
+    if action != XDP_PASS && action != XDP_DROP {
+        if known.is_none() && reason != Reason::ForwardedFullNat {
+            let _ = FLOWS.insert(flow, &Flow { backend: id, snat_port: [0; 2], _pad: [0; 2] }, 0);
+        }
+        stats::count_backend(id, bytes);
+    }
+    stats::verdict(reason, bytes, action)
+}
+
+/// The flow's backend: the one it already has if that still exists, else the Maglev choice.
+/// Also returns the flow's entry, if it had one.
+#[inline(always)]
+fn pick_backend(flow: &FlowKey, service: &Service) -> Option<(u32, Backend, Option<Flow>)> {
+    // SAFETY: copied out at once.
+    if let Some(known) = unsafe { FLOWS.get(flow) }.copied()
+        && let Some(backend) = BACKENDS.get(known.backend).copied()
+        && Delivery::from_u8(backend.delivery).is_some()
+    {
+        return Some((known.backend, backend, Some(known)));
+    }
+    if service.backend_count == 0 || service.ring_size == 0 {
+        return None;
+    }
+    let slot = flow_hash(flow) % service.ring_size;
+    // SAFETY: copied out at once; a concurrent swap replaces the inner map, never edits it.
+    let id = unsafe { MAGLEV_RINGS.get_value(&service.ring_id, &slot) }.copied()?;
+    let backend = BACKENDS.get(id).copied()?;
+    Delivery::from_u8(backend.delivery)?;
+    Some((id, backend, None))
+}
+
+/// An endpoint on this node: DNAT to it and redirect to its interface. The reply is
+/// translated back on the uplink's egress (the TC program), from the `REPLY_NAT` entry.
+#[inline(always)]
+fn local(
+    ctx: &XdpContext,
+    layout: L4Layout,
+    flow: &FlowKey,
+    backend: &Backend,
+    tot_len: u16,
+) -> (u32, Reason) {
+    let hop = match fib::lookup(ctx, flow.src, backend.addr, tot_len) {
+        Ok(hop) => hop,
+        Err(reason) => return (XDP_PASS, reason),
+    };
+    remember_reply(backend.addr, backend.port, flow);
+    let to = ReplyNat::new(flow.src, backend.addr, flow.sport, backend.port);
+    route_out(ctx, layout, &to, &hop, Reason::ForwardedLocal)
+}
+
+/// An endpoint on another node, kube-proxy Cluster style: DNAT to it and SNAT to this node,
+/// so the reply comes back here to be translated.
+#[inline(always)]
+fn full_nat(
+    ctx: &XdpContext,
+    layout: L4Layout,
+    flow: &FlowKey,
+    id: u32,
+    backend: &Backend,
+    known: Option<Flow>,
+    tot_len: u16,
+) -> (u32, Reason) {
+    let Some(settings) = SETTINGS.get(0).copied() else {
+        return (XDP_PASS, Reason::NoRoute);
+    };
+    let hop = match fib::lookup(ctx, settings.node_addr, backend.addr, tot_len) {
+        Ok(hop) => hop,
+        Err(reason) => return (XDP_PASS, reason),
+    };
+    let snat_port = match known.map(|f| f.snat_port) {
+        Some(port) if port != [0, 0] => port,
+        _ => {
+            // SAFETY: bounds-checked by `header`; copied out.
+            let peer_mac = header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).src_addr }).unwrap_or_default();
+            let Some(port) = claim_snat_port(flow, backend, &settings, peer_mac) else {
+                return (XDP_DROP, Reason::SnatPortsExhausted);
+            };
+            let _ = FLOWS.insert(flow, &Flow { backend: id, snat_port: port, _pad: [0; 2] }, 0);
+            port
+        }
+    };
+    let to = ReplyNat::new(settings.node_addr, backend.addr, snat_port, backend.port);
+    route_out(ctx, layout, &to, &hop, Reason::ForwardedFullNat)
+}
+
+/// Finds a free source port towards `backend` and records how to translate its replies.
+/// Candidates start at a hash of the flow, so concurrent flows rarely contend.
+#[inline(always)]
+fn claim_snat_port(
+    flow: &FlowKey,
+    backend: &Backend,
+    settings: &Settings,
+    peer_mac: [u8; 6],
+) -> Option<[u8; 2]> {
+    let (node, min, max) = (settings.node_addr, settings.snat_port_min, settings.snat_port_max);
+    if max < min {
+        return None;
+    }
+    let span = (max - min) as u32 + 1;
+    let start = flow_hash(flow);
+    let mut reply = ReplyNat::new(flow.dst, flow.src, flow.dport, flow.sport);
+    reply.peer_mac = peer_mac;
+    for attempt in 0..SNAT_ATTEMPTS {
+        let port = (min as u32 + (start.wrapping_add(attempt) % span)) as u16;
+        let key = FlowKey::new(backend.addr, node, backend.port, port.to_be_bytes(), flow.proto);
+        if REPLY_NAT.insert(&key, &reply, BPF_NOEXIST as u64).is_ok() {
+            return Some(port.to_be_bytes());
+        }
+    }
+    None
+}
+
+/// Records how the backend's replies to `flow` are translated back (local and DSR delivery:
+/// only the source changes, back to the VIP and service port).
+#[inline(always)]
+pub fn remember_reply(backend_addr: [u8; 4], backend_port: [u8; 2], flow: &FlowKey) {
+    let key = FlowKey::new(backend_addr, flow.src, backend_port, flow.sport, flow.proto);
+    let reply = ReplyNat::new(flow.dst, flow.src, flow.dport, flow.sport);
+    let _ = REPLY_NAT.insert(&key, &reply, 0);
+}
+
+/// Rewrites the packet to `to`, decrements the TTL and sends it to `hop`.
+#[inline(always)]
+pub fn route_out(
+    ctx: &XdpContext,
+    layout: L4Layout,
+    to: &ReplyNat,
+    hop: &fib::NextHop,
+    reason: Reason,
+) -> (u32, Reason) {
+    if nat::rewrite(ctx, layout, to).is_none() {
+        return (XDP_DROP, Reason::MalformedL4);
+    }
+    let Some(ip) = header::<Ipv4Hdr>(ctx, ETH_LEN) else {
+        return (XDP_DROP, Reason::MalformedIpv4);
+    };
+    // SAFETY: bounds-checked by `header`.
+    if !nat::decrement_ttl(unsafe { &mut *ip }) {
+        return (XDP_PASS, Reason::TtlExpired);
+    }
+    match fib::send(ctx, hop) {
+        Some(action) => (action, reason),
+        None => (XDP_DROP, Reason::MalformedEthernet),
+    }
+}
+
+/// A reply from a full-NAT backend to this node's translated source port: restore the VIP as
+/// its source and the client as its destination, and send it to the client.
+#[inline(always)]
+fn translate_reply(ctx: &XdpContext, layout: L4Layout, flow: &FlowKey) -> Option<u32> {
+    let settings = SETTINGS.get(0)?;
+    if flow.dst != settings.node_addr {
+        return None;
+    }
+    let port = u16::from_be_bytes(flow.dport);
+    if port < settings.snat_port_min || port > settings.snat_port_max {
+        return None;
+    }
+    // SAFETY: copied out at once.
+    let to = unsafe { REPLY_NAT.get(flow) }.copied()?;
+    let bytes = packet::len(ctx);
+    let tot_len = header::<Ipv4Hdr>(ctx, ETH_LEN).map(|ip| unsafe { u16::from_be_bytes((*ip).tot_len) })?;
+    let hop = match fib::lookup(ctx, to.src, to.dst, tot_len) {
+        Ok(hop) => hop,
+        // Back the way the client's packets came.
+        Err(Reason::NoNeighbor) if to.peer_mac != [0; 6] => {
+            // SAFETY: bounds-checked by `header`; copied out.
+            let own_mac = header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).dst_addr })?;
+            fib::NextHop { ifindex: ctx.ingress_ifindex() as u32, smac: own_mac, dmac: to.peer_mac }
+        }
+        Err(reason) => return Some(stats::verdict(reason, bytes, XDP_PASS)),
+    };
+    let (action, reason) = route_out(ctx, layout, &to, &hop, Reason::ReplyTranslated);
+    Some(stats::verdict(reason, bytes, action))
+}

@@ -1,0 +1,59 @@
+//! ICMP echo to an owned VIP is answered here (RFC 792), so a VIP answers ping on whichever
+//! node owns it, even when the address is not configured on any interface.
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_PASS, XDP_TX},
+    programs::XdpContext,
+};
+use lb_common::{counters::Reason, csum};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+
+use crate::{
+    ipv4,
+    packet::{self, ETH_LEN, L4_OFFSET, header},
+    stats,
+};
+
+const ECHO_REQUEST: u8 = 8;
+const ECHO_REPLY: u8 = 0;
+const REPLY_TTL: u8 = 64;
+
+/// Type, code, checksum: the part of the ICMP header an echo reply changes.
+#[repr(C)]
+struct IcmpHdr {
+    kind: u8,
+    code: u8,
+    check: [u8; 2],
+    rest: [u8; 4],
+}
+
+#[inline(always)]
+pub fn answer_echo(ctx: &XdpContext) -> u32 {
+    let bytes = packet::len(ctx);
+    let (Some(eth), Some(ip), Some(icmp)) =
+        (header::<EthHdr>(ctx, 0), header::<Ipv4Hdr>(ctx, ETH_LEN), header::<IcmpHdr>(ctx, L4_OFFSET))
+    else {
+        return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
+    };
+    // SAFETY: all three bounds-checked by `header`; they do not overlap.
+    let (eth, ip, icmp) = unsafe { (&mut *eth, &mut *ip, &mut *icmp) };
+    if icmp.kind != ECHO_REQUEST || icmp.code != 0 || !ipv4::is_owned(ip.dst_addr) {
+        return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
+    }
+    // Only the type changes inside the ICMP message; swapping addresses leaves the IP
+    // checksum alone, and the TTL reset is patched in.
+    icmp.kind = ECHO_REPLY;
+    icmp.check = csum::replace16(
+        u16::from_be_bytes(icmp.check),
+        u16::from_be_bytes([ECHO_REQUEST, 0]),
+        u16::from_be_bytes([ECHO_REPLY, 0]),
+    )
+    .to_be_bytes();
+    core::mem::swap(&mut ip.src_addr, &mut ip.dst_addr);
+    let old = u16::from_be_bytes([ip.ttl, ip.proto]);
+    ip.ttl = REPLY_TTL;
+    ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, u16::from_be_bytes([ip.ttl, ip.proto]))
+        .to_be_bytes();
+    core::mem::swap(&mut eth.src_addr, &mut eth.dst_addr);
+    stats::verdict(Reason::IcmpEchoReplied, bytes, XDP_TX)
+}

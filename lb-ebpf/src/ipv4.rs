@@ -1,0 +1,84 @@
+//! IPv4 dispatch: validate the header, then hand the packet to the path for its protocol.
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_PASS},
+    programs::XdpContext,
+};
+use lb_common::{
+    counters::Reason,
+    maps::VipKey,
+    service::{PROTO_ICMP, PROTO_IPIP, PROTO_TCP, PROTO_UDP},
+};
+use network_types::ip::Ipv4Hdr;
+
+use crate::{
+    dsr, forward, icmp,
+    maps::OWNED_VIPS,
+    packet::{self, ETH_LEN, IPV4_LEN, header},
+    stats,
+};
+
+/// The MF flag and the fragment offset.
+const FRAGMENT_MASK: u16 = 0x3fff;
+
+#[inline(always)]
+pub fn handle(ctx: &XdpContext) -> u32 {
+    let bytes = packet::len(ctx);
+    let Some(ip) = header::<Ipv4Hdr>(ctx, ETH_LEN) else {
+        return stats::verdict(Reason::MalformedIpv4, bytes, XDP_PASS);
+    };
+    // SAFETY: bounds-checked by `header`; copied out before any other access.
+    let (vihl, tot_len, frags, proto, dst) = unsafe {
+        (
+            (*ip).vihl,
+            u16::from_be_bytes((*ip).tot_len),
+            u16::from_be_bytes((*ip).frags),
+            (*ip).proto,
+            (*ip).dst_addr,
+        )
+    };
+    let header_len = (vihl & 0x0f) as usize * 4;
+    if vihl >> 4 != 4
+        || header_len < IPV4_LEN
+        || (tot_len as usize) < header_len
+        || tot_len as usize > bytes - ETH_LEN
+    {
+        return stats::verdict(Reason::MalformedIpv4, bytes, XDP_PASS);
+    }
+    // Options and fragments are rare and legitimate: the kernel handles them, and we only
+    // count the ones aimed at a VIP of ours.
+    if header_len != IPV4_LEN {
+        return stats::verdict(
+            if is_owned(dst) { Reason::IpOptions } else { Reason::Ipv4Passed },
+            bytes,
+            XDP_PASS,
+        );
+    }
+    if frags & FRAGMENT_MASK != 0 {
+        return stats::verdict(
+            if is_owned(dst) { Reason::Fragment } else { Reason::Ipv4Passed },
+            bytes,
+            XDP_PASS,
+        );
+    }
+    match proto {
+        PROTO_TCP | PROTO_UDP => forward::transport(ctx, proto, tot_len),
+        PROTO_ICMP => icmp::answer_echo(ctx),
+        PROTO_IPIP => dsr::decapsulate(ctx),
+        _ if is_owned_exclusively(dst) => stats::verdict(Reason::UnexposedPort, bytes, XDP_DROP),
+        _ => stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS),
+    }
+}
+
+#[inline(always)]
+pub fn is_owned(addr: [u8; 4]) -> bool {
+    OWNED_VIPS.get_ptr(&VipKey::new(addr)).is_some()
+}
+
+/// Owned, and only by us: traffic no service takes is dropped rather than left to the kernel
+/// (which holds the address too in VIP mode `both`).
+#[inline(always)]
+pub fn is_owned_exclusively(addr: [u8; 4]) -> bool {
+    // SAFETY: the flags byte is copied out at once.
+    unsafe { OWNED_VIPS.get(&VipKey::new(addr)) }.is_some_and(|v| !v.kernel_too())
+}

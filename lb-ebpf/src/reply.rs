@@ -1,0 +1,72 @@
+//! The uplink's TC egress program: replies from endpoints on this node (local delivery, and
+//! DSR after decapsulation) leave with the VIP and service port as their source.
+//!
+//! TC rather than XDP because these packets are sent by the kernel, not received; the
+//! checksum helpers also cope with checksums the kernel left for offload (CHECKSUM_PARTIAL).
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    programs::TcContext,
+};
+use lb_common::{
+    counters::Reason,
+    service::{FlowKey, PROTO_TCP, PROTO_UDP},
+};
+
+use crate::{maps::REPLY_NAT, stats};
+
+const ETH_LEN: usize = 14;
+const IP_CHECK: usize = ETH_LEN + 10;
+const IP_SRC: usize = ETH_LEN + 12;
+const IP_DST: usize = ETH_LEN + 16;
+const L4: usize = ETH_LEN + 20;
+
+/// Translates the packet if it is the reply of a flow this node translated. Any error just
+/// leaves the packet as it is.
+#[inline(always)]
+pub fn translate(ctx: &TcContext) -> Result<(), i64> {
+    if ctx.load::<[u8; 2]>(12)? != [0x08, 0x00] || ctx.load::<u8>(ETH_LEN)? != 0x45 {
+        return Ok(());
+    }
+    if u16::from_be_bytes(ctx.load::<[u8; 2]>(ETH_LEN + 6)?) & 0x3fff != 0 {
+        return Ok(());
+    }
+    let proto = ctx.load::<u8>(ETH_LEN + 9)?;
+    let (check_at, mangled) = match proto {
+        PROTO_TCP => (L4 + 16, 0),
+        PROTO_UDP => (L4 + 6, BPF_F_MARK_MANGLED_0 as u64),
+        _ => return Ok(()),
+    };
+    let src = ctx.load::<[u8; 4]>(IP_SRC)?;
+    let dst = ctx.load::<[u8; 4]>(IP_DST)?;
+    let ports = ctx.load::<[u8; 4]>(L4)?;
+    let key = FlowKey::new(src, dst, [ports[0], ports[1]], [ports[2], ports[3]], proto);
+    // SAFETY: copied out at once.
+    let Some(to) = (unsafe { REPLY_NAT.get(&key) }).copied() else {
+        return Ok(());
+    };
+    let word = |b: [u8; 4]| u32::from_ne_bytes(b) as u64;
+    let half = |b: [u8; 2]| u16::from_ne_bytes(b) as u64;
+    let pseudo = BPF_F_PSEUDO_HDR as u64 | mangled;
+    if to.src != src {
+        ctx.l4_csum_replace(check_at, word(src), word(to.src), pseudo | 4)?;
+        ctx.l3_csum_replace(IP_CHECK, word(src), word(to.src), 4)?;
+        ctx.store(IP_SRC, &to.src, 0)?;
+    }
+    if to.dst != dst {
+        ctx.l4_csum_replace(check_at, word(dst), word(to.dst), pseudo | 4)?;
+        ctx.l3_csum_replace(IP_CHECK, word(dst), word(to.dst), 4)?;
+        ctx.store(IP_DST, &to.dst, 0)?;
+    }
+    let (sport, dport) = ([ports[0], ports[1]], [ports[2], ports[3]]);
+    if to.sport != sport {
+        ctx.l4_csum_replace(check_at, half(sport), half(to.sport), mangled | 2)?;
+        ctx.store(L4, &to.sport, 0)?;
+    }
+    if to.dport != dport {
+        ctx.l4_csum_replace(check_at, half(dport), half(to.dport), mangled | 2)?;
+        ctx.store(L4 + 2, &to.dport, 0)?;
+    }
+    stats::count_reason(Reason::ReplyTranslated, ctx.len() as usize);
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! The lab as a miniature bare-metal cluster: node namespaces route, each node has a pod CIDR
+//! (10.244.<node>.0/24) routed between nodes host-gw style, and "pods" are namespaces behind
+//! veth pairs, CNI style (a /32 per pod, the node's .1 as gateway).
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
+    time::Duration,
+};
+
+use crate::{Host, Lab, Netns, Process, netns::run_in, spawn_in};
+
+/// A pod: a namespace with one interface towards its node.
+pub struct Pod {
+    pub name: String,
+    pub ns: Netns,
+    pub ip: Ipv4Addr,
+    pub node: usize,
+}
+
+impl Pod {
+    /// Serves TCP and UDP on `port`: a TCP connection is greeted with
+    /// `<pod> <client-ip>:<client-port>` and then gets every line echoed back prefixed with the
+    /// pod's name; a UDP datagram is answered with the greeting.
+    pub fn serve(&self, port: u16) -> Process {
+        let script = format!(
+            r#"
+import socket, threading
+name = {name:?}
+def tcp():
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", {port})); s.listen(256)
+    while True:
+        c, a = s.accept()
+        threading.Thread(target=session, args=(c, a), daemon=True).start()
+def session(c, a):
+    f = c.makefile("rwb", buffering=0)
+    f.write(("%s %s:%d\n" % (name, a[0], a[1])).encode())
+    for line in f:
+        f.write(name.encode() + b" " + line)
+def udp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", {port}))
+    while True:
+        d, a = s.recvfrom(2048)
+        s.sendto(("%s %s:%d\n" % (name, a[0], a[1])).encode(), a)
+threading.Thread(target=udp, daemon=True).start()
+tcp()
+"#,
+            name = self.name
+        );
+        spawn_in(&self.ns, &["python3", "-c", &script])
+    }
+}
+
+impl Lab {
+    /// Nodes forward, do not filter by reverse path, and route every other node's pod CIDR
+    /// through that node. Hosts compute checksums in software, as a NIC would put them on
+    /// the wire (XDP sees only what is in the frame).
+    pub(crate) fn make_nodes_routers(&self) {
+        for (i, node) in self.nodes.iter().enumerate() {
+            node.ns.run_cmd(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+            for key in ["all", "default", Host::IFACE] {
+                node.ns.run_cmd(&["sysctl", "-qw", &format!("net.ipv4.conf.{key}.rp_filter=0")]);
+            }
+            for (j, other) in self.nodes.iter().enumerate() {
+                if i != j {
+                    node.ns.run_cmd(&["ip", "route", "add", &pod_cidr(j), "via", &other.ip.to_string()]);
+                }
+            }
+        }
+        for host in self.nodes.iter().chain([&self.client]) {
+            host.ns.run_cmd(&["ethtool", "-K", Host::IFACE, "tx", "off"]);
+        }
+    }
+
+    /// Adds a pod on `node` and returns its index in `lab.pods`.
+    pub fn add_pod(&mut self, node: usize) -> usize {
+        let k = self.pods.iter().filter(|p| p.node == node).count();
+        let ip = Ipv4Addr::new(10, 244, node as u8, 2 + k as u8);
+        let name = format!("n{node}p{k}");
+        let ns = Netns::create(format!("{}-{name}", self.id));
+        let host_if = format!("pv{k}");
+        let node_ns = &self.nodes[node].ns;
+        node_ns.run_cmd(&[
+            "ip",
+            "link",
+            "add",
+            &host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            ns.name(),
+        ]);
+        node_ns.run_cmd(&["ip", "link", "set", &host_if, "up"]);
+        node_ns.run_cmd(&["ip", "addr", "add", &format!("{}/32", gateway(node)), "dev", &host_if]);
+        node_ns.run_cmd(&["ip", "route", "add", &format!("{ip}/32"), "dev", &host_if]);
+        ns.run_cmd(&["ip", "link", "set", "lo", "up"]);
+        ns.run_cmd(&["ip", "link", "set", "eth0", "up"]);
+        ns.run_cmd(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"]);
+        ns.run_cmd(&["ip", "route", "add", &gateway(node).to_string(), "dev", "eth0"]);
+        ns.run_cmd(&["ip", "route", "add", "default", "via", &gateway(node).to_string(), "dev", "eth0"]);
+        // A veth delivers frames redirected into it by XDP only when its peer runs NAPI,
+        // which GRO turns on.
+        ns.run_cmd(&["ethtool", "-K", "eth0", "gro", "on"]);
+        self.pods.push(Pod { name, ns, ip, node });
+        self.pods.len() - 1
+    }
+}
+
+pub fn pod_cidr(node: usize) -> String {
+    format!("10.244.{node}.0/24")
+}
+
+fn gateway(node: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 244, node as u8, 1)
+}
+
+/// A TCP connection from a lab host to a pod server (see [`Pod::serve`]).
+pub struct Session {
+    reader: BufReader<TcpStream>,
+    stream: TcpStream,
+    /// The greeting: `<pod> <client-ip>:<client-port>` as the pod saw it.
+    pub greeting: String,
+}
+
+impl Session {
+    /// The pod that answered.
+    pub fn pod(&self) -> &str {
+        self.greeting.split(' ').next().unwrap_or("")
+    }
+
+    /// The client address as the pod saw it.
+    pub fn seen_client(&self) -> Ipv4Addr {
+        seen_client(&self.greeting)
+    }
+
+    /// Sends `text` and returns the pod's echo, or `None` if none came within `timeout`.
+    pub fn echo(&mut self, text: &str, timeout: Duration) -> Option<String> {
+        let _ = self.stream.set_read_timeout(Some(timeout));
+        self.stream.write_all(format!("{text}\n").as_bytes()).ok()?;
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(n) if n > 0 => Some(line.trim_end().to_owned()),
+            _ => None,
+        }
+    }
+}
+
+/// The client address in a greeting.
+pub fn seen_client(greeting: &str) -> Ipv4Addr {
+    greeting
+        .split(' ')
+        .nth(1)
+        .and_then(|a| a.split(':').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(Ipv4Addr::UNSPECIFIED)
+}
+
+impl Host {
+    /// Opens a session to `addr:port`; `None` if it cannot connect or gets no greeting.
+    pub fn session(&self, addr: Ipv4Addr, port: u16) -> Option<Session> {
+        let stream = run_in(self.ns.name(), move || {
+            TcpStream::connect_timeout(&SocketAddr::from((addr, port)), Duration::from_millis(1000)).ok()
+        })?;
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(1000)));
+        let mut reader = BufReader::new(stream.try_clone().ok()?);
+        let mut greeting = String::new();
+        reader.read_line(&mut greeting).ok().filter(|n| *n > 0)?;
+        Some(Session { reader, stream, greeting: greeting.trim_end().to_owned() })
+    }
+
+    /// Sends one UDP datagram to `addr:port` and returns the answer (empty if none).
+    pub fn udp_ask(&self, addr: Ipv4Addr, port: u16) -> String {
+        let socket = run_in(self.ns.name(), || UdpSocket::bind("0.0.0.0:0").expect("a UDP socket"));
+        let _ = socket.set_read_timeout(Some(Duration::from_millis(1000)));
+        let _ = socket.send_to(b"hello", (addr, port));
+        let mut buf = [0u8; 2048];
+        match socket.recv(&mut buf) {
+            Ok(n) => String::from_utf8_lossy(&buf[..n]).trim_end().to_owned(),
+            Err(_) => String::new(),
+        }
+    }
+}

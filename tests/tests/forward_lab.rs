@@ -1,0 +1,288 @@
+//! The data path with real packets: a client, three nodes running lb-agent, and pods behind
+//! the nodes. Every forwarding mode carries TCP and UDP to the right endpoints; flows keep
+//! their endpoint when endpoints are added, and (DSR) when the VIP moves to another node;
+//! unexposed ports are dropped; the program survives an agent restart.
+
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use lb_lab::{Agent, Lab, Session, agent::AGENT_LISTEN};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
+const TARGET_PORT: u16 = 8080;
+const ECHO_WAIT: Duration = Duration::from_secs(5);
+
+/// One group over every node, n0 preferred, then n1, then n2; plus `services`.
+fn config(lab: &Lab, me: usize, services: &str) -> String {
+    let mut yaml = format!(
+        "node: {}\ninterface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\ngroups:\n  - name: web\n    vrid: 20\n    \
+         advertInterval: 20ms\n    nodes:\n",
+        lab.nodes[me].name
+    );
+    for node in &lab.nodes {
+        yaml.push_str(&format!("      - name: {}\n        address: {}\n", node.name, node.ip));
+    }
+    yaml.push_str("    priorities:\n");
+    for (i, node) in lab.nodes.iter().enumerate() {
+        yaml.push_str(&format!("      {}: {}\n", node.name, 200 - 50 * i));
+    }
+    yaml.push_str(&format!("    vips:\n      - address: {VIP}\nservices:\n{services}"));
+    yaml
+}
+
+/// A service on `port` (TCP and UDP) with the given pods as endpoints.
+fn service(lab: &Lab, name: &str, port: u16, mode: &str, pods: &[usize]) -> String {
+    let mut yaml = format!(
+        "  - name: {name}\n    vip: {VIP}\n    remoteMode: {mode}\n    ports:\n      - {{port: {port}, targetPort: {TARGET_PORT}}}\n      \
+         - {{port: {port}, protocol: UDP, targetPort: {TARGET_PORT}}}\n    endpoints:\n"
+    );
+    for &p in pods {
+        let pod = &lab.pods[p];
+        yaml.push_str(&format!("      - {{address: {}, node: {}}}\n", pod.ip, lab.nodes[pod.node].name));
+    }
+    yaml
+}
+
+struct Cluster {
+    // Drop order: servers and agents before the lab.
+    _servers: Vec<lb_lab::Process>,
+    agents: Vec<Agent>,
+    lab: Lab,
+}
+
+/// `nodes` nodes with `pods[i]` pods on node i, servers in every pod, no agents yet.
+fn cluster(pods: &[usize]) -> Cluster {
+    let mut lab = Lab::new(pods.len());
+    for (node, &count) in pods.iter().enumerate() {
+        lab.enable_native_xdp(node);
+        for _ in 0..count {
+            lab.add_pod(node);
+        }
+    }
+    let servers = lab.pods.iter().map(|p| p.serve(TARGET_PORT)).collect();
+    Cluster { _servers: servers, agents: Vec::new(), lab }
+}
+
+impl Cluster {
+    fn start(&mut self, services: &str) {
+        for i in 0..self.lab.nodes.len() {
+            let mut agent = self.lab.start_agent(i, &config(&self.lab, i, services));
+            agent.wait_ready();
+            self.agents.push(agent);
+        }
+        self.agents[0].wait_metric("lbagent_owned_vips", 1.0);
+    }
+
+    fn reason(&self, node: usize, reason: &str) -> f64 {
+        self.agents[node].metric(&format!("lbagent_xdp_reason_packets_total{{reason=\"{reason}\"}}"))
+    }
+
+    /// A session through the VIP, retried while the path settles (ARP, neighbours).
+    fn session(&self, port: u16) -> Session {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(s) = self.lab.client.session(VIP, port) {
+                return s;
+            }
+            if Instant::now() > deadline {
+                panic!("no session through {VIP}:{port}:\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Every agent's log and non-zero path counters, for failure messages.
+    fn logs(&self) -> String {
+        self.agents
+            .iter()
+            .map(|a| {
+                let reasons: Vec<String> = a
+                    .metrics()
+                    .lines()
+                    .filter(|l| l.starts_with("lbagent_xdp_reason_packets_total") && !l.ends_with(" 0"))
+                    .map(|l| l.trim_start_matches("lbagent_xdp_reason_packets_total").to_owned())
+                    .collect();
+                format!("{}\nreasons: {}", a.log_text(), reasons.join(", "))
+            })
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    }
+
+    fn pod_name(&self, pod: usize) -> &str {
+        &self.lab.pods[pod].name
+    }
+}
+
+#[test]
+fn every_mode_carries_tcp_and_udp_to_the_right_endpoint() {
+    let mut c = cluster(&[1, 1]);
+    let services = [
+        service(&c.lab, "local", 80, "fullNat", &[0]),
+        service(&c.lab, "full-nat", 81, "fullNat", &[1]),
+        service(&c.lab, "dsr", 82, "dsr", &[1]),
+    ]
+    .concat();
+    c.start(&services);
+
+    // Local endpoint: DNAT only, the client address is preserved.
+    let mut s = c.session(80);
+    assert_eq!(s.pod(), c.pod_name(0), "{}", s.greeting);
+    assert_eq!(s.seen_client(), CLIENT, "local delivery keeps the client address");
+    assert_eq!(s.echo("one", ECHO_WAIT).as_deref(), Some("n0p0 one"));
+    // Full NAT: the endpoint sees the load-balancing node, as with kube-proxy.
+    let mut s = c.session(81);
+    assert_eq!(s.pod(), c.pod_name(1), "{}", s.greeting);
+    assert_eq!(s.seen_client(), c.lab.nodes[0].ip, "full NAT translates the source to the node");
+    assert_eq!(s.echo("two", ECHO_WAIT).as_deref(), Some("n1p0 two"));
+    // DSR: the endpoint sees the client, and replies to it directly.
+    let mut s = c.session(82);
+    assert_eq!(s.pod(), c.pod_name(1), "{}", s.greeting);
+    assert_eq!(s.seen_client(), CLIENT, "DSR keeps the client address");
+    assert_eq!(s.echo("three", ECHO_WAIT).as_deref(), Some("n1p0 three"));
+
+    for (port, pod, client) in [(80, 0, CLIENT), (81, 1, c.lab.nodes[0].ip), (82, 1, CLIENT)] {
+        let answer = c.lab.client.udp_ask(VIP, port);
+        assert_eq!(answer.split(' ').next(), Some(c.pod_name(pod)), "UDP to port {port}: {answer:?}");
+        assert_eq!(lb_lab::cluster::seen_client(&answer), client, "UDP to port {port}: {answer:?}");
+    }
+
+    for reason in ["forwarded_local", "forwarded_full_nat", "forwarded_dsr", "reply_translated"] {
+        assert!(c.reason(0, reason) > 0.0, "n0 counted no {reason}:\n{}", c.agents[0].metrics());
+    }
+    assert!(c.reason(1, "dsr_decapsulated") > 0.0, "n1 decapsulated nothing:\n{}", c.agents[1].metrics());
+    assert!(c.reason(1, "reply_translated") > 0.0, "n1 translated no DSR reply");
+    let m = c.agents[0].metrics();
+    assert!(
+        lb_lab::metric(&m, "lbagent_backend_packets_total{backend=\"10.244.1.2:8080\",delivery=\"dsr\"}")
+            .unwrap_or(0.0)
+            > 0.0,
+        "{m}"
+    );
+    assert!(
+        lb_lab::metric(&m, &format!("lbagent_vip_packets_total{{vip=\"{VIP}\"}}")).unwrap_or(0.0) > 0.0,
+        "{m}"
+    );
+    assert_eq!(lb_lab::metric(&m, "lbagent_xdp_packets_total{action=\"aborted\"}"), Some(0.0));
+}
+
+/// Opens `n` sessions on `port` and returns them with the pods that answered.
+fn open_sessions(c: &Cluster, port: u16, n: usize) -> Vec<Session> {
+    (0..n).map(|_| c.session(port)).collect()
+}
+
+fn assert_sessions_stay(c: &Cluster, sessions: &mut [Session], when: &str) {
+    for (i, s) in sessions.iter_mut().enumerate() {
+        let pod = s.pod().to_owned();
+        let echo = s.echo(&format!("after {i}"), ECHO_WAIT);
+        assert_eq!(
+            echo,
+            Some(format!("{pod} after {i}")),
+            "session {i} ({}) {when}:\n{}",
+            s.greeting,
+            c.logs()
+        );
+    }
+}
+
+#[test]
+fn connections_keep_their_endpoint_when_one_is_added() {
+    let mut c = cluster(&[1, 2, 1]);
+    // Pods: 0 on n0, 1 and 2 on n1, 3 on n2. Pod 2 joins later.
+    let before =
+        [service(&c.lab, "fn", 81, "fullNat", &[1, 3]), service(&c.lab, "dsr", 82, "dsr", &[1, 3])].concat();
+    c.start(&before);
+    let mut full_nat = open_sessions(&c, 81, 24);
+    let mut dsr = open_sessions(&c, 82, 24);
+    for sessions in [&full_nat, &dsr] {
+        let pods: std::collections::BTreeSet<&str> = sessions.iter().map(|s| s.pod()).collect();
+        assert_eq!(pods.len(), 2, "Maglev spreads flows over both endpoints: {pods:?}");
+    }
+
+    let after =
+        [service(&c.lab, "fn", 81, "fullNat", &[1, 2, 3]), service(&c.lab, "dsr", 82, "dsr", &[1, 2, 3])]
+            .concat();
+    for (i, agent) in c.agents.iter().enumerate() {
+        std::fs::write(&agent.config, config(&c.lab, i, &after)).unwrap();
+        agent.signal(libc::SIGHUP);
+    }
+    for agent in &c.agents {
+        // One sync at start, one for the reload.
+        agent.wait_metric("lbagent_service_syncs_total{result=\"applied\"}", 2.0);
+    }
+    assert_sessions_stay(&c, &mut full_nat, "after an endpoint was added (full NAT)");
+    assert_sessions_stay(&c, &mut dsr, "after an endpoint was added (DSR)");
+    // New flows reach the new endpoint.
+    let new_pod = c.pod_name(2).to_owned();
+    let reached = (0..40).any(|_| c.session(82).pod() == new_pod);
+    assert!(reached, "no new DSR flow reached the added endpoint {new_pod}:\n{}", c.logs());
+}
+
+#[test]
+fn dsr_connections_survive_the_load_balancer_failing() {
+    let mut c = cluster(&[0, 1, 1]);
+    let services = service(&c.lab, "dsr", 82, "dsr", &[0, 1]);
+    c.start(&services);
+    let mut sessions = open_sessions(&c, 82, 16);
+    assert!(c.reason(0, "forwarded_dsr") > 0.0);
+
+    // n0 fails hard: its port goes down, then its agent dies. n1 takes the VIP over, with the
+    // same Maglev ring, and keeps sending each flow to the same endpoint.
+    c.lab.cut(0);
+    c.agents[0].kill();
+    c.agents[1].wait_metric("lbagent_owned_vips", 1.0);
+    assert_sessions_stay(&c, &mut sessions, "after the load-balancing node failed");
+    assert!(c.reason(1, "forwarded_dsr") + c.reason(1, "forwarded_local") > 0.0);
+}
+
+#[test]
+fn unexposed_ports_are_dropped_and_ping_is_answered() {
+    let mut c = cluster(&[1]);
+    let services = service(&c.lab, "web", 80, "fullNat", &[0]);
+    c.start(&services);
+    let _ = c.session(80);
+
+    let before = c.reason(0, "unexposed_port");
+    assert!(c.lab.client.session(VIP, 81).is_none(), "port 81 is not exposed");
+    assert!(c.lab.client.udp_ask(VIP, 81).is_empty());
+    assert!(c.reason(0, "unexposed_port") >= before + 2.0, "{}", c.agents[0].metrics());
+
+    assert!(
+        c.lab.client.output_ok(&["ping", "-c", "2", "-i", "0.2", "-W", "1", &VIP.to_string()]),
+        "ping the VIP"
+    );
+    assert!(c.reason(0, "icmp_echo_replied") >= 2.0);
+}
+
+#[test]
+fn a_restarted_agent_keeps_the_data_plane_running() {
+    let mut c = cluster(&[0, 1]);
+    let services = service(&c.lab, "dsr", 82, "dsr", &[0]);
+    c.start(&services);
+    let mut session = c.session(82);
+    assert_eq!(session.pod(), "n1p0");
+
+    // The endpoint's node restarts its agent: the pinned program keeps decapsulating and
+    // translating while no agent runs, and the next agent takes over the pins.
+    c.agents[1].signal(libc::SIGTERM);
+    let status = c.agents[1].wait_exit(Duration::from_secs(5));
+    assert!(status.success(), "{status}");
+    for i in 0..5 {
+        assert_eq!(
+            session.echo(&format!("gap {i}"), ECHO_WAIT),
+            Some(format!("n1p0 gap {i}")),
+            "{}",
+            c.logs()
+        );
+    }
+    let mut agent = c.lab.start_agent(1, &config(&c.lab, 1, &services));
+    agent.wait_ready();
+    assert!(agent.log_text().contains("resumed=true"), "{}", agent.log_text());
+    c.agents[1] = agent;
+    assert_eq!(session.echo("back", ECHO_WAIT).as_deref(), Some("n1p0 back"));
+    assert_eq!(c.session(82).pod(), "n1p0");
+    // The flow counters survived too.
+    assert!(c.reason(1, "dsr_decapsulated") > 0.0);
+}

@@ -111,7 +111,8 @@ impl Agent {
         }
     }
 
-    fn try_get(&self, path: &str) -> Option<String> {
+    /// A GET against the agent's HTTP endpoint: the raw response, or `None` if it failed.
+    pub fn try_get(&self, path: &str) -> Option<String> {
         let path = path.to_owned();
         crate::netns::run_in(&self.ns_name, move || {
             let mut stream =

@@ -179,3 +179,69 @@ pub fn multicast_mac(group: Ipv4Addr) -> [u8; 6] {
     let o = group.octets();
     [0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]
 }
+
+/// The Internet checksum of `bytes` (RFC 1071).
+pub fn checksum(bytes: &[u8]) -> u16 {
+    let mut sum: u32 =
+        bytes.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// A TCP or UDP segment with a correct checksum over the IPv4 pseudo-header.
+pub fn transport(protocol: u8, src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, data: &[u8]) -> Vec<u8> {
+    let mut segment = Vec::new();
+    segment.extend_from_slice(&sport.to_be_bytes());
+    segment.extend_from_slice(&dport.to_be_bytes());
+    let check_at = if protocol == 6 {
+        // seq, ack, data offset 5, flags SYN|ACK, window
+        segment.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x12, 0xff, 0xff, 0, 0, 0, 0]);
+        16
+    } else {
+        segment.extend_from_slice(&((8 + data.len()) as u16).to_be_bytes());
+        segment.extend_from_slice(&[0, 0]);
+        6
+    };
+    segment.extend_from_slice(data);
+    let mut c = transport_checksum(protocol, src, dst, &segment);
+    if protocol == 17 && c == 0 {
+        c = 0xffff;
+    }
+    segment[check_at..check_at + 2].copy_from_slice(&c.to_be_bytes());
+    segment
+}
+
+/// The checksum a segment's checksum field must make zero: over the pseudo-header and the
+/// segment as it is.
+pub fn transport_checksum(protocol: u8, src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) -> u16 {
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&src.octets());
+    pseudo.extend_from_slice(&dst.octets());
+    pseudo.extend_from_slice(&[0, protocol]);
+    pseudo.extend_from_slice(&(segment.len() as u16).to_be_bytes());
+    pseudo.extend_from_slice(segment);
+    checksum(&pseudo)
+}
+
+/// Checks an Ethernet/IPv4 frame's header checksum and, for TCP/UDP, its transport checksum.
+pub fn checksums_valid(frame: &[u8]) -> bool {
+    let ihl = usize::from(frame[14] & 0x0f) * 4;
+    if checksum(&frame[14..14 + ihl]) != 0 {
+        return false;
+    }
+    let total = usize::from(u16::from_be_bytes([frame[16], frame[17]]));
+    let (src, dst) = (ipv4_at(frame, 26), ipv4_at(frame, 30));
+    let segment = &frame[14 + ihl..14 + total];
+    match frame[23] {
+        6 => transport_checksum(6, src, dst, segment) == 0,
+        17 if segment[6..8] == [0, 0] => true,
+        17 => transport_checksum(17, src, dst, segment) == 0,
+        _ => true,
+    }
+}
+
+pub fn ipv4_at(frame: &[u8], at: usize) -> Ipv4Addr {
+    Ipv4Addr::new(frame[at], frame[at + 1], frame[at + 2], frame[at + 3])
+}

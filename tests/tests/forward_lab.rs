@@ -286,3 +286,67 @@ fn a_restarted_agent_keeps_the_data_plane_running() {
     // The flow counters survived too.
     assert!(c.reason(1, "dsr_decapsulated") > 0.0);
 }
+
+#[test]
+fn malformed_packets_are_counted_and_never_abort_or_crash() {
+    use lb_lab::packet::{ipv4_frame, send_and_capture};
+    let mut c = cluster(&[1]);
+    let services = service(&c.lab, "web", 80, "dsr", &[0]);
+    c.start(&services);
+    let _ = c.session(80);
+
+    let client = &c.lab.client;
+    let node_mac = c.lab.nodes[0].mac;
+    let good = ipv4_frame(
+        client.mac,
+        node_mac,
+        CLIENT,
+        VIP,
+        64,
+        6,
+        &[0x9c, 0x40, 0, 80, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0],
+    );
+    let patched = |at: usize, bytes: &[u8]| {
+        let mut f = good.clone();
+        f[at..at + bytes.len()].copy_from_slice(bytes);
+        f
+    };
+    let mut frames = vec![
+        good[..20].to_vec(),        // IPv4 header cut short
+        patched(14, &[0x65]),       // version 6 under the IPv4 EtherType
+        patched(14, &[0x4f]),       // 60-byte header in a 40-byte packet
+        patched(16, &[0xff, 0xff]), // total length beyond the frame
+        patched(20, &[0x20, 0x00]), // a fragment to the VIP
+        patched(23, &[4]),          // IPIP with a TCP header as "inner" packet
+        {
+            // A TCP header cut short, with a total length that agrees.
+            let mut f = good[..14 + 20 + 8].to_vec();
+            f[16..18].copy_from_slice(&28u16.to_be_bytes());
+            f
+        },
+    ];
+    // And noise: every length, random bytes after a VIP-addressed IPv4 header.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for len in 34..200usize {
+        let mut f = good.clone();
+        f.resize(len, 0);
+        for b in f[34..].iter_mut() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *b = state as u8;
+        }
+        frames.push(f);
+    }
+    let _ = send_and_capture(client.ns.name(), "eth0", frames, Duration::from_millis(200));
+
+    let m = c.agents[0].metrics();
+    assert_eq!(lb_lab::metric(&m, "lbagent_xdp_packets_total{action=\"aborted\"}"), Some(0.0), "{m}");
+    for reason in ["malformed_ipv4", "fragment", "malformed_l4"] {
+        assert!(c.reason(0, reason) > 0.0, "no {reason} counted:\n{m}");
+    }
+    // The agent and the data path are still fine.
+    assert!(c.agents[0].try_get("/healthz").is_some_and(|r| r.contains("200")));
+    let mut s = c.session(80);
+    assert_eq!(s.echo("still here", ECHO_WAIT).as_deref(), Some("n0p0 still here"));
+}

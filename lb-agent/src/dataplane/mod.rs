@@ -169,7 +169,7 @@ impl Dataplane {
         let owned_vips = HashMap::try_from(take_map(&mut ebpf, OWNED_VIPS)?)
             .map_err(|source| Error::BpfMap { map: OWNED_VIPS, source })?;
         let counters = XdpCounters::take(&mut ebpf)?;
-        let services = ServiceMaps::take(&mut ebpf, &pin_dir)?;
+        let services = ServiceMaps::take(&mut ebpf, Some(&pin_dir))?;
         let dataplane = Self {
             _ebpf: ebpf,
             links: vec![xdp_link, tc_link],

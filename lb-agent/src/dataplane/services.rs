@@ -66,11 +66,17 @@ fn err(map: &'static str) -> impl Fn(MapError) -> Error {
 }
 
 impl ServiceMaps {
-    /// Takes the service maps from `ebpf`. The backend counters are shared with the metrics
-    /// reader, so this side opens its own handle through the pin in `pin_dir`.
-    pub(crate) fn take(ebpf: &mut aya::Ebpf, pin_dir: &std::path::Path) -> Result<Self> {
-        let stats = MapData::from_pin(pin_dir.join(BACKEND_STATS)).map_err(err(BACKEND_STATS))?;
-        let stats = aya::maps::Map::from_map_data(stats).map_err(err(BACKEND_STATS))?;
+    /// Takes the service maps from `ebpf`. The agent shares the backend counters with the
+    /// metrics reader, so it passes `pin_dir` and this side opens its own handle through the
+    /// pin; without one (fixture tests) the map itself is taken.
+    pub fn take(ebpf: &mut aya::Ebpf, pin_dir: Option<&std::path::Path>) -> Result<Self> {
+        let stats = match pin_dir {
+            Some(dir) => {
+                let data = MapData::from_pin(dir.join(BACKEND_STATS)).map_err(err(BACKEND_STATS))?;
+                aya::maps::Map::from_map_data(data).map_err(err(BACKEND_STATS))?
+            }
+            None => super::take_map(ebpf, BACKEND_STATS)?,
+        };
         let mut take = |name| super::take_map(ebpf, name);
         let mut maps = Self {
             services: HashMap::try_from(take(SERVICES)?).map_err(err(SERVICES))?,

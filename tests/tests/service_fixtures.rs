@@ -1,0 +1,368 @@
+//! Fixture tables for the service paths through BPF_PROG_TEST_RUN: the real object and map
+//! sync, one input frame each, and the exact action and output frame it must produce.
+//!
+//! The program asks the kernel's FIB for next hops, so the runs happen inside a lab node's
+//! namespace, with permanent neighbour entries: every MAC in the expected frames is known.
+
+use std::net::Ipv4Addr;
+
+use aya::{
+    Ebpf,
+    maps::{HashMap, PerCpuArray},
+    programs::{TestRun, TestRunOptions, Xdp},
+};
+use lb_agent::{
+    config::Config,
+    dataplane::{EMBEDDED_OBJECT, ServiceMaps, UPLINK_PROGRAM},
+    service_plan,
+};
+use lb_common::{
+    counters::Reason,
+    hash::flow_hash,
+    maps::{OWNED_VIPS, OwnedVip, PacketCounter, REASON_STATS, VipKey},
+    service::{FlowKey, Settings},
+};
+use lb_lab::{
+    Lab,
+    packet::{checksum, checksums_valid, ipv4_frame, transport},
+};
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+const XDP_REDIRECT: u32 = 4;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
+const CLIENT_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0xcc];
+const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+const NODE_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x10];
+const PEER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
+const PEER_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x11];
+const LOCAL_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 2);
+const REMOTE_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
+const SNAT_FIRST: u16 = 61_000;
+const SNAT_SPAN: u32 = 4_536;
+
+const CONFIG: &str = "
+interface: eth0
+node: n0
+vips: [{address: 198.51.100.10}]
+services:
+  - name: local
+    vip: 198.51.100.10
+    ports: [{port: 80, targetPort: 8080}, {port: 80, protocol: UDP, targetPort: 8080}]
+    endpoints: [{address: 10.244.0.2, node: n0}]
+  - name: full-nat
+    vip: 198.51.100.10
+    ports: [{port: 81, protocol: UDP, targetPort: 8080}]
+    endpoints: [{address: 10.244.1.2, node: n1}]
+  - name: dsr
+    vip: 198.51.100.10
+    remoteMode: dsr
+    ports: [{port: 82, targetPort: 8080}]
+    endpoints: [{address: 10.244.1.2, node: n1}]
+  - name: dsr-here
+    vip: 198.51.100.10
+    remoteMode: dsr
+    ports: [{port: 84, targetPort: 8080}]
+    endpoints: [{address: 10.244.0.2, node: n0}]
+  - name: empty
+    vip: 198.51.100.10
+    ports: [{port: 85}]
+";
+
+/// The MACs of the local pod and of its host-side interface.
+struct LocalMacs {
+    pod: [u8; 6],
+    host: [u8; 6],
+}
+
+struct Fixture {
+    ebpf: Ebpf,
+    ifindex: u32,
+}
+
+impl Fixture {
+    fn load(ifindex: u32) -> Fixture {
+        let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).expect("loading the embedded object");
+        let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
+        program.load().expect("the verifier accepts lb_xdp");
+        let mut owned: HashMap<_, VipKey, OwnedVip> =
+            HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
+        owned.insert(VipKey::new(VIP.octets()), OwnedVip::new(NODE_MAC), 0).unwrap();
+        let config = Config::parse(CONFIG).expect("the fixture config is valid");
+        let mut maps = ServiceMaps::take(&mut ebpf, None).expect("the service maps");
+        maps.set_settings(Settings {
+            node_addr: NODE.octets(),
+            snat_port_min: SNAT_FIRST,
+            snat_port_max: 65_535,
+        })
+        .unwrap();
+        maps.apply(&service_plan::plan(&config, "n0")).expect("syncing the fixture services");
+        Fixture { ebpf, ifindex }
+    }
+
+    fn run(&self, input: &[u8]) -> (u32, Vec<u8>) {
+        let program: &Xdp = self.ebpf.program(UPLINK_PROGRAM).unwrap().try_into().unwrap();
+        let mut out = vec![0u8; input.len() + 256];
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex
+        let ctx: Vec<u8> =
+            [0, input.len() as u32, 0, self.ifindex, 0, 0].iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let result = program
+            .test_run(TestRunOptions {
+                data_in: Some(input),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..Default::default()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        out.truncate(result.data_size_out as usize);
+        (result.return_value, out)
+    }
+
+    fn reason(&self, reason: Reason) -> u64 {
+        let array: PerCpuArray<_, PacketCounter> =
+            PerCpuArray::try_from(self.ebpf.map(REASON_STATS).unwrap()).unwrap();
+        array.get(&(reason as u32), 0).unwrap().iter().map(|c| c.packets).sum()
+    }
+}
+
+/// A client→VIP frame, or any other, with a valid TCP/UDP segment.
+fn segment_frame(
+    macs: ([u8; 6], [u8; 6]),
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    ttl: u8,
+    proto: u8,
+    ports: (u16, u16),
+) -> Vec<u8> {
+    ipv4_frame(
+        macs.0,
+        macs.1,
+        src,
+        dst,
+        ttl,
+        proto,
+        &transport(proto, src, dst, ports.0, ports.1, b"fixture"),
+    )
+}
+
+/// The IPIP header the load balancer prepends: DF set, TTL 64, protocol 4.
+fn outer(src: Ipv4Addr, dst: Ipv4Addr, inner_ip: &[u8]) -> Vec<u8> {
+    let mut h = vec![0x45, inner_ip[1]];
+    h.extend_from_slice(&((20 + inner_ip.len()) as u16).to_be_bytes());
+    h.extend_from_slice(&[0, 0, 0x40, 0, 64, 4, 0, 0]);
+    h.extend_from_slice(&src.octets());
+    h.extend_from_slice(&dst.octets());
+    let c = checksum(&h);
+    h[10..12].copy_from_slice(&c.to_be_bytes());
+    h
+}
+
+/// `macs` is (source, destination), as for the other builders.
+fn encapsulated(macs: ([u8; 6], [u8; 6]), src: Ipv4Addr, dst: Ipv4Addr, inner_frame: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&macs.1);
+    f.extend_from_slice(&macs.0);
+    f.extend_from_slice(&[0x08, 0x00]);
+    f.extend_from_slice(&outer(src, dst, &inner_frame[14..]));
+    f.extend_from_slice(&inner_frame[14..]);
+    f
+}
+
+fn snat_port(sport: u16, dport: u16, proto: u8) -> u16 {
+    let key = FlowKey::new(CLIENT.octets(), VIP.octets(), sport.to_be_bytes(), dport.to_be_bytes(), proto);
+    SNAT_FIRST + (flow_hash(&key) % SNAT_SPAN) as u16
+}
+
+/// Runs every fixture inside lab node n0 (192.0.2.10 on eth0, 10.244.1.0/24 via n1, a local pod
+/// at 10.244.0.2), with permanent neighbours so next hops are fixed.
+#[test]
+fn service_paths_produce_the_exact_frames() {
+    let mut lab = Lab::new(2);
+    lab.add_pod(0);
+    let node = &lab.nodes[0].ns;
+    let pod_mac = mac_of(&lab.pods[0].ns, "eth0");
+    let host_mac = mac_of(node, "pv0");
+    for (ip, mac) in [(PEER, PEER_MAC), (CLIENT, CLIENT_MAC), (LOCAL_POD, pod_mac)] {
+        let dev = if ip == LOCAL_POD { "pv0" } else { "eth0" };
+        let mac = lb_lab::format_mac(&mac);
+        node.run_cmd(&[
+            "ip",
+            "neigh",
+            "replace",
+            &ip.to_string(),
+            "lladdr",
+            &mac,
+            "dev",
+            dev,
+            "nud",
+            "permanent",
+        ]);
+    }
+    let ifindex = ifindex_of(node, "eth0");
+    let macs = LocalMacs { pod: pod_mac, host: host_mac };
+    node.run(move || fixtures(ifindex, macs));
+}
+
+fn fixtures(ifindex: u32, local: LocalMacs) {
+    let f = Fixture::load(ifindex);
+    let to_node = (CLIENT_MAC, NODE_MAC);
+
+    // Local endpoint, TCP: DNAT to the pod, TTL down, redirected to its host interface.
+    let input = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_000, 80));
+    let expected = segment_frame((local.host, local.pod), CLIENT, LOCAL_POD, 63, 6, (40_000, 8080));
+    check(&f, "local TCP", &input, XDP_REDIRECT, &expected);
+    // Local endpoint, UDP.
+    let input = segment_frame(to_node, CLIENT, VIP, 64, 17, (40_001, 80));
+    let expected = segment_frame((local.host, local.pod), CLIENT, LOCAL_POD, 63, 17, (40_001, 8080));
+    check(&f, "local UDP", &input, XDP_REDIRECT, &expected);
+
+    // Full NAT: DNAT and SNAT to this node, back out of the uplink towards n1.
+    let port = snat_port(40_002, 81, 17);
+    let input = segment_frame(to_node, CLIENT, VIP, 64, 17, (40_002, 81));
+    let expected = segment_frame((NODE_MAC, PEER_MAC), NODE, REMOTE_POD, 63, 17, (port, 8080));
+    check(&f, "full NAT, forward", &input, XDP_TX, &expected);
+    // …and its reply, translated back to VIP:81 → client.
+    let input = segment_frame((PEER_MAC, NODE_MAC), REMOTE_POD, NODE, 64, 17, (8080, port));
+    let expected = segment_frame((NODE_MAC, CLIENT_MAC), VIP, CLIENT, 63, 17, (81, 40_002));
+    check(&f, "full NAT, reply", &input, XDP_TX, &expected);
+    // A second packet of the flow keeps its source port.
+    let input = segment_frame(to_node, CLIENT, VIP, 64, 17, (40_002, 81));
+    let expected = segment_frame((NODE_MAC, PEER_MAC), NODE, REMOTE_POD, 63, 17, (port, 8080));
+    check(&f, "full NAT, same flow", &input, XDP_TX, &expected);
+
+    // DSR: the client's packet, TTL down, inside IPIP to the endpoint.
+    let input = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_003, 82));
+    let inner = segment_frame(to_node, CLIENT, VIP, 63, 6, (40_003, 82));
+    let expected = encapsulated((NODE_MAC, PEER_MAC), NODE, REMOTE_POD, &inner);
+    check(&f, "DSR encapsulation", &input, XDP_TX, &expected);
+
+    // DSR arriving here for the local endpoint: unwrapped, translated, redirected.
+    let inner = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_004, 84));
+    let input = encapsulated((PEER_MAC, NODE_MAC), PEER, LOCAL_POD, &inner);
+    let expected = segment_frame((local.host, local.pod), CLIENT, LOCAL_POD, 63, 6, (40_004, 8080));
+    check(&f, "DSR decapsulation", &input, XDP_REDIRECT, &expected);
+
+    // ICMP echo to the VIP is answered in place.
+    let echo = |kind: u8| {
+        let mut m = vec![kind, 0, 0, 0, 0x12, 0x34, 0, 1, b'p', b'i', b'n', b'g'];
+        let c = checksum(&m);
+        m[2..4].copy_from_slice(&c.to_be_bytes());
+        m
+    };
+    let input = ipv4_frame(CLIENT_MAC, NODE_MAC, CLIENT, VIP, 64, 1, &echo(8));
+    let expected = ipv4_frame(NODE_MAC, CLIENT_MAC, VIP, CLIENT, 64, 1, &echo(0));
+    check(&f, "ICMP echo", &input, XDP_TX, &expected);
+
+    // Dropped: a port no service exposes, a service without endpoints, a cut-short header.
+    let unexposed = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_005, 99));
+    let empty = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_006, 85));
+    let mut short = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_007, 80));
+    short.truncate(14 + 20 + 12);
+    short[16..18].copy_from_slice(&32u16.to_be_bytes());
+    short[24..26].copy_from_slice(&[0, 0]);
+    let c = checksum(&short[14..34]);
+    short[24..26].copy_from_slice(&c.to_be_bytes());
+    for (name, input, reason) in [
+        ("unexposed port", unexposed, Reason::UnexposedPort),
+        ("no endpoints", empty, Reason::NoBackend),
+        ("truncated TCP", short, Reason::MalformedL4),
+    ] {
+        let before = f.reason(reason);
+        let (action, _) = f.run(&input);
+        assert_eq!(action, XDP_DROP, "{name}");
+        assert_eq!(f.reason(reason), before + 1, "{name} counts as {reason:?}");
+    }
+
+    // Passed untouched to the kernel, and counted.
+    let base = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_008, 80));
+    let with_header = |mut frame: Vec<u8>, at: usize, bytes: &[u8]| {
+        frame[at..at + bytes.len()].copy_from_slice(bytes);
+        frame[24..26].copy_from_slice(&[0, 0]);
+        let ihl = usize::from(frame[14] & 0x0f) * 4;
+        let c = checksum(&frame[14..14 + ihl]);
+        frame[24..26].copy_from_slice(&c.to_be_bytes());
+        frame
+    };
+    let mut options = base.clone();
+    options.splice(34..34, [1, 1, 1, 1]);
+    options[14] = 0x46;
+    let total = u16::from_be_bytes([options[16], options[17]]) + 4;
+    let options = with_header(options, 16, &total.to_be_bytes());
+    for (name, input, reason) in [
+        ("more fragments", with_header(base.clone(), 20, &[0x20, 0x00]), Reason::Fragment),
+        ("a later fragment", with_header(base.clone(), 20, &[0x00, 0x10]), Reason::Fragment),
+        ("IP options", options, Reason::IpOptions),
+        ("TTL 1", with_header(base.clone(), 22, &[1]), Reason::TtlExpired),
+        (
+            "total length beyond the frame",
+            with_header(base.clone(), 16, &[0x05, 0xdc]),
+            Reason::MalformedIpv4,
+        ),
+        ("header length 4 words", with_header(base.clone(), 14, &[0x44]), Reason::MalformedIpv4),
+        ("IPv6", with_header(base.clone(), 12, &[0x86, 0xdd]), Reason::NotIpv4),
+        ("to another address", segment_frame(to_node, CLIENT, PEER, 64, 6, (40_009, 80)), Reason::Ipv4Passed),
+        (
+            "IPIP for an address that is no endpoint here",
+            encapsulated((PEER_MAC, NODE_MAC), PEER, Ipv4Addr::new(10, 244, 0, 9), &base),
+            Reason::Ipv4Passed,
+        ),
+    ] {
+        let before = f.reason(reason);
+        let (action, out) = f.run(&input);
+        assert_eq!(action, XDP_PASS, "{name}");
+        assert_eq!(out, input, "{name}: passed unmodified");
+        assert_eq!(f.reason(reason), before + 1, "{name} counts as {reason:?}");
+    }
+
+    // UDP without a checksum keeps none through a rewrite.
+    let mut input = segment_frame(to_node, CLIENT, VIP, 64, 17, (40_010, 80));
+    input[40..42].copy_from_slice(&[0, 0]);
+    let (action, out) = f.run(&input);
+    assert_eq!(action, XDP_REDIRECT);
+    assert_eq!(&out[40..42], &[0, 0], "a zero UDP checksum stays zero");
+
+    // Random frames under the IPv4 EtherType never abort.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as u8
+    };
+    for len in 14..=96usize {
+        for _ in 0..30 {
+            let mut frame: Vec<u8> = (0..len).map(|_| next()).collect();
+            frame[12..14].copy_from_slice(&[0x08, 0x00]);
+            if len > 14 {
+                frame[14] = 0x45;
+            }
+            if len > 33 && next() % 2 == 0 {
+                frame[30..34].copy_from_slice(&VIP.octets());
+            }
+            let (action, _) = f.run(&frame);
+            assert_ne!(action, 0, "XDP_ABORTED on {frame:02x?}");
+        }
+    }
+}
+
+fn check(f: &Fixture, name: &str, input: &[u8], action: u32, expected: &[u8]) {
+    let (got, out) = f.run(input);
+    assert_eq!(got, action, "{name}: action");
+    assert!(checksums_valid(&out), "{name}: checksums of {out:02x?}");
+    assert_eq!(out, expected, "{name}: output frame");
+}
+
+fn mac_of(ns: &lb_lab::Netns, dev: &str) -> [u8; 6] {
+    let out = ns.run_cmd(&["cat", &format!("/sys/class/net/{dev}/address")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let bytes: Vec<u8> = text.trim().split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
+    bytes.try_into().unwrap()
+}
+
+fn ifindex_of(ns: &lb_lab::Netns, dev: &str) -> u32 {
+    let out = ns.run_cmd(&["cat", &format!("/sys/class/net/{dev}/ifindex")]);
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}

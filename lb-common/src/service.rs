@@ -232,3 +232,31 @@ mod tests {
         assert_eq!(Delivery::from_u8(4), None);
     }
 }
+
+/// Benchmark instruments in the same object (`bench_*` programs): never used by the agent.
+pub mod bench {
+    /// `Array<BenchConfig>` with one entry.
+    pub const BENCH_CONFIG: &str = "BENCH_CONFIG";
+    /// `PerCpuArray<u64>` with one entry: packets seen by `bench_sink`.
+    pub const BENCH_COUNT: &str = "BENCH_COUNT";
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct BenchConfig {
+        /// `bench_gen`: source ports cycle through this many values (1 = one flow).
+        pub flows: u32,
+        /// `bench_dnat`: the interface to redirect to.
+        pub ifindex: u32,
+        /// `bench_dnat`: match `vip:port` (UDP), rewrite to `target:target_port`.
+        pub vip: [u8; 4],
+        pub target: [u8; 4],
+        pub port: [u8; 2],
+        pub target_port: [u8; 2],
+        pub smac: [u8; 6],
+        pub dmac: [u8; 6],
+    }
+
+    #[cfg(feature = "user")]
+    // SAFETY: `#[repr(C)]`, integers and byte arrays, no padding (36 bytes).
+    unsafe impl aya::Pod for BenchConfig {}
+}

@@ -10,10 +10,12 @@
 //! - `icmp`: echo replies for owned VIPs.
 //! - `nat`, `fib`: header rewrites with incremental checksums; next hops and transmit.
 //! - `reply`: the TC egress program that translates local endpoints' replies.
+//! - `bench`: instruments for `cargo xtask bench dataplane`, never attached by the agent.
 #![no_std]
 #![no_main]
 
 mod arp;
+mod bench;
 mod dsr;
 mod fib;
 mod forward;

@@ -54,6 +54,19 @@ enum Bench {
         #[arg(long)]
         quick: bool,
     },
+    /// Data path: delivered pps and marginal cost per packet against kube-proxy's iptables
+    /// and nftables modes, plus TCP requests/s and p99 with wrk; same lab, same run.
+    Dataplane {
+        /// One short run per mode: a smoke run of the benchmark itself.
+        #[arg(long)]
+        quick: bool,
+        /// Distinct UDP flows (source ports) the generator cycles through.
+        #[arg(long, default_value_t = 1)]
+        flows: u32,
+        /// Skip the TCP (wrk) part.
+        #[arg(long)]
+        no_tcp: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -70,9 +83,7 @@ fn main() -> Result<()> {
             demo::run()
         }
         Task::Bench { which: Bench::Failover { quick } } => {
-            setup::run()?;
-            ebpf::build()?;
-            cargo(&["build", "--release", "--package", "lb-agent", "--bin", "lb-agent"])?;
+            prepare_bench()?;
             let mut args =
                 vec!["run", "--release", "--quiet", "--package", "lb-lab", "--bin", "bench-failover", "--"];
             if quick {
@@ -80,7 +91,38 @@ fn main() -> Result<()> {
             }
             cargo(&args)
         }
+        Task::Bench { which: Bench::Dataplane { quick, flows, no_tcp } } => {
+            prepare_bench()?;
+            cargo(&["build", "--release", "--package", "lb-lab", "--bin", "bench-http"])?;
+            let flows = flows.to_string();
+            let mut args = vec![
+                "run",
+                "--release",
+                "--quiet",
+                "--package",
+                "lb-lab",
+                "--bin",
+                "bench-dataplane",
+                "--",
+                "--flows",
+                &flows,
+            ];
+            if quick {
+                args.push("--quick");
+            }
+            if no_tcp {
+                args.push("--no-tcp");
+            }
+            cargo(&args)
+        }
     }
+}
+
+/// Everything a benchmark needs: packages, the BPF object, the release agent.
+fn prepare_bench() -> Result<()> {
+    setup::run()?;
+    ebpf::build()?;
+    cargo(&["build", "--release", "--package", "lb-agent", "--bin", "lb-agent"])
 }
 
 fn test(extra: &[String]) -> Result<()> {

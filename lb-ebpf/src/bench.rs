@@ -1,0 +1,116 @@
+//! Benchmark instruments, loaded only by `cargo xtask bench dataplane`; the agent never
+//! attaches them.
+//!
+//! - `bench_gen`: run through BPF_PROG_TEST_RUN in live-frames mode on the client, it sends
+//!   its input frame out with `XDP_TX`, cycling the UDP source port over `flows` values.
+//! - `bench_sink`: counts and drops, at the receiver.
+//! - `bench_dnat`: the smallest useful XDP load balancer, a fixed UDP DNAT and redirect, the
+//!   yardstick for the full program's cost.
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    helpers::bpf_redirect,
+    macros::{map, xdp},
+    maps::{Array, PerCpuArray},
+    programs::XdpContext,
+};
+use lb_common::{
+    csum,
+    service::{PROTO_UDP, bench::BenchConfig},
+};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+
+use crate::{
+    nat,
+    packet::{ETH_LEN, L4_OFFSET},
+};
+
+#[map]
+static BENCH_CONFIG: Array<BenchConfig> = Array::with_max_entries(1, 0);
+
+#[map]
+static BENCH_COUNT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[xdp]
+pub fn bench_gen(ctx: XdpContext) -> u32 {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + L4_OFFSET + 8 > end {
+        return XDP_DROP;
+    }
+    let Some(flows) = BENCH_CONFIG.get(0).map(|c| if c.flows == 0 { 1 } else { c.flows as u64 }) else {
+        return XDP_DROP;
+    };
+    let Some(counter) = BENCH_COUNT.get_ptr_mut(0) else {
+        return XDP_DROP;
+    };
+    // SAFETY: this CPU's counter; the eight UDP header bytes were bounds-checked above.
+    unsafe {
+        let n = *counter;
+        *counter = n + 1;
+        let udp = &mut *((start + L4_OFFSET) as *mut [u8; 8]);
+        let port = (1024 + n % flows) as u16;
+        // The frames are reused between runs: write every field that varies, and leave the
+        // UDP checksum absent.
+        udp[0..2].copy_from_slice(&port.to_be_bytes());
+        udp[6] = 0;
+        udp[7] = 0;
+    }
+    XDP_TX
+}
+
+#[xdp]
+pub fn bench_sink(ctx: XdpContext) -> u32 {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + L4_OFFSET > end {
+        return XDP_PASS;
+    }
+    // SAFETY: the Ethernet and IPv4 headers were bounds-checked above.
+    let (eth, ip) = unsafe { (&*(start as *const EthHdr), &*((start + ETH_LEN) as *const Ipv4Hdr)) };
+    // Only the generated UDP is counted and dropped: ARP and TCP go on, so the pod still
+    // resolves and serves.
+    if eth.ether_type != 0x0800u16.to_be() || ip.proto != PROTO_UDP {
+        return XDP_PASS;
+    }
+    if let Some(counter) = BENCH_COUNT.get_ptr_mut(0) {
+        // SAFETY: this CPU's counter.
+        unsafe { *counter += 1 };
+    }
+    XDP_DROP
+}
+
+#[xdp]
+pub fn bench_dnat(ctx: XdpContext) -> u32 {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + L4_OFFSET + 8 > end {
+        return XDP_PASS;
+    }
+    let Some(config) = BENCH_CONFIG.get(0) else {
+        return XDP_PASS;
+    };
+    // SAFETY: Ethernet, IPv4 and the UDP header were bounds-checked above; they do not overlap.
+    let (eth, ip, udp) = unsafe {
+        (
+            &mut *(start as *mut EthHdr),
+            &mut *((start + ETH_LEN) as *mut Ipv4Hdr),
+            &mut *((start + L4_OFFSET) as *mut [u8; 8]),
+        )
+    };
+    if ip.proto != PROTO_UDP || ip.dst_addr != config.vip || udp[2..4] != config.port {
+        return XDP_PASS;
+    }
+    let ip_check = csum::replace32(u16::from_be_bytes(ip.check), ip.dst_addr, config.target);
+    let mut l4 = csum::udp_replace32(u16::from_be_bytes([udp[6], udp[7]]), ip.dst_addr, config.target);
+    l4 =
+        csum::udp_replace16(l4, u16::from_be_bytes([udp[2], udp[3]]), u16::from_be_bytes(config.target_port));
+    ip.dst_addr = config.target;
+    ip.check = ip_check.to_be_bytes();
+    udp[2..4].copy_from_slice(&config.target_port);
+    udp[6..8].copy_from_slice(&l4.to_be_bytes());
+    if !nat::decrement_ttl(ip) {
+        return XDP_PASS;
+    }
+    eth.src_addr = config.smac;
+    eth.dst_addr = config.dmac;
+    // SAFETY: a helper call with plain integer arguments.
+    unsafe { bpf_redirect(config.ifindex, 0) as u32 }
+}

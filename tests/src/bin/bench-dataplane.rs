@@ -1,0 +1,552 @@
+//! `cargo xtask bench dataplane`: lb-agent's XDP path against kube-proxy's iptables and
+//! nftables modes, in one lab, one run, alternating modes. Prints the README's tables.
+//!
+//! The lab: client → bridge → LB node n0 → pod veth, 64-byte UDP to VIP:80, DNAT to the pod.
+//! - Generator: `bench_gen` through BPF_PROG_TEST_RUN live frames on the client's eth0, in a
+//!   thread pinned to CPU 0; it cycles the source port over `--flows` values.
+//! - Forwarder: n0's eth0 runs NAPI in a kernel thread (`threaded`), pinned to CPU 1; its CPU
+//!   time comes from that thread's schedstat.
+//! - Receiver: `bench_sink` on the pod's eth0 counts what arrives.
+//! - Modes: `xdp-drop` (the ceiling: a sink on n0 itself), `lb-agent` (the full program: Maglev,
+//!   connection table, counters), `xdp-dnat` (a bare DNAT and redirect), `iptables` and
+//!   `nftables` (kube-proxy's rule shapes, with conntrack).
+//! - Marginal cost per packet: 1/pps(mode) − 1/pps(xdp-drop), from the same run.
+//! - TCP: wrk against two HTTP responders in pods on n0, through the VIP.
+
+use std::{
+    net::Ipv4Addr,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use aya::{
+    Ebpf,
+    maps::{Array, PerCpuArray},
+    programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp, XdpMode},
+};
+use lb_agent::dataplane::{EMBEDDED_OBJECT, PASS_PROGRAM};
+use lb_common::service::bench::{BENCH_CONFIG, BENCH_COUNT, BenchConfig};
+use lb_lab::{Agent, Lab, Netns, agent::AGENT_LISTEN, packet::ipv4_frame, spawn_in};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
+const TARGET_PORT: u16 = 8080;
+const GENERATOR_CPU: usize = 0;
+const FORWARDER_CPU: usize = 1;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    XdpDrop,
+    LbAgent,
+    XdpDnat,
+    Iptables,
+    Nftables,
+}
+
+impl Mode {
+    const ALL: [Mode; 5] = [Mode::XdpDrop, Mode::LbAgent, Mode::XdpDnat, Mode::Iptables, Mode::Nftables];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::XdpDrop => "XDP_DROP at the LB (ceiling)",
+            Mode::LbAgent => "lb-agent (full program)",
+            Mode::XdpDnat => "bare XDP DNAT + redirect",
+            Mode::Iptables => "kube-proxy iptables",
+            Mode::Nftables => "kube-proxy nftables",
+        }
+    }
+}
+
+/// What stays up across modes.
+struct Bench {
+    lab: Lab,
+    pod_sinks: Vec<Ebpf>,
+    _switch_pass: Ebpf,
+    napi_thread: u32,
+    pod_macs: Vec<[u8; 6]>,
+    host_ifs: Vec<(String, [u8; 6], u32)>,
+    _servers: Vec<lb_lab::Process>,
+}
+
+/// A mode's state on n0; dropping it tears the mode down.
+enum Active {
+    Agent(Agent),
+    /// A program on n0; dropping it detaches it.
+    Program {
+        _attached: Ebpf,
+    },
+    /// The ceiling's sink on n0, which is also where packets are counted.
+    Sink(Ebpf),
+    /// Netfilter rules, removed by `deactivate`.
+    Rules,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let flows: u32 = args
+        .iter()
+        .position(|a| a == "--flows")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(1);
+    let repetitions = if quick { 1 } else { 5 };
+    let packets: u32 = if quick { 300_000 } else { 2_000_000 };
+
+    let bench = Bench::new();
+    let machine = machine();
+    eprintln!("machine: {machine}");
+
+    let mut pps: Vec<(Mode, Vec<f64>)> = Mode::ALL.iter().map(|m| (*m, Vec::new())).collect();
+    let mut cpu: Vec<(Mode, Vec<f64>)> = Mode::ALL.iter().map(|m| (*m, Vec::new())).collect();
+    for rep in 0..repetitions {
+        for (i, &mode) in Mode::ALL.iter().enumerate() {
+            let active = bench.activate(mode);
+            let (rate, ns_per_packet) = bench.measure(active.as_ref(), packets, flows);
+            drop(active);
+            bench.deactivate(mode);
+            eprintln!(
+                "rep {rep} {:<32} {:>8.0} kpps  {:>6.3} µs/packet on the forwarder",
+                mode.name(),
+                rate / 1e3,
+                ns_per_packet / 1e3
+            );
+            pps[i].1.push(rate);
+            cpu[i].1.push(ns_per_packet);
+        }
+    }
+
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let range = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(0.0, f64::max);
+        (lo, hi)
+    };
+    let ceiling = median(&pps[0].1);
+    let marginal = |rate: f64| (1.0 / rate - 1.0 / ceiling) * 1e6;
+    let of = |m: Mode| median(&pps.iter().find(|(x, _)| *x == m).unwrap().1);
+    let lb = of(Mode::LbAgent);
+
+    println!(
+        "Machine: {machine}. 64-byte UDP, {flows} flow(s), {packets} packets per run, {repetitions} runs per mode alternating; medians (range)."
+    );
+    println!();
+    println!(
+        "| mode | delivered kpps | lb-agent ÷ mode | marginal µs/packet | mode ÷ lb-agent (marginal) | forwarder CPU µs/packet |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (i, (mode, rates)) in pps.iter().enumerate() {
+        let (lo, hi) = range(rates);
+        let m = median(rates);
+        let (marg, ratio) = if *mode == Mode::XdpDrop {
+            ("—".to_owned(), "—".to_owned())
+        } else {
+            (format!("{:.3}", marginal(m)), format!("{:.2}", marginal(m) / marginal(lb)))
+        };
+        println!(
+            "| {} | {:.0} ({:.0}–{:.0}) | {:.2} | {} | {} | {:.3} |",
+            mode.name(),
+            m / 1e3,
+            lo / 1e3,
+            hi / 1e3,
+            lb / m,
+            marg,
+            ratio,
+            median(&cpu[i].1) / 1e3
+        );
+    }
+
+    if !args.iter().any(|a| a == "--no-tcp") {
+        println!();
+        bench.tcp(if quick { 2 } else { 5 }, repetitions);
+    }
+}
+
+impl Bench {
+    fn new() -> Bench {
+        let mut lab = Lab::new(1);
+        let pods: Vec<usize> = (0..2).map(|_| lab.add_pod(0)).collect();
+        let node = &lab.nodes[0];
+        // Frames straight to n0: no ARP in the measurement.
+        lab.client.ns.run_cmd(&[
+            "ip",
+            "neigh",
+            "replace",
+            &VIP.to_string(),
+            "lladdr",
+            &node.mac_string(),
+            "dev",
+            "eth0",
+            "nud",
+            "permanent",
+        ]);
+        // The generator's XDP_TX frames need NAPI on the far end of the client's veth.
+        let switch_pass = {
+            let port = lab.client.switch_port.clone();
+            lab.switch.run(move || attach(PASS_PROGRAM, &port))
+        };
+        // n0 receives through NAPI in every mode (GRO on; the sending side's TSO off), run by
+        // a kernel thread pinned to its own CPU.
+        lab.switch.run_cmd(&["ethtool", "-K", &node.switch_port, "tso", "off"]);
+        node.ns.run_cmd(&["ethtool", "-K", "eth0", "gro", "on"]);
+        let before = napi_threads();
+        node.ns.run_cmd(&["sh", "-c", "echo 1 > /sys/class/net/eth0/threaded"]);
+        let napi_thread = napi_threads().into_iter().find(|t| !before.contains(t)).expect("n0's NAPI thread");
+        pin(napi_thread, FORWARDER_CPU);
+
+        let mut pod_sinks = Vec::new();
+        let mut pod_macs = Vec::new();
+        let mut host_ifs = Vec::new();
+        for (k, &p) in pods.iter().enumerate() {
+            let pod = &lab.pods[p];
+            pod_sinks.push(pod.ns.run(|| attach("bench_sink", "eth0")));
+            pod_macs.push(mac(&pod.ns, "eth0"));
+            let host_if = format!("pv{k}");
+            host_ifs.push((host_if.clone(), mac(&node.ns, &host_if), ifindex(&node.ns, &host_if)));
+        }
+        let servers = pods
+            .iter()
+            .map(|&p| spawn_in(&lab.pods[p].ns, &[responder().as_str(), &TARGET_PORT.to_string()]))
+            .collect();
+        Bench {
+            lab,
+            pod_sinks,
+            _switch_pass: switch_pass,
+            napi_thread,
+            pod_macs,
+            host_ifs,
+            _servers: servers,
+        }
+    }
+
+    fn node(&self) -> &Netns {
+        &self.lab.nodes[0].ns
+    }
+
+    fn activate(&self, mode: Mode) -> Option<Active> {
+        let pod = self.lab.pods[0].ip;
+        match mode {
+            Mode::XdpDrop => Some(Active::Sink(self.node().run(|| attach("bench_sink", "eth0")))),
+            Mode::LbAgent => {
+                let config = format!(
+                    "node: n0\ninterface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\nvips: [{{address: {VIP}}}]\n\
+                     dataplane: {{keepOnExit: false}}\nservices:\n  - name: bench\n    vip: {VIP}\n    ports:\n      \
+                     - {{port: 80, protocol: UDP, targetPort: {TARGET_PORT}}}\n      - {{port: 80, targetPort: {TARGET_PORT}}}\n    \
+                     endpoints:\n{}",
+                    format_args!("      - {{address: {pod}, node: n0}}\n")
+                );
+                let mut agent = self.lab.start_agent(0, &config);
+                agent.wait_ready();
+                Some(Active::Agent(agent))
+            }
+            Mode::XdpDnat => {
+                let (_, host_mac, host_index) = self.host_ifs[0].clone();
+                let config = BenchConfig {
+                    flows: 0,
+                    ifindex: host_index,
+                    vip: VIP.octets(),
+                    target: pod.octets(),
+                    port: 80u16.to_be_bytes(),
+                    target_port: TARGET_PORT.to_be_bytes(),
+                    smac: host_mac,
+                    dmac: self.pod_macs[0],
+                };
+                Some(Active::Program {
+                    _attached: self.node().run(move || {
+                        let mut ebpf = attach("bench_dnat", "eth0");
+                        let mut map: Array<_, BenchConfig> =
+                            Array::try_from(ebpf.map_mut(BENCH_CONFIG).unwrap()).unwrap();
+                        map.set(0, config, 0).unwrap();
+                        ebpf
+                    }),
+                })
+            }
+            Mode::Iptables => {
+                let rules = format!(
+                    "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-BENCH - [0:0]\n:KUBE-SEP-BENCH - [0:0]\n\
+                     -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+                     -A KUBE-SERVICES -d {VIP}/32 -p udp -m udp --dport 80 -j KUBE-SVC-BENCH\n\
+                     -A KUBE-SERVICES -d {VIP}/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-BENCH-TCP\n\
+                     -A KUBE-SVC-BENCH -j KUBE-SEP-BENCH\n\
+                     -A KUBE-SEP-BENCH -p udp -m udp -j DNAT --to-destination {pod}:{TARGET_PORT}\n\
+                     COMMIT\n"
+                );
+                let rules = rules.replace(
+                    ":KUBE-SEP-BENCH - [0:0]\n",
+                    &format!(
+                        ":KUBE-SEP-BENCH - [0:0]\n:KUBE-SVC-BENCH-TCP - [0:0]\n:KUBE-SEP-TCP-0 - [0:0]\n:KUBE-SEP-TCP-1 - [0:0]\n\
+                         -A KUBE-SVC-BENCH-TCP -m statistic --mode random --probability 0.5 -j KUBE-SEP-TCP-0\n\
+                         -A KUBE-SVC-BENCH-TCP -j KUBE-SEP-TCP-1\n\
+                         -A KUBE-SEP-TCP-0 -p tcp -m tcp -j DNAT --to-destination {}:{TARGET_PORT}\n\
+                         -A KUBE-SEP-TCP-1 -p tcp -m tcp -j DNAT --to-destination {}:{TARGET_PORT}\n",
+                        self.lab.pods[0].ip, self.lab.pods[1].ip
+                    ),
+                );
+                let path = self.lab.path("iptables.rules");
+                std::fs::write(&path, rules).unwrap();
+                self.node().run_cmd(&["sh", "-c", &format!("iptables-restore < {}", path.display())]);
+                Some(Active::Rules)
+            }
+            Mode::Nftables => {
+                let ruleset = format!(
+                    "table ip kube-proxy {{\n\
+                     chain endpoint-udp {{ meta l4proto udp dnat to {pod}:{TARGET_PORT}; }}\n\
+                     chain endpoint-tcp-0 {{ meta l4proto tcp dnat to {}:{TARGET_PORT}; }}\n\
+                     chain endpoint-tcp-1 {{ meta l4proto tcp dnat to {}:{TARGET_PORT}; }}\n\
+                     chain service-udp {{ numgen random mod 1 vmap {{ 0 : goto endpoint-udp }}; }}\n\
+                     chain service-tcp {{ numgen random mod 2 vmap {{ 0 : goto endpoint-tcp-0, 1 : goto endpoint-tcp-1 }}; }}\n\
+                     map service-ips {{ type ipv4_addr . inet_proto . inet_service : verdict; \
+                     elements = {{ {VIP} . udp . 80 : goto service-udp, {VIP} . tcp . 80 : goto service-tcp }}; }}\n\
+                     chain services {{ ip daddr . meta l4proto . th dport vmap @service-ips; }}\n\
+                     chain nat-prerouting {{ type nat hook prerouting priority dstnat; policy accept; jump services; }}\n\
+                     }}\n",
+                    self.lab.pods[0].ip, self.lab.pods[1].ip
+                );
+                let path = self.lab.path("nftables.rules");
+                std::fs::write(&path, ruleset).unwrap();
+                self.node().run_cmd(&["nft", "-f", path.to_str().unwrap()]);
+                Some(Active::Rules)
+            }
+        }
+    }
+
+    fn deactivate(&self, mode: Mode) {
+        match mode {
+            Mode::Iptables => {
+                self.node().run_cmd(&["iptables", "-t", "nat", "-F"]);
+                self.node().run_cmd(&["iptables", "-t", "nat", "-X"]);
+            }
+            Mode::Nftables => {
+                self.node().run_cmd(&["nft", "delete", "table", "ip", "kube-proxy"]);
+            }
+            _ => {}
+        }
+        let _ = self.node().output(&["conntrack", "-F"]);
+    }
+
+    /// Sends `packets` frames and returns (delivered packets per second, forwarder ns/packet).
+    /// Delivered means counted by the pods' sinks, or by the ceiling mode's sink on n0.
+    fn measure(&self, active: Option<&Active>, packets: u32, flows: u32) -> (f64, f64) {
+        let received = || -> u64 {
+            match active {
+                Some(Active::Sink(ebpf)) => count(ebpf),
+                _ => self.pod_sinks.iter().map(count).sum(),
+            }
+        };
+        let frame = {
+            let payload = [0u8; 22];
+            let mut udp = Vec::new();
+            udp.extend_from_slice(&1024u16.to_be_bytes());
+            udp.extend_from_slice(&80u16.to_be_bytes());
+            udp.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+            udp.extend_from_slice(&[0, 0]);
+            udp.extend_from_slice(&payload);
+            ipv4_frame(self.lab.client.mac, self.lab.nodes[0].mac, CLIENT, VIP, 64, 17, &udp)
+        };
+        let client_if = ifindex(&self.lab.client.ns, "eth0");
+        let (before_rx, before_cpu) = (received(), schedstat(self.napi_thread));
+        let elapsed = self.lab.client.ns.run(move || {
+            pin_self(GENERATOR_CPU);
+            let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).unwrap();
+            let mut config: Array<_, BenchConfig> =
+                Array::try_from(ebpf.map_mut(BENCH_CONFIG).unwrap()).unwrap();
+            config.set(0, BenchConfig { flows, ..Default::default() }, 0).unwrap();
+            let program: &mut Xdp = ebpf.program_mut("bench_gen").unwrap().try_into().unwrap();
+            program.load().unwrap();
+            let ctx: Vec<u8> =
+                [0, frame.len() as u32, 0, client_if, 0, 0].iter().flat_map(|v| v.to_ne_bytes()).collect();
+            let started = Instant::now();
+            program
+                .test_run(TestRunOptions {
+                    data_in: Some(&frame),
+                    ctx_in: Some(&ctx),
+                    repeat: packets,
+                    attrs: TestRunAttrs::new().xdp_live_frames(64),
+                    ..Default::default()
+                })
+                .expect("live-frames generator");
+            started.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let delivered = received() - before_rx;
+        let cpu_ns = schedstat(self.napi_thread) - before_cpu;
+        let rate = delivered as f64 / elapsed.as_secs_f64();
+        (rate, cpu_ns as f64 / delivered.max(1) as f64)
+    }
+
+    /// TCP requests per second and p99 latency through the VIP, with wrk.
+    fn tcp(&self, seconds: u32, repetitions: usize) {
+        let modes = [Mode::LbAgent, Mode::Iptables, Mode::Nftables];
+        let mut results: Vec<Vec<(f64, f64)>> = vec![Vec::new(); modes.len()];
+        for _ in 0..repetitions {
+            for (i, &mode) in modes.iter().enumerate() {
+                let active = self.activate_tcp(mode);
+                let out = self.lab.client.ns.output(&[
+                    "taskset",
+                    "-c",
+                    &GENERATOR_CPU.to_string(),
+                    "wrk",
+                    "-t1",
+                    "-c64",
+                    &format!("-d{seconds}s"),
+                    "--latency",
+                    &format!("http://{VIP}:80/"),
+                ]);
+                drop(active);
+                self.deactivate(mode);
+                let text = String::from_utf8_lossy(&out.stdout);
+                let rps = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Requests/sec:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0.0);
+                let p99 = text
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("99%"))
+                    .map(|v| latency_ms(v.trim()))
+                    .unwrap_or(f64::NAN);
+                eprintln!("tcp {:<28} {rps:>10.0} req/s  p99 {p99:.2} ms", mode.name());
+                results[i].push((rps, p99));
+            }
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let lb_rps = median(results[0].iter().map(|r| r.0).collect());
+        println!(
+            "TCP through the VIP: wrk, 64 connections, {seconds} s per run, two HTTP responders in pods; medians."
+        );
+        println!();
+        println!("| mode | requests/s | lb-agent ÷ mode | p99 latency (ms) |");
+        println!("|---|---|---|---|");
+        for (i, mode) in modes.iter().enumerate() {
+            let rps = median(results[i].iter().map(|r| r.0).collect());
+            let p99 = median(results[i].iter().map(|r| r.1).collect());
+            println!("| {} | {rps:.0} | {:.2} | {p99:.2} |", mode.name(), lb_rps / rps);
+        }
+    }
+
+    fn activate_tcp(&self, mode: Mode) -> Option<Active> {
+        if mode != Mode::LbAgent {
+            return self.activate(mode);
+        }
+        let endpoints: String =
+            self.lab.pods.iter().map(|p| format!("      - {{address: {}, node: n0}}\n", p.ip)).collect();
+        let config = format!(
+            "node: n0\ninterface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\nvips: [{{address: {VIP}}}]\n\
+             dataplane: {{keepOnExit: false}}\nservices:\n  - name: bench\n    vip: {VIP}\n    ports:\n      \
+             - {{port: 80, targetPort: {TARGET_PORT}}}\n    endpoints:\n{endpoints}"
+        );
+        let mut agent = self.lab.start_agent(0, &config);
+        agent.wait_ready();
+        Some(Active::Agent(agent))
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        if let Active::Agent(agent) = self {
+            agent.signal(libc::SIGTERM);
+            let _ = agent.wait_exit(Duration::from_secs(10));
+        }
+    }
+}
+
+fn count(ebpf: &Ebpf) -> u64 {
+    let array: PerCpuArray<_, u64> = PerCpuArray::try_from(ebpf.map(BENCH_COUNT).unwrap()).unwrap();
+    array.get(&0, 0).unwrap().iter().sum()
+}
+
+fn attach(program: &str, interface: &str) -> Ebpf {
+    let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).expect("loading the BPF object");
+    let xdp: &mut Xdp = ebpf.program_mut(program).unwrap().try_into().unwrap();
+    xdp.load().unwrap_or_else(|e| panic!("loading {program}: {e}"));
+    xdp.attach(interface, XdpMode::Driver)
+        .unwrap_or_else(|e| panic!("attaching {program} to {interface}: {e}"));
+    ebpf
+}
+
+fn napi_threads() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            comm.starts_with("napi/eth0").then_some(pid)
+        })
+        .collect()
+}
+
+fn pin(pid: u32, cpu: usize) {
+    let status = Command::new("taskset").args(["-pc", &cpu.to_string(), &pid.to_string()]).output().unwrap();
+    assert!(status.status.success(), "pinning {pid} to CPU {cpu}");
+}
+
+fn pin_self(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Nanoseconds the thread has run.
+fn schedstat(tid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{tid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn mac(ns: &Netns, dev: &str) -> [u8; 6] {
+    let out = ns.run_cmd(&["cat", &format!("/sys/class/net/{dev}/address")]);
+    let bytes: Vec<u8> = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).unwrap())
+        .collect();
+    bytes.try_into().unwrap()
+}
+
+fn ifindex(ns: &Netns, dev: &str) -> u32 {
+    let out = ns.run_cmd(&["cat", &format!("/sys/class/net/{dev}/ifindex")]);
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+fn latency_ms(text: &str) -> f64 {
+    let (number, unit) = text.split_at(text.find(|c: char| c.is_alphabetic()).unwrap_or(text.len()));
+    let n: f64 = number.parse().unwrap_or(f64::NAN);
+    match unit {
+        "us" => n / 1000.0,
+        "ms" => n,
+        "s" => n * 1000.0,
+        _ => f64::NAN,
+    }
+}
+
+/// The HTTP responder binary built beside this one.
+fn responder() -> String {
+    let exe = std::env::current_exe().unwrap();
+    exe.with_file_name("bench-http").to_string_lossy().into_owned()
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpus} vCPU {model}, kernel {}", kernel.trim())
+}

@@ -144,6 +144,26 @@ mod tests {
         assert!(s.ring.len() >= 300);
     }
 
+    #[test]
+    fn consecutive_client_ports_spread_over_the_ring() {
+        let c = config(&[("10.244.1.2", "n1"), ("10.244.2.2", "n2")], "dsr", "Cluster");
+        let s = &plan(&c, "n0").services[&web()];
+        let mut hits = [0u32; 2];
+        // Linux hands out even ephemeral ports for connect(), one after the other.
+        for port in (32_768u16..34_768).step_by(2) {
+            let flow = lb_common::service::FlowKey::new(
+                [192, 0, 2, 100],
+                [198, 51, 100, 10],
+                port.to_be_bytes(),
+                80u16.to_be_bytes(),
+                6,
+            );
+            let slot = lb_common::hash::flow_hash(&flow) % s.ring.len() as u32;
+            hits[s.ring[slot as usize] as usize] += 1;
+        }
+        assert!(hits.iter().all(|&h| (400..600).contains(&h)), "{hits:?}");
+    }
+
     proptest! {
         /// Every node, and every order of the endpoints, gives the same ring over the same
         /// endpoint identities: the property DSR failover relies on.

@@ -196,6 +196,12 @@ fn claim_snat_port(
 pub fn remember_reply(backend_addr: [u8; 4], backend_port: [u8; 2], flow: &FlowKey) {
     let key = FlowKey::new(backend_addr, flow.src, backend_port, flow.sport, flow.proto);
     let reply = ReplyNat::new(flow.dst, flow.src, flow.dport, flow.sport);
+    // A lookup is much cheaper than an LRU update, and most packets belong to flows whose
+    // entry is already right; the lookup also keeps that entry recent.
+    // SAFETY: compared at once.
+    if unsafe { REPLY_NAT.get(&key) }.is_some_and(|current| *current == reply) {
+        return;
+    }
     let _ = REPLY_NAT.insert(&key, &reply, 0);
 }
 

@@ -184,3 +184,47 @@ impl Host {
         }
     }
 }
+
+/// An agent config for `lab` node `me`: one VRRP group over every node at 20 ms adverts, n0
+/// preferred, then n1, then n2; the VIP 198.51.100.10; then `services` (YAML list items).
+pub fn agent_config(lab: &Lab, me: usize, services: &str) -> String {
+    let mut yaml = format!(
+        "node: {}\ninterface: eth0\nxdpMode: native\nlisten: {}\ngroups:\n  - name: web\n    vrid: 20\n    \
+         advertInterval: 20ms\n    nodes:\n",
+        lab.nodes[me].name,
+        crate::agent::AGENT_LISTEN
+    );
+    for node in &lab.nodes {
+        yaml.push_str(&format!("      - name: {}\n        address: {}\n", node.name, node.ip));
+    }
+    yaml.push_str("    priorities:\n");
+    for (i, node) in lab.nodes.iter().enumerate() {
+        yaml.push_str(&format!("      {}: {}\n", node.name, 200 - 50 * i));
+    }
+    yaml.push_str(&format!("    vips:\n      - address: {LAB_VIP}\nservices:\n{services}"));
+    yaml
+}
+
+/// The VIP [`agent_config`] puts in its group.
+pub const LAB_VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+
+/// A service (YAML list item) on `vip:port`, TCP and UDP, to `target_port` of the given pods.
+pub fn service_config(
+    lab: &Lab,
+    name: &str,
+    vip: Ipv4Addr,
+    port: u16,
+    target_port: u16,
+    mode: &str,
+    pods: &[usize],
+) -> String {
+    let mut yaml = format!(
+        "  - name: {name}\n    vip: {vip}\n    remoteMode: {mode}\n    ports:\n      - {{port: {port}, targetPort: {target_port}}}\n      \
+         - {{port: {port}, protocol: UDP, targetPort: {target_port}}}\n    endpoints:\n"
+    );
+    for &p in pods {
+        let pod = &lab.pods[p];
+        yaml.push_str(&format!("      - {{address: {}, node: {}}}\n", pod.ip, lab.nodes[pod.node].name));
+    }
+    yaml
+}

@@ -8,42 +8,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lb_lab::{Agent, Lab, Session, agent::AGENT_LISTEN};
+use lb_lab::{Agent, Lab, Session};
 
-const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const VIP: Ipv4Addr = lb_lab::cluster::LAB_VIP;
 const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
 const TARGET_PORT: u16 = 8080;
 const ECHO_WAIT: Duration = Duration::from_secs(5);
 
-/// One group over every node, n0 preferred, then n1, then n2; plus `services`.
 fn config(lab: &Lab, me: usize, services: &str) -> String {
-    let mut yaml = format!(
-        "node: {}\ninterface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\ngroups:\n  - name: web\n    vrid: 20\n    \
-         advertInterval: 20ms\n    nodes:\n",
-        lab.nodes[me].name
-    );
-    for node in &lab.nodes {
-        yaml.push_str(&format!("      - name: {}\n        address: {}\n", node.name, node.ip));
-    }
-    yaml.push_str("    priorities:\n");
-    for (i, node) in lab.nodes.iter().enumerate() {
-        yaml.push_str(&format!("      {}: {}\n", node.name, 200 - 50 * i));
-    }
-    yaml.push_str(&format!("    vips:\n      - address: {VIP}\nservices:\n{services}"));
-    yaml
+    lb_lab::cluster::agent_config(lab, me, services)
 }
 
-/// A service on `port` (TCP and UDP) with the given pods as endpoints.
 fn service(lab: &Lab, name: &str, port: u16, mode: &str, pods: &[usize]) -> String {
-    let mut yaml = format!(
-        "  - name: {name}\n    vip: {VIP}\n    remoteMode: {mode}\n    ports:\n      - {{port: {port}, targetPort: {TARGET_PORT}}}\n      \
-         - {{port: {port}, protocol: UDP, targetPort: {TARGET_PORT}}}\n    endpoints:\n"
-    );
-    for &p in pods {
-        let pod = &lab.pods[p];
-        yaml.push_str(&format!("      - {{address: {}, node: {}}}\n", pod.ip, lab.nodes[pod.node].name));
-    }
-    yaml
+    lb_lab::cluster::service_config(lab, name, VIP, port, TARGET_PORT, mode, pods)
 }
 
 struct Cluster {

@@ -73,7 +73,7 @@ fn to_service(ctx: &XdpContext, layout: L4Layout, flow: &FlowKey, service: &Serv
         return stats::verdict(Reason::TtlExpired, bytes, XDP_PASS);
     }
     let (action, reason) = match Delivery::from_u8(backend.delivery) {
-        Some(Delivery::Local) => local(ctx, layout, flow, &backend, tot_len),
+        Some(Delivery::Local) => local(ctx, layout, flow, &backend, known.is_some(), tot_len),
         Some(Delivery::FullNat) => full_nat(ctx, layout, flow, id, &backend, known, tot_len),
         Some(Delivery::Dsr) => dsr::encapsulate(ctx, &backend, tot_len),
         None => (XDP_DROP, Reason::NoBackend),
@@ -117,13 +117,18 @@ fn local(
     layout: L4Layout,
     flow: &FlowKey,
     backend: &Backend,
+    known: bool,
     tot_len: u16,
 ) -> (u32, Reason) {
     let hop = match fib::lookup(ctx, flow.src, backend.addr, tot_len) {
         Ok(hop) => hop,
         Err(reason) => return (XDP_PASS, reason),
     };
-    remember_reply(backend.addr, backend.port, flow);
+    // A known flow's reply entry was written with its first packet and is kept recent by the
+    // replies themselves.
+    if !known {
+        remember_reply(backend.addr, backend.port, flow);
+    }
     let to = ReplyNat::new(flow.src, backend.addr, flow.sport, backend.port);
     route_out(ctx, layout, &to, &hop, Reason::ForwardedLocal)
 }

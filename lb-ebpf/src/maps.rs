@@ -36,8 +36,12 @@ pub static BACKENDS: Array<Backend> = Array::with_max_entries(MAX_BACKENDS, 0);
 #[map]
 pub static BACKEND_STATS: PerCpuArray<PacketCounter> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
 
+/// `BPF_F_NO_COMMON_LRU`: each CPU keeps its own LRU list, so inserting a new flow takes no
+/// global lock (a flow usually stays on one CPU's receive queue anyway).
+const NO_COMMON_LRU: u32 = 2;
+
 #[map]
-pub static FLOWS: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+pub static FLOWS: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, NO_COMMON_LRU);
 
 #[map]
 pub static REPLY_NAT: LruHashMap<FlowKey, ReplyNat> = LruHashMap::with_max_entries(MAX_FLOWS, 0);

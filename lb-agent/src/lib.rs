@@ -5,6 +5,7 @@
 //! - [`dataplane`]: the embedded XDP object, attach/detach, and its maps.
 //! - [`metrics`]: Prometheus metrics, with XDP counters collected at scrape time.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`k8s`]: the Kubernetes source: the LoadBalancerGroup resource.
 //! - [`vrrp`]: VRRPv3 — who owns each VIP at run time.
 //! - [`planner`]: the pure, deterministic plan: VIP owners and shared VRRP instances.
 //! - [`node_plan`]: from the config and the planner to this node's VRRP instances.
@@ -21,6 +22,7 @@ pub mod dataplane;
 pub mod error;
 pub mod hash;
 pub mod http;
+pub mod k8s;
 pub mod maglev;
 pub mod metrics;
 pub mod netdev;

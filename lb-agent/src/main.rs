@@ -32,6 +32,8 @@ enum Command {
         #[arg(long, env = "LB_PIN_PATH")]
         pin_path: Option<PathBuf>,
     },
+    /// Print the LoadBalancerGroup CRD (the YAML in deploy/crds/).
+    Crd,
     /// Detach the data plane and delete its pinned maps: for uninstalling, after the agent
     /// has stopped (it leaves forwarding running on exit by default).
     Cleanup {
@@ -62,6 +64,10 @@ fn main() -> ExitCode {
             .build()
             .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e))
             .and_then(|rt| rt.block_on(agent::run(config, node, pin_path))),
+        Command::Crd => {
+            print!("{}", lb_agent::k8s::crd::crd_yaml());
+            Ok(())
+        }
         Command::Cleanup { pin_path } => lb_agent::dataplane::remove_pins(&pin_path)
             .map(|()| println!("removed {}: the data plane is detached", pin_path.display())),
         Command::CheckConfig { config } => {

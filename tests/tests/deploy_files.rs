@@ -1,4 +1,4 @@
-//! The shipped example configuration must stay valid.
+//! The shipped configuration and manifests must stay valid.
 
 use std::path::Path;
 
@@ -9,4 +9,74 @@ fn the_standalone_example_config_is_valid() {
     assert_eq!(config.vips.len(), 2);
     assert_eq!(config.services.len(), 2);
     assert!(!lb_agent::service_plan::plan(&config, "node-b").local_endpoints.is_empty());
+}
+
+/// Every manifest in `deploy/` parses into the k8s-openapi type of its kind, and the
+/// kustomization lists files that exist.
+#[test]
+fn every_manifest_parses_into_its_kubernetes_type() {
+    use k8s_openapi::{
+        api::{
+            apps::v1::DaemonSet,
+            core::v1::{ConfigMap, Namespace, ServiceAccount},
+            rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+        },
+        apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    };
+    use serde::Deserialize;
+
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let kustomization: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(deploy.join("kustomization.yaml")).unwrap()).unwrap();
+    let resources: Vec<String> = kustomization["resources"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_owned())
+        .collect();
+    let mut kinds = Vec::new();
+    for resource in &resources {
+        let text =
+            std::fs::read_to_string(deploy.join(resource)).unwrap_or_else(|e| panic!("{resource}: {e}"));
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let value = serde_yaml::Value::deserialize(document).unwrap();
+            let kind = value["kind"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{resource}: a document without kind"))
+                .to_owned();
+            let parsed = match kind.as_str() {
+                "Namespace" => serde_yaml::from_value::<Namespace>(value).map(|_| ()),
+                "ServiceAccount" => serde_yaml::from_value::<ServiceAccount>(value).map(|_| ()),
+                "ClusterRole" => serde_yaml::from_value::<ClusterRole>(value).map(|_| ()),
+                "ClusterRoleBinding" => serde_yaml::from_value::<ClusterRoleBinding>(value).map(|_| ()),
+                "Role" => serde_yaml::from_value::<Role>(value).map(|_| ()),
+                "RoleBinding" => serde_yaml::from_value::<RoleBinding>(value).map(|_| ()),
+                "ConfigMap" => serde_yaml::from_value::<ConfigMap>(value.clone()).map(|cm| {
+                    // The agent settings inside must be a valid config.
+                    let text = &cm.data.unwrap()["lb-agent.yaml"];
+                    lb_agent::config::Config::parse(text).unwrap_or_else(|e| panic!("{resource}: {e}"));
+                }),
+                "DaemonSet" => serde_yaml::from_value::<DaemonSet>(value).map(|ds| {
+                    let pod = ds.spec.unwrap().template.spec.unwrap();
+                    assert_eq!(pod.host_network, Some(true));
+                    let c = &pod.containers[0];
+                    let caps = c.security_context.as_ref().unwrap().capabilities.as_ref().unwrap();
+                    assert!(!caps.add.as_ref().unwrap().contains(&"SYS_ADMIN".to_owned()), "no SYS_ADMIN");
+                    assert!(c.liveness_probe.is_some() && c.readiness_probe.is_some());
+                }),
+                "CustomResourceDefinition" => {
+                    serde_yaml::from_value::<CustomResourceDefinition>(value).map(|_| ())
+                }
+                other => panic!("{resource}: unexpected kind {other}"),
+            };
+            parsed.unwrap_or_else(|e| panic!("{resource}: {kind}: {e}"));
+            kinds.push(kind);
+        }
+    }
+    for kind in ["CustomResourceDefinition", "ClusterRole", "DaemonSet", "ServiceAccount"] {
+        assert!(kinds.iter().any(|k| k == kind), "no {kind} in deploy/");
+    }
+    // Least privilege: no rule touches Secrets.
+    let rbac = std::fs::read_to_string(deploy.join("rbac.yaml")).unwrap();
+    assert!(!rbac.contains("secrets"), "the agent must not read Secrets");
 }

@@ -1,0 +1,238 @@
+//! Which group serves a Service, with which addresses, and what is refused. Pure.
+//!
+//! A Service is ours when it has `spec.loadBalancerClass: lb-agent.io/vrrp`, or the annotation
+//! `lb-agent.io/group`, or is a class-less LoadBalancer and a group is marked `default`.
+//! `spec.externalIPs` are honoured only inside the group's `allowedExternalIPs`: anything else
+//! is refused (CVE-2020-8554, the externalIPs man-in-the-middle).
+
+use std::net::Ipv4Addr;
+
+use k8s_openapi::api::core::v1::Service;
+
+use super::crd::{
+    ANNOTATION_GROUP, ANNOTATION_IPS, ANNOTATION_SHARED, ANNOTATION_SPREAD, LOAD_BALANCER_CLASS,
+    LoadBalancerGroup,
+};
+use super::ipam::Pools;
+
+/// A Service this agent serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bound {
+    /// `namespace/name`.
+    pub service: String,
+    pub group: String,
+    /// `lb-agent.io/spread`, when set.
+    pub spread: Option<bool>,
+    /// Addresses it asks for (`lb-agent.io/ips`, or the deprecated `spec.loadBalancerIP`).
+    pub requested: Vec<Ipv4Addr>,
+    pub shared_key: Option<String>,
+    /// Whether it needs a LoadBalancer address (type LoadBalancer).
+    pub wants_load_balancer_ip: bool,
+    /// `spec.externalIPs` inside the group's allowed CIDRs.
+    pub external_ips: Vec<Ipv4Addr>,
+}
+
+/// Something a user should hear about: the Service's Warning Event and condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub service: String,
+    /// The Event reason, e.g. `ExternalIPNotAllowed`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Decides whether `service` is ours and how. `Ok(None)`: someone else's.
+pub fn bind(service: &Service, groups: &[LoadBalancerGroup]) -> (Option<Bound>, Vec<Refusal>) {
+    let name = format!(
+        "{}/{}",
+        service.metadata.namespace.as_deref().unwrap_or("default"),
+        service.metadata.name.as_deref().unwrap_or_default()
+    );
+    let refuse = |reason, message: String| Refusal { service: name.clone(), reason, message };
+    let spec = service.spec.clone().unwrap_or_default();
+    let annotations = service.metadata.annotations.clone().unwrap_or_default();
+    let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
+    let class = spec.load_balancer_class.as_deref();
+    let annotated = annotations.get(ANNOTATION_GROUP).cloned();
+
+    let group_name = match (class, annotated) {
+        (Some(c), _) if c != LOAD_BALANCER_CLASS => return (None, Vec::new()),
+        (_, Some(g)) => g,
+        (Some(_), None) | (None, None) if is_lb => {
+            let defaults: Vec<&LoadBalancerGroup> = groups.iter().filter(|g| g.spec.default).collect();
+            match defaults.as_slice() {
+                [one] => one.metadata.name.clone().unwrap_or_default(),
+                [] if class.is_some() => {
+                    return (
+                        None,
+                        vec![refuse(
+                            "NoGroup",
+                            format!("no {ANNOTATION_GROUP} annotation and no default LoadBalancerGroup"),
+                        )],
+                    );
+                }
+                [] => return (None, Vec::new()),
+                many => {
+                    let names: Vec<String> = many.iter().filter_map(|g| g.metadata.name.clone()).collect();
+                    return (
+                        None,
+                        vec![refuse(
+                            "AmbiguousDefault",
+                            format!("several default LoadBalancerGroups: {}", names.join(", ")),
+                        )],
+                    );
+                }
+            }
+        }
+        _ => return (None, Vec::new()),
+    };
+    let Some(group) = groups.iter().find(|g| g.metadata.name.as_deref() == Some(group_name.as_str())) else {
+        return (
+            None,
+            vec![refuse("UnknownGroup", format!("LoadBalancerGroup {group_name:?} does not exist"))],
+        );
+    };
+
+    let mut refusals = Vec::new();
+    let spread = match annotations.get(ANNOTATION_SPREAD).map(String::as_str) {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(other) => {
+            refusals.push(refuse(
+                "BadAnnotation",
+                format!("{ANNOTATION_SPREAD}: expected true or false, got {other:?}"),
+            ));
+            None
+        }
+    };
+    let mut requested = Vec::new();
+    if let Some(list) = annotations.get(ANNOTATION_IPS) {
+        for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match item.parse::<Ipv4Addr>() {
+                Ok(ip) => requested.push(ip),
+                Err(_) => refusals.push(refuse(
+                    "BadAnnotation",
+                    format!("{ANNOTATION_IPS}: expected comma-separated IPv4 addresses, got {item:?}"),
+                )),
+            }
+        }
+    } else if let Some(ip) = spec.load_balancer_ip.as_deref().and_then(|s| s.parse().ok()) {
+        requested.push(ip);
+    }
+
+    let allowed = Pools::parse(&group.spec.allowed_external_ips).unwrap_or_default();
+    let mut external_ips = Vec::new();
+    for text in spec.external_ips.clone().unwrap_or_default() {
+        match text.parse::<Ipv4Addr>() {
+            Ok(ip) if allowed.contains(ip) || allowed_cidr(&group.spec.allowed_external_ips, ip) => external_ips.push(ip),
+            _ => refusals.push(refuse(
+                "ExternalIPNotAllowed",
+                format!(
+                    "externalIP {text} is outside group {group_name:?}'s allowedExternalIPs ({}); it is not served",
+                    if group.spec.allowed_external_ips.is_empty() { "none".into() } else { group.spec.allowed_external_ips.join(", ") }
+                ),
+            )),
+        }
+    }
+    let bound = Bound {
+        service: name.clone(),
+        group: group_name,
+        spread,
+        requested,
+        shared_key: annotations.get(ANNOTATION_SHARED).cloned(),
+        wants_load_balancer_ip: is_lb,
+        external_ips,
+    };
+    (Some(bound), refusals)
+}
+
+/// `Pools::parse` excludes a CIDR's network and broadcast addresses; for externalIPs every
+/// address of an allowed CIDR counts.
+fn allowed_cidr(cidrs: &[String], ip: Ipv4Addr) -> bool {
+    cidrs.iter().any(|c| {
+        let Some((net, len)) = c.split_once('/') else { return false };
+        let (Ok(net), Ok(len)) = (net.parse::<Ipv4Addr>(), len.parse::<u32>()) else { return false };
+        let mask = if len == 0 { 0 } else { u32::MAX.checked_shl(32 - len.min(32)).unwrap_or(0) };
+        u32::from(ip) & mask == u32::from(net) & mask
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8s::crd::LoadBalancerGroupSpec;
+
+    pub(crate) fn group(name: &str, default: bool, allowed: &[&str]) -> LoadBalancerGroup {
+        let mut spec: LoadBalancerGroupSpec =
+            serde_yaml::from_str("interface: eth0\naddressPools: [198.51.100.0/28]\n").unwrap();
+        spec.default = default;
+        spec.allowed_external_ips = allowed.iter().map(|s| s.to_string()).collect();
+        LoadBalancerGroup::new(name, spec)
+    }
+
+    fn service(yaml: &str) -> Service {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn class_annotation_and_default_group_bind() {
+        let groups = [group("edge", true, &[]), group("internal", false, &[])];
+        let by_class = service(
+            "metadata: {name: a, namespace: ns}\nspec: {type: LoadBalancer, loadBalancerClass: lb-agent.io/vrrp}\n",
+        );
+        assert_eq!(bind(&by_class, &groups).0.unwrap().group, "edge");
+        let annotated = service(
+            "metadata: {name: b, namespace: ns, annotations: {lb-agent.io/group: internal}}\nspec: {type: LoadBalancer}\n",
+        );
+        assert_eq!(bind(&annotated, &groups).0.unwrap().group, "internal");
+        let classless = service("metadata: {name: c, namespace: ns}\nspec: {type: LoadBalancer}\n");
+        assert_eq!(bind(&classless, &groups).0.unwrap().group, "edge");
+        let others = service(
+            "metadata: {name: d, namespace: ns}\nspec: {type: LoadBalancer, loadBalancerClass: example.com/other}\n",
+        );
+        assert_eq!(bind(&others, &groups), (None, vec![]));
+        let cluster_ip = service("metadata: {name: e, namespace: ns}\nspec: {type: ClusterIP}\n");
+        assert_eq!(bind(&cluster_ip, &groups), (None, vec![]));
+    }
+
+    #[test]
+    fn unknown_groups_and_bad_annotations_are_refused_by_name() {
+        let groups = [group("edge", false, &[])];
+        let s = service(
+            "metadata: {name: a, namespace: ns, annotations: {lb-agent.io/group: nope}}\nspec: {type: LoadBalancer}\n",
+        );
+        let (bound, refusals) = bind(&s, &groups);
+        assert!(bound.is_none());
+        assert_eq!(refusals[0].reason, "UnknownGroup");
+        let s = service(
+            "metadata: {name: a, namespace: ns, annotations: {lb-agent.io/group: edge, lb-agent.io/spread: maybe, lb-agent.io/ips: '198.51.100.3, x'}}\nspec: {type: LoadBalancer}\n",
+        );
+        let (bound, refusals) = bind(&s, &groups);
+        let bound = bound.unwrap();
+        assert_eq!(bound.requested, [Ipv4Addr::new(198, 51, 100, 3)]);
+        assert_eq!(bound.spread, None);
+        assert_eq!(refusals.len(), 2);
+        assert!(refusals.iter().all(|r| r.reason == "BadAnnotation"));
+        assert!(refusals[0].message.contains("lb-agent.io/spread"), "{:?}", refusals[0]);
+    }
+
+    #[test]
+    fn external_ips_outside_the_allowed_cidrs_are_refused() {
+        let groups = [group("edge", false, &["203.0.113.0/24"])];
+        let s = service(
+            "metadata: {name: a, namespace: ns, annotations: {lb-agent.io/group: edge}}\nspec: {type: ClusterIP, externalIPs: [203.0.113.0, 203.0.113.7, 8.8.8.8]}\n",
+        );
+        let (bound, refusals) = bind(&s, &groups);
+        let bound = bound.unwrap();
+        assert_eq!(bound.external_ips, [Ipv4Addr::new(203, 0, 113, 0), Ipv4Addr::new(203, 0, 113, 7)]);
+        assert!(!bound.wants_load_balancer_ip);
+        assert_eq!(refusals.len(), 1);
+        assert_eq!(refusals[0].reason, "ExternalIPNotAllowed");
+        assert!(refusals[0].message.contains("8.8.8.8"));
+        // A group that allows none refuses all.
+        let (bound, refusals) = bind(&s, &[group("edge", false, &[])]);
+        assert!(bound.unwrap().external_ips.is_empty());
+        assert_eq!(refusals.len(), 3);
+    }
+}

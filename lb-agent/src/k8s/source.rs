@@ -1,0 +1,333 @@
+//! The Kubernetes source: LoadBalancerGroups, Services, EndpointSlices and Nodes in, the same
+//! `Config` the standalone YAML gives out. Pure: every agent computes the same config from the
+//! same objects, and the planner downstream cannot tell the two sources apart.
+//!
+//! Groups and services are built as documents and parsed with the config's own types, so they
+//! get the same defaults and the same validation as a YAML file.
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
+use serde_json::{Value, json};
+
+use super::{
+    binding::{Bound, Refusal, bind},
+    crd::{LoadBalancerGroup, RemoteMode, Transport, VipMode},
+};
+use crate::config::{Config, GroupConfig, ServiceConfig};
+
+/// The objects a plan is made from.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterState {
+    pub groups: Vec<LoadBalancerGroup>,
+    pub services: Vec<Service>,
+    pub slices: Vec<EndpointSlice>,
+    pub nodes: Vec<Node>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Translation {
+    pub config: Config,
+    pub refusals: Vec<Refusal>,
+}
+
+/// Builds the config for the node `base.node`, keeping `base`'s agent-level settings
+/// (interface, listen, data plane). Returns an error naming the offending object when the
+/// result does not validate; the caller then keeps its last good plan.
+pub fn translate(state: &ClusterState, base: &Config) -> Result<Translation, String> {
+    let mut refusals = Vec::new();
+    let mut groups_sorted: Vec<&LoadBalancerGroup> = state.groups.iter().collect();
+    groups_sorted.sort_by_key(|g| g.metadata.name.clone());
+    let mut services_sorted: Vec<&Service> = state.services.iter().collect();
+    services_sorted.sort_by_key(|s| (s.metadata.namespace.clone(), s.metadata.name.clone()));
+
+    let mut bound: Vec<(Bound, &Service)> = Vec::new();
+    for service in services_sorted {
+        let (b, r) = bind(service, &state.groups);
+        refusals.extend(r);
+        if let Some(b) = b {
+            bound.push((b, service));
+        }
+    }
+
+    let mut groups = Vec::new();
+    let mut services = Vec::new();
+    for group in groups_sorted {
+        let name = group.metadata.name.clone().unwrap_or_default();
+        let spec = &group.spec;
+        if let Some(interface) = &spec.interface
+            && *interface != base.interface
+        {
+            refusals.push(Refusal {
+                service: format!("LoadBalancerGroup/{name}"),
+                reason: "InterfaceMismatch",
+                message: format!("the group uses {interface}, this agent's uplink is {}", base.interface),
+            });
+            continue;
+        }
+        let members: Vec<Value> = members(&state.nodes, &spec.node_selector)
+            .into_iter()
+            .map(|(node, address)| json!({"name": node, "address": address.to_string()}))
+            .collect();
+        let mut vips = Vec::new();
+        for (b, service) in bound.iter().filter(|(b, _)| b.group == name) {
+            let addresses = service_vips(b, service);
+            for address in &addresses {
+                vips.push(json!({"address": address.to_string(), "service": b.service}));
+            }
+            for address in addresses {
+                services.push(service_document(b, service, address, &state.slices, spec.remote_mode));
+            }
+        }
+        let document = json!({
+            "name": name,
+            "nodes": members,
+            "vips": vips,
+            "advertInterval": spec.advert_interval,
+            "spread": spec.spread,
+            "transport": match spec.transport { Transport::Multicast => "multicast", Transport::Unicast => "unicast" },
+            "excludedVrids": spec.excluded_vrids,
+            "preempt": spec.preempt,
+            "vipMode": match spec.vip_mode { VipMode::Xdp => "xdp", VipMode::Netlink => "netlink", VipMode::Both => "both" },
+        });
+        let group: GroupConfig =
+            serde_json::from_value(document).map_err(|e| format!("LoadBalancerGroup {name}: {e}"))?;
+        groups.push(group);
+    }
+    let services: Vec<ServiceConfig> = services
+        .into_iter()
+        .map(|d| serde_json::from_value(d.clone()).map_err(|e| format!("Service {}: {e}", d["name"])))
+        .collect::<Result<_, _>>()?;
+    let config = Config { groups, services, ..base.clone() };
+    config.validate().map_err(|e| e.to_string())?;
+    Ok(Translation { config, refusals })
+}
+
+/// Nodes matching `selector`, with their IPv4 InternalIP, in name order.
+fn members(nodes: &[Node], selector: &BTreeMap<String, String>) -> Vec<(String, Ipv4Addr)> {
+    let mut out: Vec<(String, Ipv4Addr)> = nodes
+        .iter()
+        .filter(|n| {
+            let labels = n.metadata.labels.clone().unwrap_or_default();
+            selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        })
+        .filter_map(|n| {
+            let address = n.status.as_ref()?.addresses.as_ref()?.iter().find_map(|a| {
+                (a.type_ == "InternalIP").then(|| a.address.parse::<Ipv4Addr>().ok()).flatten()
+            })?;
+            Some((n.metadata.name.clone()?, address))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A Service's VIPs: its LoadBalancer addresses (written by the IPAM leader into
+/// `status.loadBalancer.ingress`) and its allowed externalIPs.
+fn service_vips(bound: &Bound, service: &Service) -> Vec<Ipv4Addr> {
+    let mut vips: Vec<Ipv4Addr> = service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ingress| ingress.iter().filter_map(|i| i.ip.as_deref()?.parse().ok()).collect())
+        .unwrap_or_default();
+    vips.extend(bound.external_ips.iter().copied());
+    vips.dedup();
+    vips
+}
+
+fn service_document(
+    bound: &Bound,
+    service: &Service,
+    vip: Ipv4Addr,
+    slices: &[EndpointSlice],
+    mode: RemoteMode,
+) -> Value {
+    let spec = service.spec.clone().unwrap_or_default();
+    let namespace = service.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let name = service.metadata.name.clone().unwrap_or_default();
+    let mine: Vec<&EndpointSlice> = slices
+        .iter()
+        .filter(|s| {
+            s.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && s.address_type == "IPv4"
+                && s.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")) == Some(&name)
+        })
+        .collect();
+    let ports: Vec<Value> = spec
+        .ports
+        .unwrap_or_default()
+        .iter()
+        .map(|p| {
+            let target = match &p.target_port {
+                Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n)) => *n as u16,
+                Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(port_name)) => mine
+                    .iter()
+                    .flat_map(|s| s.ports.iter().flatten())
+                    .find(|sp| sp.name.as_deref() == Some(port_name.as_str()))
+                    .and_then(|sp| sp.port)
+                    .map_or(p.port as u16, |n| n as u16),
+                None => p.port as u16,
+            };
+            json!({"port": p.port, "protocol": p.protocol.clone().unwrap_or_else(|| "TCP".into()), "targetPort": target})
+        })
+        .collect();
+    // Ready endpoints; when none is, the serving ones that are terminating, so connections
+    // drain instead of failing (as kube-proxy does).
+    let all: Vec<(&str, Option<&str>, bool, bool)> = mine
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .flat_map(|e| {
+            let c = e.conditions.clone().unwrap_or_default();
+            let ready = c.ready.unwrap_or(true);
+            let serving_terminating = c.serving.unwrap_or(ready) && c.terminating.unwrap_or(false);
+            e.addresses.iter().map(move |a| (a.as_str(), e.node_name.as_deref(), ready, serving_terminating))
+        })
+        .collect();
+    let any_ready = all.iter().any(|e| e.2);
+    let mut endpoints: Vec<Value> = all
+        .iter()
+        .filter(|e| if any_ready { e.2 } else { e.3 })
+        .filter_map(|(address, node, _, _)| Some(json!({"address": address, "node": (*node)?})))
+        .collect();
+    endpoints.sort_by_key(|e| e["address"].as_str().unwrap_or_default().to_owned());
+    endpoints.dedup();
+    json!({
+        "name": bound.service,
+        "vip": vip.to_string(),
+        "ports": ports,
+        "endpoints": endpoints,
+        "remoteMode": match mode { RemoteMode::FullNat => "fullNat", RemoteMode::Dsr => "dsr" },
+        "trafficPolicy": if spec.external_traffic_policy.as_deref() == Some("Local") { "Local" } else { "Cluster" },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{node_plan::node_plan, service_plan};
+
+    fn objects<T: serde::de::DeserializeOwned>(yaml: &str) -> Vec<T> {
+        yaml.split("\n---\n").map(|doc| serde_yaml::from_str(doc).unwrap()).collect()
+    }
+
+    fn cluster() -> ClusterState {
+        ClusterState {
+            groups: objects(
+                "metadata: {name: edge}\nspec: {interface: eth0, addressPools: [198.51.100.0/28], advertInterval: 10ms, remoteMode: dsr, default: true, allowedExternalIPs: [203.0.113.0/24], nodeSelector: {lb: 'yes'}}",
+            ),
+            nodes: objects(
+                "metadata: {name: n2, labels: {lb: 'yes'}}\nstatus: {addresses: [{type: InternalIP, address: 192.0.2.12}]}\n---\n\
+                 metadata: {name: n0, labels: {lb: 'yes'}}\nstatus: {addresses: [{type: InternalIP, address: 192.0.2.10}]}\n---\n\
+                 metadata: {name: n1, labels: {lb: 'yes'}}\nstatus: {addresses: [{type: Hostname, address: n1}, {type: InternalIP, address: 192.0.2.11}]}\n---\n\
+                 metadata: {name: worker, labels: {}}\nstatus: {addresses: [{type: InternalIP, address: 192.0.2.50}]}",
+            ),
+            services: objects(
+                "metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer, ports: [{port: 80, targetPort: http}, {port: 443, targetPort: 8443}], externalIPs: [203.0.113.9, 8.8.8.8]}\n\
+                 status: {loadBalancer: {ingress: [{ip: 198.51.100.1}]}}\n---\n\
+                 metadata: {name: dns, namespace: kube-system, annotations: {lb-agent.io/group: edge}}\nspec: {type: LoadBalancer, externalTrafficPolicy: Local, ports: [{port: 53, protocol: UDP}]}\n\
+                 status: {loadBalancer: {ingress: [{ip: 198.51.100.2}]}}",
+            ),
+            slices: objects(
+                "metadata: {name: web-a, namespace: shop, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\n\
+                 endpoints: [{addresses: [10.244.1.5], nodeName: n1, conditions: {ready: true}}, {addresses: [10.244.2.7], nodeName: n2}, {addresses: [10.244.2.8], nodeName: n2, conditions: {ready: false, serving: true, terminating: true}}]\n---\n\
+                 metadata: {name: dns-a, namespace: kube-system, labels: {kubernetes.io/service-name: dns}}\naddressType: IPv4\n\
+                 endpoints: [{addresses: [10.244.0.9], nodeName: n0}]",
+            ),
+        }
+    }
+
+    const BASE: &str = "interface: eth0\nnode: n0\n";
+
+    /// The standalone YAML that says what `cluster()` says.
+    const EQUIVALENT: &str = "
+interface: eth0
+node: n0
+groups:
+  - name: edge
+    advertInterval: 10ms
+    nodes:
+      - {name: n0, address: 192.0.2.10}
+      - {name: n1, address: 192.0.2.11}
+      - {name: n2, address: 192.0.2.12}
+    vips:
+      - {address: 198.51.100.2, service: kube-system/dns}
+      - {address: 198.51.100.1, service: shop/web}
+      - {address: 203.0.113.9, service: shop/web}
+services:
+  - name: kube-system/dns
+    vip: 198.51.100.2
+    remoteMode: dsr
+    trafficPolicy: Local
+    ports: [{port: 53, protocol: UDP, targetPort: 53}]
+    endpoints: [{address: 10.244.0.9, node: n0}]
+  - name: shop/web
+    vip: 198.51.100.1
+    remoteMode: dsr
+    ports: [{port: 80, targetPort: 8080}, {port: 443, targetPort: 8443}]
+    endpoints: [{address: 10.244.1.5, node: n1}, {address: 10.244.2.7, node: n2}]
+  - name: shop/web
+    vip: 203.0.113.9
+    remoteMode: dsr
+    ports: [{port: 80, targetPort: 8080}, {port: 443, targetPort: 8443}]
+    endpoints: [{address: 10.244.1.5, node: n1}, {address: 10.244.2.7, node: n2}]
+";
+
+    #[test]
+    fn kubernetes_and_yaml_sources_give_the_same_plan() {
+        let base = Config::parse(BASE).unwrap();
+        let from_cluster = translate(&cluster(), &base).unwrap();
+        let from_yaml = Config::parse(EQUIVALENT).unwrap();
+        for node in ["n0", "n1", "n2"] {
+            assert_eq!(
+                node_plan(&from_cluster.config, node),
+                node_plan(&from_yaml, node),
+                "VRRP plan on {node}"
+            );
+            assert_eq!(
+                service_plan::plan(&from_cluster.config, node),
+                service_plan::plan(&from_yaml, node),
+                "data plane on {node}"
+            );
+        }
+        // The refused externalIP is reported, not served.
+        assert_eq!(from_cluster.refusals.len(), 1, "{:?}", from_cluster.refusals);
+        assert_eq!(from_cluster.refusals[0].reason, "ExternalIPNotAllowed");
+    }
+
+    #[test]
+    fn object_order_does_not_matter() {
+        let base = Config::parse(BASE).unwrap();
+        let mut state = cluster();
+        let first = translate(&state, &base).unwrap().config;
+        state.nodes.reverse();
+        state.services.reverse();
+        state.slices.reverse();
+        assert_eq!(translate(&state, &base).unwrap().config, first);
+    }
+
+    #[test]
+    fn terminating_endpoints_serve_only_when_none_is_ready() {
+        let base = Config::parse(BASE).unwrap();
+        let mut state = cluster();
+        for slice in &mut state.slices {
+            for e in &mut slice.endpoints {
+                if e.conditions.is_none() || e.conditions.as_ref().is_some_and(|c| c.ready != Some(false)) {
+                    e.conditions = Some(k8s_openapi::api::discovery::v1::EndpointConditions {
+                        ready: Some(false),
+                        serving: Some(false),
+                        terminating: Some(true),
+                    });
+                }
+            }
+        }
+        let config = translate(&state, &base).unwrap().config;
+        let web = config.services.iter().find(|s| s.name == "shop/web").unwrap();
+        assert_eq!(web.endpoints.len(), 1);
+        assert_eq!(web.endpoints[0].address, Ipv4Addr::new(10, 244, 2, 8));
+    }
+}

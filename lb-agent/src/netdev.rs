@@ -57,11 +57,12 @@ fn interface(name: &str, msg: &LinkMessage) -> Interface {
 /// finds and removes exactly its own leftovers and never an address an operator configured.
 pub const VIP_ADDRESS_PROTO: u8 = b'l';
 
-/// The /32 VIPs lb-agent has on the interface (IPv4, marked with [`VIP_ADDRESS_PROTO`]).
-async fn managed_addresses(
+/// The interface's IPv4 addresses, each with whether lb-agent added it (marked with
+/// [`VIP_ADDRESS_PROTO`]), in the kernel's order.
+async fn ipv4_addresses(
     handle: &rtnetlink::Handle,
     ifindex: u32,
-) -> Result<Vec<(Ipv4Addr, AddressMessage)>> {
+) -> Result<Vec<(Ipv4Addr, bool, AddressMessage)>> {
     let mut found = Vec::new();
     let mut stream = std::pin::pin!(handle.address().get().set_link_index_filter(ifindex).execute());
     while let Some(msg) = stream.try_next().await? {
@@ -73,11 +74,24 @@ async fn managed_addresses(
             AddressAttribute::Local(IpAddr::V4(v4)) => Some(*v4),
             _ => None,
         });
-        if let (true, Some(v4)) = (ours, local) {
-            found.push((v4, msg));
+        if let Some(v4) = local {
+            found.push((v4, ours, msg));
         }
     }
     Ok(found)
+}
+
+/// The /32 VIPs lb-agent has on the interface.
+async fn managed_addresses(
+    handle: &rtnetlink::Handle,
+    ifindex: u32,
+) -> Result<Vec<(Ipv4Addr, AddressMessage)>> {
+    Ok(ipv4_addresses(handle, ifindex)
+        .await?
+        .into_iter()
+        .filter(|a| a.1)
+        .map(|(ip, _, msg)| (ip, msg))
+        .collect())
 }
 
 /// Makes the interface's lb-agent VIP addresses equal `desired`; returns (added, removed).
@@ -114,19 +128,5 @@ pub async fn sync_vip_addresses(
 
 /// The interface's first IPv4 address that lb-agent did not add (not a VIP).
 pub async fn primary_ipv4(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Option<Ipv4Addr>> {
-    let mut stream = std::pin::pin!(handle.address().get().set_link_index_filter(ifindex).execute());
-    while let Some(msg) = stream.try_next().await? {
-        let ours = msg
-            .attributes
-            .iter()
-            .any(|a| matches!(a, AddressAttribute::Protocol(p) if u8::from(*p) == VIP_ADDRESS_PROTO));
-        let local = msg.attributes.iter().find_map(|a| match a {
-            AddressAttribute::Local(IpAddr::V4(v4)) => Some(*v4),
-            _ => None,
-        });
-        if let (false, Some(v4)) = (ours, local) {
-            return Ok(Some(v4));
-        }
-    }
-    Ok(None)
+    Ok(ipv4_addresses(handle, ifindex).await?.into_iter().find(|a| !a.1).map(|a| a.0))
 }

@@ -245,3 +245,20 @@ pub fn checksums_valid(frame: &[u8]) -> bool {
 pub fn ipv4_at(frame: &[u8], at: usize) -> Ipv4Addr {
     Ipv4Addr::new(frame[at], frame[at + 1], frame[at + 2], frame[at + 3])
 }
+
+/// Deterministic noise for fuzzing frames (xorshift64): the same bytes on every run, so a
+/// failure reproduces.
+pub struct Noise(u64);
+
+impl Noise {
+    pub fn new(seed: u64) -> Noise {
+        Noise(seed | 1)
+    }
+
+    pub fn byte(&mut self) -> u8 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 as u8
+    }
+}

@@ -303,15 +303,12 @@ fn malformed_packets_are_counted_and_never_abort_or_crash() {
         },
     ];
     // And noise: every length, random bytes after a VIP-addressed IPv4 header.
-    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut noise = lb_lab::packet::Noise::new(0x2545_f491_4f6c_dd1d);
     for len in 34..200usize {
         let mut f = good.clone();
         f.resize(len, 0);
         for b in f[34..].iter_mut() {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            *b = state as u8;
+            *b = noise.byte();
         }
         frames.push(f);
     }

@@ -325,13 +325,8 @@ fn fixtures(ifindex: u32, local: LocalMacs) {
     assert_eq!(&out[40..42], &[0, 0], "a zero UDP checksum stays zero");
 
     // Random frames under the IPv4 EtherType never abort.
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state as u8
-    };
+    let mut noise = lb_lab::packet::Noise::new(0x9e37_79b9_7f4a_7c15);
+    let mut next = move || noise.byte();
     for len in 14..=96usize {
         for _ in 0..30 {
             let mut frame: Vec<u8> = (0..len).map(|_| next()).collect();

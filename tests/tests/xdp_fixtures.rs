@@ -150,13 +150,8 @@ fn everything_else_passes_untouched_and_is_counted() {
 fn random_frames_never_abort() {
     // A cheap deterministic generator: every length from 14 to 128, ARP EtherType, random body.
     let program = Program::load();
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state as u8
-    };
+    let mut noise = lb_lab::packet::Noise::new(0x2545_f491_4f6c_dd1d);
+    let mut next = move || noise.byte();
     for len in 14..=128usize {
         for _ in 0..20 {
             let mut frame: Vec<u8> = (0..len).map(|_| next()).collect();

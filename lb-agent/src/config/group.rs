@@ -67,7 +67,7 @@ pub struct GroupVip {
 }
 
 /// How a Master makes its VIPs reachable.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum VipMode {
     /// XDP answers ARP; the kernel does not hold the address.

@@ -81,7 +81,7 @@ impl Protocol {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum RemoteMode {
     /// DNAT and SNAT to this node (kube-proxy's Cluster semantics); the client address is not

@@ -8,6 +8,12 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+// The group shares the standalone config's vocabulary, so the two sources cannot drift apart.
+pub use crate::{
+    config::{RemoteMode, VipMode},
+    vrrp::router::Transport,
+};
+
 /// The API group.
 pub const GROUP: &str = "lb-agent.io";
 /// A Service with this `spec.loadBalancerClass` is ours.
@@ -89,34 +95,6 @@ fn default_advert_interval() -> String {
 
 fn yes() -> bool {
     true
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum Transport {
-    #[default]
-    Multicast,
-    /// Peers are the member nodes' InternalIP addresses.
-    Unicast,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum VipMode {
-    /// XDP answers ARP and forwards.
-    #[default]
-    Xdp,
-    /// The address goes on the uplink, and the kernel answers (no XDP needed).
-    Netlink,
-    Both,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum RemoteMode {
-    #[default]
-    FullNat,
-    Dsr,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

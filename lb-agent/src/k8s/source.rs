@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::{
     binding::{Bound, Refusal, bind},
-    crd::{LoadBalancerGroup, RemoteMode, Transport, VipMode},
+    crd::{LoadBalancerGroup, RemoteMode},
 };
 use crate::config::{Config, GroupConfig, ServiceConfig};
 
@@ -88,10 +88,10 @@ pub fn translate(state: &ClusterState, base: &Config) -> Result<Translation, Str
             "vips": vips,
             "advertInterval": spec.advert_interval,
             "spread": spec.spread,
-            "transport": match spec.transport { Transport::Multicast => "multicast", Transport::Unicast => "unicast" },
+            "transport": spec.transport,
             "excludedVrids": spec.excluded_vrids,
             "preempt": spec.preempt,
-            "vipMode": match spec.vip_mode { VipMode::Xdp => "xdp", VipMode::Netlink => "netlink", VipMode::Both => "both" },
+            "vipMode": spec.vip_mode,
         });
         let group: GroupConfig =
             serde_json::from_value(document).map_err(|e| format!("LoadBalancerGroup {name}: {e}"))?;
@@ -201,7 +201,7 @@ fn service_document(
         "vip": vip.to_string(),
         "ports": ports,
         "endpoints": endpoints,
-        "remoteMode": match mode { RemoteMode::FullNat => "fullNat", RemoteMode::Dsr => "dsr" },
+        "remoteMode": mode,
         "trafficPolicy": if spec.external_traffic_policy.as_deref() == Some("Local") { "Local" } else { "Cluster" },
     })
 }

@@ -19,7 +19,9 @@ use super::{
 };
 
 /// Multicast to 224.0.0.18, or unicast to each peer.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum Transport {
     #[default]

@@ -4,8 +4,12 @@
 //! - `ipam`: LoadBalancer address allocation (pure).
 //! - `binding`: which group serves a Service, and what is refused (pure).
 //! - `source`: cluster objects to the same `Config` the standalone YAML gives (pure).
+//! - `status`: what the leader writes back: addresses, finalizers, Events, group status (pure).
+//! - `writer`: carries a status plan out with server-side apply and Events (I/O).
 
 pub mod binding;
 pub mod crd;
 pub mod ipam;
 pub mod source;
+pub mod status;
+pub mod writer;

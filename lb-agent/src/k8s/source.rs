@@ -106,6 +106,11 @@ pub fn translate(state: &ClusterState, base: &Config) -> Result<Translation, Str
     Ok(Translation { config, refusals })
 }
 
+/// The names of the nodes in a group, in order.
+pub fn member_names(nodes: &[Node], selector: &BTreeMap<String, String>) -> Vec<String> {
+    members(nodes, selector).into_iter().map(|(n, _)| n).collect()
+}
+
 /// Nodes matching `selector`, with their IPv4 InternalIP, in name order.
 fn members(nodes: &[Node], selector: &BTreeMap<String, String>) -> Vec<(String, Ipv4Addr)> {
     let mut out: Vec<(String, Ipv4Addr)> = nodes

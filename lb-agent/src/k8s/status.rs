@@ -1,0 +1,266 @@
+//! What the leader writes back: each served Service's addresses (from IPAM), the IPAM
+//! finalizer, Warning Events for refusals, and each group's status. Pure: computed from the
+//! cluster objects, so re-running it changes nothing that is already right.
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use k8s_openapi::api::core::v1::Service;
+
+use super::{
+    binding::{Refusal, bind},
+    crd::{GroupCondition, LoadBalancerGroup, LoadBalancerGroupStatus, VipStatus},
+    ipam::{self, Pools},
+    source::ClusterState,
+};
+
+/// The finalizer that keeps a Service's address allocated until the Service is gone.
+pub const IPAM_FINALIZER: &str = "lb-agent.io/ipam";
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatusPlan {
+    /// `(namespace, name)` → the addresses `status.loadBalancer.ingress` must list.
+    pub ingress: BTreeMap<(String, String), Vec<Ipv4Addr>>,
+    /// Services that need the finalizer added.
+    pub add_finalizer: Vec<(String, String)>,
+    /// Services being deleted whose finalizer can go.
+    pub release: Vec<(String, String)>,
+    /// Warning Events: `(namespace, name)` of the Service, reason, message.
+    pub warnings: Vec<((String, String), &'static str, String)>,
+    /// Group name → its status.
+    pub groups: BTreeMap<String, LoadBalancerGroupStatus>,
+}
+
+/// Plans the writes. `owners` is who is Master for each VIP, as this node's VRRP sees it;
+/// `now` is the timestamp for conditions that change (RFC 3339).
+pub fn plan(state: &ClusterState, owners: &BTreeMap<Ipv4Addr, String>, now: &str) -> StatusPlan {
+    let mut out = StatusPlan::default();
+    let key = |s: &Service| {
+        (
+            s.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+            s.metadata.name.clone().unwrap_or_default(),
+        )
+    };
+    let pools: BTreeMap<String, Pools> = state
+        .groups
+        .iter()
+        .filter_map(|g| Some((g.metadata.name.clone()?, Pools::parse(&g.spec.address_pools).ok()?)))
+        .collect();
+
+    let mut requests = Vec::new();
+    let mut by_name: BTreeMap<String, (&Service, String)> = BTreeMap::new();
+    let mut refusals: Vec<Refusal> = Vec::new();
+    for service in &state.services {
+        let (bound, r) = bind(service, &state.groups);
+        refusals.extend(r);
+        let Some(bound) = bound else { continue };
+        let k = key(service);
+        if service.metadata.deletion_timestamp.is_some() {
+            if has_finalizer(service) {
+                out.release.push(k);
+            }
+            continue;
+        }
+        by_name.insert(bound.service.clone(), (service, bound.group.clone()));
+        if !bound.wants_load_balancer_ip {
+            continue;
+        }
+        if !has_finalizer(service) {
+            out.add_finalizer.push(k.clone());
+        }
+        requests.push(ipam::Request {
+            service: bound.service.clone(),
+            group: bound.group.clone(),
+            current: current_ingress(service),
+            requested: bound.requested.clone(),
+            shared_key: bound.shared_key.clone(),
+            ports: service
+                .spec
+                .as_ref()
+                .and_then(|s| s.ports.clone())
+                .unwrap_or_default()
+                .iter()
+                .map(|p| (p.port as u16, p.protocol.clone().unwrap_or_else(|| "TCP".into())))
+                .collect(),
+        });
+    }
+    let allocation = ipam::allocate(&pools, &requests);
+    for (service, ips) in &allocation.addresses {
+        let (svc, _) = by_name[service];
+        if current_ingress(svc) != *ips {
+            out.ingress.insert(key(svc), ips.clone());
+        }
+    }
+    for (service, error) in &allocation.errors {
+        let (svc, _) = by_name[service];
+        out.warnings.push((key(svc), error.reason(), error.to_string()));
+    }
+    for refusal in &refusals {
+        if let Some((ns, name)) = refusal.service.split_once('/') {
+            out.warnings.push(((ns.to_owned(), name.to_owned()), refusal.reason, refusal.message.clone()));
+        }
+    }
+
+    for group in &state.groups {
+        let Some(name) = group.metadata.name.clone() else { continue };
+        let members = super::source::member_names(&state.nodes, &group.spec.node_selector);
+        let mut vips = Vec::new();
+        for (service, ips) in &allocation.addresses {
+            if by_name[service].1 == name {
+                for ip in ips {
+                    vips.push(VipStatus {
+                        address: ip.to_string(),
+                        service: service.clone(),
+                        owner: owners.get(ip).cloned(),
+                    });
+                }
+            }
+        }
+        let problems: Vec<String> = allocation
+            .errors
+            .iter()
+            .filter(|(s, _)| by_name.get(*s).is_some_and(|(_, g)| *g == name))
+            .map(|(s, e)| format!("{s}: {e}"))
+            .collect();
+        let pools_ok = Pools::parse(&group.spec.address_pools);
+        let generation = group.metadata.generation.unwrap_or(0);
+        let previous = group.status.clone().unwrap_or_default().conditions;
+        let ready = match (&pools_ok, members.is_empty()) {
+            (Err(e), _) => ("False", "InvalidPools", e.clone()),
+            (_, true) => ("False", "NoMembers", "no node matches nodeSelector".to_owned()),
+            _ => ("True", "Serving", format!("{} members, {} VIPs", members.len(), vips.len())),
+        };
+        let degraded = if problems.is_empty() {
+            ("False", "AllServed", String::new())
+        } else {
+            ("True", "ServicesRefused", problems.join("; "))
+        };
+        let conditions = vec![
+            condition(&previous, "Ready", ready, generation, now),
+            condition(&previous, "Degraded", degraded, generation, now),
+        ];
+        let status = LoadBalancerGroupStatus {
+            vrids: group.status.clone().unwrap_or_default().vrids,
+            member_count: members.len() as u32,
+            vip_count: vips.len() as u32,
+            members,
+            vips,
+            conditions,
+        };
+        if group.status.as_ref() != Some(&status) {
+            out.groups.insert(name, status);
+        }
+    }
+    out
+}
+
+/// A condition of `kind`, keeping its transition time when the status did not change: the
+/// list holds one condition per type, replaced in place, never appended.
+fn condition(
+    previous: &[GroupCondition],
+    kind: &str,
+    (status, reason, message): (&str, &str, String),
+    generation: i64,
+    now: &str,
+) -> GroupCondition {
+    let old = previous.iter().find(|c| c.kind == kind);
+    let last_transition_time = match old {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => now.to_owned(),
+    };
+    GroupCondition {
+        kind: kind.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+fn has_finalizer(service: &Service) -> bool {
+    service.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|x| x == IPAM_FINALIZER))
+}
+
+fn current_ingress(service: &Service) -> Vec<Ipv4Addr> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|i| i.iter().filter_map(|x| x.ip.as_deref()?.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Used by tests of other modules to make groups.
+#[cfg(test)]
+pub(crate) fn test_group(name: &str, yaml_spec: &str) -> LoadBalancerGroup {
+    LoadBalancerGroup::new(name, serde_yaml::from_str(yaml_spec).unwrap())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(services: &str) -> ClusterState {
+        ClusterState {
+            groups: vec![test_group(
+                "edge",
+                "{interface: eth0, addressPools: [198.51.100.0/30], default: true}",
+            )],
+            nodes: vec![
+                serde_yaml::from_str(
+                    "metadata: {name: n0}\nstatus: {addresses: [{type: InternalIP, address: 192.0.2.10}]}",
+                )
+                .unwrap(),
+            ],
+            services: services.split("\n---\n").map(|d| serde_yaml::from_str(d).unwrap()).collect(),
+            slices: vec![],
+        }
+    }
+
+    #[test]
+    fn a_new_service_gets_an_address_and_the_finalizer() {
+        let s =
+            state("metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer, ports: [{port: 80}]}");
+        let p = plan(&s, &BTreeMap::new(), "2026-11-22T00:00:00Z");
+        let k = ("shop".to_owned(), "web".to_owned());
+        assert_eq!(p.ingress[&k], [Ipv4Addr::new(198, 51, 100, 1)]);
+        assert_eq!(p.add_finalizer, [k]);
+        let g = &p.groups["edge"];
+        assert_eq!((g.member_count, g.vip_count), (1, 1));
+        assert_eq!(
+            g.conditions.iter().map(|c| (c.kind.as_str(), c.status.as_str())).collect::<Vec<_>>(),
+            [("Ready", "True"), ("Degraded", "False")]
+        );
+    }
+
+    #[test]
+    fn a_settled_service_needs_no_write_and_conditions_do_not_pile_up() {
+        let s = state(
+            "metadata: {name: web, namespace: shop, finalizers: [lb-agent.io/ipam]}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\nstatus: {loadBalancer: {ingress: [{ip: 198.51.100.1}]}}",
+        );
+        let first = plan(&s, &BTreeMap::new(), "2026-11-22T00:00:00Z");
+        assert!(first.ingress.is_empty() && first.add_finalizer.is_empty());
+        let mut settled = s.clone();
+        settled.groups[0].status = Some(first.groups["edge"].clone());
+        let again = plan(&settled, &BTreeMap::new(), "2026-11-22T01:00:00Z");
+        assert!(again.groups.is_empty(), "nothing changed, nothing to write: {:?}", again.groups);
+    }
+
+    #[test]
+    fn exhaustion_warns_and_degrades_the_group_and_deletion_releases() {
+        let s = state(
+            "metadata: {name: a, namespace: ns}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\n---\n\
+             metadata: {name: b, namespace: ns}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\n---\n\
+             metadata: {name: c, namespace: ns}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\n---\n\
+             metadata: {name: gone, namespace: ns, finalizers: [lb-agent.io/ipam], deletionTimestamp: '2026-11-22T00:00:00Z'}\nspec: {type: LoadBalancer}",
+        );
+        let p = plan(&s, &BTreeMap::new(), "2026-11-22T00:00:00Z");
+        assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
+        assert_eq!(p.warnings[0].1, "PoolExhausted");
+        assert_eq!(p.warnings[0].0, ("ns".to_owned(), "c".to_owned()));
+        let degraded = p.groups["edge"].conditions.iter().find(|c| c.kind == "Degraded").unwrap();
+        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "ServicesRefused"));
+        assert_eq!(p.release, [("ns".to_owned(), "gone".to_owned())]);
+    }
+}

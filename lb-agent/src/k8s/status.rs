@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Service;
 
 use super::{
     binding::{Refusal, bind},
-    crd::{GroupCondition, LoadBalancerGroup, LoadBalancerGroupStatus, VipStatus},
+    crd::{GroupCondition, LoadBalancerGroupStatus, VipStatus},
     ipam::{self, Pools},
     source::ClusterState,
 };
@@ -193,8 +193,8 @@ fn current_ingress(service: &Service) -> Vec<Ipv4Addr> {
 
 /// Used by tests of other modules to make groups.
 #[cfg(test)]
-pub(crate) fn test_group(name: &str, yaml_spec: &str) -> LoadBalancerGroup {
-    LoadBalancerGroup::new(name, serde_yaml::from_str(yaml_spec).unwrap())
+pub(crate) fn test_group(name: &str, yaml_spec: &str) -> super::crd::LoadBalancerGroup {
+    super::crd::LoadBalancerGroup::new(name, serde_yaml::from_str(yaml_spec).unwrap())
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! failover costs no more than a map update after the timer fires.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
     path::PathBuf,
     sync::{Arc, Mutex, atomic::Ordering},
@@ -17,7 +17,7 @@ use lb_common::maps::OwnedVip;
 use tokio::{
     net::TcpListener,
     signal::unix::{Signal, SignalKind, signal},
-    sync::watch,
+    sync::{mpsc, watch},
     time::Instant,
 };
 use tracing::{debug, error, info, warn};
@@ -45,16 +45,38 @@ const STOP_BOUND: Duration = Duration::from_secs(10);
 /// starve the timers.
 const DRAIN_LIMIT: usize = 64;
 
+/// `--kubernetes`: where the leader Lease lives.
+pub struct KubernetesSource {
+    pub namespace: String,
+}
+
 pub async fn run(
     config_path: PathBuf,
     node_override: Option<String>,
     pin_override: Option<PathBuf>,
+    kubernetes: Option<KubernetesSource>,
 ) -> Result<()> {
     let mut config = Config::load(&config_path)?;
     if let Some(pin_path) = &pin_override {
         config.dataplane.pin_path = pin_path.clone();
     }
     let node = node_name(&config, node_override);
+    let (mut cluster_configs, mut owners) = (None, None);
+    if let Some(source) = kubernetes {
+        let client = kube::Client::try_default().await.map_err(Error::Kube)?;
+        let (configs_tx, mut configs_rx) = mpsc::channel(4);
+        let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
+        let mut base = config.clone();
+        base.node = Some(node.clone());
+        let shell = crate::k8s::controller::Shell { client, base, node: node.clone(), namespace: source.namespace };
+        tokio::spawn(shell.run(configs_tx, owners_rx));
+        info!("waiting for the cluster's groups and services");
+        config = configs_rx
+            .recv()
+            .await
+            .ok_or_else(|| Error::io("watching the cluster", std::io::Error::other("the watch ended")))?;
+        (cluster_configs, owners) = (Some(configs_rx), Some(owners_tx));
+    }
     let netlink = netdev::connect()?;
     let config_error = |field: &str, expected: String| Error::Config {
         path: config_path.clone(),
@@ -141,6 +163,8 @@ pub async fn run(
         node_address,
         services,
         pin_override,
+        cluster_configs,
+        owners,
     };
     // A crashed earlier run may have left VIP addresses behind: start from none.
     agent.apply_ownership().await;
@@ -233,6 +257,10 @@ struct Agent {
     services: watch::Sender<SyncRequest>,
     /// `--pin-path`, which outranks the config file's on every load.
     pin_override: Option<PathBuf>,
+    /// With `--kubernetes`: configs built from the cluster.
+    cluster_configs: Option<mpsc::Receiver<Config>>,
+    /// With `--kubernetes`: who this node sees as Master of each VIP, for group status.
+    owners: Option<watch::Sender<BTreeMap<Ipv4Addr, String>>>,
 }
 
 impl Agent {
@@ -255,6 +283,7 @@ impl Agent {
                     stop_by = Some(Instant::now() + STOP_BOUND);
                     self.begin_stop().await;
                 }
+                Some(config) = next_cluster_config(&mut self.cluster_configs) => self.apply_config(config).await,
                 _ = hup.recv() => {
                     let started = Instant::now();
                     self.reload().await;
@@ -309,9 +338,10 @@ impl Agent {
 
     /// SIGHUP. A config that fails to validate leaves everything running as it was.
     async fn reload(&mut self) {
-        let count = |state: &HttpState, result| {
-            state.metrics.config_reloads.get_or_create(&ResultLabels { result }).inc()
-        };
+        if self.cluster_configs.is_some() {
+            warn!("SIGHUP ignored: with --kubernetes the cluster is the source of groups and services; restart to change agent settings");
+            return;
+        }
         let new = match Config::load(&self.config_path) {
             Ok(mut new) => {
                 if let Some(pin_path) = &self.pin_override {
@@ -321,10 +351,20 @@ impl Agent {
             }
             Err(e) => {
                 error!(error = %e, "SIGHUP: config rejected, keeping the running config");
-                count(&self.state, "rejected");
+                self.count_reload("rejected");
                 return;
             }
         };
+        self.apply_config(new).await;
+    }
+
+    fn count_reload(&self, result: &'static str) {
+        self.state.metrics.config_reloads.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// A new config, from the file (SIGHUP) or the cluster: applied by difference, or
+    /// rejected whole with the running one kept.
+    async fn apply_config(&mut self, new: Config) {
         let new_plan = node_plan(&new, &self.node);
         let restart_needed = [
             ("interface", new.interface != self.config.interface),
@@ -336,13 +376,13 @@ impl Agent {
         ];
         for (field, changed) in restart_needed {
             if changed {
-                warn!(field, "SIGHUP: this only takes effect on restart; keeping the running value");
+                warn!(field, "this only takes effect on restart; keeping the running value");
             }
         }
         let vrrp_wanted = !new_plan.instances.is_empty();
         if vrrp_wanted && self.vrrp.is_none() || new_plan.local != self.plan.local {
-            error!("SIGHUP: joining or leaving VRRP groups needs a restart; keeping the running config");
-            count(&self.state, "rejected");
+            error!("joining or leaving VRRP groups needs a restart; keeping the running config");
+            self.count_reload("rejected");
             return;
         }
         let mut dataplane = new.dataplane.clone();
@@ -370,7 +410,7 @@ impl Agent {
         self.kernel_vips = None;
         self.applied_epoch = None;
         self.apply_ownership().await;
-        count(&self.state, "applied");
+        self.count_reload("applied");
     }
 
     /// Makes the data plane and the uplink's addresses match who owns what now. Cheap when
@@ -385,6 +425,7 @@ impl Agent {
             return;
         }
         self.applied_epoch = epoch;
+        self.publish_owners();
         let vrrp_owned = self.vrrp.as_ref().map(|v| v.router.owned_vips()).unwrap_or_default();
         let mut xdp: OwnedSet = self
             .config
@@ -441,6 +482,24 @@ impl Agent {
         }
     }
 
+    /// Who this node sees as Master of each VIP, by node name, for the leader's group status.
+    fn publish_owners(&self) {
+        let (Some(owners), Some(vrrp)) = (&self.owners, &self.vrrp) else { return };
+        let names: BTreeMap<Ipv4Addr, String> =
+            self.config.groups.iter().flat_map(|g| g.nodes.iter().map(|n| (n.address, n.name.clone()))).collect();
+        let mut seen = BTreeMap::new();
+        for (spec, instance) in vrrp.router.instances() {
+            if let Some(name) = instance.master().and_then(|m| names.get(&m)) {
+                seen.extend(spec.vips.iter().map(|vip| (*vip, name.clone())));
+            }
+        }
+        owners.send_if_modified(|current| {
+            let changed = *current != seen;
+            *current = seen;
+            changed
+        });
+    }
+
     /// Gratuitous ARPs for VIPs just taken, in the background so the loop never waits on them.
     fn announce(&self, vips: Vec<Ipv4Addr>) {
         let bursts: Vec<(Ipv4Addr, u32, Duration)> = vips
@@ -492,6 +551,13 @@ async fn stop_signal(term: &mut Signal, int: &mut Signal) {
 async fn recv(vrrp: &Option<Vrrp>, buf: &mut [u8]) -> std::io::Result<usize> {
     match vrrp {
         Some(v) => v.socket.recv(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_cluster_config(configs: &mut Option<mpsc::Receiver<Config>>) -> Option<Config> {
+    match configs {
+        Some(rx) => rx.recv().await,
         None => std::future::pending().await,
     }
 }

@@ -36,6 +36,9 @@ pub enum Error {
     #[error("pinning under {path}: {reason}")]
     Pin { path: PathBuf, reason: String },
 
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+
     #[error("netlink: {0}")]
     Netlink(#[from] rtnetlink::Error),
 

@@ -31,6 +31,14 @@ enum Command {
         /// Overrides the config's `dataplane.pinPath` (several agents on one host, as in the lab).
         #[arg(long, env = "LB_PIN_PATH")]
         pin_path: Option<PathBuf>,
+        /// Take groups and services from the cluster (LoadBalancerGroups, Services,
+        /// EndpointSlices, Nodes) instead of the config file, which then holds only the
+        /// agent's own settings.
+        #[arg(long)]
+        kubernetes: bool,
+        /// With --kubernetes: the namespace of the leader Lease (the agent's own).
+        #[arg(long, env = "POD_NAMESPACE", default_value = "lb-agent")]
+        namespace: String,
     },
     /// Print the LoadBalancerGroup CRD (the YAML in deploy/crds/).
     Crd,
@@ -58,12 +66,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log);
     let result = match cli.command {
-        Command::Run { config, node, pin_path } => tokio::runtime::Builder::new_multi_thread()
+        Command::Run { config, node, pin_path, kubernetes, namespace } => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e))
-            .and_then(|rt| rt.block_on(agent::run(config, node, pin_path))),
+            .and_then(|rt| {
+                let source = kubernetes.then_some(agent::KubernetesSource { namespace });
+                rt.block_on(agent::run(config, node, pin_path, source))
+            }),
         Command::Crd => {
             print!("{}", lb_agent::k8s::crd::crd_yaml());
             Ok(())

@@ -6,10 +6,14 @@
 //! - `source`: cluster objects to the same `Config` the standalone YAML gives (pure).
 //! - `status`: what the leader writes back: addresses, finalizers, Events, group status (pure).
 //! - `writer`: carries a status plan out with server-side apply and Events (I/O).
+//! - `lease`: leader election for those writes (decision pure, Lease I/O thin).
+//! - `controller`: the watches, the config channel to the agent, and the leader's loop.
 
 pub mod binding;
+pub mod controller;
 pub mod crd;
 pub mod ipam;
+pub mod lease;
 pub mod source;
 pub mod status;
 pub mod writer;

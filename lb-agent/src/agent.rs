@@ -68,7 +68,8 @@ pub async fn run(
         let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
         let mut base = config.clone();
         base.node = Some(node.clone());
-        let shell = crate::k8s::controller::Shell { client, base, node: node.clone(), namespace: source.namespace };
+        let shell =
+            crate::k8s::controller::Shell { client, base, node: node.clone(), namespace: source.namespace };
         tokio::spawn(shell.run(configs_tx, owners_rx));
         info!("waiting for the cluster's groups and services");
         config = configs_rx
@@ -339,7 +340,9 @@ impl Agent {
     /// SIGHUP. A config that fails to validate leaves everything running as it was.
     async fn reload(&mut self) {
         if self.cluster_configs.is_some() {
-            warn!("SIGHUP ignored: with --kubernetes the cluster is the source of groups and services; restart to change agent settings");
+            warn!(
+                "SIGHUP ignored: with --kubernetes the cluster is the source of groups and services; restart to change agent settings"
+            );
             return;
         }
         let new = match Config::load(&self.config_path) {
@@ -485,8 +488,12 @@ impl Agent {
     /// Who this node sees as Master of each VIP, by node name, for the leader's group status.
     fn publish_owners(&self) {
         let (Some(owners), Some(vrrp)) = (&self.owners, &self.vrrp) else { return };
-        let names: BTreeMap<Ipv4Addr, String> =
-            self.config.groups.iter().flat_map(|g| g.nodes.iter().map(|n| (n.address, n.name.clone()))).collect();
+        let names: BTreeMap<Ipv4Addr, String> = self
+            .config
+            .groups
+            .iter()
+            .flat_map(|g| g.nodes.iter().map(|n| (n.address, n.name.clone())))
+            .collect();
         let mut seen = BTreeMap::new();
         for (spec, instance) in vrrp.router.instances() {
             if let Some(name) = instance.master().and_then(|m| names.get(&m)) {

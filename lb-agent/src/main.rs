@@ -66,15 +66,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log);
     let result = match cli.command {
-        Command::Run { config, node, pin_path, kubernetes, namespace } => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e))
-            .and_then(|rt| {
-                let source = kubernetes.then_some(agent::KubernetesSource { namespace });
-                rt.block_on(agent::run(config, node, pin_path, source))
-            }),
+        Command::Run { config, node, pin_path, kubernetes, namespace } => {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e))
+                .and_then(|rt| {
+                    let source = kubernetes.then_some(agent::KubernetesSource { namespace });
+                    rt.block_on(agent::run(config, node, pin_path, source))
+                })
+        }
         Command::Crd => {
             print!("{}", lb_agent::k8s::crd::crd_yaml());
             Ok(())

@@ -85,7 +85,11 @@ where
 impl Shell {
     /// Runs until the agent stops: sends each new config on `configs`; `owners` is who this
     /// node's VRRP sees as Master of each VIP (for group status).
-    pub async fn run(self, configs: mpsc::Sender<Config>, owners: watch::Receiver<BTreeMap<Ipv4Addr, String>>) {
+    pub async fn run(
+        self,
+        configs: mpsc::Sender<Config>,
+        owners: watch::Receiver<BTreeMap<Ipv4Addr, String>>,
+    ) {
         let (groups, g) = watch_into(Api::<LoadBalancerGroup>::all(self.client.clone()));
         let (services, s) = watch_into(Api::<Service>::all(self.client.clone()));
         let (slices, e) = watch_into(Api::<EndpointSlice>::all(self.client.clone()));
@@ -135,7 +139,9 @@ impl Shell {
                     }
                 }
                 Ok(_) => {}
-                Err(e) => warn!(error = %e, "the cluster's objects give an invalid config; keeping the last one"),
+                Err(e) => {
+                    warn!(error = %e, "the cluster's objects give an invalid config; keeping the last one")
+                }
             }
             if leading {
                 let plan = status::plan(&state, &owners.borrow().clone(), &Timestamp::now().to_string());
@@ -149,7 +155,6 @@ impl Shell {
     }
 }
 
-
 trait Ready {
     fn is_ready(&self) -> bool;
 }
@@ -161,5 +166,171 @@ where
     /// The first list has arrived, so the snapshot is the cluster's, not an empty start.
     fn is_ready(&self) -> bool {
         self.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The whole shell against a mock API server (tower-test): lists answered from fixtures,
+    //! watches left open, the first Service list failing (a watch error, retried with backoff),
+    //! and every write recorded.
+
+    use std::sync::{Arc, Mutex};
+
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn list(kind: &str, api_version: &str, items: Value) -> Value {
+        json!({"apiVersion": api_version, "kind": format!("{kind}List"), "metadata": {"resourceVersion": "1"}, "items": items})
+    }
+
+    type Writes = Arc<Mutex<Vec<(String, String, Value)>>>;
+
+    async fn api_server(mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>, writes: Writes) {
+        let mut open_watches = Vec::new();
+        let mut service_lists = 0;
+        while let Some((request, send)) = handle.next_request().await {
+            let method = request.method().to_string();
+            let path = request.uri().path().to_owned();
+            let query = request.uri().query().unwrap_or_default().to_owned();
+            let body: Value = serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap())
+                .unwrap_or(Value::Null);
+            if query.contains("watch=true") {
+                open_watches.push(send);
+                continue;
+            }
+            let reply = |status: u16, v: Value| {
+                Response::builder().status(status).body(Body::from(serde_json::to_vec(&v).unwrap())).unwrap()
+            };
+            let response = match (method.as_str(), path.as_str()) {
+                ("GET", "/apis/lb-agent.io/v1alpha1/loadbalancergroups") => reply(
+                    200,
+                    list(
+                        "LoadBalancerGroup",
+                        "lb-agent.io/v1alpha1",
+                        json!([{
+                    "apiVersion": "lb-agent.io/v1alpha1", "kind": "LoadBalancerGroup", "metadata": {"name": "edge", "generation": 1},
+                    "spec": {"interface": "eth0", "addressPools": ["198.51.100.0/29"], "default": true, "advertInterval": "10ms"}}]),
+                    ),
+                ),
+                ("GET", "/api/v1/services") => {
+                    service_lists += 1;
+                    if service_lists == 1 {
+                        reply(
+                            500,
+                            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "etcd is sad", "code": 500}),
+                        )
+                    } else {
+                        reply(
+                            200,
+                            list(
+                                "Service",
+                                "v1",
+                                json!([
+                                    {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop", "finalizers": ["lb-agent.io/ipam"]},
+                                     "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "targetPort": 8080}]},
+                                     "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}}},
+                                    {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "new", "namespace": "shop"},
+                                     "spec": {"type": "LoadBalancer", "ports": [{"port": 443}]}}
+                                ]),
+                            ),
+                        )
+                    }
+                }
+                ("GET", "/apis/discovery.k8s.io/v1/endpointslices") => reply(
+                    200,
+                    list(
+                        "EndpointSlice",
+                        "discovery.k8s.io/v1",
+                        json!([{
+                    "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                    "metadata": {"name": "web-1", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
+                    "endpoints": [{"addresses": ["10.244.1.5"], "nodeName": "n1"}]}]),
+                    ),
+                ),
+                ("GET", "/api/v1/nodes") => reply(
+                    200,
+                    list(
+                        "Node",
+                        "v1",
+                        json!([
+                            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n0"}, "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.10"}]}},
+                            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.11"}]}}
+                        ]),
+                    ),
+                ),
+                ("GET", p) if p.ends_with("/leases/lb-agent-leader") => reply(
+                    404,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+                ),
+                ("POST", p) if p.ends_with("/leases") => reply(201, body),
+                (method, path) => {
+                    writes.lock().unwrap().push((method.to_owned(), path.to_owned(), body.clone()));
+                    let mut echo = body;
+                    if echo["metadata"].is_null() {
+                        echo["metadata"] = json!({"name": "x", "namespace": "shop"});
+                    }
+                    reply(200, echo)
+                }
+            };
+            send.send_response(response);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_cluster_becomes_a_config_and_the_leader_writes_status() {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let writes: Writes = Arc::default();
+        tokio::spawn(api_server(handle, writes.clone()));
+        let base = Config::parse("interface: eth0\nnode: n0\n").unwrap();
+        let shell = Shell {
+            client: Client::new(service, "default"),
+            base,
+            node: "n0".into(),
+            namespace: "lb-agent".into(),
+        };
+        let (tx, mut rx) = mpsc::channel(4);
+        let (_owners_tx, owners_rx) = watch::channel(BTreeMap::new());
+        tokio::spawn(shell.run(tx, owners_rx));
+
+        let config = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .expect("a config in time")
+            .unwrap();
+        let group = &config.groups[0];
+        assert_eq!(group.name, "edge");
+        assert_eq!(group.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n0", "n1"]);
+        assert_eq!(group.vips.iter().map(|v| v.address.to_string()).collect::<Vec<_>>(), ["198.51.100.1"]);
+        assert_eq!(config.services[0].endpoints[0].address, Ipv4Addr::new(10, 244, 1, 5));
+
+        // The leader allocates the next free address to the new Service, after its finalizer.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen = writes.lock().unwrap().clone();
+            let finalizer =
+                seen.iter().position(|(m, p, _)| m == "PATCH" && p == "/api/v1/namespaces/shop/services/new");
+            let status = seen
+                .iter()
+                .position(|(m, p, _)| m == "PATCH" && p == "/api/v1/namespaces/shop/services/new/status");
+            if let (Some(f), Some(s)) = (finalizer, status) {
+                assert!(f < s, "the finalizer comes first: {seen:#?}");
+                assert_eq!(seen[s].2["status"]["loadBalancer"]["ingress"][0]["ip"], "198.51.100.2");
+                assert!(
+                    seen.iter().any(|(_, p, b)| p.ends_with("/loadbalancergroups/edge/status")
+                        && b["status"]["vipCount"] == 2),
+                    "{seen:#?}"
+                );
+                assert!(
+                    !seen.iter().any(|(_, p, _)| p == "/api/v1/namespaces/shop/services/web/status"),
+                    "web is already right"
+                );
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no status writes: {seen:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }

@@ -11,10 +11,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
     jiff::Timestamp,
 };
-use kube::{
-    Api, Client,
-    api::{PostParams},
-};
+use kube::{Api, Client, api::PostParams};
 
 pub const LEASE_NAME: &str = "lb-agent-leader";
 
@@ -78,7 +75,8 @@ impl LeaseLock {
             }
             (decision, Some(mut lease)) => {
                 let old = lease.spec.clone().unwrap_or_default();
-                let transitions = old.lease_transitions.unwrap_or(0) + i32::from(decision == Decision::TakeOver);
+                let transitions =
+                    old.lease_transitions.unwrap_or(0) + i32::from(decision == Decision::TakeOver);
                 let acquired = if decision == Decision::Renew { old.acquire_time } else { None };
                 lease.spec = Some(spec(transitions, acquired));
                 // `replace` sends the resourceVersion we read: a concurrent writer makes it 409.
@@ -103,7 +101,9 @@ mod tests {
         LeaseSpec {
             holder_identity: holder.map(str::to_owned),
             lease_duration_seconds: Some(15),
-            renew_time: Some(MicroTime(Timestamp::from_second(now.as_second() - renewed_seconds_ago).unwrap())),
+            renew_time: Some(MicroTime(
+                Timestamp::from_second(now.as_second() - renewed_seconds_ago).unwrap(),
+            )),
             ..Default::default()
         }
     }
@@ -128,24 +128,42 @@ mod tests {
         #[tokio::test]
         async fn an_absent_lease_is_created_and_a_lost_race_follows() {
             let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-            let lock = LeaseLock::new(Client::new(service, "default"), "lb-agent", "n0".into(), Duration::from_secs(15));
+            let lock = LeaseLock::new(
+                Client::new(service, "default"),
+                "lb-agent",
+                "n0".into(),
+                Duration::from_secs(15),
+            );
             let server = tokio::spawn(async move {
                 let not_found = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
                 let (request, send) = handle.next_request().await.unwrap();
-                assert_eq!(request.uri().path(), "/apis/coordination.k8s.io/v1/namespaces/lb-agent/leases/lb-agent-leader");
-                send.send_response(Response::builder().status(404).body(Body::from(serde_json::to_vec(&not_found).unwrap())).unwrap());
+                assert_eq!(
+                    request.uri().path(),
+                    "/apis/coordination.k8s.io/v1/namespaces/lb-agent/leases/lb-agent-leader"
+                );
+                send.send_response(
+                    Response::builder()
+                        .status(404)
+                        .body(Body::from(serde_json::to_vec(&not_found).unwrap()))
+                        .unwrap(),
+                );
                 let (request, send) = handle.next_request().await.unwrap();
                 assert_eq!(request.method(), "POST");
-                let body: serde_json::Value = serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap()).unwrap();
+                let body: serde_json::Value =
+                    serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap()).unwrap();
                 assert_eq!(body["spec"]["holderIdentity"], "n0");
                 assert_eq!(body["spec"]["leaseDurationSeconds"], 15);
-                send.send_response(Response::builder().body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap());
+                send.send_response(
+                    Response::builder().body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap(),
+                );
 
                 // Second round: someone else took it a moment ago.
                 let (_, send) = handle.next_request().await.unwrap();
                 let theirs = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "lb-agent-leader", "resourceVersion": "7"},
                     "spec": {"holderIdentity": "n1", "leaseDurationSeconds": 15, "renewTime": Timestamp::now().to_string()}});
-                send.send_response(Response::builder().body(Body::from(serde_json::to_vec(&theirs).unwrap())).unwrap());
+                send.send_response(
+                    Response::builder().body(Body::from(serde_json::to_vec(&theirs).unwrap())).unwrap(),
+                );
             });
             assert!(lock.try_lead().await.unwrap(), "created: leading");
             assert!(!lock.try_lead().await.unwrap(), "n1 holds a current lease: following");

@@ -133,6 +133,9 @@ impl Shell {
             };
             match translate(&state, &self.base) {
                 Ok(translation) if last.as_ref() != Some(&translation.config) => {
+                    for refusal in &translation.refusals {
+                        warn!(object = %refusal.service, reason = refusal.reason, "{}", refusal.message);
+                    }
                     last = Some(translation.config.clone());
                     if configs.send(translation.config).await.is_err() {
                         return;

@@ -82,8 +82,8 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
                 .map(|v| VipInput {
                     address: IpAddr::V4(v.address),
                     service: v.service.clone(),
-                    spread: group.spread.unwrap_or(true),
-                    eligible: None,
+                    spread: v.spread.or(group.spread).unwrap_or(true),
+                    eligible: v.eligible_nodes.as_ref().map(|nodes| nodes.iter().cloned().collect()),
                 })
                 .collect(),
             excluded_vrids: group.excluded_vrids.iter().copied().chain(taken.iter().copied()).collect(),

@@ -64,6 +64,13 @@ pub struct GroupVip {
     /// The Service the VIP belongs to (e.g. `default/web`); a Service's VIPs are spread.
     #[serde(default)]
     pub service: Option<String>,
+    /// Overrides the group's `spread` for this VIP's Service.
+    #[serde(default)]
+    pub spread: Option<bool>,
+    /// Only these nodes may own the VIP (e.g. those with a ready local endpoint, for
+    /// `trafficPolicy: Local`). Absent: every member.
+    #[serde(default)]
+    pub eligible_nodes: Option<Vec<String>>,
 }
 
 /// How a Master makes its VIPs reachable.
@@ -183,6 +190,14 @@ pub(super) fn validate_groups(
             }
         }
         for (v, vip) in group.vips.iter().enumerate() {
+            for (n, node) in vip.eligible_nodes.iter().flatten().enumerate() {
+                if !node_addresses.contains_key(node) {
+                    return Err(ConfigError::new(
+                        at(&format!("vips[{v}].eligibleNodes[{n}]")),
+                        format!("a node of this group, but {node:?} is not in its nodes"),
+                    ));
+                }
+            }
             let field = at(&format!("vips[{v}].address"));
             check_unicast(&field, vip.address)?;
             if let Some(first) = vip_owner.insert(vip.address, at(&format!("vips[{v}]"))) {
@@ -320,6 +335,15 @@ mod tests {
             "groups[0].vrid"
         );
         assert!(err("    vrid: 300\n    priorities: {n0: 200, n1: 100}\n").1.contains("300"));
+    }
+
+    #[test]
+    fn eligible_nodes_must_be_members() {
+        let yaml = "interface: eth0\ngroups:\n  - name: a\n    nodes:\n      - {name: n0, address: 192.0.2.10}\n    \
+                    vips:\n      - {address: 198.51.100.10, eligibleNodes: [n0, n7]}\n";
+        let e = Config::parse(yaml).unwrap_err();
+        assert_eq!(e.field, "groups[0].vips[0].eligibleNodes[1]");
+        assert!(e.expected.contains("\"n7\""), "{e}");
     }
 
     #[test]

@@ -73,10 +73,26 @@ pub fn translate(state: &ClusterState, base: &Config) -> Result<Translation, Str
             .map(|(node, address)| json!({"name": node, "address": address.to_string()}))
             .collect();
         let mut vips = Vec::new();
+        let member_set: Vec<String> =
+            members.iter().filter_map(|m| m["name"].as_str().map(str::to_owned)).collect();
         for (b, service) in bound.iter().filter(|(b, _)| b.group == name) {
             let addresses = service_vips(b, service);
+            // `externalTrafficPolicy: Local`: only members with a ready endpoint may own it.
+            let local =
+                service.spec.as_ref().and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
+            let eligible: Option<Vec<String>> = local.then(|| {
+                let with_endpoints = ready_endpoint_nodes(service, &state.slices);
+                member_set.iter().filter(|m| with_endpoints.contains(*m)).cloned().collect()
+            });
             for address in &addresses {
-                vips.push(json!({"address": address.to_string(), "service": b.service}));
+                let mut vip = json!({"address": address.to_string(), "service": b.service});
+                if let Some(spread) = b.spread {
+                    vip["spread"] = json!(spread);
+                }
+                if let Some(eligible) = &eligible {
+                    vip["eligibleNodes"] = json!(eligible);
+                }
+                vips.push(vip);
             }
             for address in addresses {
                 services.push(service_document(b, service, address, &state.slices, spec.remote_mode));
@@ -128,6 +144,21 @@ fn members(nodes: &[Node], selector: &BTreeMap<String, String>) -> Vec<(String, 
         .collect();
     out.sort();
     out
+}
+
+/// Nodes with a ready endpoint of `service`.
+fn ready_endpoint_nodes(service: &Service, slices: &[EndpointSlice]) -> std::collections::BTreeSet<String> {
+    let (namespace, name) = (service.metadata.namespace.as_deref(), service.metadata.name.as_ref());
+    slices
+        .iter()
+        .filter(|s| {
+            s.metadata.namespace.as_deref() == namespace
+                && s.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")) == name
+        })
+        .flat_map(|s| s.endpoints.iter())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+        .filter_map(|e| e.node_name.clone())
+        .collect()
 }
 
 /// A Service's VIPs: its LoadBalancer addresses (written by the IPAM leader into
@@ -232,7 +263,7 @@ mod tests {
                  metadata: {name: worker, labels: {}}\nstatus: {addresses: [{type: InternalIP, address: 192.0.2.50}]}",
             ),
             services: objects(
-                "metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer, ports: [{port: 80, targetPort: http}, {port: 443, targetPort: 8443}], externalIPs: [203.0.113.9, 8.8.8.8]}\n\
+                "metadata: {name: web, namespace: shop, annotations: {lb-agent.io/spread: 'false'}}\nspec: {type: LoadBalancer, ports: [{port: 80, targetPort: http}, {port: 443, targetPort: 8443}], externalIPs: [203.0.113.9, 8.8.8.8]}\n\
                  status: {loadBalancer: {ingress: [{ip: 198.51.100.1}]}}\n---\n\
                  metadata: {name: dns, namespace: kube-system, annotations: {lb-agent.io/group: edge}}\nspec: {type: LoadBalancer, externalTrafficPolicy: Local, ports: [{port: 53, protocol: UDP}]}\n\
                  status: {loadBalancer: {ingress: [{ip: 198.51.100.2}]}}",
@@ -260,9 +291,9 @@ groups:
       - {name: n1, address: 192.0.2.11}
       - {name: n2, address: 192.0.2.12}
     vips:
-      - {address: 198.51.100.2, service: kube-system/dns}
-      - {address: 198.51.100.1, service: shop/web}
-      - {address: 203.0.113.9, service: shop/web}
+      - {address: 198.51.100.2, service: kube-system/dns, eligibleNodes: [n0]}
+      - {address: 198.51.100.1, service: shop/web, spread: false}
+      - {address: 203.0.113.9, service: shop/web, spread: false}
 services:
   - name: kube-system/dns
     vip: 198.51.100.2
@@ -299,6 +330,15 @@ services:
                 "data plane on {node}"
             );
         }
+        // `Local` policy: only n0 has a dns endpoint, so only n0 may own its VIP.
+        let vip = Ipv4Addr::new(198, 51, 100, 2);
+        for node in ["n1", "n2"] {
+            assert!(
+                node_plan(&from_cluster.config, node).instances.iter().all(|i| !i.vips.contains(&vip)),
+                "{node}"
+            );
+        }
+        assert!(node_plan(&from_cluster.config, "n0").instances.iter().any(|i| i.vips.contains(&vip)));
         // The refused externalIP is reported, not served.
         assert_eq!(from_cluster.refusals.len(), 1, "{:?}", from_cluster.refusals);
         assert_eq!(from_cluster.refusals[0].reason, "ExternalIPNotAllowed");

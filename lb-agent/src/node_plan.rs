@@ -32,6 +32,8 @@ pub struct NodePlan {
     pub vips: BTreeMap<Ipv4Addr, VipSettings>,
     /// VIPs the planner could not place, with the reason, for logs and Events.
     pub unplaced: Vec<(String, Ipv4Addr, String)>,
+    /// Every planned group's VRIDs by instance (`status.vrids`): the same on every node.
+    pub vrids: BTreeMap<String, BTreeMap<String, u8>>,
 }
 
 pub fn node_plan(config: &Config, me: &str) -> NodePlan {
@@ -87,10 +89,18 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
                 })
                 .collect(),
             excluded_vrids: group.excluded_vrids.iter().copied().chain(taken.iter().copied()).collect(),
-            pinned_vrids: BTreeMap::new(),
+            pinned_vrids: group
+                .pinned_vrids
+                .iter()
+                .filter_map(|(key, vrid)| Some((planner::InstanceKey::from_status_key(key)?, *vrid)))
+                .collect(),
         };
         let group_plan = planner::plan(&input);
         taken.extend(group_plan.instances.keys().copied());
+        plan.vrids.insert(
+            group.name.clone(),
+            group_plan.instances.iter().map(|(vrid, i)| (i.key.status_key(), *vrid)).collect(),
+        );
         for (address, reason) in &group_plan.unplaced {
             if let IpAddr::V4(v4) = address {
                 plan.unplaced.push((group.name.clone(), *v4, format!("{reason:?}")));

@@ -47,6 +47,10 @@ pub struct GroupConfig {
     pub vip_mode: VipMode,
     #[serde(default)]
     pub garp: GarpConfig,
+    /// VRIDs allocated earlier, by instance (`owner/backup` as in a LoadBalancerGroup's
+    /// `status.vrids`): kept while still valid, so a change does not renumber instances.
+    #[serde(default)]
+    pub pinned_vrids: BTreeMap<String, u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]

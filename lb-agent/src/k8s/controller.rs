@@ -131,13 +131,14 @@ impl Shell {
                 slices: snapshot(&slices),
                 nodes: snapshot(&nodes),
             };
-            match translate(&state, &self.base) {
+            let translated = translate(&state, &self.base);
+            match &translated {
                 Ok(translation) if last.as_ref() != Some(&translation.config) => {
                     for refusal in &translation.refusals {
                         warn!(object = %refusal.service, reason = refusal.reason, "{}", refusal.message);
                     }
                     last = Some(translation.config.clone());
-                    if configs.send(translation.config).await.is_err() {
+                    if configs.send(translation.config.clone()).await.is_err() {
                         return;
                     }
                 }
@@ -146,8 +147,10 @@ impl Shell {
                     warn!(error = %e, "the cluster's objects give an invalid config; keeping the last one")
                 }
             }
-            if leading {
-                let plan = status::plan(&state, &owners.borrow().clone(), &Timestamp::now().to_string());
+            if leading && let Some(config) = &last {
+                let planned = crate::node_plan::node_plan(config, &self.node);
+                let plan =
+                    status::plan(&state, &owners.borrow().clone(), &planned, &Timestamp::now().to_string());
                 if plan != status::StatusPlan::default()
                     && let Err(e) = writer.apply(&plan).await
                 {

@@ -108,6 +108,8 @@ pub fn translate(state: &ClusterState, base: &Config) -> Result<Translation, Str
             "excludedVrids": spec.excluded_vrids,
             "preempt": spec.preempt,
             "vipMode": spec.vip_mode,
+            // Keep the VRIDs the leader published, so instances are never renumbered.
+            "pinnedVrids": group.status.as_ref().map(|s| s.vrids.clone()).unwrap_or_default(),
         });
         let group: GroupConfig =
             serde_json::from_value(document).map_err(|e| format!("LoadBalancerGroup {name}: {e}"))?;
@@ -342,6 +344,21 @@ services:
         // The refused externalIP is reported, not served.
         assert_eq!(from_cluster.refusals.len(), 1, "{:?}", from_cluster.refusals);
         assert_eq!(from_cluster.refusals[0].reason, "ExternalIPNotAllowed");
+    }
+
+    #[test]
+    fn published_vrids_are_kept() {
+        let base = Config::parse(BASE).unwrap();
+        let mut state = cluster();
+        let first = node_plan(&translate(&state, &base).unwrap().config, "n0");
+        let pinned: BTreeMap<String, u8> =
+            first.vrids["edge"].keys().enumerate().map(|(i, key)| (key.clone(), 200 + i as u8)).collect();
+        assert!(!pinned.is_empty());
+        state.groups[0].status =
+            Some(crate::k8s::crd::LoadBalancerGroupStatus { vrids: pinned.clone(), ..Default::default() });
+        let second = node_plan(&translate(&state, &base).unwrap().config, "n0");
+        assert_eq!(second.vrids["edge"], pinned, "the published VRIDs win over fresh allocation");
+        assert!(second.instances.iter().all(|i| i.vrid >= 200));
     }
 
     #[test]

@@ -31,8 +31,14 @@ pub struct StatusPlan {
 }
 
 /// Plans the writes. `owners` is who is Master for each VIP, as this node's VRRP sees it;
-/// `now` is the timestamp for conditions that change (RFC 3339).
-pub fn plan(state: &ClusterState, owners: &BTreeMap<Ipv4Addr, String>, now: &str) -> StatusPlan {
+/// `planned` is the node plan of the translated config (its VRIDs and unplaced VIPs are the
+/// same on every node); `now` is the timestamp for conditions that change (RFC 3339).
+pub fn plan(
+    state: &ClusterState,
+    owners: &BTreeMap<Ipv4Addr, String>,
+    planned: &crate::node_plan::NodePlan,
+    now: &str,
+) -> StatusPlan {
     let mut out = StatusPlan::default();
     let key = |s: &Service| {
         (
@@ -94,6 +100,21 @@ pub fn plan(state: &ClusterState, owners: &BTreeMap<Ipv4Addr, String>, now: &str
         let (svc, _) = by_name[service];
         out.warnings.push((key(svc), error.reason(), error.to_string()));
     }
+    for (group, vip, reason) in &planned.unplaced {
+        let service = allocation
+            .addresses
+            .iter()
+            .find(|(s, ips)| ips.contains(vip) && by_name.get(*s).is_some_and(|(_, g)| g == group))
+            .map(|(s, _)| s.clone());
+        if let Some((ns, name)) = service.as_deref().and_then(|s| s.split_once('/')) {
+            let event_reason = if reason == "VridsExhausted" { "VridsExhausted" } else { "NoEligibleNode" };
+            out.warnings.push((
+                (ns.to_owned(), name.to_owned()),
+                event_reason,
+                format!("VIP {vip} has no owner: {reason}"),
+            ));
+        }
+    }
     for refusal in &refusals {
         if let Some((ns, name)) = refusal.service.split_once('/') {
             out.warnings.push(((ns.to_owned(), name.to_owned()), refusal.reason, refusal.message.clone()));
@@ -115,12 +136,15 @@ pub fn plan(state: &ClusterState, owners: &BTreeMap<Ipv4Addr, String>, now: &str
                 }
             }
         }
-        let problems: Vec<String> = allocation
+        let mut problems: Vec<String> = allocation
             .errors
             .iter()
             .filter(|(s, _)| by_name.get(*s).is_some_and(|(_, g)| *g == name))
             .map(|(s, e)| format!("{s}: {e}"))
             .collect();
+        for (_, vip, reason) in planned.unplaced.iter().filter(|(g, _, _)| *g == name) {
+            problems.push(format!("VIP {vip} is not placed: {reason}"));
+        }
         let pools_ok = Pools::parse(&group.spec.address_pools);
         let generation = group.metadata.generation.unwrap_or(0);
         let previous = group.status.clone().unwrap_or_default().conditions;
@@ -139,7 +163,7 @@ pub fn plan(state: &ClusterState, owners: &BTreeMap<Ipv4Addr, String>, now: &str
             condition(&previous, "Degraded", degraded, generation, now),
         ];
         let status = LoadBalancerGroupStatus {
-            vrids: group.status.clone().unwrap_or_default().vrids,
+            vrids: planned.vrids.get(&name).cloned().unwrap_or_default(),
             member_count: members.len() as u32,
             vip_count: vips.len() as u32,
             members,
@@ -222,7 +246,7 @@ mod tests {
     fn a_new_service_gets_an_address_and_the_finalizer() {
         let s =
             state("metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer, ports: [{port: 80}]}");
-        let p = plan(&s, &BTreeMap::new(), "2026-11-22T00:00:00Z");
+        let p = plan(&s, &BTreeMap::new(), &Default::default(), "2026-11-22T00:00:00Z");
         let k = ("shop".to_owned(), "web".to_owned());
         assert_eq!(p.ingress[&k], [Ipv4Addr::new(198, 51, 100, 1)]);
         assert_eq!(p.add_finalizer, [k]);
@@ -235,15 +259,41 @@ mod tests {
     }
 
     #[test]
+    fn vrids_are_published_and_an_unplaceable_vip_is_reported() {
+        // A Local-policy Service whose only endpoint is on a node outside the group.
+        let mut s = state(
+            "metadata: {name: dns, namespace: kube-system}\nspec: {type: LoadBalancer, externalTrafficPolicy: Local, ports: [{port: 53, protocol: UDP}]}\nstatus: {loadBalancer: {ingress: [{ip: 198.51.100.1}]}}\n---\n\
+             metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\nstatus: {loadBalancer: {ingress: [{ip: 198.51.100.2}]}}",
+        );
+        s.slices = vec![serde_yaml::from_str(
+            "metadata: {name: dns-1, namespace: kube-system, labels: {kubernetes.io/service-name: dns}}\naddressType: IPv4\nendpoints: [{addresses: [10.244.9.9], nodeName: elsewhere}]",
+        )
+        .unwrap()];
+        let base = crate::config::Config::parse("interface: eth0\nnode: n0\n").unwrap();
+        let config = super::super::source::translate(&s, &base).unwrap().config;
+        let planned = crate::node_plan::node_plan(&config, "n0");
+        let p = plan(&s, &BTreeMap::new(), &planned, "2026-11-22T00:00:00Z");
+        let edge = &p.groups["edge"];
+        assert!(!edge.vrids.is_empty(), "the allocation is published");
+        assert_eq!(edge.vrids, planned.vrids["edge"]);
+        let warning =
+            p.warnings.iter().find(|w| w.1 == "NoEligibleNode").expect("an Event for the unplaced VIP");
+        assert_eq!(warning.0, ("kube-system".to_owned(), "dns".to_owned()));
+        let degraded = edge.conditions.iter().find(|c| c.kind == "Degraded").unwrap();
+        assert_eq!(degraded.status, "True");
+        assert!(degraded.message.contains("198.51.100.1"), "{}", degraded.message);
+    }
+
+    #[test]
     fn a_settled_service_needs_no_write_and_conditions_do_not_pile_up() {
         let s = state(
             "metadata: {name: web, namespace: shop, finalizers: [lb-agent.io/ipam]}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\nstatus: {loadBalancer: {ingress: [{ip: 198.51.100.1}]}}",
         );
-        let first = plan(&s, &BTreeMap::new(), "2026-11-22T00:00:00Z");
+        let first = plan(&s, &BTreeMap::new(), &Default::default(), "2026-11-22T00:00:00Z");
         assert!(first.ingress.is_empty() && first.add_finalizer.is_empty());
         let mut settled = s.clone();
         settled.groups[0].status = Some(first.groups["edge"].clone());
-        let again = plan(&settled, &BTreeMap::new(), "2026-11-22T01:00:00Z");
+        let again = plan(&settled, &BTreeMap::new(), &Default::default(), "2026-11-22T01:00:00Z");
         assert!(again.groups.is_empty(), "nothing changed, nothing to write: {:?}", again.groups);
     }
 
@@ -255,7 +305,7 @@ mod tests {
              metadata: {name: c, namespace: ns}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\n---\n\
              metadata: {name: gone, namespace: ns, finalizers: [lb-agent.io/ipam], deletionTimestamp: '2026-11-22T00:00:00Z'}\nspec: {type: LoadBalancer}",
         );
-        let p = plan(&s, &BTreeMap::new(), "2026-11-22T00:00:00Z");
+        let p = plan(&s, &BTreeMap::new(), &Default::default(), "2026-11-22T00:00:00Z");
         assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
         assert_eq!(p.warnings[0].1, "PoolExhausted");
         assert_eq!(p.warnings[0].0, ("ns".to_owned(), "c".to_owned()));

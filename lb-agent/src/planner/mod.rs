@@ -66,6 +66,36 @@ pub struct InstanceKey {
 }
 
 impl InstanceKey {
+    /// The key as a LoadBalancerGroup's `status.vrids` writes it: `owner/backup`, `owner/-`
+    /// without a backup, then `@node,node` when eligibility is restricted.
+    pub fn status_key(&self) -> String {
+        let mut s = format!("{}/{}", self.primary, self.secondary.as_deref().unwrap_or("-"));
+        if let Some(eligible) = &self.eligible {
+            s.push('@');
+            s.push_str(&eligible.iter().cloned().collect::<Vec<_>>().join(","));
+        }
+        s
+    }
+
+    /// Reads [`InstanceKey::status_key`] back; `None` for text it never writes.
+    pub fn from_status_key(text: &str) -> Option<InstanceKey> {
+        let (pair, eligible) = match text.split_once('@') {
+            Some((pair, list)) => {
+                (pair, Some(list.split(',').filter(|n| !n.is_empty()).map(str::to_owned).collect()))
+            }
+            None => (text, None),
+        };
+        let (primary, secondary) = pair.split_once('/')?;
+        if primary.is_empty() || secondary.is_empty() {
+            return None;
+        }
+        Some(InstanceKey {
+            primary: primary.to_owned(),
+            secondary: (secondary != "-").then(|| secondary.to_owned()),
+            eligible,
+        })
+    }
+
     fn label(&self) -> String {
         let mut s = self.primary.clone();
         s.push('\u{0}');

@@ -345,3 +345,26 @@ fn first_vips_of_many_services_do_not_pile_up() {
     assert_eq!(firsts.len(), 4);
     assert!(firsts.values().all(|c| *c <= 40), "{firsts:?}");
 }
+
+#[test]
+fn status_keys_round_trip() {
+    let keys = [
+        InstanceKey { primary: "n0".into(), secondary: Some("n1".into()), eligible: None },
+        InstanceKey { primary: "n0".into(), secondary: None, eligible: None },
+        InstanceKey {
+            primary: "n2".into(),
+            secondary: Some("n0".into()),
+            eligible: Some(["n0".to_owned(), "n2".to_owned()].into()),
+        },
+    ];
+    for key in keys {
+        assert_eq!(
+            InstanceKey::from_status_key(&key.status_key()),
+            Some(key.clone()),
+            "{}",
+            key.status_key()
+        );
+    }
+    assert_eq!(InstanceKey::from_status_key("garbage"), None);
+    assert_eq!(InstanceKey::from_status_key("/n1"), None);
+}

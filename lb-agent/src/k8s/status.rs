@@ -15,6 +15,18 @@ use super::{
 
 /// The finalizer that keeps a Service's address allocated until the Service is gone.
 pub const IPAM_FINALIZER: &str = "lb-agent.io/ipam";
+/// The condition on Services aimed at lb-agent: `True` when served, `False` with the reason.
+pub const SERVICE_CONDITION: &str = "lb-agent.io/Served";
+
+/// A Service's `lb-agent.io/Served` condition as it must be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceCondition {
+    pub status: &'static str,
+    pub reason: String,
+    pub message: String,
+    pub observed_generation: i64,
+    pub last_transition_time: String,
+}
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StatusPlan {
@@ -28,6 +40,8 @@ pub struct StatusPlan {
     pub warnings: Vec<((String, String), &'static str, String)>,
     /// Group name → its status.
     pub groups: BTreeMap<String, LoadBalancerGroupStatus>,
+    /// Services whose `lb-agent.io/Served` condition must change.
+    pub conditions: BTreeMap<(String, String), ServiceCondition>,
 }
 
 /// Plans the writes. `owners` is who is Master for each VIP, as this node's VRRP sees it;
@@ -119,6 +133,48 @@ pub fn plan(
         if let Some((ns, name)) = refusal.service.split_once('/') {
             out.warnings.push(((ns.to_owned(), name.to_owned()), refusal.reason, refusal.message.clone()));
         }
+    }
+
+    // One condition per Service aimed at us: the first problem, or served.
+    let mut verdicts: BTreeMap<String, (&'static str, String, String)> = BTreeMap::new();
+    for (service, ips) in &allocation.addresses {
+        let list: Vec<String> = ips.iter().map(Ipv4Addr::to_string).collect();
+        verdicts.insert(service.clone(), ("True", "Served".into(), format!("served at {}", list.join(", "))));
+    }
+    for ((ns, name), reason, message) in &out.warnings {
+        let entry = verdicts.entry(format!("{ns}/{name}")).or_insert(("False", String::new(), String::new()));
+        if entry.0 == "True" || entry.1.is_empty() {
+            *entry = ("False", (*reason).to_owned(), message.clone());
+        }
+    }
+    for svc in &state.services {
+        let k = key(svc);
+        let Some((status, reason, message)) = verdicts.get(&format!("{}/{}", k.0, k.1)) else { continue };
+        if svc.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let current = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == SERVICE_CONDITION));
+        if current.is_some_and(|c| c.status == *status && c.reason == *reason && c.message == *message) {
+            continue;
+        }
+        let last_transition_time = match current {
+            Some(c) if c.status == *status => c.last_transition_time.0.to_string(),
+            _ => now.to_owned(),
+        };
+        out.conditions.insert(
+            k,
+            ServiceCondition {
+                status,
+                reason: reason.clone(),
+                message: message.clone(),
+                observed_generation: svc.metadata.generation.unwrap_or(0),
+                last_transition_time,
+            },
+        );
     }
 
     for group in &state.groups {
@@ -249,7 +305,8 @@ mod tests {
         let p = plan(&s, &BTreeMap::new(), &Default::default(), "2026-11-22T00:00:00Z");
         let k = ("shop".to_owned(), "web".to_owned());
         assert_eq!(p.ingress[&k], [Ipv4Addr::new(198, 51, 100, 1)]);
-        assert_eq!(p.add_finalizer, [k]);
+        assert_eq!(p.add_finalizer, [k.clone()]);
+        assert_eq!((p.conditions[&k].status, p.conditions[&k].reason.as_str()), ("True", "Served"));
         let g = &p.groups["edge"];
         assert_eq!((g.member_count, g.vip_count), (1, 1));
         assert_eq!(
@@ -312,5 +369,8 @@ mod tests {
         let degraded = p.groups["edge"].conditions.iter().find(|c| c.kind == "Degraded").unwrap();
         assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "ServicesRefused"));
         assert_eq!(p.release, [("ns".to_owned(), "gone".to_owned())]);
+        let c = &p.conditions[&("ns".to_owned(), "c".to_owned())];
+        assert_eq!((c.status, c.reason.as_str()), ("False", "PoolExhausted"));
+        assert!(!p.conditions.contains_key(&("ns".to_owned(), "gone".to_owned())));
     }
 }

@@ -12,13 +12,15 @@ use serde_json::json;
 
 use super::{
     crd::LoadBalancerGroup,
-    status::{IPAM_FINALIZER, StatusPlan},
+    status::{IPAM_FINALIZER, SERVICE_CONDITION, StatusPlan},
 };
 
 /// The field manager of everything the leader applies.
 pub const FIELD_MANAGER: &str = "lb-agent";
 /// The finalizer has its own manager, so applying "no finalizer" removes only ours.
 pub const FINALIZER_MANAGER: &str = "lb-agent-ipam";
+/// So has the Service condition, so it and the addresses are applied independently.
+pub const CONDITION_MANAGER: &str = "lb-agent-conditions";
 
 pub struct StatusWriter {
     client: Client,
@@ -33,8 +35,8 @@ impl StatusWriter {
     }
 
     /// Applies `plan`: finalizers first (an address is never published for a Service that
-    /// could be deleted without releasing it), then addresses, Events, group status, and last
-    /// the releases of deleted Services.
+    /// could be deleted without releasing it), then addresses, Events, Service conditions,
+    /// group status, and last the releases of deleted Services.
     pub async fn apply(&self, plan: &StatusPlan) -> Result<(), kube::Error> {
         for (namespace, name) in &plan.add_finalizer {
             self.finalizers(namespace, name, &[IPAM_FINALIZER]).await?;
@@ -63,6 +65,16 @@ impl StatusWriter {
                 ..Default::default()
             };
             self.recorder.publish(&event, &regarding).await?;
+        }
+        for ((namespace, name), c) in &plan.conditions {
+            let condition = json!({
+                "type": SERVICE_CONDITION, "status": c.status, "reason": c.reason, "message": c.message,
+                "observedGeneration": c.observed_generation, "lastTransitionTime": c.last_transition_time,
+            });
+            let body = json!({"apiVersion": "v1", "kind": "Service", "status": {"conditions": [condition]}});
+            Api::<Service>::namespaced(self.client.clone(), namespace)
+                .patch_status(name, &PatchParams::apply(CONDITION_MANAGER).force(), &Patch::Apply(body))
+                .await?;
         }
         for (name, status) in &plan.groups {
             let body =
@@ -186,8 +198,16 @@ mod tests {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let writer = StatusWriter::new(Client::new(service, "default"), "n0".into());
         let key = ("shop".to_owned(), "web".to_owned());
+        let condition = crate::k8s::status::ServiceCondition {
+            status: "False",
+            reason: "ExternalIPNotAllowed".into(),
+            message: "externalIP 8.8.8.8 is outside …".into(),
+            observed_generation: 3,
+            last_transition_time: "2026-11-22T00:00:00Z".into(),
+        };
         let plan = StatusPlan {
             warnings: vec![(key.clone(), "ExternalIPNotAllowed", "externalIP 8.8.8.8 is outside …".into())],
+            conditions: [(key.clone(), condition)].into(),
             release: vec![("shop".to_owned(), "old".to_owned())],
             ..Default::default()
         };
@@ -204,6 +224,22 @@ mod tests {
                     assert_eq!(b["reportingInstance"], "n0");
                 },
                 json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "web.1", "namespace": "shop"}, "eventTime": "2026-11-22T00:00:00.000000Z"}),
+            )
+            .await;
+            expect(
+                &mut handle,
+                "PATCH",
+                "/api/v1/namespaces/shop/services/web/status?&force=true&fieldManager=lb-agent-conditions",
+                |b| {
+                    let c = &b["status"]["conditions"][0];
+                    assert_eq!(
+                        (c["type"].as_str(), c["status"].as_str()),
+                        (Some("lb-agent.io/Served"), Some("False"))
+                    );
+                    assert_eq!(c["reason"], "ExternalIPNotAllowed");
+                    assert_eq!(c["observedGeneration"], 3);
+                },
+                service_reply("web"),
             )
             .await;
             expect(

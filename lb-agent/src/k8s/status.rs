@@ -305,7 +305,7 @@ mod tests {
         let p = plan(&s, &BTreeMap::new(), &Default::default(), "2026-11-22T00:00:00Z");
         let k = ("shop".to_owned(), "web".to_owned());
         assert_eq!(p.ingress[&k], [Ipv4Addr::new(198, 51, 100, 1)]);
-        assert_eq!(p.add_finalizer, [k.clone()]);
+        assert_eq!(p.add_finalizer, std::slice::from_ref(&k));
         assert_eq!((p.conditions[&k].status, p.conditions[&k].reason.as_str()), ("True", "Served"));
         let g = &p.groups["edge"];
         assert_eq!((g.member_count, g.vip_count), (1, 1));

@@ -68,8 +68,13 @@ pub async fn run(
         let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
         let mut base = config.clone();
         base.node = Some(node.clone());
-        let shell =
-            crate::k8s::controller::Shell { client, base, node: node.clone(), namespace: source.namespace };
+        let shell = crate::k8s::controller::Shell {
+            client,
+            netlink: netdev::connect()?,
+            base,
+            node: node.clone(),
+            namespace: source.namespace,
+        };
         tokio::spawn(shell.run(configs_tx, owners_rx));
         info!("waiting for the cluster's groups and services");
         config = configs_rx

@@ -130,3 +130,30 @@ pub async fn sync_vip_addresses(
 pub async fn primary_ipv4(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Option<Ipv4Addr>> {
     Ok(ipv4_addresses(handle, ifindex).await?.into_iter().find(|a| !a.1).map(|a| a.0))
 }
+
+/// The name of the interface this node uses to reach `address` (as `ip route get`).
+pub async fn route_interface(handle: &rtnetlink::Handle, address: IpAddr) -> Result<Option<String>> {
+    use rtnetlink::{RouteMessageBuilder, packet_route::route::RouteAttribute};
+    let route = match address {
+        IpAddr::V4(v4) => RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(v4, 32).build(),
+        IpAddr::V6(v6) => {
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new().destination_prefix(v6, 128).build()
+        }
+    };
+    let mut oif = None;
+    let mut replies = std::pin::pin!(handle.route().get(route).execute());
+    while let Some(reply) = replies.try_next().await? {
+        oif = oif.or(reply.attributes.iter().find_map(|a| match a {
+            RouteAttribute::Oif(i) => Some(*i),
+            _ => None,
+        }));
+    }
+    let Some(index) = oif else { return Ok(None) };
+    let mut links = std::pin::pin!(handle.link().get().match_index(index).execute());
+    Ok(links.try_next().await?.and_then(|msg| {
+        msg.attributes.iter().find_map(|a| match a {
+            LinkAttribute::IfName(name) => Some(name.clone()),
+            _ => None,
+        })
+    }))
+}

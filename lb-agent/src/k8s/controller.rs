@@ -43,6 +43,8 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 
 pub struct Shell {
     pub client: Client,
+    /// For `interfaceFromIP`: which interface this node routes each address through.
+    pub netlink: rtnetlink::Handle,
     /// The agent-level settings (interface, listen, data plane) the cluster's groups and
     /// services are added to.
     pub base: Config,
@@ -125,17 +127,37 @@ impl Shell {
             if ready.contains(&false) {
                 continue;
             }
+            let groups_now = snapshot(&groups);
+            let mut routes = BTreeMap::new();
+            for ip in groups_now.iter().filter_map(|g| g.spec.interface_from_ip) {
+                match crate::netdev::route_interface(&self.netlink, ip).await {
+                    Ok(Some(name)) => {
+                        routes.insert(ip, name);
+                    }
+                    Ok(None) => {}
+                    Err(e) => warn!(%ip, error = %e, "looking up the route for interfaceFromIP failed"),
+                }
+            }
             let state = ClusterState {
-                groups: snapshot(&groups),
+                groups: groups_now,
                 services: snapshot(&services),
                 slices: snapshot(&slices),
                 nodes: snapshot(&nodes),
+                routes,
             };
             let translated = translate(&state, &self.base);
             match &translated {
                 Ok(translation) if last.as_ref() != Some(&translation.config) => {
                     for refusal in &translation.refusals {
                         warn!(object = %refusal.service, reason = refusal.reason, "{}", refusal.message);
+                        // Group problems are this node's own (its interfaces): each agent
+                        // reports them. Service problems are the leader's to report.
+                        if let Some(group) = refusal.service.strip_prefix(super::source::GROUP_REFUSAL_PREFIX)
+                            && let Err(e) =
+                                writer.group_warning(group, refusal.reason, &refusal.message).await
+                        {
+                            warn!(error = %e, "publishing an Event failed");
+                        }
                     }
                     last = Some(translation.config.clone());
                     if configs.send(translation.config.clone()).await.is_err() {
@@ -294,6 +316,7 @@ mod tests {
         let base = Config::parse("interface: eth0\nnode: n0\n").unwrap();
         let shell = Shell {
             client: Client::new(service, "default"),
+            netlink: crate::netdev::connect().unwrap(),
             base,
             node: "n0".into(),
             namespace: "lb-agent".into(),

@@ -26,7 +26,12 @@ pub struct ClusterState {
     pub services: Vec<Service>,
     pub slices: Vec<EndpointSlice>,
     pub nodes: Vec<Node>,
+    /// This node's interface towards each group's `interfaceFromIP` (looked up by the shell).
+    pub routes: BTreeMap<std::net::IpAddr, String>,
 }
+
+/// Refusals about a group rather than a Service carry this prefix before the group's name.
+pub const GROUP_REFUSAL_PREFIX: &str = "LoadBalancerGroup/";
 
 #[derive(Clone, Debug)]
 pub struct Translation {
@@ -58,14 +63,23 @@ pub fn translate(state: &ClusterState, base: &Config) -> Result<Translation, Str
     for group in groups_sorted {
         let name = group.metadata.name.clone().unwrap_or_default();
         let spec = &group.spec;
-        if let Some(interface) = &spec.interface
-            && *interface != base.interface
-        {
-            refusals.push(Refusal {
-                service: format!("LoadBalancerGroup/{name}"),
-                reason: "InterfaceMismatch",
-                message: format!("the group uses {interface}, this agent's uplink is {}", base.interface),
-            });
+        let interface = match (&spec.interface, &spec.interface_from_ip) {
+            (Some(interface), _) => Ok(interface.clone()),
+            (None, Some(ip)) => {
+                state.routes.get(ip).cloned().ok_or_else(|| format!("no route from this node to {ip}"))
+            }
+            (None, None) => Err("neither interface nor interfaceFromIP is set".to_owned()),
+        };
+        let refusal = match interface {
+            Err(message) => Some(("InterfaceNotFound", message)),
+            Ok(interface) if interface != base.interface => Some((
+                "InterfaceMismatch",
+                format!("the group uses {interface} on this node, whose agent runs on {}", base.interface),
+            )),
+            Ok(_) => None,
+        };
+        if let Some((reason, message)) = refusal {
+            refusals.push(Refusal { service: format!("{GROUP_REFUSAL_PREFIX}{name}"), reason, message });
             continue;
         }
         let members: Vec<Value> = members(&state.nodes, &spec.node_selector)
@@ -255,6 +269,7 @@ mod tests {
 
     fn cluster() -> ClusterState {
         ClusterState {
+            routes: Default::default(),
             groups: objects(
                 "metadata: {name: edge}\nspec: {interface: eth0, addressPools: [198.51.100.0/28], advertInterval: 10ms, remoteMode: dsr, default: true, allowedExternalIPs: [203.0.113.0/24], nodeSelector: {lb: 'yes'}}",
             ),
@@ -359,6 +374,23 @@ services:
         let second = node_plan(&translate(&state, &base).unwrap().config, "n0");
         assert_eq!(second.vrids["edge"], pinned, "the published VRIDs win over fresh allocation");
         assert!(second.instances.iter().all(|i| i.vrid >= 200));
+    }
+
+    #[test]
+    fn interface_from_ip_uses_this_nodes_route() {
+        let base = Config::parse(BASE).unwrap();
+        let mut state = cluster();
+        state.groups[0].spec.interface = None;
+        state.groups[0].spec.interface_from_ip = Some("192.0.2.1".parse().unwrap());
+        let t = translate(&state, &base).unwrap();
+        assert!(t.config.groups.is_empty());
+        let refusal = t.refusals.iter().find(|r| r.reason == "InterfaceNotFound").expect("a refusal");
+        assert_eq!(refusal.service, "LoadBalancerGroup/edge");
+        state.routes.insert("192.0.2.1".parse().unwrap(), "eth1".into());
+        let t = translate(&state, &base).unwrap();
+        assert!(t.refusals.iter().any(|r| r.reason == "InterfaceMismatch"), "{:?}", t.refusals);
+        state.routes.insert("192.0.2.1".parse().unwrap(), "eth0".into());
+        assert_eq!(translate(&state, &base).unwrap().config.groups.len(), 1);
     }
 
     #[test]

@@ -283,6 +283,7 @@ mod tests {
 
     fn state(services: &str) -> ClusterState {
         ClusterState {
+            routes: Default::default(),
             groups: vec![test_group(
                 "edge",
                 "{interface: eth0, addressPools: [198.51.100.0/30], default: true}",

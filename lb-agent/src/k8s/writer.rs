@@ -89,6 +89,25 @@ impl StatusWriter {
         Ok(())
     }
 
+    /// A Warning Event about a LoadBalancerGroup, from this node (e.g. its interface is
+    /// missing here): every agent reports its own.
+    pub async fn group_warning(&self, group: &str, reason: &str, message: &str) -> Result<(), kube::Error> {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.to_owned(),
+            note: Some(message.to_owned()),
+            action: "Plan".into(),
+            secondary: None,
+        };
+        let regarding = ObjectReference {
+            api_version: Some("lb-agent.io/v1alpha1".into()),
+            kind: Some("LoadBalancerGroup".into()),
+            name: Some(group.to_owned()),
+            ..Default::default()
+        };
+        self.recorder.publish(&event, &regarding).await
+    }
+
     async fn finalizers(&self, namespace: &str, name: &str, finalizers: &[&str]) -> Result<(), kube::Error> {
         let body = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace, "finalizers": finalizers}});
         Api::<Service>::namespaced(self.client.clone(), namespace)

@@ -171,6 +171,7 @@ pub async fn run(
         pin_override,
         cluster_configs,
         owners,
+        restart_requested: false,
     };
     // A crashed earlier run may have left VIP addresses behind: start from none.
     agent.apply_ownership().await;
@@ -195,10 +196,14 @@ pub async fn run(
     agent.applied_epoch = None;
     agent.vrrp = None;
     agent.apply_ownership().await;
-    if agent.config.dataplane.keep_on_exit {
+    let restart = agent.restart_requested;
+    if agent.config.dataplane.keep_on_exit || restart {
         agent.dataplane.keep();
     } else {
         agent.dataplane.remove()?;
+    }
+    if restart {
+        return Err(Error::RestartNeeded);
     }
     result
 }
@@ -267,6 +272,8 @@ struct Agent {
     cluster_configs: Option<mpsc::Receiver<Config>>,
     /// With `--kubernetes`: who this node sees as Master of each VIP, for group status.
     owners: Option<watch::Sender<BTreeMap<Ipv4Addr, String>>>,
+    /// The cluster changed this node's group membership: stop, for a restart.
+    restart_requested: bool,
 }
 
 impl Agent {
@@ -289,7 +296,13 @@ impl Agent {
                     stop_by = Some(Instant::now() + STOP_BOUND);
                     self.begin_stop().await;
                 }
-                Some(config) = next_cluster_config(&mut self.cluster_configs) => self.apply_config(config).await,
+                Some(config) = next_cluster_config(&mut self.cluster_configs), if stop_by.is_none() => {
+                    self.apply_config(config).await;
+                    if self.restart_requested {
+                        stop_by = Some(Instant::now() + STOP_BOUND);
+                        self.begin_stop().await;
+                    }
+                }
                 _ = hup.recv() => {
                     let started = Instant::now();
                     self.reload().await;
@@ -389,6 +402,14 @@ impl Agent {
         }
         let vrrp_wanted = !new_plan.instances.is_empty();
         if vrrp_wanted && self.vrrp.is_none() || new_plan.local != self.plan.local {
+            if self.cluster_configs.is_some() {
+                // The cluster moved this node into or out of a group. The VRRP socket is bound
+                // at start, so hand over and exit for the kubelet to restart the agent; the
+                // pinned data plane forwards meanwhile.
+                warn!("this node joined or left a LoadBalancerGroup: handing over and restarting");
+                self.restart_requested = true;
+                return;
+            }
             error!("joining or leaving VRRP groups needs a restart; keeping the running config");
             self.count_reload("rejected");
             return;

@@ -36,6 +36,9 @@ pub enum Error {
     #[error("pinning under {path}: {reason}")]
     Pin { path: PathBuf, reason: String },
 
+    #[error("this node's group membership changed; exiting so the agent is restarted with it")]
+    RestartNeeded,
+
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
 
@@ -52,6 +55,8 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::ConfigRead { .. } | Error::Config { .. } => 64,
+            // EX_TEMPFAIL: try again (the kubelet restarts the container).
+            Error::RestartNeeded => 75,
             _ => 1,
         }
     }

@@ -92,7 +92,7 @@ pub struct Router {
 
 /// After the successor's first advertisement, keep answering this long: its gratuitous ARPs
 /// are on their way to the clients, and traffic still addressed to us is served meanwhile.
-const HANDOVER_GRACE: Duration = Duration::from_millis(50);
+const HANDOVER_GRACE: Duration = Duration::from_millis(150);
 
 impl Router {
     pub fn new(local: Ipv4Addr, metrics: VrrpMetrics) -> Self {

@@ -80,13 +80,7 @@ async fn the_leader_converges_and_never_hands_out_an_address_twice() {
     let mut seen = BTreeSet::new();
     let (mut served, mut refused) = (0, 0);
     for s in &services {
-        let ips: Vec<Ipv4Addr> = s
-            .status
-            .as_ref()
-            .and_then(|st| st.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref())
-            .map(|i| i.iter().filter_map(|x| x.ip.as_deref()?.parse().ok()).collect())
-            .unwrap_or_default();
+        let ips: Vec<Ipv4Addr> = status::current_ingress(s);
         let condition = s
             .status
             .as_ref()

@@ -180,13 +180,7 @@ fn ready_endpoint_nodes(service: &Service, slices: &[EndpointSlice]) -> std::col
 /// A Service's VIPs: its LoadBalancer addresses (written by the IPAM leader into
 /// `status.loadBalancer.ingress`) and its allowed externalIPs.
 fn service_vips(bound: &Bound, service: &Service) -> Vec<Ipv4Addr> {
-    let mut vips: Vec<Ipv4Addr> = service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|ingress| ingress.iter().filter_map(|i| i.ip.as_deref()?.parse().ok()).collect())
-        .unwrap_or_default();
+    let mut vips = super::status::current_ingress(service);
     vips.extend(bound.external_ips.iter().copied());
     vips.dedup();
     vips

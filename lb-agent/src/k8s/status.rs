@@ -261,7 +261,8 @@ fn has_finalizer(service: &Service) -> bool {
     service.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|x| x == IPAM_FINALIZER))
 }
 
-fn current_ingress(service: &Service) -> Vec<Ipv4Addr> {
+/// The addresses in a Service's `status.loadBalancer.ingress`.
+pub fn current_ingress(service: &Service) -> Vec<Ipv4Addr> {
     service
         .status
         .as_ref()

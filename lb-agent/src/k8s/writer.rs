@@ -50,13 +50,6 @@ impl StatusWriter {
                 .await?;
         }
         for ((namespace, name), reason, message) in &plan.warnings {
-            let event = Event {
-                type_: EventType::Warning,
-                reason: (*reason).to_owned(),
-                note: Some(message.clone()),
-                action: "Allocate".into(),
-                secondary: None,
-            };
             let regarding = ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Service".into()),
@@ -64,7 +57,7 @@ impl StatusWriter {
                 name: Some(name.clone()),
                 ..Default::default()
             };
-            self.recorder.publish(&event, &regarding).await?;
+            self.warn(regarding, reason, message, "Allocate").await?;
         }
         for ((namespace, name), c) in &plan.conditions {
             let condition = json!({
@@ -92,18 +85,28 @@ impl StatusWriter {
     /// A Warning Event about a LoadBalancerGroup, from this node (e.g. its interface is
     /// missing here): every agent reports its own.
     pub async fn group_warning(&self, group: &str, reason: &str, message: &str) -> Result<(), kube::Error> {
-        let event = Event {
-            type_: EventType::Warning,
-            reason: reason.to_owned(),
-            note: Some(message.to_owned()),
-            action: "Plan".into(),
-            secondary: None,
-        };
         let regarding = ObjectReference {
             api_version: Some("lb-agent.io/v1alpha1".into()),
             kind: Some("LoadBalancerGroup".into()),
             name: Some(group.to_owned()),
             ..Default::default()
+        };
+        self.warn(regarding, reason, message, "Plan").await
+    }
+
+    async fn warn(
+        &self,
+        regarding: ObjectReference,
+        reason: &str,
+        message: &str,
+        action: &str,
+    ) -> Result<(), kube::Error> {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.to_owned(),
+            note: Some(message.to_owned()),
+            action: action.to_owned(),
+            secondary: None,
         };
         self.recorder.publish(&event, &regarding).await
     }

@@ -63,6 +63,8 @@ enum LogFormat {
 }
 
 fn main() -> ExitCode {
+    // One TLS provider for the Kubernetes client, whatever else the build enabled.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log);
     let result = match cli.command {

@@ -44,12 +44,27 @@ impl Agent {
     /// Starts lb-agent in `ns`, pinning its data plane under `pin_path`, and appending its
     /// output to `log` (a restarted agent adds to the same log).
     pub fn spawn(ns: &Netns, config: PathBuf, log: PathBuf, pin_path: PathBuf) -> Agent {
+        Self::spawn_with(ns, config, log, pin_path, &[], &[])
+    }
+
+    /// As [`Agent::spawn`], with extra `run` arguments and environment.
+    pub fn spawn_with(
+        ns: &Netns,
+        config: PathBuf,
+        log: PathBuf,
+        pin_path: PathBuf,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
         let log_file =
             std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("creating the agent log");
         let bin = agent_binary();
         // `ip netns exec` execs the agent in place, so the child's pid is the agent's.
+        let mut argv = vec![bin.to_str().unwrap(), "run", "--config", config.to_str().unwrap()];
+        argv.extend_from_slice(args);
         let child = ns
-            .command(&[bin.to_str().unwrap(), "run", "--config", config.to_str().unwrap()])
+            .command(&argv)
+            .envs(env.iter().copied())
             .env("LB_LOG", "info,lb_agent=debug")
             .env("LB_PIN_PATH", &pin_path)
             .stdin(Stdio::null())

@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod cluster;
+pub mod kube_api;
 mod netns;
 pub mod packet;
 
@@ -213,6 +214,21 @@ impl Lab {
         let path = self.dir.join(format!("{}.yaml", host.name));
         std::fs::write(&path, config).expect("writing the agent config");
         Agent::spawn(&host.ns, path, self.dir.join(format!("{}.log", host.name)), self.pin_path(node))
+    }
+
+    /// Starts lb-agent on `node` with extra `run` arguments and environment.
+    pub fn start_agent_with(&self, node: usize, config: &str, args: &[&str], env: &[(&str, &str)]) -> Agent {
+        let host = &self.nodes[node];
+        let path = self.dir.join(format!("{}.yaml", host.name));
+        std::fs::write(&path, config).expect("writing the agent config");
+        Agent::spawn_with(
+            &host.ns,
+            path,
+            self.dir.join(format!("{}.log", host.name)),
+            self.pin_path(node),
+            args,
+            env,
+        )
     }
 
     /// Where `node`'s agent pins its data plane (bpffs is shared by every namespace).

@@ -1,0 +1,119 @@
+//! `lb-agent run --kubernetes` in the lab: two nodes read the same cluster (a fake API server on
+//! each node's loopback) — a LoadBalancerGroup, a LoadBalancer Service with its address, its
+//! EndpointSlice and the Nodes — elect the VIP's owner, forward to the pod, and write status.
+
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use lb_lab::{Agent, Lab, agent::AGENT_LISTEN, kube_api::KubeApi};
+use serde_json::{Value, json};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+const API_PORT: u16 = 18080;
+
+fn cluster(lab: &Lab, pod_ip: Ipv4Addr) -> BTreeMap<String, Vec<Value>> {
+    let nodes = lab
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name},
+                        "status": {"addresses": [{"type": "InternalIP", "address": n.ip.to_string()}]}})
+        })
+        .collect();
+    [
+        (
+            "/apis/lb-agent.io/v1alpha1/loadbalancergroups",
+            vec![json!({"apiVersion": "lb-agent.io/v1alpha1", "kind": "LoadBalancerGroup", "metadata": {"name": "edge", "generation": 1},
+                        "spec": {"interface": "eth0", "addressPools": ["198.51.100.0/29"], "advertInterval": "20ms",
+                                 "default": true, "remoteMode": "dsr"}})],
+        ),
+        (
+            "/api/v1/services",
+            vec![json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop", "finalizers": ["lb-agent.io/ipam"]},
+                        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}]},
+                        "status": {"loadBalancer": {"ingress": [{"ip": VIP.to_string()}]}}})],
+        ),
+        (
+            "/apis/discovery.k8s.io/v1/endpointslices",
+            vec![json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                        "metadata": {"name": "web-1", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
+                        "ports": [{"port": 8080}],
+                        "endpoints": [{"addresses": [pod_ip.to_string()], "nodeName": "n1", "conditions": {"ready": true}}]})],
+        ),
+        ("/api/v1/nodes", nodes),
+    ]
+    .into_iter()
+    .map(|(path, items)| (path.to_owned(), items))
+    .collect()
+}
+
+#[test]
+fn agents_serve_a_service_defined_in_the_cluster() {
+    let mut lab = Lab::new(2);
+    for node in 0..2 {
+        lab.enable_native_xdp(node);
+    }
+    let pod = lab.add_pod(1);
+    let _server = lab.pods[pod].serve(8080);
+    let lists = cluster(&lab, lab.pods[pod].ip);
+    let apis: Vec<KubeApi> =
+        (0..2).map(|i| KubeApi::start(&lab.nodes[i].ns, &lab.path(""), API_PORT, lists.clone())).collect();
+    // Only the agent's own settings in the file: groups and services come from the cluster.
+    let base = format!("interface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\n");
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| {
+            let name = lab.nodes[i].name.clone();
+            let kubeconfig = apis[i].kubeconfig.to_str().unwrap().to_owned();
+            let mut agent = lab.start_agent_with(
+                i,
+                &base,
+                &["--kubernetes", "--node", &name],
+                &[("KUBECONFIG", &kubeconfig)],
+            );
+            agent.wait_ready();
+            agent
+        })
+        .collect();
+    let logs = || agents.iter().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n");
+
+    // The VIP from the Service's status is elected, answered and forwarded (DSR) to the pod.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let session = loop {
+        if let Some(s) = lab.client.session(VIP, 80) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no session through {VIP}:80:\n{}", logs());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(session.pod(), lab.pods[pod].name);
+    assert_eq!(session.seen_client(), lab.client.ip, "DSR keeps the client address");
+    let owners: f64 = agents.iter().map(|a| a.metric("lbagent_owned_vips")).sum();
+    assert_eq!(owners, 1.0, "exactly one node owns the VIP");
+
+    // Each agent led its own API: the group status and the Service condition were applied.
+    for (i, api) in apis.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let writes = api.writes();
+            let group = writes
+                .iter()
+                .find(|(m, p, _)| m == "PATCH" && p.ends_with("/loadbalancergroups/edge/status"));
+            let served = writes.iter().find(|(m, p, b)| {
+                m == "PATCH"
+                    && p == "/api/v1/namespaces/shop/services/web/status"
+                    && b["status"]["conditions"][0]["status"] == "True"
+            });
+            if let (Some(group), Some(_)) = (group, served) {
+                assert_eq!(group.2["status"]["vipCount"], 1, "{:#?}", group.2);
+                assert_eq!(group.2["status"]["memberCount"], 2);
+                assert!(group.2["status"]["vrids"].as_object().is_some_and(|v| !v.is_empty()));
+                break;
+            }
+            assert!(Instant::now() < deadline, "node {i}: no status writes: {writes:#?}\n{}", logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}

@@ -387,6 +387,53 @@ services:
         assert_eq!(translate(&state, &base).unwrap().config.groups.len(), 1);
     }
 
+    proptest::proptest! {
+        /// Kubernetes-shaped inputs of any size and order: every node gets the same config, and
+        /// every node's plan agrees on each VIP's instance (VRID) and who ranks where.
+        #[test]
+        fn every_node_plans_the_same_from_the_same_objects(
+            node_count in 1usize..6,
+            service_count in 0usize..12,
+            seed in proptest::prelude::any::<u64>(),
+        ) {
+            let base = Config::parse("interface: eth0\nnode: n0\n").unwrap();
+            let mut state = ClusterState {
+                groups: objects("metadata: {name: edge}\nspec: {interface: eth0, addressPools: [198.51.100.0/24], default: true}"),
+                nodes: (0..node_count)
+                    .map(|i| serde_yaml::from_str(&format!("metadata: {{name: n{i}}}\nstatus: {{addresses: [{{type: InternalIP, address: 192.0.2.{}}}]}}", 10 + i)).unwrap())
+                    .collect(),
+                services: (0..service_count)
+                    .map(|i| serde_yaml::from_str(&format!(
+                        "metadata: {{name: s{i}, namespace: ns}}\nspec: {{type: LoadBalancer, ports: [{{port: 80}}]}}\nstatus: {{loadBalancer: {{ingress: [{{ip: 198.51.100.{}}}]}}}}", i + 1
+                    )).unwrap())
+                    .collect(),
+                ..Default::default()
+            };
+            let reference = translate(&state, &base).unwrap().config;
+            let len = state.services.len().max(1);
+            state.services.rotate_left(seed as usize % len);
+            state.nodes.reverse();
+            let shuffled = translate(&state, &base).unwrap().config;
+            proptest::prop_assert_eq!(&shuffled, &reference);
+
+            let mut seen: BTreeMap<Ipv4Addr, (u8, u8, String)> = BTreeMap::new();
+            for n in 0..node_count {
+                let node = format!("n{n}");
+                for instance in node_plan(&reference, &node).instances {
+                    for vip in &instance.vips {
+                        // The same VRID everywhere, and a distinct priority per node.
+                        let entry = seen.entry(*vip).or_insert((instance.vrid, instance.priority, node.clone()));
+                        proptest::prop_assert_eq!(entry.0, instance.vrid);
+                        if entry.2 != node {
+                            proptest::prop_assert_ne!(entry.1, instance.priority);
+                        }
+                    }
+                }
+            }
+            proptest::prop_assert_eq!(seen.len(), service_count);
+        }
+    }
+
     #[test]
     fn object_order_does_not_matter() {
         let base = Config::parse(BASE).unwrap();

@@ -1,4 +1,4 @@
-//! `/metrics`, `/healthz` and `/readyz`.
+//! `/metrics`, `/healthz`, `/readyz`, and `/loglevel` (GET the filter, PUT a new one).
 
 use std::sync::{
     Arc,
@@ -27,6 +27,7 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
+        .route("/loglevel", get(|| async { format!("{}\n", crate::logging::current()) }).put(set_log_level))
         .with_state(state)
 }
 
@@ -43,6 +44,13 @@ async fn metrics(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
         )
             .into_response(),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn set_log_level(body: String) -> impl IntoResponse {
+    match crate::logging::set(&body) {
+        Ok(()) => (StatusCode::OK, format!("{}\n", crate::logging::current())),
+        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")),
     }
 }
 

@@ -4,7 +4,8 @@
 //! - [`netdev`]: interface lookup through rtnetlink.
 //! - [`dataplane`]: the embedded XDP object, attach/detach, and its maps.
 //! - [`metrics`]: Prometheus metrics, with XDP counters collected at scrape time.
-//! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/loglevel`.
+//! - [`logging`]: structured logs with a filter that changes at run time.
 //! - [`k8s`]: the Kubernetes source: the LoadBalancerGroup resource.
 //! - [`vrrp`]: VRRPv3 — who owns each VIP at run time.
 //! - [`planner`]: the pure, deterministic plan: VIP owners and shared VRRP instances.
@@ -23,6 +24,7 @@ pub mod error;
 pub mod hash;
 pub mod http;
 pub mod k8s;
+pub mod logging;
 pub mod maglev;
 pub mod metrics;
 pub mod netdev;

@@ -3,7 +3,6 @@ use std::{io::IsTerminal, path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand, ValueEnum};
 use lb_agent::{agent, config::Config};
 use tracing::error;
-use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
 #[command(version, about = "VRRP-driven XDP load balancer for bare-metal Kubernetes")]
@@ -99,13 +98,5 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(format: LogFormat, filter: &str) {
-    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    lb_agent::logging::init(matches!(format, LogFormat::Json), std::io::stderr().is_terminal(), filter);
 }

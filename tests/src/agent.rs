@@ -128,12 +128,22 @@ impl Agent {
 
     /// A GET against the agent's HTTP endpoint: the raw response, or `None` if it failed.
     pub fn try_get(&self, path: &str) -> Option<String> {
-        let path = path.to_owned();
+        self.request("GET", path, "")
+    }
+
+    /// Any request to the agent's HTTP endpoint: the raw response, or `None` if it failed.
+    pub fn request(&self, method: &str, path: &str, body: &str) -> Option<String> {
+        let (method, path, body) = (method.to_owned(), path.to_owned(), body.to_owned());
         crate::netns::run_in(&self.ns_name, move || {
             let mut stream =
                 TcpStream::connect_timeout(&AGENT_LISTEN.parse().unwrap(), Duration::from_secs(1)).ok()?;
             stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-            write!(stream, "GET {path} HTTP/1.0\r\nHost: lab\r\n\r\n").ok()?;
+            write!(
+                stream,
+                "{method} {path} HTTP/1.0\r\nHost: lab\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .ok()?;
             let mut response = String::new();
             stream.read_to_string(&mut response).ok()?;
             Some(response)

@@ -73,3 +73,22 @@ fn keep_on_exit_false_detaches_on_sigterm() {
     assert!(agent.log_text().contains("XDP detached"));
     assert!(!lab.pin_path(0).join("v1").exists(), "and nothing stays pinned");
 }
+
+#[test]
+fn the_log_filter_changes_at_run_time() {
+    let lab = Lab::new(1);
+    let mut agent =
+        lab.start_agent(0, &format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\nvips: []\n"));
+    agent.wait_ready();
+    let body = |r: String| r.split_once("\r\n\r\n").map(|(_, b)| b.trim().to_owned()).unwrap_or_default();
+    assert_eq!(body(agent.try_get("/loglevel").unwrap()), "info,lb_agent=debug");
+    let ok = agent.request("PUT", "/loglevel", "warn").unwrap();
+    assert!(ok.starts_with("HTTP/1.0 200"), "{ok}");
+    assert_eq!(body(agent.try_get("/loglevel").unwrap()), "warn");
+    let bad = agent.request("PUT", "/loglevel", "lb_agent=loud").unwrap();
+    assert!(bad.starts_with("HTTP/1.0 400"), "{bad}");
+    assert!(bad.contains("expected a tracing filter"), "{bad}");
+    assert_eq!(body(agent.try_get("/loglevel").unwrap()), "warn", "a bad filter changes nothing");
+    assert!(agent.log_text().contains("log filter changed"));
+    stop(&mut agent);
+}

@@ -26,7 +26,7 @@ use crate::{
     config::{Config, ConfigError},
     dataplane::{Dataplane, XdpCounters, vips::OwnedSet},
     error::{Error, Result},
-    http::{self, HttpState},
+    http::{self, HttpState, InstanceSnapshot, StatusSource},
     metrics::{Metrics, ResultLabels, XdpLabels},
     netdev::{self, Interface},
     node_plan::{NodePlan, node_plan},
@@ -149,7 +149,15 @@ pub async fn run(
         .xdp_attached
         .get_or_create(&XdpLabels { interface: interface.name.clone(), mode: dataplane.mode.as_str() })
         .set(1);
-    let state = Arc::new(HttpState { metrics, ready: Default::default() });
+    let (status_requests_tx, status_requests) = mpsc::channel(8);
+    let status = StatusSource {
+        node: node.clone(),
+        interface: interface.name.clone(),
+        xdp_mode: dataplane.mode.as_str(),
+        requests: status_requests_tx,
+        counters: counters.clone(),
+    };
+    let state = Arc::new(HttpState { metrics, ready: Default::default(), status });
 
     let mut agent = Agent {
         config_path,
@@ -172,6 +180,7 @@ pub async fn run(
         cluster_configs,
         owners,
         restart_requested: false,
+        status_requests,
     };
     // A crashed earlier run may have left VIP addresses behind: start from none.
     agent.apply_ownership().await;
@@ -274,6 +283,8 @@ struct Agent {
     owners: Option<watch::Sender<BTreeMap<Ipv4Addr, String>>>,
     /// The cluster changed this node's group membership: stop, for a restart.
     restart_requested: bool,
+    /// `/status` asking for the VRRP instances, answered between events.
+    status_requests: mpsc::Receiver<tokio::sync::oneshot::Sender<Vec<InstanceSnapshot>>>,
 }
 
 impl Agent {
@@ -302,6 +313,9 @@ impl Agent {
                         stop_by = Some(Instant::now() + STOP_BOUND);
                         self.begin_stop().await;
                     }
+                }
+                Some(reply) = self.status_requests.recv() => {
+                    let _ = reply.send(self.instance_snapshot());
                 }
                 _ = hup.recv() => {
                     let started = Instant::now();
@@ -509,6 +523,27 @@ impl Agent {
         {
             warn!(error = %e, "pruning per-VIP counters failed");
         }
+    }
+
+    /// The VRRP instances as `/status` shows them.
+    fn instance_snapshot(&self) -> Vec<InstanceSnapshot> {
+        let Some(vrrp) = &self.vrrp else { return Vec::new() };
+        let adverts: BTreeMap<u8, Option<std::time::Instant>> = vrrp.router.last_adverts().collect();
+        vrrp.router
+            .instances()
+            .map(|(spec, instance)| InstanceSnapshot {
+                status: crate::status::InstanceStatus {
+                    group: spec.group.clone(),
+                    vrid: spec.vrid,
+                    state: instance.state().as_str().to_owned(),
+                    priority: spec.priority,
+                    master: instance.master().map(|m| m.to_string()),
+                    advert_age_ms: None,
+                    vips: spec.vips.iter().map(Ipv4Addr::to_string).collect(),
+                },
+                last_advert: adverts.get(&spec.vrid).copied().flatten(),
+            })
+            .collect()
     }
 
     /// Who this node sees as Master of each VIP, by node name, for the leader's group status.

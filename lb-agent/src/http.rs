@@ -20,6 +20,25 @@ pub struct HttpState {
     pub metrics: Metrics,
     /// Set once XDP is attached and the config applied; cleared when shutting down.
     pub ready: AtomicBool,
+    /// What `/status` reports: VRRP as the agent loop last published it, counters read now.
+    pub status: StatusSource,
+}
+
+/// The parts of `/status` that come from the agent loop.
+pub struct StatusSource {
+    pub node: String,
+    pub interface: String,
+    pub xdp_mode: &'static str,
+    /// Asks the agent loop for its VRRP instances.
+    pub requests: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Vec<InstanceSnapshot>>>,
+    pub counters: Arc<std::sync::Mutex<crate::dataplane::XdpCounters>>,
+}
+
+/// One VRRP instance as the agent loop saw it.
+#[derive(Clone, Debug)]
+pub struct InstanceSnapshot {
+    pub status: crate::status::InstanceStatus,
+    pub last_advert: Option<std::time::Instant>,
 }
 
 pub fn router(state: Arc<HttpState>) -> Router {
@@ -27,6 +46,7 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
+        .route("/status", get(status))
         .route("/loglevel", get(|| async { format!("{}\n", crate::logging::current()) }).put(set_log_level))
         .with_state(state)
 }
@@ -45,6 +65,46 @@ async fn metrics(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
             .into_response(),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
+}
+
+async fn status(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
+    let source = &state.status;
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let snapshot = match source.requests.send(reply).await {
+        Ok(()) => answer.await.unwrap_or_default(),
+        Err(_) => Vec::new(),
+    };
+    let instances = snapshot
+        .iter()
+        .map(|i| {
+            let mut s = i.status.clone();
+            s.advert_age_ms = i.last_advert.map(|t| t.elapsed().as_millis() as u64);
+            s
+        })
+        .collect();
+    let backends = match source.counters.lock().map(|c| c.snapshot()) {
+        Ok(Ok(snapshot)) => snapshot
+            .backends
+            .iter()
+            .map(|(b, c)| crate::status::BackendStatus {
+                backend: crate::service_plan::identity(b),
+                delivery: lb_common::service::Delivery::from_u8(b.delivery)
+                    .map_or("none", |d| d.label())
+                    .to_owned(),
+                packets: c.packets,
+                bytes: c.bytes,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let body = crate::status::AgentStatus {
+        node: source.node.clone(),
+        interface: source.interface.clone(),
+        xdp_mode: source.xdp_mode.to_owned(),
+        instances,
+        backends,
+    };
+    ([(header::CONTENT_TYPE, "application/json")], serde_json::to_string(&body).unwrap_or_default())
 }
 
 async fn set_log_level(body: String) -> impl IntoResponse {

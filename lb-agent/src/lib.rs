@@ -5,6 +5,7 @@
 //! - [`dataplane`]: the embedded XDP object, attach/detach, and its maps.
 //! - [`metrics`]: Prometheus metrics, with XDP counters collected at scrape time.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/loglevel`.
+//! - [`status`]: `lb-agent status`: the local agent's groups, VIPs and backends.
 //! - [`logging`]: structured logs with a filter that changes at run time.
 //! - [`k8s`]: the Kubernetes source: the LoadBalancerGroup resource.
 //! - [`vrrp`]: VRRPv3 — who owns each VIP at run time.
@@ -32,4 +33,5 @@ pub mod node_plan;
 pub mod planner;
 pub mod service_plan;
 pub mod service_sync;
+pub mod status;
 pub mod vrrp;

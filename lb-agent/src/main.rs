@@ -39,6 +39,15 @@ enum Command {
         #[arg(long, env = "POD_NAMESPACE", default_value = "lb-agent")]
         namespace: String,
     },
+    /// Show what the local agent owns and forwards: each group's VRRP instances (state,
+    /// master, advert age, VIPs) and the backends with their counters.
+    Status {
+        /// The agent's `listen` address.
+        #[arg(long, default_value = "127.0.0.1:9105")]
+        address: std::net::SocketAddr,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Print the LoadBalancerGroup CRD (the YAML in deploy/crds/).
     Crd,
     /// Detach the data plane and delete its pinned maps: for uninstalling, after the agent
@@ -53,6 +62,12 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Table,
+    Json,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -78,6 +93,21 @@ fn main() -> ExitCode {
                     rt.block_on(agent::run(config, node, pin_path, source))
                 })
         }
+        Command::Status { address, output } => match lb_agent::status::fetch(address) {
+            Ok(status) => {
+                match output {
+                    Output::Table => print!("{}", lb_agent::status::render(&status)),
+                    Output::Json => {
+                        println!("{}", serde_json::to_string_pretty(&status).expect("serialisable"))
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => {
+                eprintln!("lb-agent status: {e}");
+                return ExitCode::from(1);
+            }
+        },
         Command::Crd => {
             print!("{}", lb_agent::k8s::crd::crd_yaml());
             Ok(())

@@ -324,3 +324,51 @@ fn malformed_packets_are_counted_and_never_abort_or_crash() {
     let mut s = c.session(80);
     assert_eq!(s.echo("still here", ECHO_WAIT).as_deref(), Some("n0p0 still here"));
 }
+
+#[test]
+fn lb_agent_status_shows_instances_vips_and_backends() {
+    let mut c = cluster(&[0, 1]);
+    let services = service(&c.lab, "dsr", 82, "dsr", &[0]);
+    c.start(&services);
+    let mut s = c.session(82);
+    assert!(s.echo("count me", ECHO_WAIT).is_some());
+
+    let status = |node: usize, args: &[&str]| {
+        let bin = lb_lab::agent_binary();
+        let mut argv = vec![bin.to_str().unwrap(), "status", "--address", lb_lab::agent::AGENT_LISTEN];
+        argv.extend_from_slice(args);
+        let out = c.lab.nodes[node].ns.output(&argv);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = status(0, &[]);
+    for needle in ["node n0", "web", "master", "192.0.2.10", "198.51.100.10", "10.244.1.2:8080", "dsr"] {
+        assert!(table.contains(needle), "{needle} missing:\n{table}");
+    }
+    let json: serde_json::Value = serde_json::from_str(&status(1, &["--output", "json"])).unwrap();
+    assert_eq!(json["node"], "n1");
+    let instance = &json["instances"][0];
+    assert_eq!(
+        (instance["state"].as_str(), instance["master"].as_str()),
+        (Some("backup"), Some("192.0.2.10")),
+        "{json}\n{}",
+        c.agents[1].log_text()
+    );
+    assert!(instance["advert_age_ms"].as_u64().is_some_and(|ms| ms < 1000), "{json}");
+    // n0 sent the flow's packets to the backend; its counters show them.
+    let n0: serde_json::Value = serde_json::from_str(&status(0, &["-o", "json"])).unwrap();
+    let backend = n0["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["backend"] == "10.244.1.2:8080")
+        .unwrap()
+        .clone();
+    assert!(backend["packets"].as_u64().unwrap() > 0, "{n0}");
+
+    // Nothing listening: a clear error, exit 1.
+    let bin = lb_lab::agent_binary();
+    let out = c.lab.client.ns.output(&[bin.to_str().unwrap(), "status"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the agent"), "{out:?}");
+}

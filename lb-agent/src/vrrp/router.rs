@@ -65,6 +65,8 @@ pub mod drop_reason {
 struct Running {
     spec: InstanceSpec,
     machine: Instance,
+    /// When an advertisement for this VRID was last sent or accepted (for `lb-agent status`).
+    last_advert: Option<Instant>,
 }
 
 /// A resigned master that keeps its VIPs until a new master is heard (or a bound passes), so a
@@ -118,7 +120,7 @@ impl Router {
         let vrids: Vec<u8> = self.instances.keys().copied().collect();
         for vrid in vrids {
             let actions = self.instances.get_mut(&vrid).map(|r| r.machine.startup(now)).unwrap_or_default();
-            self.carry_out(vrid, actions, &mut out);
+            self.carry_out(now, vrid, actions, &mut out);
         }
         out
     }
@@ -161,10 +163,10 @@ impl Router {
                         primary_address: self.local,
                     });
                     self.record_state(vrid, &spec.group, State::Initialize);
-                    self.instances.insert(vrid, Running { spec, machine });
+                    self.instances.insert(vrid, Running { spec, machine, last_advert: None });
                     if self.started {
                         let actions = self.instances.get_mut(&vrid).map(|r| r.machine.startup(now)).unwrap();
-                        self.carry_out(vrid, actions, &mut out);
+                        self.carry_out(now, vrid, actions, &mut out);
                     }
                 }
             }
@@ -221,7 +223,12 @@ impl Router {
             self.metrics.address_mismatch(&running.spec.group, vrid);
         }
         match running.machine.on_advert(now, received.source, &received.advert) {
-            Ok(actions) => self.carry_out(vrid, actions, &mut out),
+            Ok(actions) => {
+                if let Some(r) = self.instances.get_mut(&vrid) {
+                    r.last_advert = Some(now);
+                }
+                self.carry_out(now, vrid, actions, &mut out)
+            }
             Err(reason) => {
                 let label = match reason {
                     Ignored::LowerPriority => drop_reason::LOWER_PRIORITY,
@@ -245,7 +252,7 @@ impl Router {
             .collect();
         for vrid in due {
             let actions = self.instances.get_mut(&vrid).map(|r| r.machine.on_timer(now)).unwrap_or_default();
-            self.carry_out(vrid, actions, &mut out);
+            self.carry_out(now, vrid, actions, &mut out);
         }
         let released: Vec<u8> =
             self.handovers.iter().filter(|(_, h)| h.release_at <= now).map(|(v, _)| *v).collect();
@@ -323,11 +330,21 @@ impl Router {
     }
 
     /// Per-instance view for status and tests.
+    /// When each VRID's last advertisement was sent or accepted.
+    pub fn last_adverts(&self) -> impl Iterator<Item = (u8, Option<Instant>)> + '_ {
+        self.instances.iter().map(|(v, r)| (*v, r.last_advert))
+    }
+
     pub fn instances(&self) -> impl Iterator<Item = (&InstanceSpec, &Instance)> {
         self.instances.values().map(|r| (&r.spec, &r.machine))
     }
 
-    fn carry_out(&mut self, vrid: u8, actions: Vec<Action>, out: &mut Vec<Outgoing>) {
+    fn carry_out(&mut self, now: Instant, vrid: u8, actions: Vec<Action>, out: &mut Vec<Outgoing>) {
+        if actions.iter().any(|a| matches!(a, Action::SendAdvert { .. }))
+            && let Some(r) = self.instances.get_mut(&vrid)
+        {
+            r.last_advert = Some(now);
+        }
         let Some(running) = self.instances.get(&vrid) else { return };
         for action in actions {
             match action {

@@ -1,0 +1,148 @@
+//! `lb-agent status`: what the local agent owns and forwards, from its `/status` endpoint, as a
+//! table for people or JSON for scripts.
+
+use std::{fmt::Write as _, net::SocketAddr, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    pub node: String,
+    pub interface: String,
+    pub xdp_mode: String,
+    pub instances: Vec<InstanceStatus>,
+    pub backends: Vec<BackendStatus>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceStatus {
+    pub group: String,
+    pub vrid: u8,
+    /// `master`, `backup` or `initialize`.
+    pub state: String,
+    pub priority: u8,
+    /// The master's address, as this node knows it.
+    pub master: Option<String>,
+    /// Milliseconds since this VRID's last advertisement was sent or heard.
+    pub advert_age_ms: Option<u64>,
+    pub vips: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendStatus {
+    /// `address:port`.
+    pub backend: String,
+    /// `local`, `full_nat` or `dsr`.
+    pub delivery: String,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// Fetches `/status` from the agent at `address`.
+pub fn fetch(address: SocketAddr) -> Result<AgentStatus, String> {
+    use std::io::{Read, Write};
+    let unreachable = |e: std::io::Error| {
+        format!(
+            "cannot reach the agent at http://{address}/status ({e}); is it running, and is `listen` this address?"
+        )
+    };
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2)).map_err(unreachable)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(unreachable)?;
+    write!(stream, "GET /status HTTP/1.0\r\nHost: lb-agent\r\n\r\n").map_err(unreachable)?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).map_err(unreachable)?;
+    let (head, body) = response.split_once("\r\n\r\n").ok_or("a malformed HTTP response")?;
+    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+        return Err(format!("the agent answered {}", head.lines().next().unwrap_or_default()));
+    }
+    serde_json::from_str(body)
+        .map_err(|e| format!("the agent's /status is not what this client expects: {e}"))
+}
+
+/// The table `lb-agent status` prints.
+pub fn render(status: &AgentStatus) -> String {
+    let mut out =
+        format!("node {}  interface {} (XDP {})\n\n", status.node, status.interface, status.xdp_mode);
+    if status.instances.is_empty() {
+        out.push_str("no VRRP instances\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "{:<16} {:>4} {:<10} {:>8} {:<16} {:>10}  VIPs",
+            "GROUP", "VRID", "STATE", "PRIORITY", "MASTER", "ADVERT AGE"
+        );
+        for i in &status.instances {
+            let age = i.advert_age_ms.map_or("-".to_owned(), |ms| format!("{ms} ms"));
+            let _ = writeln!(
+                out,
+                "{:<16} {:>4} {:<10} {:>8} {:<16} {:>10}  {}",
+                i.group,
+                i.vrid,
+                i.state,
+                i.priority,
+                i.master.as_deref().unwrap_or("-"),
+                age,
+                i.vips.join(", ")
+            );
+        }
+    }
+    out.push('\n');
+    if status.backends.is_empty() {
+        out.push_str("no backends\n");
+    } else {
+        let _ = writeln!(out, "{:<24} {:<9} {:>12} {:>14}", "BACKEND", "DELIVERY", "PACKETS", "BYTES");
+        for b in &status.backends {
+            let _ = writeln!(out, "{:<24} {:<9} {:>12} {:>14}", b.backend, b.delivery, b.packets, b.bytes);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_shows_every_field() {
+        let status = AgentStatus {
+            node: "n0".into(),
+            interface: "eth0".into(),
+            xdp_mode: "native".into(),
+            instances: vec![InstanceStatus {
+                group: "web".into(),
+                vrid: 20,
+                state: "master".into(),
+                priority: 200,
+                master: Some("192.0.2.10".into()),
+                advert_age_ms: Some(7),
+                vips: vec!["198.51.100.10".into()],
+            }],
+            backends: vec![BackendStatus {
+                backend: "10.244.1.2:8080".into(),
+                delivery: "dsr".into(),
+                packets: 42,
+                bytes: 4200,
+            }],
+        };
+        let table = render(&status);
+        for needle in [
+            "node n0",
+            "web",
+            "20",
+            "master",
+            "200",
+            "192.0.2.10",
+            "7 ms",
+            "198.51.100.10",
+            "10.244.1.2:8080",
+            "dsr",
+            "42",
+            "4200",
+        ] {
+            assert!(table.contains(needle), "{needle} missing from:\n{table}");
+        }
+        let json = serde_json::to_string(&status).unwrap();
+        assert_eq!(serde_json::from_str::<AgentStatus>(&json).unwrap(), status);
+    }
+}

@@ -137,6 +137,7 @@ pub async fn run(
     let request = SyncRequest { config: Arc::new(config.clone()), node: node.clone(), node_address };
     let sync_metrics = SyncMetrics {
         syncs: metrics.service_syncs.clone(),
+        seconds: metrics.service_sync_seconds.clone(),
         services: metrics.services.clone(),
         backends: metrics.backends.clone(),
     };

@@ -14,6 +14,7 @@ use prometheus_client::{
         counter::{ConstCounter, Counter},
         family::Family,
         gauge::Gauge,
+        histogram::Histogram,
     },
     registry::Registry,
 };
@@ -39,6 +40,7 @@ pub struct Metrics {
     pub config_reloads: Family<ResultLabels, Counter>,
     pub xdp_attached: Family<XdpLabels, Gauge>,
     pub service_syncs: Family<ResultLabels, Counter>,
+    pub service_sync_seconds: Histogram,
     pub services: Gauge,
     pub backends: Gauge,
 }
@@ -49,6 +51,9 @@ impl Metrics {
         let owned_vips = Gauge::default();
         registry.register("owned_vips", "VIPs in the XDP owned-VIP map", owned_vips.clone());
         let config_reloads = Family::<ResultLabels, Counter>::default();
+        for result in ["applied", "rejected"] {
+            let _ = config_reloads.get_or_create(&ResultLabels { result });
+        }
         registry.register("config_reloads", "Config reloads on SIGHUP, by result", config_reloads.clone());
         let xdp_attached = Family::<XdpLabels, Gauge>::default();
         registry.register(
@@ -57,10 +62,19 @@ impl Metrics {
             xdp_attached.clone(),
         );
         let service_syncs = Family::<ResultLabels, Counter>::default();
+        for result in ["applied", "failed"] {
+            let _ = service_syncs.get_or_create(&ResultLabels { result });
+        }
         registry.register(
             "service_syncs",
             "Updates of the service maps from a config, by result",
             service_syncs.clone(),
+        );
+        let service_sync_seconds = Histogram::new([0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0]);
+        registry.register(
+            "service_sync_seconds",
+            "How long an update of the service maps took (plan, map writes, next hops)",
+            service_sync_seconds.clone(),
         );
         let services = Gauge::default();
         registry.register(
@@ -70,7 +84,16 @@ impl Metrics {
         );
         let backends = Gauge::default();
         registry.register("backends", "Backends (endpoint and delivery) in the data plane", backends.clone());
-        Self { registry, owned_vips, config_reloads, xdp_attached, service_syncs, services, backends }
+        Self {
+            registry,
+            owned_vips,
+            config_reloads,
+            xdp_attached,
+            service_syncs,
+            service_sync_seconds,
+            services,
+            backends,
+        }
     }
 
     pub fn register_xdp(&mut self, counters: Arc<Mutex<XdpCounters>>) {

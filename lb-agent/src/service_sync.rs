@@ -39,6 +39,7 @@ pub struct SyncRequest {
 #[derive(Clone)]
 pub struct SyncMetrics {
     pub syncs: Family<ResultLabels, Counter>,
+    pub seconds: prometheus_client::metrics::histogram::Histogram,
     pub services: Gauge,
     pub backends: Gauge,
 }
@@ -64,7 +65,9 @@ impl ServiceSync {
 
     /// Plans and applies `request`, then resolves the endpoints' next hops.
     pub async fn apply(&mut self, request: &SyncRequest) -> Result<SyncReport> {
+        let started = std::time::Instant::now();
         let result = self.apply_inner(request).await;
+        self.metrics.seconds.observe(started.elapsed().as_secs_f64());
         let label = if result.is_ok() { "applied" } else { "failed" };
         self.metrics.syncs.get_or_create(&ResultLabels { result: label }).inc();
         result

@@ -64,6 +64,12 @@ pub struct VrrpMetrics {
 impl VrrpMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
+        // Exported from the start (as zero), so dashboards and alerts see "none yet", not
+        // "no such metric".
+        let _ = m.dropped.get_or_create(&DropLabels {
+            vrid: String::new(),
+            reason: super::router::drop_reason::NOT_MEMBER,
+        });
         registry.register(
             "vrrp_state",
             "1 for the state each VRRP instance is in, 0 for the others",

@@ -372,3 +372,41 @@ fn lb_agent_status_shows_instances_vips_and_backends() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the agent"), "{out:?}");
 }
+
+/// The upgrade procedure: SIGTERM the master's agent, start the new one. VRRP hands the VIP
+/// over and back, the pinned data plane keeps forwarding meanwhile, and the preempted node keeps
+/// answering while the new master's gratuitous ARPs land: no ping and no connection is lost.
+#[test]
+fn restarting_the_masters_agent_loses_no_packet() {
+    let mut c = cluster(&[0, 1]);
+    let services = service(&c.lab, "dsr", 82, "dsr", &[0]);
+    c.start(&services);
+    let mut session = c.session(82);
+    assert!(c.lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]));
+
+    let ping = std::thread::spawn({
+        let ns = c.lab.client.ns.name().to_owned();
+        move || {
+            std::process::Command::new("ip")
+                .args(["netns", "exec", &ns, "ping", "-n", "-q", "-i", "0.005", "-c", "700", "-W", "1"])
+                .arg(VIP.to_string())
+                .output()
+                .unwrap()
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    c.agents[0].signal(libc::SIGTERM);
+    let status = c.agents[0].wait_exit(Duration::from_secs(5));
+    assert!(status.success(), "{status}");
+    assert_eq!(session.echo("while n0 is down", ECHO_WAIT).as_deref(), Some("n1p0 while n0 is down"));
+    let mut upgraded = c.lab.start_agent(0, &config(&c.lab, 0, &services));
+    upgraded.wait_ready();
+    assert!(upgraded.log_text().contains("resumed=true"), "{}", upgraded.log_text());
+    c.agents[0] = upgraded;
+    c.agents[0].wait_metric("lbagent_owned_vips", 1.0);
+
+    let out = ping.join().unwrap();
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(summary.contains("700 packets transmitted, 700 received"), "{summary}\n{}", c.logs());
+    assert_eq!(session.echo("after the upgrade", ECHO_WAIT).as_deref(), Some("n1p0 after the upgrade"));
+}

@@ -82,6 +82,9 @@ struct Handover {
 pub struct Router {
     local: Ipv4Addr,
     instances: BTreeMap<u8, Running>,
+    /// VIPs of a master just preempted, still answered until the given time: the new master's
+    /// gratuitous ARPs are on their way, and traffic still sent here is served meanwhile.
+    lingering: BTreeMap<u8, (BTreeSet<Ipv4Addr>, Instant)>,
     handovers: BTreeMap<u8, Handover>,
     metrics: VrrpMetrics,
     started: bool,
@@ -101,6 +104,7 @@ impl Router {
         Self {
             local,
             instances: BTreeMap::new(),
+            lingering: BTreeMap::new(),
             handovers: BTreeMap::new(),
             metrics,
             started: false,
@@ -133,6 +137,7 @@ impl Router {
         let wanted: BTreeMap<u8, InstanceSpec> = specs.into_iter().map(|s| (s.vrid, s)).collect();
         let gone: Vec<u8> = self.instances.keys().filter(|v| !wanted.contains_key(v)).copied().collect();
         for vrid in gone {
+            self.lingering.remove(&vrid);
             if let Some(mut running) = self.instances.remove(&vrid) {
                 let actions = running.machine.shutdown();
                 self.record_state(vrid, &running.spec.group, running.machine.state());
@@ -254,6 +259,11 @@ impl Router {
             let actions = self.instances.get_mut(&vrid).map(|r| r.machine.on_timer(now)).unwrap_or_default();
             self.carry_out(now, vrid, actions, &mut out);
         }
+        let expired = self.lingering.len();
+        self.lingering.retain(|_, (_, until)| *until > now);
+        if self.lingering.len() != expired {
+            self.ownership_epoch += 1;
+        }
         let released: Vec<u8> =
             self.handovers.iter().filter(|(_, h)| h.release_at <= now).map(|(v, _)| *v).collect();
         for vrid in released {
@@ -267,7 +277,10 @@ impl Router {
 
     pub fn next_deadline(&self) -> Option<Instant> {
         let instances = self.instances.values().filter_map(|r| r.machine.next_deadline());
-        instances.chain(self.handovers.values().map(|h| h.release_at)).min()
+        instances
+            .chain(self.handovers.values().map(|h| h.release_at))
+            .chain(self.lingering.values().map(|(_, until)| *until))
+            .min()
     }
 
     /// SIGTERM: every master resigns with priority 0 and keeps its VIPs until a successor
@@ -316,7 +329,12 @@ impl Router {
     pub fn owned_vips(&self) -> BTreeSet<Ipv4Addr> {
         let masters =
             self.instances.values().filter(|r| r.machine.state() == State::Master).map(|r| &r.spec.vips);
-        masters.chain(self.handovers.values().map(|h| &h.vips)).flatten().copied().collect()
+        masters
+            .chain(self.handovers.values().map(|h| &h.vips))
+            .chain(self.lingering.values().map(|(vips, _)| vips))
+            .flatten()
+            .copied()
+            .collect()
     }
 
     /// VIPs to announce again since the last call (see [`Action::Reannounce`]).
@@ -353,7 +371,14 @@ impl Router {
                     self.metrics.sent(&running.spec.group, vrid);
                 }
                 // Ownership is derived from the states (see `owned_vips`), not tracked twice.
-                Action::TakeOwnership | Action::ReleaseOwnership => self.ownership_epoch += 1,
+                Action::TakeOwnership => {
+                    self.ownership_epoch += 1;
+                    self.lingering.remove(&vrid);
+                }
+                Action::ReleaseOwnership => {
+                    self.ownership_epoch += 1;
+                    self.lingering.insert(vrid, (running.spec.vips.clone(), now + HANDOVER_GRACE));
+                }
                 Action::Reannounce => {
                     info!(group = %running.spec.group, vrid, "a lower-priority router acted as master; reasserting");
                     self.metrics.reasserted(&running.spec.group, vrid);
@@ -528,6 +553,28 @@ mod tests {
         // The rogue's priority 254 did not keep B from taking over on schedule.
         b.on_timer(t0 + ms(361));
         assert_eq!(b.owned_vips(), [VIP].into());
+    }
+
+    #[test]
+    fn a_preempted_master_keeps_answering_briefly() {
+        let t0 = Instant::now();
+        let (mut a, _) = router(A, spec(100, &[B], Transport::Multicast));
+        let (mut b, _) = router(B, spec(200, &[A], Transport::Multicast));
+        a.start(t0);
+        // A alone: master after Master_Down_Interval.
+        a.on_timer(t0 + ms(400));
+        assert_eq!(a.owned_vips(), [VIP].into());
+        // B starts and preempts with its first advert.
+        b.start(t0 + ms(500));
+        let b_takes = b.on_timer(t0 + ms(900));
+        assert_eq!(b.owned_vips(), [VIP].into());
+        a.on_datagram(t0 + ms(900), &on_wire(B, &b_takes[0], 255));
+        assert_eq!(a.owned_vips(), [VIP].into(), "A still answers while B's gratuitous ARPs land");
+        assert!(a.next_deadline().is_some_and(|d| d <= t0 + ms(900) + HANDOVER_GRACE));
+        a.on_timer(t0 + ms(900) + HANDOVER_GRACE - ms(1));
+        assert_eq!(a.owned_vips(), [VIP].into(), "not yet");
+        a.on_timer(t0 + ms(900) + HANDOVER_GRACE);
+        assert!(a.owned_vips().is_empty(), "then lets go");
     }
 
     #[test]

@@ -84,6 +84,36 @@ impl Host {
         })
     }
 
+    /// Starts `count` pings to `target`, one every 5 ms, in the background; join the handle
+    /// for ping's output (its summary line says how many replies came back).
+    pub fn ping_every_5ms(
+        &self,
+        target: Ipv4Addr,
+        count: u32,
+    ) -> std::thread::JoinHandle<std::process::Output> {
+        let ns = self.ns.name().to_owned();
+        std::thread::spawn(move || {
+            std::process::Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &ns,
+                    "ping",
+                    "-n",
+                    "-q",
+                    "-i",
+                    "0.005",
+                    "-c",
+                    &count.to_string(),
+                    "-W",
+                    "1",
+                ])
+                .arg(target.to_string())
+                .output()
+                .expect("running ping")
+        })
+    }
+
     pub fn mac_string(&self) -> String {
         format_mac(&self.mac)
     }

@@ -384,16 +384,7 @@ fn restarting_the_masters_agent_loses_no_packet() {
     let mut session = c.session(82);
     assert!(c.lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]));
 
-    let ping = std::thread::spawn({
-        let ns = c.lab.client.ns.name().to_owned();
-        move || {
-            std::process::Command::new("ip")
-                .args(["netns", "exec", &ns, "ping", "-n", "-q", "-i", "0.005", "-c", "700", "-W", "1"])
-                .arg(VIP.to_string())
-                .output()
-                .unwrap()
-        }
-    });
+    let ping = c.lab.client.ping_every_5ms(VIP, 700);
     std::thread::sleep(Duration::from_millis(500));
     c.agents[0].signal(libc::SIGTERM);
     let status = c.agents[0].wait_exit(Duration::from_secs(5));

@@ -131,16 +131,7 @@ fn graceful_stop_loses_no_ping() {
     // Warm the client's neighbour entry.
     assert!(lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]));
 
-    let ping = std::thread::spawn({
-        let ns = lab.client.ns.name().to_owned();
-        move || {
-            std::process::Command::new("ip")
-                .args(["netns", "exec", &ns, "ping", "-n", "-q", "-i", "0.005", "-c", "600", "-W", "1"])
-                .arg(VIP.to_string())
-                .output()
-                .unwrap()
-        }
-    });
+    let ping = lab.client.ping_every_5ms(VIP, 600);
     std::thread::sleep(Duration::from_millis(800));
     agents[0].signal(libc::SIGTERM);
     let status = agents[0].wait_exit(Duration::from_secs(5));

@@ -25,13 +25,18 @@ pub type Write = (String, String, Value);
 pub struct KubeApi {
     pub kubeconfig: PathBuf,
     pub writes: Arc<Mutex<Vec<Write>>>,
+    shared: Arc<Shared>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
+
+type WatchSender = futures::channel::mpsc::UnboundedSender<Result<Bytes, std::convert::Infallible>>;
 
 struct Shared {
     /// Collection path (e.g. `/api/v1/services`) → its items.
     lists: BTreeMap<String, Vec<Value>>,
     writes: Arc<Mutex<Vec<Write>>>,
+    /// Open watches, by collection path.
+    watches: Mutex<Vec<(String, WatchSender)>>,
 }
 
 impl KubeApi {
@@ -43,7 +48,8 @@ impl KubeApi {
             l
         });
         let writes = Arc::new(Mutex::new(Vec::new()));
-        let shared = Arc::new(Shared { lists, writes: writes.clone() });
+        let shared = Arc::new(Shared { lists, writes: writes.clone(), watches: Mutex::new(Vec::new()) });
+        let kept = shared.clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -67,7 +73,19 @@ impl KubeApi {
             ),
         )
         .unwrap();
-        KubeApi { kubeconfig, writes, stop: Some(stop) }
+        KubeApi { kubeconfig, writes, shared: kept, stop: Some(stop) }
+    }
+
+    /// Sends a watch event (`ADDED`, `MODIFIED`, `DELETED`) for `object` to every open watch on
+    /// `path`; returns how many watches got it.
+    pub fn push(&self, path: &str, kind: &str, object: Value) -> usize {
+        let line = format!("{}\n", json!({"type": kind, "object": object}));
+        let watches = self.shared.watches.lock().unwrap();
+        watches
+            .iter()
+            .filter(|(p, _)| p == path)
+            .filter(|(_, tx)| tx.unbounded_send(Ok(Bytes::from(line.clone()))).is_ok())
+            .count()
     }
 
     pub fn writes(&self) -> Vec<Write> {
@@ -94,9 +112,10 @@ async fn handle(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, bod
             .unwrap()
     };
     if method == Method::GET && query.contains("watch=true") {
-        // Nothing ever changes: the watch stays open and silent.
-        let never = futures::stream::pending::<Result<Bytes, std::convert::Infallible>>();
-        return Response::builder().status(StatusCode::OK).body(Body::from_stream(never)).unwrap();
+        // The watch stays open; events arrive only through `KubeApi::push`.
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        shared.watches.lock().unwrap().push((path, tx));
+        return Response::builder().status(StatusCode::OK).body(Body::from_stream(rx)).unwrap();
     }
     if method == Method::GET
         && let Some(items) = shared.lists.get(&path)

@@ -117,3 +117,50 @@ fn agents_serve_a_service_defined_in_the_cluster() {
         }
     }
 }
+
+#[test]
+fn a_node_leaving_its_group_hands_over_and_exits_for_a_restart() {
+    let mut lab = Lab::new(2);
+    for node in 0..2 {
+        lab.enable_native_xdp(node);
+    }
+    let pod = lab.add_pod(1);
+    let lists = cluster(&lab, lab.pods[pod].ip);
+    let apis: Vec<KubeApi> =
+        (0..2).map(|i| KubeApi::start(&lab.nodes[i].ns, &lab.path(""), API_PORT, lists.clone())).collect();
+    let base = format!("interface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\n");
+    let mut agents: Vec<Agent> = (0..2)
+        .map(|i| {
+            let name = lab.nodes[i].name.clone();
+            let kubeconfig = apis[i].kubeconfig.to_str().unwrap().to_owned();
+            let mut agent = lab.start_agent_with(
+                i,
+                &base,
+                &["--kubernetes", "--node", &name],
+                &[("KUBECONFIG", &kubeconfig)],
+            );
+            agent.wait_ready();
+            agent
+        })
+        .collect();
+
+    // The group now selects only n0; n1's agent hears of it.
+    let mut group = lists["/apis/lb-agent.io/v1alpha1/loadbalancergroups"][0].clone();
+    group["metadata"]["resourceVersion"] = json!("2");
+    group["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": "n0"});
+    let mut n0 = lists["/api/v1/nodes"][0].clone();
+    n0["metadata"]["labels"] = json!({"kubernetes.io/hostname": "n0"});
+    n0["metadata"]["resourceVersion"] = json!("2");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while apis[1].push("/api/v1/nodes", "MODIFIED", n0.clone()) == 0 {
+        assert!(Instant::now() < deadline, "n1's agent never watched nodes");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(apis[1].push("/apis/lb-agent.io/v1alpha1/loadbalancergroups", "MODIFIED", group), 1);
+
+    let status = agents[1].wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(75), "{}", agents[1].log_text());
+    assert!(agents[1].log_text().contains("joined or left a LoadBalancerGroup"), "{}", agents[1].log_text());
+    // n0, whose cluster view did not change, runs on.
+    assert!(agents[0].try_get("/readyz").is_some_and(|r| r.contains("200")));
+}

@@ -14,7 +14,10 @@ use serde_json::{Value, json};
 const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 const API_PORT: u16 = 18080;
 
-fn cluster(lab: &Lab, pod_ip: Ipv4Addr) -> BTreeMap<String, Vec<Value>> {
+/// Collection path → the objects the fake API lists there.
+type Lists = BTreeMap<String, Vec<Value>>;
+
+fn cluster(lab: &Lab, pod_ip: Ipv4Addr) -> Lists {
     let nodes = lab
         .nodes
         .iter()
@@ -50,20 +53,21 @@ fn cluster(lab: &Lab, pod_ip: Ipv4Addr) -> BTreeMap<String, Vec<Value>> {
     .collect()
 }
 
-#[test]
-fn agents_serve_a_service_defined_in_the_cluster() {
+/// Two nodes with native XDP, a pod on n1, a fake API server on each node serving
+/// [`cluster`], and an agent on each running `--kubernetes` against it. Returns the lab, the
+/// pod's index, the served lists, the APIs and the agents.
+fn kubernetes_cluster() -> (Lab, usize, Lists, Vec<KubeApi>, Vec<Agent>) {
     let mut lab = Lab::new(2);
     for node in 0..2 {
         lab.enable_native_xdp(node);
     }
     let pod = lab.add_pod(1);
-    let _server = lab.pods[pod].serve(8080);
     let lists = cluster(&lab, lab.pods[pod].ip);
     let apis: Vec<KubeApi> =
         (0..2).map(|i| KubeApi::start(&lab.nodes[i].ns, &lab.path(""), API_PORT, lists.clone())).collect();
     // Only the agent's own settings in the file: groups and services come from the cluster.
     let base = format!("interface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\n");
-    let agents: Vec<Agent> = (0..2)
+    let agents = (0..2)
         .map(|i| {
             let name = lab.nodes[i].name.clone();
             let kubeconfig = apis[i].kubeconfig.to_str().unwrap().to_owned();
@@ -77,6 +81,13 @@ fn agents_serve_a_service_defined_in_the_cluster() {
             agent
         })
         .collect();
+    (lab, pod, lists, apis, agents)
+}
+
+#[test]
+fn agents_serve_a_service_defined_in_the_cluster() {
+    let (lab, pod, _lists, apis, agents) = kubernetes_cluster();
+    let _server = lab.pods[pod].serve(8080);
     let logs = || agents.iter().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n");
 
     // The VIP from the Service's status is elected, answered and forwarded (DSR) to the pod.
@@ -120,29 +131,7 @@ fn agents_serve_a_service_defined_in_the_cluster() {
 
 #[test]
 fn a_node_leaving_its_group_hands_over_and_exits_for_a_restart() {
-    let mut lab = Lab::new(2);
-    for node in 0..2 {
-        lab.enable_native_xdp(node);
-    }
-    let pod = lab.add_pod(1);
-    let lists = cluster(&lab, lab.pods[pod].ip);
-    let apis: Vec<KubeApi> =
-        (0..2).map(|i| KubeApi::start(&lab.nodes[i].ns, &lab.path(""), API_PORT, lists.clone())).collect();
-    let base = format!("interface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\n");
-    let mut agents: Vec<Agent> = (0..2)
-        .map(|i| {
-            let name = lab.nodes[i].name.clone();
-            let kubeconfig = apis[i].kubeconfig.to_str().unwrap().to_owned();
-            let mut agent = lab.start_agent_with(
-                i,
-                &base,
-                &["--kubernetes", "--node", &name],
-                &[("KUBECONFIG", &kubeconfig)],
-            );
-            agent.wait_ready();
-            agent
-        })
-        .collect();
+    let (_lab, _pod, lists, apis, mut agents) = kubernetes_cluster();
 
     // The group now selects only n0; n1's agent hears of it.
     let mut group = lists["/apis/lb-agent.io/v1alpha1/loadbalancergroups"][0].clone();

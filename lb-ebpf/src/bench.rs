@@ -22,7 +22,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
     nat,
-    packet::{ETH_LEN, L4_OFFSET},
+    packet::{ETH_LEN, ETHERTYPE_IPV4, L4_OFFSET},
 };
 
 #[map]
@@ -68,7 +68,7 @@ pub fn bench_sink(ctx: XdpContext) -> u32 {
     let (eth, ip) = unsafe { (&*(start as *const EthHdr), &*((start + ETH_LEN) as *const Ipv4Hdr)) };
     // Only the generated UDP is counted and dropped: ARP and TCP go on, so the pod still
     // resolves and serves.
-    if eth.ether_type != 0x0800u16.to_be() || ip.proto != PROTO_UDP {
+    if eth.ether_type != ETHERTYPE_IPV4.to_be() || ip.proto != PROTO_UDP {
         return XDP_PASS;
     }
     if let Some(counter) = BENCH_COUNT.get_ptr_mut(0) {

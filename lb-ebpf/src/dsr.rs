@@ -23,11 +23,10 @@ use crate::{
     forward::{remember_reply, route_out},
     maps::{LOCAL_ENDPOINTS, SETTINGS},
     nat,
-    packet::{self, ETH_LEN, IPV4_LEN, Ports, header, l4_layout},
+    packet::{self, ETH_LEN, ETHERTYPE_IPV4, IPV4_LEN, Ports, header, l4_layout},
     stats,
 };
 
-const ETHERTYPE_IPV4: u16 = 0x0800;
 /// Don't Fragment: the outer header is never fragmented (RFC 6864 §4.1 then lets its
 /// Identification be zero).
 const DONT_FRAGMENT: [u8; 2] = [0x40, 0x00];

@@ -34,9 +34,9 @@ use aya_ebpf::{
 };
 use lb_common::counters::Reason;
 use network_types::eth::EthHdr;
+use packet::ETHERTYPE_IPV4;
 
 const ETHERTYPE_ARP: u16 = 0x0806;
-const ETHERTYPE_IPV4: u16 = 0x0800;
 
 /// The uplink program. It never returns `XDP_ABORTED`: anything it cannot parse is passed to
 /// the kernel untouched and counted.

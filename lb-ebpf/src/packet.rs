@@ -4,6 +4,7 @@
 use aya_ebpf::programs::XdpContext;
 
 pub const ETH_LEN: usize = 14;
+pub const ETHERTYPE_IPV4: u16 = 0x0800;
 pub const IPV4_LEN: usize = 20;
 /// Where TCP/UDP starts in an option-less IPv4 frame.
 pub const L4_OFFSET: usize = ETH_LEN + IPV4_LEN;

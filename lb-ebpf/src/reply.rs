@@ -13,19 +13,21 @@ use lb_common::{
     service::{FlowKey, PROTO_TCP, PROTO_UDP},
 };
 
-use crate::{maps::REPLY_NAT, stats};
+use crate::{
+    maps::REPLY_NAT,
+    packet::{ETH_LEN, ETHERTYPE_IPV4, L4_OFFSET as L4},
+    stats,
+};
 
-const ETH_LEN: usize = 14;
 const IP_CHECK: usize = ETH_LEN + 10;
 const IP_SRC: usize = ETH_LEN + 12;
 const IP_DST: usize = ETH_LEN + 16;
-const L4: usize = ETH_LEN + 20;
 
 /// Translates the packet if it is the reply of a flow this node translated. Any error just
 /// leaves the packet as it is.
 #[inline(always)]
 pub fn translate(ctx: &TcContext) -> Result<(), i64> {
-    if ctx.load::<[u8; 2]>(12)? != [0x08, 0x00] || ctx.load::<u8>(ETH_LEN)? != 0x45 {
+    if ctx.load::<[u8; 2]>(12)? != ETHERTYPE_IPV4.to_be_bytes() || ctx.load::<u8>(ETH_LEN)? != 0x45 {
         return Ok(());
     }
     if u16::from_be_bytes(ctx.load::<[u8; 2]>(ETH_LEN + 6)?) & 0x3fff != 0 {

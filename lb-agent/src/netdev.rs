@@ -133,27 +133,53 @@ pub async fn primary_ipv4(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Op
 
 /// The name of the interface this node uses to reach `address` (as `ip route get`).
 pub async fn route_interface(handle: &rtnetlink::Handle, address: IpAddr) -> Result<Option<String>> {
-    use rtnetlink::{RouteMessageBuilder, packet_route::route::RouteAttribute};
-    let route = match address {
-        IpAddr::V4(v4) => RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(v4, 32).build(),
-        IpAddr::V6(v6) => {
-            RouteMessageBuilder::<std::net::Ipv6Addr>::new().destination_prefix(v6, 128).build()
-        }
-    };
-    let mut oif = None;
-    let mut replies = std::pin::pin!(handle.route().get(route).execute());
-    while let Some(reply) = replies.try_next().await? {
-        oif = oif.or(reply.attributes.iter().find_map(|a| match a {
-            RouteAttribute::Oif(i) => Some(*i),
-            _ => None,
-        }));
-    }
-    let Some(index) = oif else { return Ok(None) };
-    let mut links = std::pin::pin!(handle.link().get().match_index(index).execute());
+    let Some(route) = route_to(handle, address).await? else { return Ok(None) };
+    let mut links = std::pin::pin!(handle.link().get().match_index(route.oif).execute());
     Ok(links.try_next().await?.and_then(|msg| {
         msg.attributes.iter().find_map(|a| match a {
             LinkAttribute::IfName(name) => Some(name.clone()),
             _ => None,
         })
     }))
+}
+
+/// Where the kernel sends packets for one address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteTo {
+    /// The outgoing interface's index.
+    pub oif: u32,
+    /// The gateway, or `None` when the address is on-link.
+    pub gateway: Option<IpAddr>,
+}
+
+/// Asks the kernel for its route to `address` (as `ip route get`).
+pub async fn route_to(handle: &rtnetlink::Handle, address: IpAddr) -> Result<Option<RouteTo>> {
+    use rtnetlink::{
+        RouteMessageBuilder,
+        packet_route::route::{RouteAddress, RouteAttribute},
+    };
+    let route = match address {
+        IpAddr::V4(v4) => RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(v4, 32).build(),
+        IpAddr::V6(v6) => {
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new().destination_prefix(v6, 128).build()
+        }
+    };
+    let mut found = None;
+    let mut replies = std::pin::pin!(handle.route().get(route).execute());
+    // Read the stream to its end: a dropped stream leaves netlink replies undelivered.
+    while let Some(reply) = replies.try_next().await? {
+        let oif = reply.attributes.iter().find_map(|a| match a {
+            RouteAttribute::Oif(i) => Some(*i),
+            _ => None,
+        });
+        let gateway = reply.attributes.iter().find_map(|a| match a {
+            RouteAttribute::Gateway(RouteAddress::Inet(g)) => Some(IpAddr::V4(*g)),
+            RouteAttribute::Gateway(RouteAddress::Inet6(g)) => Some(IpAddr::V6(*g)),
+            _ => None,
+        });
+        if let (None, Some(oif)) = (found, oif) {
+            found = Some(RouteTo { oif, gateway });
+        }
+    }
+    Ok(found)
 }

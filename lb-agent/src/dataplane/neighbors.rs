@@ -11,14 +11,7 @@ use std::{
     net::{IpAddr, Ipv4Addr},
 };
 
-use futures::TryStreamExt;
-use rtnetlink::{
-    RouteMessageBuilder,
-    packet_route::{
-        neighbour::{NeighbourFlags, NeighbourState},
-        route::{RouteAddress, RouteAttribute},
-    },
-};
+use rtnetlink::packet_route::neighbour::{NeighbourFlags, NeighbourState};
 
 use crate::error::Result;
 
@@ -26,28 +19,15 @@ use crate::error::Result;
 pub async fn warm(handle: &rtnetlink::Handle, addresses: &BTreeSet<Ipv4Addr>) -> Result<usize> {
     let mut next_hops = BTreeSet::new();
     for address in addresses {
-        let route = RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(*address, 32).build();
-        let mut replies = std::pin::pin!(handle.route().get(route).execute());
-        // Read the stream to its end: a dropped stream leaves netlink replies undelivered.
-        while let Some(reply) = replies.try_next().await? {
-            let oif = reply.attributes.iter().find_map(|a| match a {
-                RouteAttribute::Oif(i) => Some(*i),
-                _ => None,
-            });
-            let gateway = reply.attributes.iter().find_map(|a| match a {
-                RouteAttribute::Gateway(RouteAddress::Inet(g)) => Some(*g),
-                _ => None,
-            });
-            if let Some(oif) = oif {
-                next_hops.insert((oif, gateway.unwrap_or(*address)));
-            }
+        if let Some(route) = crate::netdev::route_to(handle, IpAddr::V4(*address)).await? {
+            next_hops.insert((route.oif, route.gateway.unwrap_or(IpAddr::V4(*address))));
         }
     }
     tracing::debug!(?next_hops, "resolving next hops");
     for (oif, hop) in &next_hops {
         handle
             .neighbours()
-            .add(*oif, IpAddr::V4(*hop))
+            .add(*oif, *hop)
             .replace()
             .state(NeighbourState::None)
             .flags(NeighbourFlags::Use)

@@ -130,19 +130,28 @@ pub async fn run(
     let garp =
         GarpSocket::open(interface.index).map_err(|e| Error::io("opening the gratuitous-ARP socket", e))?;
 
-    let (dataplane, counters, service_maps) =
-        Dataplane::attach(&interface, config.xdp_mode, &config.dataplane.pin_path)?;
+    let (dataplane, counters, service_maps) = Dataplane::attach(
+        &interface,
+        config.xdp_mode,
+        &config.dataplane.pin_path,
+        &config.dataplane.capacity,
+    )?;
     let counters = Arc::new(Mutex::new(counters));
     // The first sync completes before anything is announced ready; later ones run beside VRRP.
-    let request = SyncRequest { config: Arc::new(config.clone()), node: node.clone(), node_address };
+    let config = Arc::new(config);
+    let request = SyncRequest { config: config.clone(), node: node.clone(), node_address, generation: 0 };
     let sync_metrics = SyncMetrics {
         syncs: metrics.service_syncs.clone(),
         seconds: metrics.service_sync_seconds.clone(),
         services: metrics.services.clone(),
         backends: metrics.backends.clone(),
+        refused: metrics.services_refused.clone(),
+        map_bytes: metrics.map_bytes.clone(),
     };
     let mut sync = ServiceSync::new(service_maps, netlink.clone(), counters.clone(), sync_metrics);
+    // No VIP before its services: VRRP starts only once the maps hold them.
     sync.apply(&request).await?;
+    let services_applied = sync.applied();
     let (services, requests) = watch::channel(request);
     let sync_task = sync.spawn(requests);
     metrics.register_xdp(counters.clone());
@@ -177,6 +186,8 @@ pub async fn run(
         applied_epoch: None,
         node_address,
         services,
+        services_applied,
+        pending: None,
         pin_override,
         cluster_configs,
         owners,
@@ -256,7 +267,8 @@ impl Vrrp {
 
 struct Agent {
     config_path: PathBuf,
-    config: Config,
+    /// Shared with the sync task: a large config is never copied.
+    config: Arc<Config>,
     node: String,
     plan: NodePlan,
     netlink: rtnetlink::Handle,
@@ -276,6 +288,12 @@ struct Agent {
     node_address: Ipv4Addr,
     /// Hands each accepted config to the service-sync task.
     services: watch::Sender<SyncRequest>,
+    /// The generation of the last config whose services the sync task has applied.
+    services_applied: watch::Receiver<u64>,
+    /// An accepted config waiting for its services to reach the maps before VRRP and the
+    /// owned VIPs follow it, so a VIP is never taken before its services: (generation,
+    /// config, plan).
+    pending: Option<(u64, Arc<Config>, NodePlan)>,
     /// `--pin-path`, which outranks the config file's on every load.
     pin_override: Option<PathBuf>,
     /// With `--kubernetes`: configs built from the cluster.
@@ -313,6 +331,13 @@ impl Agent {
                     if self.restart_requested {
                         stop_by = Some(Instant::now() + STOP_BOUND);
                         self.begin_stop().await;
+                    }
+                }
+                Ok(()) = self.services_applied.changed(), if self.pending.is_some() => {
+                    let applied = *self.services_applied.borrow_and_update();
+                    if self.pending.as_ref().is_some_and(|(generation, _, _)| applied >= *generation) {
+                        let (_, config, plan) = self.pending.take().expect("checked above");
+                        self.commit_config(config, plan).await;
                     }
                 }
                 Some(reply) = self.status_requests.recv() => {
@@ -409,6 +434,7 @@ impl Agent {
             ("node", new.node != self.config.node),
             ("nodeAddress", new.node_address != self.config.node_address),
             ("dataplane.pinPath", new.dataplane.pin_path != self.config.dataplane.pin_path),
+            ("dataplane.capacity", new.dataplane.capacity != self.config.dataplane.capacity),
         ];
         for (field, changed) in restart_needed {
             if changed {
@@ -431,7 +457,8 @@ impl Agent {
         }
         let mut dataplane = new.dataplane.clone();
         dataplane.pin_path = self.config.dataplane.pin_path.clone();
-        self.config = Config {
+        dataplane.capacity = self.config.dataplane.capacity;
+        let config = Arc::new(Config {
             interface: self.config.interface.clone(),
             xdp_mode: self.config.xdp_mode,
             listen: self.config.listen,
@@ -439,13 +466,22 @@ impl Agent {
             node_address: self.config.node_address,
             dataplane,
             ..new
-        };
-        self.plan = new_plan;
+        });
+        let generation = self.services.borrow().generation + 1;
         self.services.send_replace(SyncRequest {
-            config: Arc::new(self.config.clone()),
+            config: config.clone(),
             node: self.node.clone(),
             node_address: self.node_address,
+            generation,
         });
+        self.pending = Some((generation, config, new_plan));
+        self.count_reload("applied");
+    }
+
+    /// Follows a config whose services are in the maps: VRRP instances and owned VIPs.
+    async fn commit_config(&mut self, config: Arc<Config>, plan: NodePlan) {
+        self.config = config;
+        self.plan = plan;
         self.log_plan();
         if let Some(vrrp) = &mut self.vrrp {
             let out = vrrp.router.reconfigure(Instant::now().into_std(), self.plan.instances.clone());
@@ -454,7 +490,6 @@ impl Agent {
         self.kernel_vips = None;
         self.applied_epoch = None;
         self.apply_ownership().await;
-        self.count_reload("applied");
     }
 
     /// Makes the data plane and the uplink's addresses match who owns what now. Cheap when

@@ -12,14 +12,12 @@ use crate::hash;
 /// (the paper's bound for near-perfect balance).
 pub const TABLE_SIZES: [u32; 9] = [251, 509, 1021, 2039, 4093, 8191, 16_381, 32_749, 65_521];
 
-/// The smallest table size that keeps the imbalance small for `backends` backends.
-pub fn table_size(backends: usize) -> u32 {
+/// The smallest table size that keeps the imbalance small for `backends` backends, and at
+/// most `largest` (the configured `dataplane.capacity.ringSize`).
+pub fn table_size(backends: usize, largest: u32) -> u32 {
     let wanted = (backends as u64).saturating_mul(100);
-    TABLE_SIZES
-        .iter()
-        .copied()
-        .find(|&m| u64::from(m) >= wanted)
-        .unwrap_or(TABLE_SIZES[TABLE_SIZES.len() - 1])
+    let allowed = || TABLE_SIZES.iter().copied().filter(|&m| m <= largest);
+    allowed().find(|&m| u64::from(m) >= wanted).or_else(|| allowed().next_back()).unwrap_or(TABLE_SIZES[0])
 }
 
 /// The lookup table: `table[slot]` is an index into `backends`. Empty when there are no
@@ -89,7 +87,7 @@ mod tests {
     fn every_slot_is_filled_and_shares_are_even() {
         for n in [1, 2, 3, 10, 100, 600] {
             let b = backends(n);
-            let size = table_size(n);
+            let size = table_size(n, u32::MAX);
             let table = lookup_table(&b, size);
             assert_eq!(table.len(), size as usize);
             let c = counts(&table, n);
@@ -105,11 +103,14 @@ mod tests {
         for m in TABLE_SIZES {
             assert!((2..m).take_while(|d| d * d <= m).all(|d| m % d != 0), "{m} is prime");
         }
-        assert_eq!(table_size(1), 251);
-        assert_eq!(table_size(3), 509);
-        assert_eq!(table_size(163), 16_381);
-        assert_eq!(table_size(164), 32_749);
-        assert_eq!(table_size(10_000), 65_521);
+        assert_eq!(table_size(1, u32::MAX), 251);
+        assert_eq!(table_size(3, u32::MAX), 509);
+        assert_eq!(table_size(163, u32::MAX), 16_381);
+        assert_eq!(table_size(164, u32::MAX), 32_749);
+        assert_eq!(table_size(10_000, u32::MAX), 65_521);
+        // The configured cap wins over balance.
+        assert_eq!(table_size(164, 16_381), 16_381);
+        assert_eq!(table_size(3, 1021), 509);
     }
 
     #[test]

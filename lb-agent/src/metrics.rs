@@ -33,6 +33,16 @@ pub struct XdpLabels {
     pub mode: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    pub limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MapLabels {
+    pub map: &'static str,
+}
+
 /// The agent's own metrics; the XDP collector is registered beside them.
 pub struct Metrics {
     pub registry: Registry,
@@ -43,6 +53,8 @@ pub struct Metrics {
     pub service_sync_seconds: Histogram,
     pub services: Gauge,
     pub backends: Gauge,
+    pub services_refused: Family<LimitLabels, Gauge>,
+    pub map_bytes: Family<MapLabels, Gauge>,
 }
 
 impl Metrics {
@@ -84,6 +96,21 @@ impl Metrics {
         );
         let backends = Gauge::default();
         registry.register("backends", "Backends (endpoint and delivery) in the data plane", backends.clone());
+        let services_refused = Family::<LimitLabels, Gauge>::default();
+        for limit in crate::service_sync::LIMITS {
+            let _ = services_refused.get_or_create(&LimitLabels { limit });
+        }
+        registry.register(
+            "services_refused",
+            "Service entries left out of the data plane because a map is full, by the capacity setting that was reached",
+            services_refused.clone(),
+        );
+        let map_bytes = Family::<MapLabels, Gauge>::default();
+        registry.register(
+            "bpf_map_bytes",
+            "Kernel memory of the service maps (memlock), by map; MAGLEV_RINGS includes every ring",
+            map_bytes.clone(),
+        );
         Self {
             registry,
             owned_vips,
@@ -93,6 +120,8 @@ impl Metrics {
             service_sync_seconds,
             services,
             backends,
+            services_refused,
+            map_bytes,
         }
     }
 

@@ -4,16 +4,21 @@
 //! their order and whichever node it is: the ring is built from the endpoints' identities
 //! (address and port), never from how this node reaches them. That is what lets a DSR flow keep
 //! its endpoint when the VIP moves to another node.
+//!
+//! [`IncrementalPlanner`] plans a stream of configs: a service whose config is unchanged is not
+//! planned again, and rings are cached by endpoint set, so one endpoint change costs one
+//! service's plan, whatever the cluster's size.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::Ipv4Addr,
+    sync::Arc,
 };
 
 use lb_common::service::{Backend, Delivery, LocalEndpoint, LocalEndpointKey, ServiceKey};
 
 use crate::{
-    config::{Config, RemoteMode, TrafficPolicy},
+    config::{Config, RemoteMode, ServiceConfig, TrafficPolicy},
     maglev,
 };
 
@@ -31,8 +36,9 @@ pub struct PlannedService {
     pub name: String,
     /// Distinct backends, sorted.
     pub backends: Vec<Backend>,
-    /// The Maglev ring: indices into `backends`. Empty when there are none.
-    pub ring: Vec<u32>,
+    /// The Maglev ring: indices into `backends`. Empty when there are none. Shared between
+    /// services with the same endpoint identities.
+    pub ring: Arc<[u32]>,
 }
 
 impl DataplanePlan {
@@ -40,48 +46,144 @@ impl DataplanePlan {
     pub fn backends(&self) -> BTreeSet<Backend> {
         self.services.values().flat_map(|s| s.backends.iter().copied()).collect()
     }
+
+    /// The whole plan as a change: every entry written, everything else removed.
+    pub fn to_delta(&self) -> PlanDelta {
+        PlanDelta {
+            services: self.services.iter().map(|(k, s)| (*k, Some(s.clone()))).collect(),
+            local_endpoints: self.local_endpoints.iter().map(|(k, e)| (*k, Some(*e))).collect(),
+            complete: true,
+        }
+    }
 }
 
-/// Plans `node`'s service maps.
+/// A change to the maps: `Some` writes an entry, `None` removes it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanDelta {
+    pub services: BTreeMap<ServiceKey, Option<PlannedService>>,
+    pub local_endpoints: BTreeMap<LocalEndpointKey, Option<LocalEndpoint>>,
+    /// Every wanted entry is listed: whatever else the maps hold goes (the first sync, which
+    /// may find a previous agent's pinned maps).
+    pub complete: bool,
+}
+
+impl PlanDelta {
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.local_endpoints.is_empty() && !self.complete
+    }
+}
+
+/// What a service's plan depends on besides the service itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanContext {
+    pub node: String,
+    pub node_addresses: BTreeMap<String, Ipv4Addr>,
+    /// The largest ring (`dataplane.capacity.ringSize`).
+    pub ring_size: u32,
+}
+
+impl PlanContext {
+    pub fn new(config: &Config, node: &str) -> Self {
+        Self {
+            node: node.to_owned(),
+            node_addresses: config
+                .groups
+                .iter()
+                .flat_map(|g| g.nodes.iter().map(|n| (n.name.clone(), n.address)))
+                .collect(),
+            ring_size: config.dataplane.capacity.ring_size,
+        }
+    }
+}
+
+/// One config service's entries: one per port.
+#[derive(Clone, Debug, Default)]
+pub struct ServiceEntries {
+    pub services: Vec<(ServiceKey, PlannedService)>,
+    pub local_endpoints: Vec<(LocalEndpointKey, LocalEndpoint)>,
+}
+
+/// Maglev rings by endpoint identities (address, port), so services with the same endpoints,
+/// and a service planned again unchanged, share one computation.
+#[derive(Default)]
+pub struct RingCache {
+    rings: HashMap<(u32, Vec<Identity>), Arc<[u32]>>,
+}
+
+/// An endpoint's identity for Maglev: the same on every node.
+type Identity = ([u8; 4], [u8; 2]);
+
+impl RingCache {
+    fn ring(&mut self, backends: &[Backend], size: u32) -> Arc<[u32]> {
+        let identities: Vec<Identity> = backends.iter().map(|b| (b.addr, b.port)).collect();
+        self.rings
+            .entry((size, identities))
+            .or_insert_with(|| {
+                let names: Vec<String> = backends.iter().map(identity).collect();
+                maglev::lookup_table(&names, size).into()
+            })
+            .clone()
+    }
+
+    /// Forgets rings no planned service holds any more.
+    fn prune(&mut self) {
+        self.rings.retain(|_, ring| Arc::strong_count(ring) > 1);
+    }
+}
+
+/// Plans one config service on the node of `context`.
+pub fn plan_service(service: &ServiceConfig, context: &PlanContext, rings: &mut RingCache) -> ServiceEntries {
+    let node = context.node.as_str();
+    let mut entries = ServiceEntries::default();
+    for port in &service.ports {
+        let key = ServiceKey::new(service.vip.octets(), port.port, port.protocol.number());
+        let target = port.target().to_be_bytes();
+        let mut backends: Vec<Backend> = service
+            .endpoints
+            .iter()
+            .filter(|e| service.traffic_policy == TrafficPolicy::Cluster || e.node == node)
+            .map(|e| {
+                let delivery = match (e.node == node, service.remote_mode) {
+                    (true, _) => Delivery::Local,
+                    (false, RemoteMode::FullNat) => Delivery::FullNat,
+                    (false, RemoteMode::Dsr) => Delivery::Dsr,
+                };
+                Backend {
+                    addr: e.address.octets(),
+                    port: target,
+                    delivery: delivery as u8,
+                    _pad: 0,
+                    node: context.node_addresses.get(e.node.as_str()).map(|a| a.octets()).unwrap_or_default(),
+                }
+            })
+            .collect();
+        backends.sort();
+        backends.dedup_by_key(|b| (b.addr, b.port));
+        for e in service.endpoints.iter().filter(|e| e.node == node) {
+            entries.local_endpoints.push((
+                LocalEndpointKey { service: key, addr: e.address.octets() },
+                LocalEndpoint { target_port: target, _pad: [0; 2] },
+            ));
+        }
+        let ring = if backends.is_empty() {
+            Arc::from([])
+        } else {
+            rings.ring(&backends, maglev::table_size(backends.len(), context.ring_size))
+        };
+        entries.services.push((key, PlannedService { name: service.name.clone(), backends, ring }));
+    }
+    entries
+}
+
+/// Plans `node`'s service maps whole.
 pub fn plan(config: &Config, node: &str) -> DataplanePlan {
-    let node_addresses: BTreeMap<&str, Ipv4Addr> =
-        config.groups.iter().flat_map(|g| g.nodes.iter().map(|n| (n.name.as_str(), n.address))).collect();
+    let context = PlanContext::new(config, node);
+    let mut rings = RingCache::default();
     let mut plan = DataplanePlan::default();
     for service in &config.services {
-        for port in &service.ports {
-            let key = ServiceKey::new(service.vip.octets(), port.port, port.protocol.number());
-            let target = port.target().to_be_bytes();
-            let mut backends: Vec<Backend> = service
-                .endpoints
-                .iter()
-                .filter(|e| service.traffic_policy == TrafficPolicy::Cluster || e.node == node)
-                .map(|e| {
-                    let delivery = match (e.node == node, service.remote_mode) {
-                        (true, _) => Delivery::Local,
-                        (false, RemoteMode::FullNat) => Delivery::FullNat,
-                        (false, RemoteMode::Dsr) => Delivery::Dsr,
-                    };
-                    Backend {
-                        addr: e.address.octets(),
-                        port: target,
-                        delivery: delivery as u8,
-                        _pad: 0,
-                        node: node_addresses.get(e.node.as_str()).map(|a| a.octets()).unwrap_or_default(),
-                    }
-                })
-                .collect();
-            backends.sort();
-            backends.dedup_by_key(|b| (b.addr, b.port));
-            for e in service.endpoints.iter().filter(|e| e.node == node) {
-                plan.local_endpoints.insert(
-                    LocalEndpointKey { service: key, addr: e.address.octets() },
-                    LocalEndpoint { target_port: target, _pad: [0; 2] },
-                );
-            }
-            let identities: Vec<String> = backends.iter().map(identity).collect();
-            let ring = maglev::lookup_table(&identities, maglev::table_size(identities.len()));
-            plan.services.insert(key, PlannedService { name: service.name.clone(), backends, ring });
-        }
+        let entries = plan_service(service, &context, &mut rings);
+        plan.services.extend(entries.services);
+        plan.local_endpoints.extend(entries.local_endpoints);
     }
     plan
 }
@@ -89,6 +191,52 @@ pub fn plan(config: &Config, node: &str) -> DataplanePlan {
 /// A backend's identity for Maglev: the same on every node.
 pub fn identity(backend: &Backend) -> String {
     format!("{}:{}", Ipv4Addr::from(backend.addr), u16::from_be_bytes(backend.port))
+}
+
+/// Plans one config after another and returns only what changed.
+#[derive(Default)]
+pub struct IncrementalPlanner {
+    context: Option<PlanContext>,
+    planned: HashMap<ServiceConfig, ServiceEntries>,
+    rings: RingCache,
+}
+
+impl IncrementalPlanner {
+    /// The change from the last config's plan to `config`'s. Only services whose config
+    /// differs are planned; the first call, and a change of this node's context (its name,
+    /// the nodes' addresses, the ring size), plan everything and give a complete delta.
+    pub fn update(&mut self, config: &Config, node: &str) -> PlanDelta {
+        let context = PlanContext::new(config, node);
+        let mut delta = PlanDelta::default();
+        if self.context.as_ref() != Some(&context) {
+            self.planned.clear();
+            self.context = Some(context.clone());
+            delta.complete = true;
+        }
+        let mut next = HashMap::with_capacity(config.services.len());
+        for service in &config.services {
+            if let Some((service, entries)) = self.planned.remove_entry(service) {
+                next.insert(service, entries);
+                continue;
+            }
+            let entries = plan_service(service, &context, &mut self.rings);
+            delta.services.extend(entries.services.iter().map(|(k, s)| (*k, Some(s.clone()))));
+            delta.local_endpoints.extend(entries.local_endpoints.iter().map(|(k, e)| (*k, Some(*e))));
+            next.insert(service.clone(), entries);
+        }
+        // What is left was changed (its new entries are already in the delta) or removed.
+        for (_, gone) in self.planned.drain() {
+            for (key, _) in gone.services {
+                delta.services.entry(key).or_insert(None);
+            }
+            for (key, _) in gone.local_endpoints {
+                delta.local_endpoints.entry(key).or_insert(None);
+            }
+        }
+        self.planned = next;
+        self.rings.prune();
+        delta
+    }
 }
 
 #[cfg(test)]
@@ -140,7 +288,7 @@ mod tests {
     fn the_ring_is_sized_for_its_backends() {
         let c = config(&[("10.244.0.2", "n0"), ("10.244.1.2", "n1"), ("10.244.2.2", "n2")], "dsr", "Cluster");
         let s = &plan(&c, "n0").services[&web()];
-        assert_eq!(s.ring.len() as u32, maglev::table_size(3));
+        assert_eq!(s.ring.len() as u32, maglev::table_size(3, u32::MAX));
         assert!(s.ring.len() >= 300);
     }
 
@@ -162,6 +310,94 @@ mod tests {
             hits[s.ring[slot as usize] as usize] += 1;
         }
         assert!(hits.iter().all(|&h| (400..600).contains(&h)), "{hits:?}");
+    }
+
+    /// Applies a delta to a plan as the maps would hold it.
+    fn apply(state: &mut DataplanePlan, delta: &PlanDelta) {
+        if delta.complete {
+            state.services.retain(|k, _| delta.services.contains_key(k));
+            state.local_endpoints.retain(|k, _| delta.local_endpoints.contains_key(k));
+        }
+        for (key, service) in &delta.services {
+            match service {
+                Some(s) => state.services.insert(*key, s.clone()),
+                None => state.services.remove(key),
+            };
+        }
+        for (key, endpoint) in &delta.local_endpoints {
+            match endpoint {
+                Some(e) => state.local_endpoints.insert(*key, *e),
+                None => state.local_endpoints.remove(key),
+            };
+        }
+    }
+
+    /// `n` services (`s0`…), each on its own port of the VIP, with `endpoints[i]` endpoints.
+    fn services_config(endpoints: &[Vec<(u8, u8)>]) -> Config {
+        let mut yaml = String::from("interface: eth0\nvips: [{address: 198.51.100.10}]\nservices:\n");
+        for (i, eps) in endpoints.iter().enumerate() {
+            yaml.push_str(&format!(
+                "  - name: s{i}\n    vip: 198.51.100.10\n    remoteMode: dsr\n    ports: [{{port: {}}}]\n    endpoints:\n",
+                1000 + i
+            ));
+            for (host, node) in eps {
+                yaml.push_str(&format!("      - {{address: 10.244.{node}.{host}, node: n{node}}}\n"));
+            }
+            if eps.is_empty() {
+                yaml.push_str("      []\n");
+            }
+        }
+        Config::parse(&yaml.replace("    endpoints:\n      []\n", "    endpoints: []\n")).unwrap()
+    }
+
+    #[test]
+    fn an_endpoint_change_plans_only_its_service() {
+        let endpoints: Vec<Vec<(u8, u8)>> = (0..50).map(|i| vec![(i + 1, 0), (i + 1, 1)]).collect();
+        let mut planner = IncrementalPlanner::default();
+        let first = planner.update(&services_config(&endpoints), "n0");
+        assert!(first.complete);
+        assert_eq!(first.services.len(), 50);
+        assert!(planner.update(&services_config(&endpoints), "n0").is_empty(), "nothing changed");
+
+        let mut changed = endpoints.clone();
+        changed[7][1] = (200, 1);
+        let delta = planner.update(&services_config(&changed), "n0");
+        assert!(!delta.complete);
+        let key = ServiceKey::new([198, 51, 100, 10], 1007, 6);
+        assert_eq!(delta.services.keys().copied().collect::<Vec<_>>(), [key]);
+        assert!(delta.local_endpoints.keys().all(|e| e.service == key), "only that service's endpoints");
+
+        // Another node's view (the context) changes every entry's delivery: all planned again.
+        let delta = planner.update(&services_config(&changed), "n1");
+        assert!(delta.complete);
+        assert_eq!(delta.services.len(), 50);
+    }
+
+    proptest! {
+        /// Any sequence of configs, planned incrementally and applied as deltas, leaves the maps
+        /// exactly as planning the last config whole would.
+        #[test]
+        fn deltas_add_up_to_the_whole_plan(
+            steps in proptest::collection::vec(
+                proptest::collection::vec(proptest::collection::vec((1u8..20, 0u8..3), 0..6), 1..12),
+                1..8,
+            ),
+        ) {
+            let mut planner = IncrementalPlanner::default();
+            let mut state = DataplanePlan::default();
+            for endpoints in &steps {
+                let endpoints: Vec<Vec<(u8, u8)>> = endpoints
+                    .iter()
+                    .map(|eps| {
+                        let mut seen = BTreeSet::new();
+                        eps.iter().copied().filter(|(h, n)| seen.insert((*h, *n))).collect()
+                    })
+                    .collect();
+                let config = services_config(&endpoints);
+                apply(&mut state, &planner.update(&config, "n0"));
+                prop_assert_eq!(&state, &plan(&config, "n0"));
+            }
+        }
     }
 
     proptest! {

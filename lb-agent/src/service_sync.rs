@@ -1,15 +1,17 @@
-//! The service-map shell: turns each accepted config into a data-plane plan and applies it,
-//! in a task of its own, so map writes and netlink round trips never hold up VRRP (a backup
-//! stalled for three advertisement intervals would wrongly take over).
+//! The service-map shell: turns each accepted config into a change of the data-plane plan and
+//! applies it, in a task of its own, so map writes and netlink round trips never hold up VRRP
+//! (a backup stalled for three advertisement intervals would wrongly take over).
+//!
+//! Each request carries a generation; the task publishes the last one applied, so the agent
+//! can hold back VIPs whose services are not in the maps yet.
 
 use std::{
-    collections::BTreeSet,
     net::Ipv4Addr,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use lb_common::service::Settings;
+use lb_common::service::{ServiceKey, Settings};
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 use tracing::{debug, error, info, warn};
 
@@ -17,10 +19,14 @@ use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge}
 
 use crate::{
     config::Config,
-    dataplane::{ServiceMaps, XdpCounters, neighbors, services::SyncReport},
+    dataplane::{
+        ServiceMaps, XdpCounters,
+        neighbors::NextHops,
+        services::{RefusedService, SyncReport},
+    },
     error::Result,
-    metrics::ResultLabels,
-    service_plan,
+    metrics::{LimitLabels, MapLabels, ResultLabels},
+    service_plan::IncrementalPlanner,
 };
 
 /// How often endpoints' next hops are re-resolved: well inside the kernel's neighbour
@@ -33,6 +39,8 @@ pub struct SyncRequest {
     pub config: Arc<Config>,
     pub node: String,
     pub node_address: Ipv4Addr,
+    /// Increases with every request; published once applied.
+    pub generation: u64,
 }
 
 /// The metrics a sync updates.
@@ -42,15 +50,21 @@ pub struct SyncMetrics {
     pub seconds: prometheus_client::metrics::histogram::Histogram,
     pub services: Gauge,
     pub backends: Gauge,
+    pub refused: Family<LimitLabels, Gauge>,
+    pub map_bytes: Family<MapLabels, Gauge>,
 }
 
 pub struct ServiceSync {
     maps: ServiceMaps,
+    planner: IncrementalPlanner,
     netlink: rtnetlink::Handle,
     counters: Arc<Mutex<XdpCounters>>,
     metrics: SyncMetrics,
-    /// Every endpoint address in the maps, whose next hops are kept resolved.
-    endpoints: BTreeSet<Ipv4Addr>,
+    next_hops: NextHops,
+    /// Refused services last logged, so each refusal is logged once.
+    refused: Vec<RefusedService>,
+    /// The generation of the last request applied (or failed: it was tried).
+    applied: watch::Sender<u64>,
 }
 
 impl ServiceSync {
@@ -60,60 +74,96 @@ impl ServiceSync {
         counters: Arc<Mutex<XdpCounters>>,
         metrics: SyncMetrics,
     ) -> Self {
-        Self { maps, netlink, counters, metrics, endpoints: BTreeSet::new() }
+        Self {
+            maps,
+            planner: IncrementalPlanner::default(),
+            netlink,
+            counters,
+            metrics,
+            next_hops: NextHops::default(),
+            refused: Vec::new(),
+            applied: watch::channel(0).0,
+        }
     }
 
-    /// Plans and applies `request`, then resolves the endpoints' next hops.
+    /// The generation of the last request applied.
+    pub fn applied(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    /// Plans and applies `request`, then resolves new endpoints' next hops.
     pub async fn apply(&mut self, request: &SyncRequest) -> Result<SyncReport> {
         let started = std::time::Instant::now();
-        let result = self.apply_inner(request).await;
+        let result = self.apply_inner(request);
         self.metrics.seconds.observe(started.elapsed().as_secs_f64());
         let label = if result.is_ok() { "applied" } else { "failed" };
         self.metrics.syncs.get_or_create(&ResultLabels { result: label }).inc();
+        self.applied.send_replace(request.generation);
+        if let Err(e) = self.maps.remove_retired_rings() {
+            warn!(error = %e, "removing replaced Maglev rings failed; they are retried on the next sync");
+        }
+        self.resolve_next_hops().await;
         result
     }
 
-    async fn apply_inner(&mut self, request: &SyncRequest) -> Result<SyncReport> {
+    fn apply_inner(&mut self, request: &SyncRequest) -> Result<SyncReport> {
         let started = std::time::Instant::now();
-        let plan = service_plan::plan(&request.config, &request.node);
+        let delta = self.planner.update(&request.config, &request.node);
+        let planned = started.elapsed();
         let ports = request.config.dataplane.snat_ports;
         self.maps.set_settings(Settings {
             node_addr: request.node_address.octets(),
             snat_port_min: ports.first,
             snat_port_max: ports.last,
         })?;
-        let report = self.maps.apply(&plan)?;
-        self.metrics.services.set(plan.services.len() as i64);
+        let report = self.maps.apply_delta(&delta)?;
+        let elapsed = started.elapsed();
+        self.metrics.services.set(self.maps.service_count() as i64);
         self.metrics.backends.set(self.maps.backends().len() as i64);
-        if let Ok(mut counters) = self.counters.lock() {
+        if report.backends_added + report.backends_removed > 0
+            && let Ok(mut counters) = self.counters.lock()
+        {
             counters.set_backends(self.maps.backends().clone());
         }
-        let elapsed = started.elapsed();
+        let counts = SyncCounts::from(&report);
         if report.is_empty() {
-            debug!(services = plan.services.len(), ?elapsed, "service maps already up to date");
+            debug!(services = self.maps.service_count(), ?elapsed, "service maps already up to date");
         } else {
-            info!(?report, services = plan.services.len(), ?elapsed, "service maps updated");
+            info!(?counts, services = self.maps.service_count(), ?planned, ?elapsed, "service maps updated");
         }
-        for (key, service) in &plan.services {
+        for (key, service) in delta.services.iter().filter_map(|(k, s)| Some((k, s.as_ref()?))) {
             if service.backends.is_empty() {
-                warn!(
-                    service = %service.name,
-                    vip = %Ipv4Addr::from(key.vip),
-                    port = u16::from_be_bytes(key.port),
-                    "no usable endpoint: its traffic is dropped"
-                );
+                warn!(service = %service.name, entry = %entry(key), "no usable endpoint: its traffic is dropped");
             }
         }
-        self.endpoints = plan.backends().iter().map(|b| Ipv4Addr::from(b.addr)).collect();
-        self.warm_neighbors().await;
+        self.report_refusals(&report.refused);
+        for (map, bytes) in self.maps.memory() {
+            self.metrics.map_bytes.get_or_create(&MapLabels { map }).set(bytes as i64);
+        }
         Ok(report)
     }
 
-    async fn warm_neighbors(&self) {
-        if self.endpoints.is_empty() {
+    /// Logs each refusal once, and keeps the refused-services gauge.
+    fn report_refusals(&mut self, refused: &[RefusedService]) {
+        for r in refused.iter().filter(|r| !self.refused.contains(r)) {
+            warn!(service = %r.name, entry = %entry(&r.key), reason = %r.refusal, "service refused: the data plane is full; the other services keep forwarding");
+        }
+        for r in self.refused.iter().filter(|r| !refused.contains(r)) {
+            info!(service = %r.name, entry = %entry(&r.key), "a refused service fits now, or is gone");
+        }
+        for limit in LIMITS {
+            let count = refused.iter().filter(|r| r.refusal.what == limit).count();
+            self.metrics.refused.get_or_create(&LimitLabels { limit }).set(count as i64);
+        }
+        self.refused = refused.to_vec();
+    }
+
+    async fn resolve_next_hops(&mut self) {
+        let (added, removed) = self.maps.take_address_changes();
+        if added.is_empty() && removed.is_empty() {
             return;
         }
-        if let Err(e) = neighbors::warm(&self.netlink, &self.endpoints).await {
+        if let Err(e) = self.next_hops.update(&self.netlink, &added, &removed).await {
             warn!(error = %e, "resolving endpoints' next hops failed");
         }
     }
@@ -136,9 +186,54 @@ impl ServiceSync {
                             error!(error = %e, "updating the service maps failed; the previous services stay in force");
                         }
                     }
-                    _ = refresh.tick() => self.warm_neighbors().await,
+                    _ = refresh.tick() => {
+                        if let Err(e) = self.next_hops.refresh(&self.netlink).await {
+                            warn!(error = %e, "refreshing endpoints' next hops failed");
+                        }
+                    }
                 }
             }
         })
     }
+}
+
+/// The limits a service can be refused by, as `dataplane.capacity` names them.
+pub const LIMITS: [&str; 3] = ["services", "backends", "localEndpoints"];
+
+/// A [`SyncReport`] without its list of refused services, for the log.
+#[derive(Debug)]
+#[allow(dead_code)] // read through Debug
+struct SyncCounts {
+    services_added: usize,
+    services_changed: usize,
+    services_removed: usize,
+    rings_written: usize,
+    backends_added: usize,
+    backends_removed: usize,
+    local_endpoints_changed: usize,
+    refused: usize,
+}
+
+impl From<&SyncReport> for SyncCounts {
+    fn from(r: &SyncReport) -> Self {
+        Self {
+            services_added: r.services_added,
+            services_changed: r.services_changed,
+            services_removed: r.services_removed,
+            rings_written: r.rings_written,
+            backends_added: r.backends_added,
+            backends_removed: r.backends_removed,
+            local_endpoints_changed: r.local_endpoints_changed,
+            refused: r.refused.len(),
+        }
+    }
+}
+
+/// `198.51.100.10:80/TCP`.
+pub fn entry(key: &ServiceKey) -> String {
+    let proto = match key.proto {
+        lb_common::service::PROTO_UDP => "UDP",
+        _ => "TCP",
+    };
+    format!("{}:{}/{proto}", Ipv4Addr::from(key.vip), u16::from_be_bytes(key.port))
 }

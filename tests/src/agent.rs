@@ -81,7 +81,12 @@ impl Agent {
 
     /// Waits until `/readyz` answers 200; panics with the log if the agent exits or stalls.
     pub fn wait_ready(&mut self) -> &mut Self {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.wait_ready_within(Duration::from_secs(10))
+    }
+
+    /// As [`Agent::wait_ready`], for a start that may take up to `timeout` (large configs).
+    pub fn wait_ready_within(&mut self, timeout: Duration) -> &mut Self {
+        let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 panic!("lb-agent exited with {status} before it was ready:\n{}", self.log_text());
@@ -93,7 +98,7 @@ impl Agent {
                 return self;
             }
             if Instant::now() > deadline {
-                panic!("lb-agent not ready after 10 s:\n{}", self.log_text());
+                panic!("lb-agent not ready after {timeout:?}:\n{}", self.log_text());
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -172,6 +172,39 @@ impl Host {
         Some(Session { reader, stream, greeting: greeting.trim_end().to_owned() })
     }
 
+    /// Sends `count` UDP datagrams to `addr:port` from one socket, one every 5 ms, in the
+    /// background; join the handle for (sent, answered), answers counted until 1 s after the
+    /// last datagram.
+    pub fn udp_every_5ms(
+        &self,
+        addr: Ipv4Addr,
+        port: u16,
+        count: u32,
+    ) -> std::thread::JoinHandle<(u32, u32)> {
+        let socket = run_in(self.ns.name(), || UdpSocket::bind("0.0.0.0:0").expect("a UDP socket"));
+        std::thread::spawn(move || {
+            socket.set_nonblocking(true).expect("a non-blocking socket");
+            let mut buf = [0u8; 2048];
+            let mut answered = 0;
+            let mut drain = |answered: &mut u32| {
+                while socket.recv(&mut buf).is_ok() {
+                    *answered += 1;
+                }
+            };
+            for _ in 0..count {
+                let _ = socket.send_to(b"ping", (addr, port));
+                std::thread::sleep(Duration::from_millis(5));
+                drain(&mut answered);
+            }
+            let until = std::time::Instant::now() + Duration::from_secs(1);
+            while std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+                drain(&mut answered);
+            }
+            (count, answered)
+        })
+    }
+
     /// Sends one UDP datagram to `addr:port` and returns the answer (empty if none).
     pub fn udp_ask(&self, addr: Ipv4Addr, port: u16) -> String {
         let socket = run_in(self.ns.name(), || UdpSocket::bind("0.0.0.0:0").expect("a UDP socket"));

@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod kube_api;
 mod netns;
 pub mod packet;
+pub mod scale;
 
 use std::{
     net::Ipv4Addr,
@@ -369,7 +370,7 @@ pub fn format_mac(mac: &[u8; 6]) -> String {
     mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
-fn require_root() {
+pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         panic!("the netns lab needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_BPF): run the tests as root");

@@ -67,6 +67,13 @@ enum Bench {
         #[arg(long)]
         no_tcp: bool,
     },
+    /// Control path at cluster scale: cold start, endpoint changes, bursts and memory for
+    /// 1,000 to 20,000 Services, against kube-proxy's iptables and nftables shapes.
+    Scale {
+        /// 1,000 Services, one repetition: a smoke run of the benchmark itself.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -86,6 +93,15 @@ fn main() -> Result<()> {
             prepare_bench()?;
             let mut args =
                 vec!["run", "--release", "--quiet", "--package", "lb-lab", "--bin", "bench-failover", "--"];
+            if quick {
+                args.push("--quick");
+            }
+            cargo(&args)
+        }
+        Task::Bench { which: Bench::Scale { quick } } => {
+            prepare_bench()?;
+            let mut args =
+                vec!["run", "--release", "--quiet", "--package", "lb-lab", "--bin", "bench-scale", "--"];
             if quick {
                 args.push("--quick");
             }

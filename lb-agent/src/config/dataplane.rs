@@ -22,11 +22,56 @@ pub struct DataplaneConfig {
     /// `net.ipv4.ip_local_port_range`, so translated flows never collide with local sockets.
     #[serde(default)]
     pub snat_ports: PortRange,
+    /// How much the maps hold. Fixed when the maps are created: a change takes a restart,
+    /// and replaces the pinned maps.
+    #[serde(default)]
+    pub capacity: Capacity,
 }
+
+/// The sizes of the service maps. Past a limit, the services that do not fit are refused
+/// (logged, counted, and reported on the Service), and everything else keeps forwarding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Capacity {
+    /// Service entries: one per (VIP, port, protocol), so a Service with two ports takes two.
+    pub services: u32,
+    /// Distinct backends (endpoint address, target port and delivery) over all services.
+    pub backends: u32,
+    /// The connection table (LRU): established flows keep their backend while they are in it.
+    pub flows: u32,
+    /// Reply translations (LRU): one per local, DSR-decapsulated or full-NAT flow.
+    pub reply_nat: u32,
+    /// This node's endpoints, one per (service entry, endpoint).
+    pub local_endpoints: u32,
+    /// The largest Maglev ring, a prime from `maglev::TABLE_SIZES`. A service's ring is the
+    /// smallest of them at least 100 times its endpoint count, and at most this.
+    pub ring_size: u32,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self {
+            services: 32_768,
+            backends: 131_072,
+            flows: 262_144,
+            reply_nat: 262_144,
+            local_endpoints: 65_536,
+            ring_size: 65_521,
+        }
+    }
+}
+
+/// No map is made larger than this many entries (and 4 GiB of values would not load anyway).
+pub const MAX_MAP_ENTRIES: u32 = 1 << 24;
 
 impl Default for DataplaneConfig {
     fn default() -> Self {
-        Self { pin_path: default_pin_path(), keep_on_exit: true, snat_ports: PortRange::default() }
+        Self {
+            pin_path: default_pin_path(),
+            keep_on_exit: true,
+            snat_ports: PortRange::default(),
+            capacity: Capacity::default(),
+        }
     }
 }
 
@@ -44,6 +89,37 @@ impl DataplaneConfig {
             return Err(ConfigError::new(
                 "dataplane.pinPath",
                 format!("an absolute path on bpffs, got {:?}", self.pin_path),
+            ));
+        }
+        self.capacity.validate()
+    }
+}
+
+impl Capacity {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let sizes = [
+            ("services", self.services),
+            ("backends", self.backends),
+            ("flows", self.flows),
+            ("replyNat", self.reply_nat),
+            ("localEndpoints", self.local_endpoints),
+        ];
+        for (field, value) in sizes {
+            if !(1..=MAX_MAP_ENTRIES).contains(&value) {
+                return Err(ConfigError::new(
+                    format!("dataplane.capacity.{field}"),
+                    format!("a number of entries from 1 to {MAX_MAP_ENTRIES}, got {value}"),
+                ));
+            }
+        }
+        if !crate::maglev::TABLE_SIZES.contains(&self.ring_size) {
+            return Err(ConfigError::new(
+                "dataplane.capacity.ringSize",
+                format!(
+                    "one of the Maglev table sizes {:?}, got {}",
+                    crate::maglev::TABLE_SIZES,
+                    self.ring_size
+                ),
             ));
         }
         Ok(())
@@ -102,6 +178,10 @@ mod tests {
         let c = Config::parse("interface: eth0\ndataplane:\n  pinPath: /sys/fs/bpf/x\n  keepOnExit: false\n  snatPorts: 40000-40100\n").unwrap();
         assert!(!c.dataplane.keep_on_exit);
         assert_eq!((c.dataplane.snat_ports.first, c.dataplane.snat_ports.last), (40_000, 40_100));
+        let c = Config::parse("interface: eth0\ndataplane:\n  capacity: {services: 100, ringSize: 1021}\n")
+            .unwrap();
+        assert_eq!((c.dataplane.capacity.services, c.dataplane.capacity.ring_size), (100, 1021));
+        assert_eq!(c.dataplane.capacity.backends, super::Capacity::default().backends);
     }
 
     #[test]
@@ -113,5 +193,12 @@ mod tests {
         }
         let e = Config::parse("interface: eth0\ndataplane:\n  pinPath: relative\n").unwrap_err();
         assert_eq!(e.field, "dataplane.pinPath");
+        let e = Config::parse("interface: eth0\ndataplane:\n  capacity: {backends: 0}\n").unwrap_err();
+        assert_eq!(e.field, "dataplane.capacity.backends");
+        let e = Config::parse("interface: eth0\ndataplane:\n  capacity: {ringSize: 1000}\n").unwrap_err();
+        assert_eq!(e.field, "dataplane.capacity.ringSize");
+        assert!(e.expected.contains("1021"), "{e}");
+        let e = Config::parse("interface: eth0\ndataplane:\n  capacity: {sessions: 5}\n").unwrap_err();
+        assert!(e.field.starts_with("dataplane.capacity"), "{e}");
     }
 }

@@ -20,7 +20,7 @@ use crate::error::Error;
 mod dataplane;
 mod group;
 mod service;
-pub use dataplane::{DataplaneConfig, PortRange};
+pub use dataplane::{Capacity, DataplaneConfig, PortRange};
 pub use group::{GarpConfig, GroupConfig, GroupNode, GroupVip, VipMode};
 pub use service::{Endpoint, MAX_ENDPOINTS, Protocol, RemoteMode, ServiceConfig, ServicePort, TrafficPolicy};
 

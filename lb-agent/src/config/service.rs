@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::{ConfigError, check_unicast};
 
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ServiceConfig {
     /// For logs and metrics, e.g. `default/web`.
@@ -31,7 +31,7 @@ pub struct ServiceConfig {
     pub traffic_policy: TrafficPolicy,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ServicePort {
     pub port: u16,
@@ -48,7 +48,7 @@ impl ServicePort {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Endpoint {
     pub address: Ipv4Addr,
@@ -56,7 +56,7 @@ pub struct Endpoint {
     pub node: String,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
 pub enum Protocol {
     #[default]
     #[serde(rename = "TCP")]
@@ -81,7 +81,9 @@ impl Protocol {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum RemoteMode {
     /// DNAT and SNAT to this node (kube-proxy's Cluster semantics); the client address is not
@@ -93,7 +95,7 @@ pub enum RemoteMode {
     Dsr,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
 pub enum TrafficPolicy {
     #[default]
     Cluster,

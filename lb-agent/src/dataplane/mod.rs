@@ -11,6 +11,7 @@
 //! - `counters`: the per-CPU counters, summed for metrics.
 //! - `neighbors`: keeps next hops resolved, so the program can forward without the kernel.
 
+pub mod batch;
 pub mod counters;
 pub mod neighbors;
 pub mod services;
@@ -38,7 +39,7 @@ use lb_common::{
 use tracing::{info, warn};
 
 use crate::{
-    config::XdpModeSetting,
+    config::{Capacity, XdpModeSetting},
     error::{Error, Result},
     netdev::Interface,
 };
@@ -119,10 +120,16 @@ impl Dataplane {
         interface: &Interface,
         setting: XdpModeSetting,
         pin_path: &Path,
+        capacity: &Capacity,
     ) -> Result<(Self, XdpCounters, ServiceMaps)> {
         let pin_dir = pin_dir(pin_path);
         prepare_pin_dir(&pin_dir)?;
+        let sizes = map_sizes(capacity);
+        replace_resized_maps(&pin_dir, &sizes)?;
         let mut loader = EbpfLoader::new();
+        for (name, size) in &sizes {
+            loader.map_max_entries(name, *size);
+        }
         let map_pins: Vec<(&str, PathBuf)> = PINNED_MAPS.iter().map(|m| (*m, pin_dir.join(m))).collect();
         for (name, path) in &map_pins {
             loader.map_pin_path(name, path.as_path());
@@ -200,6 +207,52 @@ impl Dataplane {
     pub fn keep(self) {
         info!(interface = %self.interface.name, pins = %self.pin_dir.display(), "leaving the data plane running");
     }
+}
+
+/// The maps whose size `dataplane.capacity` sets. `MAGLEV_RINGS` holds twice the services:
+/// a replaced ring stays registered until the sync has switched every service over.
+pub fn map_sizes(capacity: &Capacity) -> [(&'static str, u32); 7] {
+    [
+        (SERVICES, capacity.services),
+        (MAGLEV_RINGS, capacity.services.saturating_mul(2)),
+        (BACKENDS, capacity.backends),
+        (BACKEND_STATS, capacity.backends),
+        (FLOWS, capacity.flows),
+        (REPLY_NAT, capacity.reply_nat),
+        (LOCAL_ENDPOINTS, capacity.local_endpoints),
+    ]
+}
+
+/// A pinned map keeps the size it was created with. When `dataplane.capacity` changed since,
+/// every map pin goes (the maps reference each other's slots, so none is kept alone): the new
+/// maps start empty and are filled by the first sync; the program links stay, so the new
+/// program replaces the old one in place. Established flows are re-hashed.
+fn replace_resized_maps(pin_dir: &Path, sizes: &[(&'static str, u32)]) -> Result<()> {
+    let mut resized = Vec::new();
+    for (name, wanted) in sizes {
+        let path = pin_dir.join(name);
+        if let Ok(info) = aya::maps::MapInfo::from_pin(&path)
+            && info.max_entries() != *wanted
+        {
+            resized.push(format!("{} ({} → {wanted})", path.display(), info.max_entries()));
+        }
+    }
+    if resized.is_empty() {
+        return Ok(());
+    }
+    warn!(
+        resized = %resized.join(", "),
+        "dataplane.capacity changed: replacing the pinned maps (established flows are re-balanced)"
+    );
+    for name in PINNED_MAPS {
+        let path = pin_dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("removing the pinned map {}", path.display()), e)),
+        }
+    }
+    Ok(())
 }
 
 /// Removes a pin directory: unpinning a link detaches its program, unpinning a map frees it

@@ -7,7 +7,7 @@
 //! before entries can age out.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashMap},
     net::{IpAddr, Ipv4Addr},
 };
 
@@ -15,16 +15,61 @@ use rtnetlink::packet_route::neighbour::{NeighbourFlags, NeighbourState};
 
 use crate::error::Result;
 
-/// Resolves the next hop of each address; returns how many next hops were poked.
-pub async fn warm(handle: &rtnetlink::Handle, addresses: &BTreeSet<Ipv4Addr>) -> Result<usize> {
-    let mut next_hops = BTreeSet::new();
-    for address in addresses {
-        if let Some(route) = crate::netdev::route_to(handle, IpAddr::V4(*address)).await? {
-            next_hops.insert((route.oif, route.gateway.unwrap_or(IpAddr::V4(*address))));
+/// The next hop of every endpoint address, looked up once per address: a sync that adds one
+/// endpoint costs one route lookup, not one per endpoint in the cluster.
+#[derive(Default)]
+pub struct NextHops {
+    /// Address → (its references, its next hop: interface and neighbour).
+    routes: HashMap<Ipv4Addr, (u32, Option<(u32, IpAddr)>)>,
+}
+
+impl NextHops {
+    /// Counts `added` in and `removed` out; looks up the routes of addresses new here and
+    /// resolves their next hops. Returns how many next hops were poked.
+    pub async fn update(
+        &mut self,
+        handle: &rtnetlink::Handle,
+        added: &[Ipv4Addr],
+        removed: &[Ipv4Addr],
+    ) -> Result<usize> {
+        for address in removed {
+            if let Some(entry) = self.routes.get_mut(address) {
+                entry.0 -= 1;
+                if entry.0 == 0 {
+                    self.routes.remove(address);
+                }
+            }
         }
+        let mut fresh = BTreeSet::new();
+        for address in added {
+            let entry = self.routes.entry(*address).or_insert((0, None));
+            entry.0 += 1;
+            if entry.0 == 1 {
+                // No route is not fatal: that endpoint is unreachable, the others still count.
+                let hop = match crate::netdev::route_to(handle, IpAddr::V4(*address)).await {
+                    Ok(route) => route.map(|r| (r.oif, r.gateway.unwrap_or(IpAddr::V4(*address)))),
+                    Err(e) => {
+                        tracing::debug!(%address, error = %e, "no route to an endpoint");
+                        None
+                    }
+                };
+                self.routes.get_mut(address).expect("inserted above").1 = hop;
+                fresh.extend(hop);
+            }
+        }
+        poke(handle, &fresh).await
     }
-    tracing::debug!(?next_hops, "resolving next hops");
-    for (oif, hop) in &next_hops {
+
+    /// Resolves every known next hop again, before the kernel's entries age out.
+    pub async fn refresh(&self, handle: &rtnetlink::Handle) -> Result<usize> {
+        let hops: BTreeSet<(u32, IpAddr)> = self.routes.values().filter_map(|(_, hop)| *hop).collect();
+        poke(handle, &hops).await
+    }
+}
+
+async fn poke(handle: &rtnetlink::Handle, next_hops: &BTreeSet<(u32, IpAddr)>) -> Result<usize> {
+    tracing::debug!(count = next_hops.len(), "resolving next hops");
+    for (oif, hop) in next_hops {
         handle
             .neighbours()
             .add(*oif, *hop)

@@ -1,46 +1,118 @@
-//! The service maps, brought to a [`DataplanePlan`] by difference.
+//! The service maps, brought to a plan by difference.
 //!
-//! Unchanged services, backends and endpoints are never rewritten. A service whose ring
-//! changes gets a new ring, filled completely before the service entry is pointed at it, so a
-//! packet sees the old ring or the new one, never a mix. Backend slots are handed out
-//! round-robin, so a slot freed now is reused as late as possible, and a flow pinned to a
-//! removed backend finds an empty slot and is re-balanced rather than misdirected.
-//!
-//! All state is read back from the (pinned) maps at start, so a restarted agent continues
-//! where the last one stopped.
+//! - **Cost follows the change.** The maps are mirrored here, so a [`PlanDelta`] touching one
+//!   service costs a few system calls, whatever the number of services. A ring is written in
+//!   one `BPF_MAP_UPDATE_BATCH`, and so are the backends a sync adds.
+//! - **Atomic rings.** A service whose ring changes gets a new inner map, filled completely
+//!   before the service entry is pointed at it, so a packet sees the old ring or the new one.
+//! - **Late slot reuse.** Freed backend slots queue up behind every never-used one, so a flow
+//!   pinned to a removed backend finds an empty slot and is re-balanced, not misdirected.
+//! - **Capacity.** A service that does not fit (service entries, backend slots) is refused
+//!   and kept aside: the rest is applied, and the refused one is tried again on every later
+//!   sync, in key order, as room appears. A refused change leaves the old version in force.
+//! - **Restart.** All state is read back from the pinned maps at start. The first (complete)
+//!   delta adopts whatever is already right without rewriting it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
+    os::fd::{AsFd, AsRawFd},
+};
 
 use aya::{
-    maps::{Array, HashMap, HashOfMaps, MapData, MapError, PerCpuArray, PerCpuValues},
+    maps::{Array, HashMap as BpfHashMap, HashOfMaps, IterableMap, MapData, MapError, PerCpuArray},
     util::nr_cpus,
 };
 use lb_common::{
     maps::PacketCounter,
     service::{
         BACKEND_STATS, BACKENDS, Backend, Delivery, INNER_MAP_FLAGS, LOCAL_ENDPOINTS, LocalEndpoint,
-        LocalEndpointKey, MAGLEV_RINGS, MAX_BACKENDS, SERVICES, SETTINGS, Service, ServiceKey, Settings,
+        LocalEndpointKey, MAGLEV_RINGS, SERVICES, SETTINGS, Service, ServiceKey, Settings,
     },
 };
 
+use super::batch;
 use crate::{
     error::{Error, Result},
-    service_plan::DataplanePlan,
+    service_plan::{DataplanePlan, PlanDelta, PlannedService},
 };
 
 type Ring = Array<MapData, u32>;
 
+/// How many entries the maps hold, as they were created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub services: u32,
+    pub backends: u32,
+    pub local_endpoints: u32,
+}
+
 pub struct ServiceMaps {
-    services: HashMap<MapData, ServiceKey, Service>,
+    services: BpfHashMap<MapData, ServiceKey, Service>,
     backends: Array<MapData, Backend>,
     backend_stats: PerCpuArray<MapData, PacketCounter>,
     rings: HashOfMaps<MapData, u32, Ring>,
-    local_endpoints: HashMap<MapData, LocalEndpointKey, LocalEndpoint>,
+    local_endpoints: BpfHashMap<MapData, LocalEndpointKey, LocalEndpoint>,
     settings: Array<MapData, Settings>,
-    /// Backend → slot, as the `BACKENDS` map holds them.
+    limits: Limits,
+    /// A second handle on `MAGLEV_RINGS`, for batch writes (aya's type does not lend its fd).
+    rings_fd: aya::maps::MapFd,
+    /// Kernel memory of the outer ring map itself.
+    rings_outer_bytes: u64,
+    cpus: usize,
+    /// What `SERVICES` holds, with the backends each entry references.
+    installed: HashMap<ServiceKey, Installed>,
+    /// Backend → slot, as `BACKENDS` holds them.
     slots: BTreeMap<Backend, u32>,
-    next_slot: u32,
+    /// How many installed services reference each backend.
+    refs: HashMap<Backend, u32>,
+    /// Unused slots, the longest unused first.
+    free: VecDeque<u32>,
+    ring_ids: HashSet<u32>,
     next_ring: u32,
+    /// Kernel memory of one ring, by ring size (measured once per size).
+    ring_bytes: HashMap<u32, u64>,
+    local: HashMap<LocalEndpointKey, LocalEndpoint>,
+    /// Rings replaced or removed, still in `MAGLEV_RINGS` (their ids reserved).
+    retired: Vec<u32>,
+    /// Services that did not fit, waiting for room.
+    refused: BTreeMap<ServiceKey, (PlannedService, Refusal)>,
+    /// Endpoint addresses of the backends added and removed since last taken (one per
+    /// backend), for the next-hop resolver.
+    address_changes: (Vec<std::net::Ipv4Addr>, Vec<std::net::Ipv4Addr>),
+}
+
+#[derive(Clone, Debug)]
+struct Installed {
+    entry: Service,
+    name: String,
+    /// Empty for an entry read back from the pins and not yet adopted by a plan.
+    backends: Vec<Backend>,
+}
+
+/// Why a service is not in the maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The full map: `services`, `backends` or `localEndpoints` (as in `dataplane.capacity`).
+    pub what: &'static str,
+    pub limit: u32,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the data plane holds at most {} {} (dataplane.capacity.{})",
+            self.limit, self.what, self.what
+        )
+    }
+}
+
+/// A service (one VIP, port and protocol) left out of the maps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusedService {
+    pub key: ServiceKey,
+    pub name: String,
+    pub refusal: Refusal,
 }
 
 /// What one sync changed.
@@ -53,6 +125,8 @@ pub struct SyncReport {
     pub backends_added: usize,
     pub backends_removed: usize,
     pub local_endpoints_changed: usize,
+    /// Services refused by this sync (new or still waiting).
+    pub refused: Vec<RefusedService>,
 }
 
 impl SyncReport {
@@ -63,6 +137,10 @@ impl SyncReport {
 
 fn err(map: &'static str) -> impl Fn(MapError) -> Error {
     move |source| Error::BpfMap { map, source }
+}
+
+fn batch_err(map: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |e| Error::io(format!("batch update of BPF map {map}"), e)
 }
 
 impl ServiceMaps {
@@ -78,43 +156,87 @@ impl ServiceMaps {
             None => super::take_map(ebpf, BACKEND_STATS)?,
         };
         let mut take = |name| super::take_map(ebpf, name);
+        let services: BpfHashMap<MapData, ServiceKey, Service> =
+            BpfHashMap::try_from(take(SERVICES)?).map_err(err(SERVICES))?;
+        let local_endpoints: BpfHashMap<MapData, LocalEndpointKey, LocalEndpoint> =
+            BpfHashMap::try_from(take(LOCAL_ENDPOINTS)?).map_err(err(LOCAL_ENDPOINTS))?;
+        let backends: Array<MapData, Backend> = Array::try_from(take(BACKENDS)?).map_err(err(BACKENDS))?;
+        let max_entries = |map: &MapData, name| map.info().map(|i| i.max_entries()).map_err(err(name));
+        let limits = Limits {
+            services: max_entries(services.map(), SERVICES)?,
+            backends: backends.len(),
+            local_endpoints: max_entries(local_endpoints.map(), LOCAL_ENDPOINTS)?,
+        };
+        let rings = take(MAGLEV_RINGS)?;
+        let aya::maps::Map::HashOfMaps(data) = &rings else {
+            return Err(Error::BpfMap {
+                map: MAGLEV_RINGS,
+                source: MapError::InvalidMapType { map_type: 0 },
+            });
+        };
+        let rings_outer_bytes = batch::memlock(data.fd()).unwrap_or(0);
+        let rings_fd = data.info().and_then(|i| i.fd()).map_err(err(MAGLEV_RINGS))?;
         let mut maps = Self {
-            services: HashMap::try_from(take(SERVICES)?).map_err(err(SERVICES))?,
-            backends: Array::try_from(take(BACKENDS)?).map_err(err(BACKENDS))?,
+            services,
+            backends,
             backend_stats: PerCpuArray::try_from(stats).map_err(err(BACKEND_STATS))?,
-            rings: HashOfMaps::try_from(take(MAGLEV_RINGS)?).map_err(err(MAGLEV_RINGS))?,
-            local_endpoints: HashMap::try_from(take(LOCAL_ENDPOINTS)?).map_err(err(LOCAL_ENDPOINTS))?,
+            rings: HashOfMaps::try_from(rings).map_err(err(MAGLEV_RINGS))?,
+            local_endpoints,
             settings: Array::try_from(take(SETTINGS)?).map_err(err(SETTINGS))?,
+            limits,
+            rings_fd,
+            rings_outer_bytes,
+            cpus: nr_cpus().map_err(|(path, e)| Error::io(format!("reading {path}"), e))?,
+            installed: HashMap::new(),
             slots: BTreeMap::new(),
-            next_slot: 0,
+            refs: HashMap::new(),
+            free: VecDeque::new(),
+            ring_ids: HashSet::new(),
             next_ring: 1,
+            ring_bytes: HashMap::new(),
+            local: HashMap::new(),
+            retired: Vec::new(),
+            refused: BTreeMap::new(),
+            address_changes: Default::default(),
         };
         maps.read_back()?;
         Ok(maps)
     }
 
-    /// Rebuilds the slot table from `BACKENDS`, and drops rings no service points at (left by
-    /// an agent that stopped between writing a ring and switching to it).
+    /// Rebuilds the mirror from the maps, and drops rings no service points at (left by an
+    /// agent that stopped between writing a ring and switching to it).
     fn read_back(&mut self) -> Result<()> {
-        for (slot, backend) in self.backends.iter().enumerate() {
-            let backend = backend.map_err(err(BACKENDS))?;
+        let slots =
+            batch::read_array(&self.backends).map_err(|e| Error::io("reading BPF map BACKENDS", e))?;
+        let mut last_used = None;
+        for (slot, backend) in slots.into_iter().enumerate() {
             if Delivery::from_u8(backend.delivery).is_some() {
+                self.address_changes.0.push(backend.addr.into());
                 self.slots.insert(backend, slot as u32);
-                self.next_slot = slot as u32 + 1;
+                last_used = Some(slot as u32);
             }
         }
-        let in_use: BTreeSet<u32> = self.current_services()?.values().map(|s| s.ring_id).collect();
-        self.next_ring = in_use.iter().max().map_or(1, |m| m + 1);
+        // Continue round-robin after the last slot in use.
+        let used: HashSet<u32> = self.slots.values().copied().collect();
+        let start = last_used.map_or(0, |s| s + 1);
+        self.free = (start..self.limits.backends).chain(0..start).filter(|s| !used.contains(s)).collect();
+
+        for entry in self.services.iter() {
+            let (key, entry) = entry.map_err(err(SERVICES))?;
+            self.installed.insert(key, Installed { entry, name: String::new(), backends: Vec::new() });
+        }
+        self.ring_ids = self.installed.values().map(|s| s.entry.ring_id).filter(|&id| id != 0).collect();
+        self.next_ring = self.ring_ids.iter().max().map_or(1, |m| m + 1);
         let stale: Vec<u32> =
-            self.rings.keys().filter_map(|k| k.ok()).filter(|k| !in_use.contains(k)).collect();
+            self.rings.keys().filter_map(|k| k.ok()).filter(|k| !self.ring_ids.contains(k)).collect();
         for ring in stale {
             self.rings.remove(&ring).map_err(err(MAGLEV_RINGS))?;
         }
+        for entry in self.local_endpoints.iter() {
+            let (key, value) = entry.map_err(err(LOCAL_ENDPOINTS))?;
+            self.local.insert(key, value);
+        }
         Ok(())
-    }
-
-    fn current_services(&self) -> Result<BTreeMap<ServiceKey, Service>> {
-        self.services.iter().map(|e| e.map_err(err(SERVICES))).collect()
     }
 
     pub fn set_settings(&mut self, settings: Settings) -> Result<()> {
@@ -124,129 +246,343 @@ impl ServiceMaps {
         Ok(())
     }
 
-    /// Makes the maps hold `plan`, changing only what differs.
+    /// Makes the maps hold `plan` whole, retired rings removed.
     pub fn apply(&mut self, plan: &DataplanePlan) -> Result<SyncReport> {
-        let mut report = SyncReport::default();
-        let wanted = plan.backends();
-        for backend in &wanted {
-            if !self.slots.contains_key(backend) {
-                self.add_backend(*backend)?;
-                report.backends_added += 1;
-            }
-        }
+        let report = self.apply_delta(&plan.to_delta())?;
+        self.remove_retired_rings()?;
+        Ok(report)
+    }
 
-        let current = self.current_services()?;
-        for (key, planned) in &plan.services {
-            let ring: Vec<u32> =
-                planned.ring.iter().map(|&i| self.slots[&planned.backends[i as usize]]).collect();
-            let digest = digest(&ring);
-            let entry = |ring_id| Service {
-                ring_id,
-                ring_size: ring.len() as u32,
-                backend_count: planned.backends.len() as u32,
-                ring_digest: digest,
-            };
-            let old = current.get(key);
-            if let Some(old) = old
-                && *old == entry(old.ring_id)
-            {
-                continue;
-            }
-            let ring_id = if ring.is_empty() { 0 } else { self.write_ring(&ring, &current)? };
-            report.rings_written += usize::from(!ring.is_empty());
-            self.services.insert(key, entry(ring_id), 0).map_err(err(SERVICES))?;
-            match old {
-                Some(old) => {
-                    report.services_changed += 1;
-                    self.drop_ring(old.ring_id)?;
-                }
-                None => report.services_added += 1,
-            }
+    /// Applies a change, touching only the entries it names (for a complete delta, also
+    /// removing whatever it does not name).
+    pub fn apply_delta(&mut self, delta: &PlanDelta) -> Result<SyncReport> {
+        let mut report = SyncReport::default();
+        let mut released = Vec::new();
+
+        // Removals first: they make room.
+        let mut removals: Vec<ServiceKey> =
+            delta.services.iter().filter(|(_, s)| s.is_none()).map(|(k, _)| *k).collect();
+        if delta.complete {
+            removals.extend(self.installed.keys().filter(|k| !delta.services.contains_key(k)));
+            removals.extend(self.refused.keys().filter(|k| !delta.services.contains_key(k)));
         }
-        for (key, old) in &current {
-            if !plan.services.contains_key(key) {
-                self.services.remove(key).map_err(err(SERVICES))?;
-                self.drop_ring(old.ring_id)?;
+        for key in removals {
+            self.refused.remove(&key);
+            if let Some(old) = self.installed.remove(&key) {
+                self.services.remove(&key).map_err(err(SERVICES))?;
+                self.retire_ring(old.entry.ring_id);
+                self.release(&old.backends, &mut released);
                 report.services_removed += 1;
             }
         }
 
-        // Only now, with no ring pointing at them, free the backends nobody wants.
-        let unwanted: Vec<Backend> = self.slots.keys().filter(|b| !wanted.contains(b)).copied().collect();
-        for backend in unwanted {
-            let slot = self.slots.remove(&backend).expect("listed from slots");
-            self.backends.set(slot, EMPTY_BACKEND, 0).map_err(err(BACKENDS))?;
-            report.backends_removed += 1;
-        }
-
-        let current: BTreeMap<LocalEndpointKey, LocalEndpoint> =
-            self.local_endpoints.iter().map(|e| e.map_err(err(LOCAL_ENDPOINTS))).collect::<Result<_>>()?;
-        for (key, value) in &plan.local_endpoints {
-            if current.get(key) != Some(value) {
-                self.local_endpoints.insert(key, value, 0).map_err(err(LOCAL_ENDPOINTS))?;
-                report.local_endpoints_changed += 1;
+        // Then the new and changed services, and those refused earlier, which may fit now.
+        let mut wanted: Vec<(ServiceKey, PlannedService)> = Vec::new();
+        for (key, planned) in &delta.services {
+            if let Some(planned) = planned {
+                self.refused.remove(key);
+                wanted.push((*key, planned.clone()));
             }
         }
-        for key in current.keys().filter(|k| !plan.local_endpoints.contains_key(k)) {
-            self.local_endpoints.remove(key).map_err(err(LOCAL_ENDPOINTS))?;
-            report.local_endpoints_changed += 1;
+        wanted.extend(std::mem::take(&mut self.refused).into_iter().map(|(k, (s, _))| (k, s)));
+        let admitted = self.admit(wanted, &mut report)?;
+        self.install(&admitted, &mut released, &mut report)?;
+
+        if delta.complete {
+            // Backends read back from the pins that no plan adopted.
+            released.extend(self.slots.keys().filter(|b| !self.refs.contains_key(b)).copied());
         }
+        self.free_slots(released, &mut report)?;
+        report.refused = self
+            .refused
+            .iter()
+            .map(|(key, (s, refusal))| RefusedService { key: *key, name: s.name.clone(), refusal: *refusal })
+            .collect();
+        self.apply_local_endpoints(delta, &mut report)?;
         Ok(report)
     }
 
-    fn add_backend(&mut self, backend: Backend) -> Result<()> {
-        let used: BTreeSet<u32> = self.slots.values().copied().collect();
-        let slot = (0..MAX_BACKENDS)
-            .map(|i| (self.next_slot + i) % MAX_BACKENDS)
-            .find(|s| !used.contains(s))
-            .ok_or(Error::Capacity { what: "backends", limit: MAX_BACKENDS })?;
-        // A reused slot starts its counters from zero.
-        let zeros = PerCpuValues::try_from(vec![PacketCounter::default(); cpus()?])
-            .map_err(|e| Error::io("sizing per-CPU counters", e))?;
-        self.backend_stats.set(slot, zeros, 0).map_err(err(BACKEND_STATS))?;
-        self.backends.set(slot, backend, 0).map_err(err(BACKENDS))?;
-        self.slots.insert(backend, slot);
-        self.next_slot = (slot + 1) % MAX_BACKENDS;
+    /// Gives slots to the services' new backends, in order, refusing a service that does not
+    /// fit; writes the new backends in one batch. Returns the admitted services.
+    fn admit(
+        &mut self,
+        wanted: Vec<(ServiceKey, PlannedService)>,
+        report: &mut SyncReport,
+    ) -> Result<Vec<(ServiceKey, PlannedService)>> {
+        let mut admitted = Vec::with_capacity(wanted.len());
+        let mut added: Vec<(u32, Backend)> = Vec::new();
+        let mut entries = self.installed.len();
+        for (key, planned) in wanted {
+            let is_new = !self.installed.contains_key(&key);
+            let missing: BTreeSet<Backend> =
+                planned.backends.iter().filter(|b| !self.slots.contains_key(b)).copied().collect();
+            let refusal = if is_new && entries >= self.limits.services as usize {
+                Some(Refusal { what: "services", limit: self.limits.services })
+            } else if missing.len() > self.free.len() {
+                Some(Refusal { what: "backends", limit: self.limits.backends })
+            } else {
+                None
+            };
+            if let Some(refusal) = refusal {
+                self.refused.insert(key, (planned, refusal));
+                continue;
+            }
+            for backend in missing {
+                let slot = self.free.pop_front().expect("counted above");
+                self.slots.insert(backend, slot);
+                added.push((slot, backend));
+            }
+            for backend in &planned.backends {
+                *self.refs.entry(*backend).or_default() += 1;
+            }
+            entries += usize::from(is_new);
+            admitted.push((key, planned));
+        }
+        if !added.is_empty() {
+            // A reused slot starts its counters from zero; both land before any ring uses it.
+            let (slots, backends): (Vec<u32>, Vec<Backend>) = added.iter().copied().unzip();
+            batch::zero_per_cpu::<PacketCounter>(self.backend_stats.map().fd(), &slots, self.cpus)
+                .map_err(batch_err(BACKEND_STATS))?;
+            batch::update(self.backends.map().fd(), &slots, &backends).map_err(batch_err(BACKENDS))?;
+            report.backends_added += added.len();
+            self.address_changes.0.extend(backends.iter().map(|b| std::net::Ipv4Addr::from(b.addr)));
+        }
+        Ok(admitted)
+    }
+
+    /// Points each admitted service at its ring: rings are created and filled first, then
+    /// registered in one batch (the kernel waits for an RCU grace period after every write to
+    /// a map of maps, so one per ring would cost milliseconds each), then the service entries
+    /// switch over in one more. The backends are already referenced (see [`Self::admit`]).
+    fn install(
+        &mut self,
+        admitted: &[(ServiceKey, PlannedService)],
+        released: &mut Vec<Backend>,
+        report: &mut SyncReport,
+    ) -> Result<()> {
+        let mut staged: Vec<(ServiceKey, &PlannedService, Service, Option<Ring>)> = Vec::new();
+        for (key, planned) in admitted {
+            let ring: Vec<u32> =
+                planned.ring.iter().map(|&i| self.slots[&planned.backends[i as usize]]).collect();
+            let entry = Service {
+                ring_id: 0,
+                ring_size: ring.len() as u32,
+                backend_count: planned.backends.len() as u32,
+                ring_digest: digest(&ring),
+            };
+            if let Some(old) = self.installed.get(key).cloned()
+                && old.entry == (Service { ring_id: old.entry.ring_id, ..entry })
+            {
+                // Already right (unchanged, or pinned by the previous agent): keep it.
+                self.release(&old.backends, released);
+                let backends = planned.backends.clone();
+                self.installed
+                    .insert(*key, Installed { entry: old.entry, name: planned.name.clone(), backends });
+                continue;
+            }
+            let array = if ring.is_empty() { None } else { Some(self.create_ring(&ring)?) };
+            staged.push((*key, planned, entry, array));
+        }
+
+        let mut ids = Vec::new();
+        let mut fds = Vec::new();
+        for (_, _, entry, array) in &mut staged {
+            if let Some(array) = array {
+                entry.ring_id = self.ring_id();
+                ids.push(entry.ring_id);
+                fds.push(array.map().fd().as_fd().as_raw_fd() as u32);
+            }
+        }
+        if let Err(e) = batch::update(&self.rings_fd, &ids, &fds) {
+            // Kernels without batch writes to maps of maps: one write per ring.
+            tracing::debug!(error = %e, "batch write to MAGLEV_RINGS refused; writing ring by ring");
+            for (_, _, entry, array) in &staged {
+                if let Some(array) = array {
+                    self.rings.insert(entry.ring_id, array, 0).map_err(err(MAGLEV_RINGS))?;
+                }
+            }
+        }
+        report.rings_written += ids.len();
+        let keys: Vec<ServiceKey> = staged.iter().map(|(k, ..)| *k).collect();
+        let entries: Vec<Service> = staged.iter().map(|(_, _, e, _)| *e).collect();
+        batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(SERVICES))?;
+
+        for (key, planned, entry, _) in staged {
+            let new = Installed { entry, name: planned.name.clone(), backends: planned.backends.clone() };
+            match self.installed.insert(key, new) {
+                Some(old) => {
+                    report.services_changed += 1;
+                    self.retire_ring(old.entry.ring_id);
+                    self.release(&old.backends, released);
+                }
+                None => report.services_added += 1,
+            }
+        }
         Ok(())
     }
 
-    /// Creates, fills and registers a ring; returns its id.
-    fn write_ring(&mut self, ring: &[u32], current: &BTreeMap<ServiceKey, Service>) -> Result<u32> {
-        // Ids in use are exactly the current services' (unreferenced rings were removed at
-        // start, and a replaced ring is removed right after the switch).
-        let in_use: BTreeSet<u32> = current.values().map(|s| s.ring_id).collect();
+    /// Drops one reference to each backend; those nobody references go to `released`.
+    fn release(&mut self, backends: &[Backend], released: &mut Vec<Backend>) {
+        for backend in backends {
+            if let Some(count) = self.refs.get_mut(backend) {
+                *count -= 1;
+                if *count == 0 {
+                    self.refs.remove(backend);
+                    released.push(*backend);
+                }
+            }
+        }
+    }
+
+    /// Empties the slots of released backends that no ring references any more.
+    fn free_slots(&mut self, released: Vec<Backend>, report: &mut SyncReport) -> Result<()> {
+        let mut freed = Vec::new();
+        for backend in released {
+            if self.refs.contains_key(&backend) {
+                continue; // taken up again by another service in this sync
+            }
+            if let Some(slot) = self.slots.remove(&backend) {
+                self.address_changes.1.push(backend.addr.into());
+                freed.push(slot);
+            }
+        }
+        if freed.is_empty() {
+            return Ok(());
+        }
+        let empties = vec![EMPTY_BACKEND; freed.len()];
+        batch::update(self.backends.map().fd(), &freed, &empties).map_err(batch_err(BACKENDS))?;
+        report.backends_removed += freed.len();
+        self.free.extend(freed);
+        Ok(())
+    }
+
+    fn apply_local_endpoints(&mut self, delta: &PlanDelta, report: &mut SyncReport) -> Result<()> {
+        let mut changes: Vec<(LocalEndpointKey, Option<LocalEndpoint>)> =
+            delta.local_endpoints.iter().map(|(k, v)| (*k, *v)).collect();
+        if delta.complete {
+            changes.extend(
+                self.local.keys().filter(|k| !delta.local_endpoints.contains_key(k)).map(|k| (*k, None)),
+            );
+        }
+        // Removals first, so a full map makes room before it is added to.
+        changes.sort_by_key(|(_, v)| v.is_some());
+        for (key, value) in changes {
+            match value {
+                None => {
+                    if self.local.remove(&key).is_some() {
+                        self.local_endpoints.remove(&key).map_err(err(LOCAL_ENDPOINTS))?;
+                        report.local_endpoints_changed += 1;
+                    }
+                }
+                Some(value) if self.local.get(&key) == Some(&value) => {}
+                Some(value) => {
+                    if !self.local.contains_key(&key)
+                        && self.local.len() >= self.limits.local_endpoints as usize
+                    {
+                        let refusal = Refusal { what: "localEndpoints", limit: self.limits.local_endpoints };
+                        let name =
+                            self.installed.get(&key.service).map(|s| s.name.clone()).unwrap_or_default();
+                        report.refused.push(RefusedService { key: key.service, name, refusal });
+                        continue;
+                    }
+                    self.local_endpoints.insert(key, value, 0).map_err(err(LOCAL_ENDPOINTS))?;
+                    self.local.insert(key, value);
+                    report.local_endpoints_changed += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates a ring's inner map and fills it in one system call.
+    fn create_ring(&mut self, ring: &[u32]) -> Result<Ring> {
+        let array = Ring::create(ring.len() as u32, INNER_MAP_FLAGS).map_err(err(MAGLEV_RINGS))?;
+        batch::fill_array(array.map().fd(), ring).map_err(batch_err(MAGLEV_RINGS))?;
+        self.ring_bytes
+            .entry(ring.len() as u32)
+            .or_insert_with(|| batch::memlock(array.map().fd()).unwrap_or(ring.len() as u64 * 4));
+        Ok(array)
+    }
+
+    /// A ring id no ring uses (retired ones included, until they are removed).
+    fn ring_id(&mut self) -> u32 {
         let mut id = self.next_ring.max(1);
-        while in_use.contains(&id) {
+        while self.ring_ids.contains(&id) {
             id = id.wrapping_add(1).max(1);
         }
         self.next_ring = id.wrapping_add(1).max(1);
-        let mut array = Ring::create(ring.len() as u32, INNER_MAP_FLAGS).map_err(err(MAGLEV_RINGS))?;
-        for (slot, backend) in ring.iter().enumerate() {
-            array.set(slot as u32, backend, 0).map_err(err(MAGLEV_RINGS))?;
-        }
-        self.rings.insert(id, &array, 0).map_err(err(MAGLEV_RINGS))?;
-        Ok(id)
+        self.ring_ids.insert(id);
+        id
     }
 
-    fn drop_ring(&mut self, id: u32) -> Result<()> {
-        match self.rings.remove(&id) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-            Err(e) => Err(err(MAGLEV_RINGS)(e)),
+    /// A ring no service points at any more, removed by [`Self::remove_retired_rings`].
+    fn retire_ring(&mut self, id: u32) {
+        if id != 0 {
+            self.retired.push(id);
         }
+    }
+
+    /// Removes the retired rings from `MAGLEV_RINGS`, in one batch: the agent calls it once the
+    /// maps already serve the new plan, so the grace period it waits for is off that path.
+    pub fn remove_retired_rings(&mut self) -> Result<()> {
+        let retired = std::mem::take(&mut self.retired);
+        if batch::delete(&self.rings_fd, &retired).is_err() {
+            for id in &retired {
+                match self.rings.remove(id) {
+                    Ok(()) | Err(MapError::KeyNotFound) => {}
+                    Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+                    Err(e) => return Err(err(MAGLEV_RINGS)(e)),
+                }
+            }
+        }
+        for id in retired {
+            self.ring_ids.remove(&id);
+        }
+        Ok(())
     }
 
     /// Backend slot → backend, for metrics and status.
     pub fn backends(&self) -> &BTreeMap<Backend, u32> {
         &self.slots
     }
+
+    /// Endpoint addresses added and removed (one per backend) since the last call.
+    pub fn take_address_changes(&mut self) -> (Vec<std::net::Ipv4Addr>, Vec<std::net::Ipv4Addr>) {
+        std::mem::take(&mut self.address_changes)
+    }
+
+    /// Service entries in the maps.
+    pub fn service_count(&self) -> usize {
+        self.installed.len()
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Kernel memory of the service maps, in bytes, by map; the rings (one inner map per
+    /// service entry) are summed under `MAGLEV_RINGS`, with the outer map.
+    pub fn memory(&self) -> Vec<(&'static str, u64)> {
+        let rings: u64 = self
+            .installed
+            .values()
+            .filter(|s| s.entry.ring_id != 0)
+            .map(|s| {
+                self.ring_bytes.get(&s.entry.ring_size).copied().unwrap_or(u64::from(s.entry.ring_size) * 4)
+            })
+            .sum();
+        let of = |map: &aya::maps::MapFd| batch::memlock(map).unwrap_or(0);
+        vec![
+            (SERVICES, of(self.services.map().fd())),
+            (BACKENDS, of(self.backends.map().fd())),
+            (BACKEND_STATS, of(self.backend_stats.map().fd())),
+            (MAGLEV_RINGS, self.rings_outer_bytes + rings),
+            (LOCAL_ENDPOINTS, of(self.local_endpoints.map().fd())),
+        ]
+    }
 }
 
 const EMPTY_BACKEND: Backend = Backend { addr: [0; 4], port: [0; 2], delivery: 0, _pad: 0, node: [0; 4] };
-
-fn cpus() -> Result<usize> {
-    nr_cpus().map_err(|(path, e)| Error::io(format!("reading {path}"), e))
-}
 
 /// FNV-1a over the ring's slots: equal digests mean the pinned ring is already right.
 fn digest(ring: &[u32]) -> u32 {

@@ -1,0 +1,290 @@
+//! `cargo xtask bench scale`: programming a large cluster, lb-agent against kube-proxy's
+//! iptables and nftables shapes, in one run. Prints the README's table.
+//!
+//! Method, for N Services × 10 endpoints (one VIP and one TCP port each):
+//! - **Cold start.** lb-agent (release) starts in a lab node with a standalone config of the N
+//!   Services and fresh pins; the time runs from spawn to `/readyz` (config parsed, XDP
+//!   attached, every service in the maps, VRRP started). The map-programming part alone is the
+//!   sync's own `elapsed` from its log. The peers load the same Services, shaped as kube-proxy
+//!   writes them, into an empty network namespace: `iptables-restore` (Debian's nf_tables
+//!   backend), `iptables-legacy-restore`, and `nft -f`. Repetitions alternate the four
+//!   (A B C D A B C D …); medians are reported.
+//! - **One endpoint change.** 1,000 changes, one at a time, each replacing one endpoint of one
+//!   Service in the parsed config, through the agent's own planner and map writer on real BPF
+//!   maps: from the changed config to the maps, p50 and p99. Then the same 1,000 changes at once
+//!   (one coalesced sync, as a watch burst is), and the SIGHUP path end to end (YAML parse
+//!   included) on the running agent, median of 10.
+//! - **Memory.** The agent's RSS after the cold start, and the kernel memory of every map it
+//!   pinned (fdinfo `memlock`).
+
+use std::{
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use aya::{EbpfLoader, maps::MapData};
+use lb_agent::{
+    config::Config,
+    dataplane::{EMBEDDED_OBJECT, PINNED_MAPS, ServiceMaps, batch, map_sizes, pin_dir},
+    service_plan::IncrementalPlanner,
+};
+use lb_lab::{
+    Agent, Lab, Netns,
+    agent::AGENT_LISTEN,
+    scale::{kube_proxy_iptables, kube_proxy_nftables, scale_endpoint, scale_node, scale_services_yaml},
+};
+
+const ENDPOINTS: usize = 10;
+const CHANGES: usize = 1000;
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let sizes: &[usize] = if quick { &[1_000] } else { &[1_000, 10_000, 20_000] };
+    let reps = if quick { 1 } else { 3 };
+    let lab = Lab::new(1);
+    let mut rows = Vec::new();
+    for &n in sizes {
+        eprintln!("== {n} services × {ENDPOINTS} endpoints");
+        rows.push(measure(&lab, n, reps));
+    }
+    println!(
+        "\n| Services × 10 | lb-agent start → ready | lb-agent maps programmed | iptables-restore | iptables-legacy-restore | nft -f | lb-agent ÷ iptables-restore | change p50 / p99 | 1,000 changes at once | 1,000 one by one | SIGHUP (parse included) | agent RSS | BPF maps |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {} / {} | {} | {} | {} | {} MiB | {} MiB |",
+            r.services,
+            ms(r.start),
+            ms(r.programmed),
+            ms(r.iptables),
+            ms(r.legacy),
+            ms(r.nft),
+            r.start.as_secs_f64() / r.iptables.as_secs_f64(),
+            ms(r.p50),
+            ms(r.p99),
+            ms(r.burst),
+            ms(r.sequential),
+            ms(r.sighup),
+            r.rss_kib / 1024,
+            r.map_bytes / (1 << 20),
+        );
+    }
+}
+
+struct Row {
+    services: usize,
+    start: Duration,
+    programmed: Duration,
+    iptables: Duration,
+    legacy: Duration,
+    nft: Duration,
+    p50: Duration,
+    p99: Duration,
+    burst: Duration,
+    sequential: Duration,
+    sighup: Duration,
+    rss_kib: u64,
+    map_bytes: u64,
+}
+
+fn ms(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1e3;
+    if ms < 10.0 { format!("{ms:.2} ms") } else { format!("{ms:.0} ms") }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn head(node: &str) -> String {
+    format!("node: {node}\ninterface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\n")
+}
+
+fn measure(lab: &Lab, n: usize, reps: usize) -> Row {
+    let yaml = format!("{}{}", head("n0"), scale_services_yaml(n, ENDPOINTS));
+    let config_path = lab.path(&format!("scale-{n}.yaml"));
+    std::fs::write(&config_path, &yaml).expect("writing the scale config");
+    let iptables = lab.path(&format!("scale-{n}.iptables"));
+    std::fs::write(&iptables, kube_proxy_iptables(n, ENDPOINTS)).expect("writing the iptables rules");
+    let nft = lab.path(&format!("scale-{n}.nft"));
+    std::fs::write(&nft, kube_proxy_nftables(n, ENDPOINTS)).expect("writing the nftables rules");
+
+    let (mut starts, mut programmed, mut ipt, mut legacy, mut nfts) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let mut last_agent = None;
+    for rep in 0..reps {
+        drop(last_agent.take());
+        let (agent, start, sync) = cold_start(lab, &config_path);
+        eprintln!("  rep {rep}: lb-agent ready in {start:?} (maps {sync:?})");
+        starts.push(start);
+        programmed.push(sync);
+        last_agent = Some(agent);
+        let id = format!("{}-scale{rep}", lab.id);
+        ipt.push(load_rules(&format!("{id}a"), &["iptables-restore"], &iptables));
+        legacy.push(load_rules(&format!("{id}b"), &["iptables-legacy-restore"], &iptables));
+        nfts.push(load_rules(&format!("{id}c"), &["nft", "-f", "-"], &nft));
+        eprintln!(
+            "  rep {rep}: iptables-restore {:?}, legacy {:?}, nft {:?}",
+            ipt.last().unwrap(),
+            legacy.last().unwrap(),
+            nfts.last().unwrap()
+        );
+    }
+    let agent = last_agent.expect("at least one repetition");
+    let rss_kib = rss_kib(agent.pid());
+    let map_bytes = pinned_map_bytes(lab, &agent);
+    let sighup = sighup_changes(&agent, &yaml, &config_path);
+    drop(agent);
+    let (p50, p99, burst, sequential) = in_process_changes(&yaml, n);
+    Row {
+        services: n,
+        start: median(starts),
+        programmed: median(programmed),
+        iptables: median(ipt),
+        legacy: median(legacy),
+        nft: median(nfts),
+        p50,
+        p99,
+        burst,
+        sequential,
+        sighup,
+        rss_kib,
+        map_bytes,
+    }
+}
+
+/// Starts the agent on fresh pins; returns it, spawn → ready, and the sync's own time.
+fn cold_start(lab: &Lab, config: &std::path::Path) -> (Agent, Duration, Duration) {
+    let pins = lab.pin_path(0);
+    let _ = std::fs::remove_dir_all(&pins);
+    let log = lab.path("scale-agent.log");
+    let _ = std::fs::remove_file(&log);
+    let started = Instant::now();
+    let mut agent = Agent::spawn(&lab.nodes[0].ns, config.to_owned(), log, pins);
+    agent.wait_ready_within(Duration::from_secs(300));
+    let ready = started.elapsed();
+    let text = agent.log_text();
+    let sync = text
+        .lines()
+        .find(|l| l.contains("service maps updated"))
+        .and_then(|l| l.split(" elapsed=").nth(1))
+        .and_then(|v| parse_debug_duration(v.split_whitespace().next()?))
+        .unwrap_or_else(|| panic!("no sync time in the log:\n{text}"));
+    (agent, ready, sync)
+}
+
+/// `12.3ms`, `1.2s`, `800µs`, as `Duration`'s Debug writes them.
+fn parse_debug_duration(s: &str) -> Option<Duration> {
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (value, unit) = s.split_at(split);
+    let value: f64 = value.parse().ok()?;
+    let seconds = match unit {
+        "s" => value,
+        "ms" => value / 1e3,
+        "µs" | "us" => value / 1e6,
+        "ns" => value / 1e9,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(seconds))
+}
+
+/// Loads a rules file into a fresh, empty namespace; returns how long the loader took.
+fn load_rules(ns_name: &str, argv: &[&str], file: &std::path::Path) -> Duration {
+    let ns = Netns::create(ns_name.to_owned());
+    let input = std::fs::File::open(file).expect("opening the rules");
+    let started = Instant::now();
+    let out = ns.command(argv).stdin(input).stdout(Stdio::null()).stderr(Stdio::piped()).output().unwrap();
+    let took = started.elapsed();
+    assert!(out.status.success(), "{argv:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    took
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the agent's status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}
+
+/// Kernel memory of the agent's pinned maps, plus its rings (from its own metric).
+fn pinned_map_bytes(lab: &Lab, agent: &Agent) -> u64 {
+    let dir = pin_dir(&lab.pin_path(0));
+    let mut pinned = 0;
+    for name in PINNED_MAPS.iter().filter(|m| **m != lb_common::service::MAGLEV_RINGS) {
+        let bytes = MapData::from_pin(dir.join(name)).ok().and_then(|m| batch::memlock(m.fd())).unwrap_or(0);
+        eprintln!("  map {name}: {:.1} MiB", bytes as f64 / f64::from(1 << 20));
+        pinned += bytes;
+    }
+    let rings = agent.metric("lbagent_bpf_map_bytes{map=\"MAGLEV_RINGS\"}") as u64;
+    eprintln!("  map MAGLEV_RINGS with its rings: {:.1} MiB", rings as f64 / f64::from(1 << 20));
+    pinned + rings
+}
+
+/// SIGHUP with one endpoint changed, end to end, median of 10.
+fn sighup_changes(agent: &Agent, yaml: &str, path: &std::path::Path) -> Duration {
+    let mut times = Vec::new();
+    for k in 0..10u32 {
+        let old = format!("address: {}, node: {}", scale_endpoint(0, 0, ENDPOINTS, 0), scale_node(0));
+        let new = format!("address: {}, node: {}", scale_endpoint(0, 0, ENDPOINTS, k + 1), scale_node(0));
+        std::fs::write(path, yaml.replacen(&old, &new, 1)).expect("writing the changed config");
+        let before = agent.metric("lbagent_service_syncs_total{result=\"applied\"}");
+        let started = Instant::now();
+        agent.signal(libc::SIGHUP);
+        while agent.metric("lbagent_service_syncs_total{result=\"applied\"}") <= before {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "no sync after SIGHUP:\n{}",
+                agent.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        times.push(started.elapsed());
+    }
+    median(times)
+}
+
+/// Endpoint changes through the agent's planner and map writer, on real maps in this process.
+fn in_process_changes(yaml: &str, n: usize) -> (Duration, Duration, Duration, Duration) {
+    let mut config = Config::parse(yaml).expect("the scale config");
+    let mut loader = EbpfLoader::new();
+    for (name, size) in map_sizes(&config.dataplane.capacity) {
+        loader.map_max_entries(name, size);
+    }
+    let mut ebpf = loader.load(EMBEDDED_OBJECT).expect("loading the BPF object");
+    let mut maps = ServiceMaps::take(&mut ebpf, None).expect("the service maps");
+    let mut planner = IncrementalPlanner::default();
+    maps.apply_delta(&planner.update(&config, "n0")).expect("the first sync");
+
+    let change = |config: &mut Config, k: usize, generation: u32| {
+        let service = (k * 7919) % n;
+        let endpoint = k % ENDPOINTS;
+        config.services[service].endpoints[endpoint].address =
+            scale_endpoint(service, endpoint, ENDPOINTS, generation);
+    };
+    let mut times = Vec::with_capacity(CHANGES);
+    let all = Instant::now();
+    for k in 0..CHANGES {
+        change(&mut config, k, 1);
+        let started = Instant::now();
+        let report = maps.apply_delta(&planner.update(&config, "n0")).expect("a change");
+        times.push(started.elapsed());
+        maps.remove_retired_rings().expect("removing the replaced ring");
+        assert_eq!(report.services_changed, 1, "{report:?}");
+    }
+    let sequential = all.elapsed();
+    times.sort();
+    let (p50, p99) = (times[CHANGES / 2], times[CHANGES * 99 / 100]);
+    for k in 0..CHANGES {
+        change(&mut config, k, 2);
+    }
+    let started = Instant::now();
+    let report = maps.apply_delta(&planner.update(&config, "n0")).expect("a burst");
+    maps.remove_retired_rings().expect("removing the replaced rings");
+    let burst = started.elapsed();
+    assert!(report.services_changed > 0 && report.refused.is_empty(), "{report:?}");
+    (p50, p99, burst, sequential)
+}

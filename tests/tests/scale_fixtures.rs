@@ -1,0 +1,259 @@
+//! The scale machinery against the real program (BPF_PROG_TEST_RUN): rings written in one
+//! system call, lookups through them, incremental changes, and maps that are full.
+//!
+//! As in `service_fixtures`, the runs happen inside a lab node, whose FIB and permanent
+//! neighbour entries let the program forward DSR traffic towards the pods' node.
+
+use std::net::Ipv4Addr;
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, IterableMap, MapData},
+    programs::{TestRun, TestRunOptions, Xdp},
+};
+use lb_agent::{
+    config::Config,
+    dataplane::{EMBEDDED_OBJECT, ServiceMaps, UPLINK_PROGRAM, batch},
+    service_plan::{self, IncrementalPlanner},
+};
+use lb_common::{
+    hash::flow_hash,
+    maps::{OWNED_VIPS, OwnedVip, VipKey},
+    service::{BACKENDS, FlowKey, INNER_MAP_FLAGS, MAGLEV_RINGS, SERVICES, ServiceKey, Settings},
+};
+use lb_lab::{Lab, packet::ipv4_frame};
+
+const XDP_DROP: u32 = 1;
+const XDP_TX: u32 = 3;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
+const CLIENT_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0xcc];
+const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+const NODE_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x10];
+const PEER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
+const PEER_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x11];
+
+#[test]
+fn a_ring_written_in_one_call_is_the_ring_written_slot_by_slot() {
+    lb_lab::require_root();
+    for size in lb_agent::maglev::TABLE_SIZES {
+        let ring: Vec<u32> = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % 70_000).collect();
+        let batched: Array<MapData, u32> = Array::create(size, INNER_MAP_FLAGS).unwrap();
+        batch::fill_array(batched.map().fd(), &ring).expect("BPF_MAP_UPDATE_BATCH");
+        let mut one_by_one: Array<MapData, u32> = Array::create(size, INNER_MAP_FLAGS).unwrap();
+        for (slot, backend) in ring.iter().enumerate() {
+            one_by_one.set(slot as u32, backend, 0).unwrap();
+        }
+        let read = |a: &Array<MapData, u32>| batch::read_array(a).expect("BPF_MAP_LOOKUP_BATCH");
+        let (batched, one_by_one) = (read(&batched), read(&one_by_one));
+        assert_eq!(batched, one_by_one, "size {size}");
+        assert_eq!(batched, ring, "size {size}");
+    }
+}
+
+/// A DSR service on port 80 with `endpoints` pods on node n1 (10.244.1.0/24, routed via the
+/// peer), plus `extra` more single-endpoint services on ports 81….
+fn config(endpoints: &[u8], extra: u16) -> Config {
+    let mut yaml = String::from(
+        "interface: eth0\nnode: n0\nvips: [{address: 198.51.100.10}]\ngroups: []\nservices:\n  - name: web\n    vip: 198.51.100.10\n    remoteMode: dsr\n    ports: [{port: 80, targetPort: 8080}]\n    endpoints:\n",
+    );
+    for host in endpoints {
+        yaml.push_str(&format!("      - {{address: 10.244.1.{host}, node: n1}}\n"));
+    }
+    for i in 0..extra {
+        yaml.push_str(&format!(
+            "  - name: extra-{i}\n    vip: 198.51.100.10\n    remoteMode: dsr\n    ports: [{{port: {}, targetPort: 8080}}]\n    endpoints: [{{address: 10.244.1.{}, node: n1}}]\n",
+            81 + i,
+            200 + i
+        ));
+    }
+    Config::parse(&yaml).expect("a valid fixture config")
+}
+
+struct Fixture {
+    ebpf: Ebpf,
+    maps: ServiceMaps,
+    planner: IncrementalPlanner,
+    ifindex: u32,
+}
+
+impl Fixture {
+    /// The object with its maps sized as `sizes` says (the rest as compiled).
+    fn load(ifindex: u32, sizes: &[(&'static str, u32)]) -> Fixture {
+        let mut loader = EbpfLoader::new();
+        for (name, size) in sizes {
+            loader.map_max_entries(name, *size);
+        }
+        let mut ebpf = loader.load(EMBEDDED_OBJECT).expect("loading the embedded object");
+        let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
+        program.load().expect("the verifier accepts lb_xdp");
+        let mut owned: HashMap<_, VipKey, OwnedVip> =
+            HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
+        owned.insert(VipKey::new(VIP.octets()), OwnedVip::new(NODE_MAC), 0).unwrap();
+        let mut maps = ServiceMaps::take(&mut ebpf, None).expect("the service maps");
+        maps.set_settings(Settings {
+            node_addr: NODE.octets(),
+            snat_port_min: 61_000,
+            snat_port_max: 65_535,
+        })
+        .unwrap();
+        Fixture { ebpf, maps, planner: IncrementalPlanner::default(), ifindex }
+    }
+
+    fn sync(&mut self, config: &Config) -> lb_agent::dataplane::services::SyncReport {
+        let delta = self.planner.update(config, "n0");
+        self.maps.apply_delta(&delta).expect("a sync")
+    }
+
+    /// The XDP verdict for a TCP SYN from the client's `sport` to VIP:`dport`, and the
+    /// outer destination when it was encapsulated (DSR).
+    fn send(&self, sport: u16, dport: u16) -> (u32, Option<Ipv4Addr>) {
+        let mut tcp = vec![0u8; 20];
+        tcp[0..2].copy_from_slice(&sport.to_be_bytes());
+        tcp[2..4].copy_from_slice(&dport.to_be_bytes());
+        tcp[12] = 5 << 4;
+        tcp[13] = 0x02;
+        let input = ipv4_frame(CLIENT_MAC, NODE_MAC, CLIENT, VIP, 64, 6, &tcp);
+        let program: &Xdp = self.ebpf.program(UPLINK_PROGRAM).unwrap().try_into().unwrap();
+        let mut out = vec![0u8; input.len() + 256];
+        let ctx: Vec<u8> =
+            [0, input.len() as u32, 0, self.ifindex, 0, 0].iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let result = program
+            .test_run(TestRunOptions {
+                data_in: Some(&input),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..Default::default()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        out.truncate(result.data_size_out as usize);
+        let outer = (result.return_value == XDP_TX && out.len() > 34 && out[23] == 4)
+            .then(|| Ipv4Addr::new(out[30], out[31], out[32], out[33]));
+        (result.return_value, outer)
+    }
+}
+
+/// The backend the plan's ring gives the client's `sport` → VIP:80 flow.
+fn planned_backend(config: &Config, sport: u16) -> Ipv4Addr {
+    let plan = service_plan::plan(config, "n0");
+    let service = &plan.services[&ServiceKey::new(VIP.octets(), 80, 6)];
+    let flow = FlowKey::new(CLIENT.octets(), VIP.octets(), sport.to_be_bytes(), 80u16.to_be_bytes(), 6);
+    let slot = flow_hash(&flow) % service.ring.len() as u32;
+    Ipv4Addr::from(service.backends[service.ring[slot as usize] as usize].addr)
+}
+
+/// Runs `f` in node n0 of a two-node lab whose FIB reaches n1's pods through the peer.
+fn in_lab_node(f: impl FnOnce(u32) + Send + 'static) {
+    let lab = Lab::new(2);
+    let node = &lab.nodes[0].ns;
+    for (ip, mac) in [(PEER, PEER_MAC), (CLIENT, CLIENT_MAC)] {
+        let mac = lb_lab::format_mac(&mac);
+        node.run_cmd(&[
+            "ip",
+            "neigh",
+            "replace",
+            &ip.to_string(),
+            "lladdr",
+            &mac,
+            "dev",
+            "eth0",
+            "nud",
+            "permanent",
+        ]);
+    }
+    let ifindex: u32 = String::from_utf8(node.output(&["cat", "/sys/class/net/eth0/ifindex"]).stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    node.run(move || f(ifindex));
+}
+
+#[test]
+fn lookups_through_the_program_follow_the_planned_ring_across_changes() {
+    in_lab_node(|ifindex| {
+        let mut f = Fixture::load(ifindex, &[]);
+        let before = config(&(2..42).collect::<Vec<u8>>(), 0);
+        let report = f.sync(&before);
+        assert_eq!((report.services_added, report.rings_written, report.backends_added), (1, 1, 40));
+        for sport in 20_000..20_400 {
+            let (action, outer) = f.send(sport, 80);
+            assert_eq!(action, XDP_TX, "flow from port {sport}");
+            assert_eq!(outer, Some(planned_backend(&before, sport)), "flow from port {sport}");
+        }
+
+        // One endpoint replaced: one ring rewritten, one backend in and one out.
+        let mut endpoints: Vec<u8> = (2..42).collect();
+        endpoints[5] = 100;
+        let after = config(&endpoints, 0);
+        let report = f.sync(&after);
+        assert_eq!(
+            (report.services_changed, report.rings_written, report.backends_added, report.backends_removed),
+            (1, 1, 1, 1),
+            "{report:?}"
+        );
+        // New flows (new source ports) follow the new ring; established ones keep their backend.
+        for sport in 30_000..30_400 {
+            assert_eq!(f.send(sport, 80).1, Some(planned_backend(&after, sport)), "flow from port {sport}");
+        }
+        // (Flows whose endpoint was the replaced one are re-balanced.)
+        let replaced = Ipv4Addr::new(10, 244, 1, 7);
+        for sport in (20_000..20_100).filter(|p| planned_backend(&before, *p) != replaced) {
+            assert_eq!(f.send(sport, 80).1, Some(planned_backend(&before, sport)), "established {sport}");
+        }
+        let unchanged = f.sync(&after);
+        assert!(unchanged.is_empty(), "{unchanged:?}");
+    });
+}
+
+#[test]
+fn services_beyond_capacity_are_refused_and_the_rest_keeps_forwarding() {
+    in_lab_node(|ifindex| {
+        // Room for 3 service entries and 6 backends.
+        let sizes = [(SERVICES, 3), (MAGLEV_RINGS, 6), (BACKENDS, 6), (lb_common::service::BACKEND_STATS, 6)];
+        let mut f = Fixture::load(ifindex, &sizes);
+        assert_eq!(f.maps.limits().services, 3);
+
+        // web (2 backends) and extras on 81..=84 (one each): 81 and 82 fit, 83 and 84 do not.
+        let full = config(&[2, 3], 4);
+        let report = f.sync(&full);
+        let refused: Vec<(u16, &str)> =
+            report.refused.iter().map(|r| (u16::from_be_bytes(r.key.port), r.refusal.what)).collect();
+        assert_eq!(refused, [(83, "services"), (84, "services")], "{report:?}");
+        assert_eq!(report.refused[0].name, "extra-2");
+        for port in [80, 81, 82] {
+            assert_eq!(f.send(40_000, port).0, XDP_TX, "port {port} is served");
+        }
+        for port in [83, 84] {
+            assert_eq!(f.send(40_000, port).0, XDP_DROP, "port {port} is not exposed");
+        }
+
+        // Removing extra-0 makes room: extra-2 (next in key order) is admitted on that sync,
+        // without any change of its own.
+        let mut fewer = config(&[2, 3], 4);
+        fewer.services.retain(|s| s.name != "extra-0");
+        let report = f.sync(&fewer);
+        assert_eq!(report.services_added, 1, "{report:?}");
+        assert_eq!(report.refused.len(), 1, "{report:?}");
+        assert_eq!(f.send(40_001, 83).0, XDP_TX);
+        assert_eq!(f.send(40_001, 81).0, XDP_DROP);
+
+        // A change that needs more backends than are free is refused; the old version stays.
+        let mut bigger = fewer.clone();
+        let web = bigger.services.iter_mut().find(|s| s.name == "web").unwrap();
+        for host in 50..55u8 {
+            web.endpoints.push(lb_agent::config::Endpoint {
+                address: Ipv4Addr::new(10, 244, 1, host),
+                node: "n1".into(),
+            });
+        }
+        let report = f.sync(&bigger);
+        assert!(report.refused.iter().any(|r| r.name == "web" && r.refusal.what == "backends"), "{report:?}");
+        let (action, outer) = f.send(40_002, 80);
+        assert_eq!(action, XDP_TX);
+        assert!(
+            matches!(outer, Some(a) if a == Ipv4Addr::new(10, 244, 1, 2) || a == Ipv4Addr::new(10, 244, 1, 3))
+        );
+    });
+}

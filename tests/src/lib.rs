@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod cluster;
+pub mod fixture;
 pub mod kube_api;
 mod netns;
 pub mod packet;

@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, IterableMap, MapData},
-    programs::{TestRun, TestRunOptions, Xdp},
+    programs::Xdp,
 };
 use lb_agent::{
     config::Config,
@@ -21,18 +21,14 @@ use lb_common::{
     maps::{OWNED_VIPS, OwnedVip, VipKey},
     service::{BACKENDS, FlowKey, INNER_MAP_FLAGS, MAGLEV_RINGS, SERVICES, ServiceKey, Settings},
 };
-use lb_lab::{Lab, packet::ipv4_frame};
-
-const XDP_DROP: u32 = 1;
-const XDP_TX: u32 = 3;
-
-const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
-const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
-const CLIENT_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0xcc];
-const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
-const NODE_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x10];
-const PEER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
-const PEER_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x11];
+use lb_lab::{
+    Lab,
+    fixture::{
+        CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, VIP, XDP_DROP, XDP_TX, ifindex_of,
+        permanent_neighbour, run_uplink,
+    },
+    packet::ipv4_frame,
+};
 
 #[test]
 fn a_ring_written_in_one_call_is_the_ring_written_slot_by_slot() {
@@ -115,22 +111,10 @@ impl Fixture {
         tcp[12] = 5 << 4;
         tcp[13] = 0x02;
         let input = ipv4_frame(CLIENT_MAC, NODE_MAC, CLIENT, VIP, 64, 6, &tcp);
-        let program: &Xdp = self.ebpf.program(UPLINK_PROGRAM).unwrap().try_into().unwrap();
-        let mut out = vec![0u8; input.len() + 256];
-        let ctx: Vec<u8> =
-            [0, input.len() as u32, 0, self.ifindex, 0, 0].iter().flat_map(|v| v.to_ne_bytes()).collect();
-        let result = program
-            .test_run(TestRunOptions {
-                data_in: Some(&input),
-                data_out: Some(&mut out),
-                ctx_in: Some(&ctx),
-                ..Default::default()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        out.truncate(result.data_size_out as usize);
-        let outer = (result.return_value == XDP_TX && out.len() > 34 && out[23] == 4)
+        let (action, out) = run_uplink(&self.ebpf, &input, self.ifindex);
+        let outer = (action == XDP_TX && out.len() > 34 && out[23] == 4)
             .then(|| Ipv4Addr::new(out[30], out[31], out[32], out[33]));
-        (result.return_value, outer)
+        (action, outer)
     }
 }
 
@@ -148,25 +132,9 @@ fn in_lab_node(f: impl FnOnce(u32) + Send + 'static) {
     let lab = Lab::new(2);
     let node = &lab.nodes[0].ns;
     for (ip, mac) in [(PEER, PEER_MAC), (CLIENT, CLIENT_MAC)] {
-        let mac = lb_lab::format_mac(&mac);
-        node.run_cmd(&[
-            "ip",
-            "neigh",
-            "replace",
-            &ip.to_string(),
-            "lladdr",
-            &mac,
-            "dev",
-            "eth0",
-            "nud",
-            "permanent",
-        ]);
+        permanent_neighbour(node, ip, mac, "eth0");
     }
-    let ifindex: u32 = String::from_utf8(node.output(&["cat", "/sys/class/net/eth0/ifindex"]).stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let ifindex = ifindex_of(node, "eth0");
     node.run(move || f(ifindex));
 }
 

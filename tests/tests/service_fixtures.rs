@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use aya::{
     Ebpf,
     maps::{HashMap, PerCpuArray},
-    programs::{TestRun, TestRunOptions, Xdp},
+    programs::Xdp,
 };
 use lb_agent::{
     config::Config,
@@ -24,21 +24,13 @@ use lb_common::{
 };
 use lb_lab::{
     Lab,
+    fixture::{
+        CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, VIP, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX,
+        ifindex_of, mac_of, permanent_neighbour, run_uplink,
+    },
     packet::{checksum, checksums_valid, ipv4_frame, transport},
 };
 
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
-const XDP_REDIRECT: u32 = 4;
-
-const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
-const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
-const CLIENT_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0xcc];
-const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
-const NODE_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x10];
-const PEER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
-const PEER_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x11];
 const LOCAL_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 2);
 const REMOTE_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
 const SNAT_FIRST: u16 = 61_000;
@@ -104,21 +96,7 @@ impl Fixture {
     }
 
     fn run(&self, input: &[u8]) -> (u32, Vec<u8>) {
-        let program: &Xdp = self.ebpf.program(UPLINK_PROGRAM).unwrap().try_into().unwrap();
-        let mut out = vec![0u8; input.len() + 256];
-        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex
-        let ctx: Vec<u8> =
-            [0, input.len() as u32, 0, self.ifindex, 0, 0].iter().flat_map(|v| v.to_ne_bytes()).collect();
-        let result = program
-            .test_run(TestRunOptions {
-                data_in: Some(input),
-                data_out: Some(&mut out),
-                ctx_in: Some(&ctx),
-                ..Default::default()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
+        run_uplink(&self.ebpf, input, self.ifindex)
     }
 
     fn reason(&self, reason: Reason) -> u64 {
@@ -187,19 +165,7 @@ fn service_paths_produce_the_exact_frames() {
     let host_mac = mac_of(node, "pv0");
     for (ip, mac) in [(PEER, PEER_MAC), (CLIENT, CLIENT_MAC), (LOCAL_POD, pod_mac)] {
         let dev = if ip == LOCAL_POD { "pv0" } else { "eth0" };
-        let mac = lb_lab::format_mac(&mac);
-        node.run_cmd(&[
-            "ip",
-            "neigh",
-            "replace",
-            &ip.to_string(),
-            "lladdr",
-            &mac,
-            "dev",
-            dev,
-            "nud",
-            "permanent",
-        ]);
+        permanent_neighbour(node, ip, mac, dev);
     }
     let ifindex = ifindex_of(node, "eth0");
     let macs = LocalMacs { pod: pod_mac, host: host_mac };
@@ -348,16 +314,4 @@ fn check(f: &Fixture, name: &str, input: &[u8], action: u32, expected: &[u8]) {
     assert_eq!(got, action, "{name}: action");
     assert!(checksums_valid(&out), "{name}: checksums of {out:02x?}");
     assert_eq!(out, expected, "{name}: output frame");
-}
-
-fn mac_of(ns: &lb_lab::Netns, dev: &str) -> [u8; 6] {
-    let out = ns.run_cmd(&["cat", &format!("/sys/class/net/{dev}/address")]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let bytes: Vec<u8> = text.trim().split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
-    bytes.try_into().unwrap()
-}
-
-fn ifindex_of(ns: &lb_lab::Netns, dev: &str) -> u32 {
-    let out = ns.run_cmd(&["cat", &format!("/sys/class/net/{dev}/ifindex")]);
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }

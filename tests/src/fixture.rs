@@ -1,0 +1,66 @@
+//! What the BPF fixture tables share: the segment's addresses as the fixtures use them, the
+//! XDP verdicts, and one BPF_PROG_TEST_RUN of the uplink program on a frame.
+
+use std::net::Ipv4Addr;
+
+use aya::{
+    Ebpf,
+    programs::{TestRun, TestRunOptions, Xdp},
+};
+use lb_agent::dataplane::UPLINK_PROGRAM;
+
+use crate::Netns;
+
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
+
+pub const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+pub const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
+pub const CLIENT_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0xcc];
+pub const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+pub const NODE_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x10];
+pub const PEER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
+pub const PEER_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x11];
+
+/// Runs the loaded uplink program of `ebpf` on `input`, as received on `ifindex`; returns
+/// the verdict and the frame as the program left it.
+pub fn run_uplink(ebpf: &Ebpf, input: &[u8], ifindex: u32) -> (u32, Vec<u8>) {
+    let program: &Xdp = ebpf.program(UPLINK_PROGRAM).unwrap().try_into().unwrap();
+    let mut out = vec![0u8; input.len() + 256];
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex
+    let ctx: Vec<u8> =
+        [0, input.len() as u32, 0, ifindex, 0, 0].iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let result = program
+        .test_run(TestRunOptions {
+            data_in: Some(input),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..Default::default()
+        })
+        .expect("BPF_PROG_TEST_RUN");
+    out.truncate(result.data_size_out as usize);
+    (result.return_value, out)
+}
+
+/// `dev`'s MAC address in `ns`.
+pub fn mac_of(ns: &Netns, dev: &str) -> [u8; 6] {
+    let out = ns.run_cmd(&["cat", &format!("/sys/class/net/{dev}/address")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let bytes: Vec<u8> = text.trim().split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
+    bytes.try_into().unwrap()
+}
+
+/// `dev`'s interface index in `ns`.
+pub fn ifindex_of(ns: &Netns, dev: &str) -> u32 {
+    let out = ns.run_cmd(&["cat", &format!("/sys/class/net/{dev}/ifindex")]);
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// Makes `ip` reachable at `mac` on `dev` in `ns` for good, so the program's FIB lookups
+/// find every neighbour the fixtures expect.
+pub fn permanent_neighbour(ns: &Netns, ip: Ipv4Addr, mac: [u8; 6], dev: &str) {
+    let mac = crate::format_mac(&mac);
+    ns.run_cmd(&["ip", "neigh", "replace", &ip.to_string(), "lladdr", &mac, "dev", dev, "nud", "permanent"]);
+}

@@ -183,3 +183,100 @@ pub async fn route_to(handle: &rtnetlink::Handle, address: IpAddr) -> Result<Opt
     }
     Ok(found)
 }
+
+/// The main table's IPv4 unicast routes, for resolving many addresses at once without a
+/// round trip each (see [`RouteTable::lookup`]).
+#[derive(Clone, Debug, Default)]
+pub struct RouteTable {
+    /// (prefix, prefix length, route), longest prefixes first.
+    routes: Vec<(u32, u8, RouteTo)>,
+    /// Every unicast route of the table is here (none was multipath), so no match means no
+    /// route in the main table.
+    pub complete: bool,
+}
+
+/// The kernel's main routing table.
+const MAIN_TABLE: u32 = 254;
+
+impl RouteTable {
+    /// Dumps the main table once.
+    pub async fn dump(handle: &rtnetlink::Handle) -> Result<Self> {
+        use rtnetlink::{
+            RouteMessageBuilder,
+            packet_route::route::{RouteAddress, RouteAttribute, RouteType},
+        };
+        let mut routes = Vec::new();
+        let mut complete = true;
+        let mut replies =
+            std::pin::pin!(handle.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute());
+        while let Some(reply) = replies.try_next().await? {
+            let table = reply
+                .attributes
+                .iter()
+                .find_map(|a| match a {
+                    RouteAttribute::Table(t) => Some(*t),
+                    _ => None,
+                })
+                .unwrap_or(u32::from(reply.header.table));
+            if table != MAIN_TABLE || reply.header.kind != RouteType::Unicast {
+                continue;
+            }
+            let (mut destination, mut oif, mut gateway) = (Ipv4Addr::UNSPECIFIED, None, None);
+            for attribute in &reply.attributes {
+                match attribute {
+                    RouteAttribute::Destination(RouteAddress::Inet(d)) => destination = *d,
+                    RouteAttribute::Oif(i) => oif = Some(*i),
+                    RouteAttribute::Gateway(RouteAddress::Inet(g)) => gateway = Some(IpAddr::V4(*g)),
+                    _ => {}
+                }
+            }
+            // Multipath routes have no single interface: those addresses are asked one by one.
+            match oif {
+                Some(oif) => {
+                    let len = reply.header.destination_prefix_length;
+                    routes.push((u32::from(destination), len, RouteTo { oif, gateway }));
+                }
+                None => complete = false,
+            }
+        }
+        routes.sort_by_key(|(_, len, _)| std::cmp::Reverse(*len));
+        Ok(Self { routes, complete })
+    }
+
+    /// The longest-prefix match for `address`, as the main table alone decides it.
+    pub fn lookup(&self, address: Ipv4Addr) -> Option<RouteTo> {
+        let address = u32::from(address);
+        self.routes
+            .iter()
+            .find(|(prefix, len, _)| {
+                let mask = if *len == 0 { 0 } else { u32::MAX << (32 - u32::from(*len)) };
+                address & mask == prefix & mask
+            })
+            .map(|(_, _, route)| *route)
+    }
+}
+
+#[cfg(test)]
+mod route_table_tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_prefix_wins() {
+        let via = |oif, gateway: Option<[u8; 4]>| RouteTo { oif, gateway: gateway.map(IpAddr::from) };
+        let mut table = RouteTable {
+            complete: true,
+            routes: vec![
+                (u32::from(Ipv4Addr::new(0, 0, 0, 0)), 0, via(2, Some([192, 0, 2, 1]))),
+                (u32::from(Ipv4Addr::new(10, 244, 1, 0)), 24, via(2, Some([192, 0, 2, 11]))),
+                (u32::from(Ipv4Addr::new(10, 244, 0, 5)), 32, via(7, None)),
+                (u32::from(Ipv4Addr::new(10, 244, 0, 0)), 16, via(3, None)),
+            ],
+        };
+        table.routes.sort_by_key(|(_, len, _)| std::cmp::Reverse(*len));
+        assert_eq!(table.lookup(Ipv4Addr::new(10, 244, 1, 9)), Some(via(2, Some([192, 0, 2, 11]))));
+        assert_eq!(table.lookup(Ipv4Addr::new(10, 244, 0, 5)), Some(via(7, None)));
+        assert_eq!(table.lookup(Ipv4Addr::new(10, 244, 9, 9)), Some(via(3, None)));
+        assert_eq!(table.lookup(Ipv4Addr::new(8, 8, 8, 8)), Some(via(2, Some([192, 0, 2, 1]))));
+        assert_eq!(RouteTable::default().lookup(Ipv4Addr::new(8, 8, 8, 8)), None);
+    }
+}

@@ -4,7 +4,10 @@
 //! of resolving it; such packets go to the kernel untranslated and are lost. So for every
 //! endpoint the agent asks the kernel for the route, and for its next hop asks the neighbour
 //! table to resolve it (`NTF_USE`, as `ip neigh replace … use`), at each sync and periodically,
-//! before entries can age out.
+//! before entries can age out. Routes come from one dump of the main table, matched here
+//! (longest prefix); only addresses it cannot answer are asked one by one. Policy routing is
+//! not consulted: at worst a next hop is not warmed, and the kernel resolves it on the first
+//! packet, which the program passes to it (`no_neighbor`).
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -41,12 +44,24 @@ impl NextHops {
             }
         }
         let mut fresh = BTreeSet::new();
+        // One dump of the routing table answers most addresses; the rest (no match in the
+        // main table, multipath) are asked one by one.
+        let table = if added.len() > 1 {
+            crate::netdev::RouteTable::dump(handle).await.unwrap_or_default()
+        } else {
+            crate::netdev::RouteTable::default()
+        };
         for address in added {
             let entry = self.routes.entry(*address).or_insert((0, None));
             entry.0 += 1;
             if entry.0 == 1 {
                 // No route is not fatal: that endpoint is unreachable, the others still count.
-                let hop = match crate::netdev::route_to(handle, IpAddr::V4(*address)).await {
+                let route = match table.lookup(*address) {
+                    Some(route) => Ok(Some(route)),
+                    None if table.complete => Ok(None),
+                    None => crate::netdev::route_to(handle, IpAddr::V4(*address)).await,
+                };
+                let hop = match route {
                     Ok(route) => route.map(|r| (r.oif, r.gateway.unwrap_or(IpAddr::V4(*address)))),
                     Err(e) => {
                         tracing::debug!(%address, error = %e, "no route to an endpoint");

@@ -350,10 +350,15 @@ impl ServiceMaps {
         Ok(admitted)
     }
 
-    /// Points each admitted service at its ring: rings are created and filled first, then
-    /// registered in one batch (the kernel waits for an RCU grace period after every write to
-    /// a map of maps, so one per ring would cost milliseconds each), then the service entries
-    /// switch over in one more. The backends are already referenced (see [`Self::admit`]).
+    /// Points each admitted service at its ring. Every write to a map of maps makes the kernel
+    /// wait for an RCU grace period (milliseconds), so:
+    /// - a changed ring of the same size is rewritten in place, in one batch: a packet reads
+    ///   one slot of its service's ring, so it sees that slot's old backend or its new one, and
+    ///   the new backends are in `BACKENDS` before the ring names them;
+    /// - new rings (new services, or a new size) are created and filled first, registered in
+    ///   one batch, and only then do the service entries switch over, in one more.
+    ///
+    /// The backends are already referenced (see [`Self::admit`]).
     fn install(
         &mut self,
         admitted: &[(ServiceKey, PlannedService)],
@@ -362,8 +367,9 @@ impl ServiceMaps {
     ) -> Result<()> {
         let mut staged: Vec<(ServiceKey, &PlannedService, Service, Option<Ring>)> = Vec::new();
         for (key, planned) in admitted {
-            let ring: Vec<u32> =
-                planned.ring.iter().map(|&i| self.slots[&planned.backends[i as usize]]).collect();
+            // Slots by backend index first: one map lookup per backend, not per ring slot.
+            let slot_of: Vec<u32> = planned.backends.iter().map(|b| self.slots[b]).collect();
+            let ring: Vec<u32> = planned.ring.iter().map(|&i| slot_of[i as usize]).collect();
             let entry = Service {
                 ring_id: 0,
                 ring_size: ring.len() as u32,
@@ -380,7 +386,15 @@ impl ServiceMaps {
                     .insert(*key, Installed { entry: old.entry, name: planned.name.clone(), backends });
                 continue;
             }
-            let array = if ring.is_empty() { None } else { Some(self.create_ring(&ring)?) };
+            let reused = self.installed.get(key).map(|old| old.entry).filter(|old| {
+                old.ring_id != 0 && old.ring_size == entry.ring_size && self.rewrite_ring(old.ring_id, &ring)
+            });
+            let (entry, array) = match reused {
+                Some(old) => (Service { ring_id: old.ring_id, ..entry }, None),
+                None if ring.is_empty() => (entry, None),
+                None => (entry, Some(self.create_ring(&ring)?)),
+            };
+            report.rings_written += usize::from(!ring.is_empty());
             staged.push((*key, planned, entry, array));
         }
 
@@ -402,7 +416,6 @@ impl ServiceMaps {
                 }
             }
         }
-        report.rings_written += ids.len();
         let keys: Vec<ServiceKey> = staged.iter().map(|(k, ..)| *k).collect();
         let entries: Vec<Service> = staged.iter().map(|(_, _, e, _)| *e).collect();
         batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(SERVICES))?;
@@ -412,7 +425,9 @@ impl ServiceMaps {
             match self.installed.insert(key, new) {
                 Some(old) => {
                     report.services_changed += 1;
-                    self.retire_ring(old.entry.ring_id);
+                    if old.entry.ring_id != entry.ring_id {
+                        self.retire_ring(old.entry.ring_id);
+                    }
                     self.release(&old.backends, released);
                 }
                 None => report.services_added += 1,
@@ -492,6 +507,19 @@ impl ServiceMaps {
             }
         }
         Ok(())
+    }
+
+    /// Overwrites registered ring `id` with `ring` (of its size) in one system call; false when
+    /// that ring cannot be opened (the caller then makes a new one).
+    fn rewrite_ring(&self, id: u32, ring: &[u32]) -> bool {
+        let Ok(inner) = self.rings.get(&id, 0) else { return false };
+        match batch::fill_array(inner.map().fd(), ring) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(ring = id, error = %e, "rewriting a ring in place failed; writing a new one");
+                false
+            }
+        }
     }
 
     /// Creates a ring's inner map and fills it in one system call.

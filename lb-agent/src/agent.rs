@@ -62,6 +62,8 @@ pub async fn run(
     }
     let node = node_name(&config, node_override);
     let (mut cluster_configs, mut owners) = (None, None);
+    // Services the data plane has no room for, by name, for the cluster's status.
+    let (refused_tx, refused_rx) = watch::channel(BTreeMap::new());
     if let Some(source) = kubernetes {
         let client = kube::Client::try_default().await.map_err(Error::Kube)?;
         let (configs_tx, mut configs_rx) = mpsc::channel(4);
@@ -75,7 +77,7 @@ pub async fn run(
             node: node.clone(),
             namespace: source.namespace,
         };
-        tokio::spawn(shell.run(configs_tx, owners_rx));
+        tokio::spawn(shell.run(configs_tx, owners_rx, refused_rx));
         info!("waiting for the cluster's groups and services");
         config = configs_rx
             .recv()
@@ -148,7 +150,8 @@ pub async fn run(
         refused: metrics.services_refused.clone(),
         map_bytes: metrics.map_bytes.clone(),
     };
-    let mut sync = ServiceSync::new(service_maps, netlink.clone(), counters.clone(), sync_metrics);
+    let mut sync =
+        ServiceSync::new(service_maps, netlink.clone(), counters.clone(), sync_metrics, refused_tx);
     // No VIP before its services: VRRP starts only once the maps hold them.
     sync.apply(&request).await?;
     let services_applied = sync.applied();

@@ -6,6 +6,7 @@
 //! can hold back VIPs whose services are not in the maps yet.
 
 use std::{
+    collections::BTreeMap,
     net::Ipv4Addr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -63,6 +64,8 @@ pub struct ServiceSync {
     next_hops: NextHops,
     /// Refused services last logged, so each refusal is logged once.
     refused: Vec<RefusedService>,
+    /// The refused services by config name (`namespace/name` from Kubernetes), with why.
+    refused_names: watch::Sender<BTreeMap<String, String>>,
     /// The generation of the last request applied (or failed: it was tried).
     applied: watch::Sender<u64>,
 }
@@ -73,8 +76,10 @@ impl ServiceSync {
         netlink: rtnetlink::Handle,
         counters: Arc<Mutex<XdpCounters>>,
         metrics: SyncMetrics,
+        refused_names: watch::Sender<BTreeMap<String, String>>,
     ) -> Self {
         Self {
+            refused_names,
             maps,
             planner: IncrementalPlanner::default(),
             netlink,
@@ -156,6 +161,13 @@ impl ServiceSync {
             self.metrics.refused.get_or_create(&LimitLabels { limit }).set(count as i64);
         }
         self.refused = refused.to_vec();
+        let names: BTreeMap<String, String> =
+            refused.iter().map(|r| (r.name.clone(), format!("{}: {}", entry(&r.key), r.refusal))).collect();
+        self.refused_names.send_if_modified(|current| {
+            let changed = *current != names;
+            *current = names;
+            changed
+        });
     }
 
     async fn resolve_next_hops(&mut self) {

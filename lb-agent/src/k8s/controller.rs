@@ -86,11 +86,13 @@ where
 
 impl Shell {
     /// Runs until the agent stops: sends each new config on `configs`; `owners` is who this
-    /// node's VRRP sees as Master of each VIP (for group status).
+    /// node's VRRP sees as Master of each VIP (for group status); `refused` is the Services
+    /// this node's data plane has no room for (for their condition and Events).
     pub async fn run(
         self,
         configs: mpsc::Sender<Config>,
         owners: watch::Receiver<BTreeMap<Ipv4Addr, String>>,
+        mut refused: watch::Receiver<BTreeMap<String, String>>,
     ) {
         let (groups, g) = watch_into(Api::<LoadBalancerGroup>::all(self.client.clone()));
         let (services, s) = watch_into(Api::<Service>::all(self.client.clone()));
@@ -112,6 +114,7 @@ impl Shell {
                     tokio::time::sleep(DEBOUNCE).await;
                     while let Some(Some(())) = changes.next().now_or_never() {}
                 }
+                Ok(()) = refused.changed() => {}
                 _ = tick.tick() => {
                     let was = leading;
                     leading = lease.try_lead().await.unwrap_or_else(|e| {
@@ -171,8 +174,14 @@ impl Shell {
             }
             if leading && let Some(config) = &last {
                 let planned = crate::node_plan::node_plan(config, &self.node);
-                let plan =
-                    status::plan(&state, &owners.borrow().clone(), &planned, &Timestamp::now().to_string());
+                let refused = refused.borrow_and_update().clone();
+                let plan = status::plan(
+                    &state,
+                    &owners.borrow().clone(),
+                    &planned,
+                    &refused,
+                    &Timestamp::now().to_string(),
+                );
                 if plan != status::StatusPlan::default()
                     && let Err(e) = writer.apply(&plan).await
                 {
@@ -323,7 +332,8 @@ mod tests {
         };
         let (tx, mut rx) = mpsc::channel(4);
         let (_owners_tx, owners_rx) = watch::channel(BTreeMap::new());
-        tokio::spawn(shell.run(tx, owners_rx));
+        let (refused_tx, refused_rx) = watch::channel(BTreeMap::new());
+        tokio::spawn(shell.run(tx, owners_rx, refused_rx));
 
         let config = tokio::time::timeout(Duration::from_secs(20), rx.recv())
             .await
@@ -361,6 +371,40 @@ mod tests {
                 break;
             }
             assert!(tokio::time::Instant::now() < deadline, "no status writes: {seen:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+
+        // This node's data plane has no room for web: without any cluster change, the leader
+        // sets web's condition to False (CapacityExceeded) and records a Warning Event on it.
+        let before = writes.lock().unwrap().len();
+        let reason =
+            "198.51.100.1:80/TCP: the data plane holds at most 1 services (dataplane.capacity.services)";
+        refused_tx.send_replace(BTreeMap::from([("shop/web".to_owned(), reason.to_owned())]));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen: Vec<_> = writes.lock().unwrap()[before..].to_vec();
+            let condition = seen.iter().find_map(|(m, p, b)| {
+                let conditions = b["status"]["conditions"].as_array()?;
+                (m == "PATCH" && p == "/api/v1/namespaces/shop/services/web/status")
+                    .then_some(conditions.clone())
+            });
+            let event = seen.iter().find(|(m, p, b)| {
+                m == "POST"
+                    && p.contains("/events")
+                    && b["reason"] == "CapacityExceeded"
+                    && b["type"] == "Warning"
+            });
+            if let (Some(conditions), Some((_, _, event))) = (condition, event) {
+                let served = conditions.iter().find(|c| c["type"] == "lb-agent.io/Served").unwrap();
+                assert_eq!(
+                    (served["status"].as_str(), served["reason"].as_str()),
+                    (Some("False"), Some("CapacityExceeded"))
+                );
+                assert_eq!(served["message"], reason);
+                assert_eq!(event["regarding"]["name"], "web", "{event:#}");
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no refusal written: {seen:#?}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

@@ -18,6 +18,9 @@ pub const IPAM_FINALIZER: &str = "lb-agent.io/ipam";
 /// The condition on Services aimed at lb-agent: `True` when served, `False` with the reason.
 pub const SERVICE_CONDITION: &str = "lb-agent.io/Served";
 
+/// The reason of the Event and condition of a Service the data plane has no room for.
+pub const CAPACITY_EXCEEDED: &str = "CapacityExceeded";
+
 /// A Service's `lb-agent.io/Served` condition as it must be.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceCondition {
@@ -46,11 +49,13 @@ pub struct StatusPlan {
 
 /// Plans the writes. `owners` is who is Master for each VIP, as this node's VRRP sees it;
 /// `planned` is the node plan of the translated config (its VRIDs and unplaced VIPs are the
-/// same on every node); `now` is the timestamp for conditions that change (RFC 3339).
+/// same on every node); `refused` names the Services (`namespace/name`) this node's data plane
+/// has no room for, with why; `now` is the timestamp for conditions that change (RFC 3339).
 pub fn plan(
     state: &ClusterState,
     owners: &BTreeMap<Ipv4Addr, String>,
     planned: &crate::node_plan::NodePlan,
+    refused: &BTreeMap<String, String>,
     now: &str,
 ) -> StatusPlan {
     let mut out = StatusPlan::default();
@@ -132,6 +137,11 @@ pub fn plan(
     for refusal in &refusals {
         if let Some((ns, name)) = refusal.service.split_once('/') {
             out.warnings.push(((ns.to_owned(), name.to_owned()), refusal.reason, refusal.message.clone()));
+        }
+    }
+    for (service, message) in refused {
+        if let Some((ns, name)) = service.split_once('/') {
+            out.warnings.push(((ns.to_owned(), name.to_owned()), CAPACITY_EXCEEDED, message.clone()));
         }
     }
 
@@ -301,10 +311,28 @@ mod tests {
     }
 
     #[test]
+    fn a_service_the_data_plane_has_no_room_for_is_not_served() {
+        let s =
+            state("metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer, ports: [{port: 80}]}");
+        let refused = BTreeMap::from([(
+            "shop/web".to_owned(),
+            "198.51.100.1:80/TCP: the data plane holds at most 4 services (dataplane.capacity.services)"
+                .to_owned(),
+        )]);
+        let p = plan(&s, &BTreeMap::new(), &Default::default(), &refused, "2026-11-22T00:00:00Z");
+        let k = ("shop".to_owned(), "web".to_owned());
+        let c = &p.conditions[&k];
+        assert_eq!((c.status, c.reason.as_str()), ("False", CAPACITY_EXCEEDED));
+        assert!(c.message.contains("dataplane.capacity.services"), "{}", c.message);
+        assert!(p.warnings.iter().any(|(key, reason, _)| *key == k && *reason == CAPACITY_EXCEEDED));
+        assert_eq!(p.ingress[&k], [Ipv4Addr::new(198, 51, 100, 1)], "the address stays allocated");
+    }
+
+    #[test]
     fn a_new_service_gets_an_address_and_the_finalizer() {
         let s =
             state("metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer, ports: [{port: 80}]}");
-        let p = plan(&s, &BTreeMap::new(), &Default::default(), "2026-11-22T00:00:00Z");
+        let p = plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), "2026-11-22T00:00:00Z");
         let k = ("shop".to_owned(), "web".to_owned());
         assert_eq!(p.ingress[&k], [Ipv4Addr::new(198, 51, 100, 1)]);
         assert_eq!(p.add_finalizer, std::slice::from_ref(&k));
@@ -331,7 +359,7 @@ mod tests {
         let base = crate::config::Config::parse("interface: eth0\nnode: n0\n").unwrap();
         let config = super::super::source::translate(&s, &base).unwrap().config;
         let planned = crate::node_plan::node_plan(&config, "n0");
-        let p = plan(&s, &BTreeMap::new(), &planned, "2026-11-22T00:00:00Z");
+        let p = plan(&s, &BTreeMap::new(), &planned, &BTreeMap::new(), "2026-11-22T00:00:00Z");
         let edge = &p.groups["edge"];
         assert!(!edge.vrids.is_empty(), "the allocation is published");
         assert_eq!(edge.vrids, planned.vrids["edge"]);
@@ -348,11 +376,12 @@ mod tests {
         let s = state(
             "metadata: {name: web, namespace: shop, finalizers: [lb-agent.io/ipam]}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\nstatus: {loadBalancer: {ingress: [{ip: 198.51.100.1}]}}",
         );
-        let first = plan(&s, &BTreeMap::new(), &Default::default(), "2026-11-22T00:00:00Z");
+        let first = plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), "2026-11-22T00:00:00Z");
         assert!(first.ingress.is_empty() && first.add_finalizer.is_empty());
         let mut settled = s.clone();
         settled.groups[0].status = Some(first.groups["edge"].clone());
-        let again = plan(&settled, &BTreeMap::new(), &Default::default(), "2026-11-22T01:00:00Z");
+        let again =
+            plan(&settled, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), "2026-11-22T01:00:00Z");
         assert!(again.groups.is_empty(), "nothing changed, nothing to write: {:?}", again.groups);
     }
 
@@ -364,7 +393,7 @@ mod tests {
              metadata: {name: c, namespace: ns}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\n---\n\
              metadata: {name: gone, namespace: ns, finalizers: [lb-agent.io/ipam], deletionTimestamp: '2026-11-22T00:00:00Z'}\nspec: {type: LoadBalancer}",
         );
-        let p = plan(&s, &BTreeMap::new(), &Default::default(), "2026-11-22T00:00:00Z");
+        let p = plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), "2026-11-22T00:00:00Z");
         assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
         assert_eq!(p.warnings[0].1, "PoolExhausted");
         assert_eq!(p.warnings[0].0, ("ns".to_owned(), "c".to_owned()));

@@ -358,8 +358,21 @@ impl ServiceMaps {
     /// - new rings (new services, or a new size) are created and filled first, registered in
     ///   one batch, and only then do the service entries switch over, in one more.
     ///
-    /// The backends are already referenced (see [`Self::admit`]).
+    /// The backends are already referenced (see [`Self::admit`]). New rings are open files until
+    /// registered, so they go in batches of [`RINGS_PER_BATCH`], well inside `RLIMIT_NOFILE`.
     fn install(
+        &mut self,
+        admitted: &[(ServiceKey, PlannedService)],
+        released: &mut Vec<Backend>,
+        report: &mut SyncReport,
+    ) -> Result<()> {
+        for chunk in admitted.chunks(RINGS_PER_BATCH) {
+            self.install_batch(chunk, released, report)?;
+        }
+        Ok(())
+    }
+
+    fn install_batch(
         &mut self,
         admitted: &[(ServiceKey, PlannedService)],
         released: &mut Vec<Backend>,
@@ -609,6 +622,10 @@ impl ServiceMaps {
         ]
     }
 }
+
+/// New rings registered per map-of-maps write: each write costs one RCU grace period, each
+/// ring an open file until then.
+const RINGS_PER_BATCH: usize = 1024;
 
 const EMPTY_BACKEND: Backend = Backend { addr: [0; 4], port: [0; 2], delivery: 0, _pad: 0, node: [0; 4] };
 

@@ -197,7 +197,10 @@ pub fn identity(backend: &Backend) -> String {
 #[derive(Default)]
 pub struct IncrementalPlanner {
     context: Option<PlanContext>,
-    planned: HashMap<ServiceConfig, ServiceEntries>,
+    /// Each planned service config, with the update that last saw it and its entries.
+    planned: HashMap<ServiceConfig, (u64, ServiceEntries), foldhash::fast::FixedState>,
+    /// Counts updates, to tell the services an update saw from the ones it did not.
+    update: u64,
     rings: RingCache,
 }
 
@@ -205,6 +208,7 @@ impl IncrementalPlanner {
     /// The change from the last config's plan to `config`'s. Only services whose config
     /// differs are planned; the first call, and a change of this node's context (its name,
     /// the nodes' addresses, the ring size), plan everything and give a complete delta.
+    /// An unchanged service costs one hash lookup (a fast, fixed hash: the configs are ours).
     pub fn update(&mut self, config: &Config, node: &str) -> PlanDelta {
         let context = PlanContext::new(config, node);
         let mut delta = PlanDelta::default();
@@ -213,28 +217,37 @@ impl IncrementalPlanner {
             self.context = Some(context.clone());
             delta.complete = true;
         }
-        let mut next = HashMap::with_capacity(config.services.len());
+        self.update += 1;
+        let now = self.update;
         for service in &config.services {
-            if let Some((service, entries)) = self.planned.remove_entry(service) {
-                next.insert(service, entries);
+            if let Some((seen, _)) = self.planned.get_mut(service) {
+                *seen = now;
                 continue;
             }
             let entries = plan_service(service, &context, &mut self.rings);
             delta.services.extend(entries.services.iter().map(|(k, s)| (*k, Some(s.clone()))));
             delta.local_endpoints.extend(entries.local_endpoints.iter().map(|(k, e)| (*k, Some(*e))));
-            next.insert(service.clone(), entries);
+            self.planned.insert(service.clone(), (now, entries));
         }
-        // What is left was changed (its new entries are already in the delta) or removed.
-        for (_, gone) in self.planned.drain() {
-            for (key, _) in gone.services {
-                delta.services.entry(key).or_insert(None);
+        // What this update did not see was changed (its new entries are already in the
+        // delta) or removed.
+        let mut swept = false;
+        self.planned.retain(|_, (seen, gone)| {
+            if *seen == now {
+                return true;
             }
-            for (key, _) in gone.local_endpoints {
-                delta.local_endpoints.entry(key).or_insert(None);
+            for (key, _) in &gone.services {
+                delta.services.entry(*key).or_insert(None);
             }
+            for (key, _) in &gone.local_endpoints {
+                delta.local_endpoints.entry(*key).or_insert(None);
+            }
+            swept = true;
+            false
+        });
+        if swept {
+            self.rings.prune();
         }
-        self.planned = next;
-        self.rings.prune();
         delta
     }
 }

@@ -73,6 +73,9 @@ enum Bench {
         /// 1,000 Services, one repetition: a smoke run of the benchmark itself.
         #[arg(long)]
         quick: bool,
+        /// Only this many Services (one row of the table).
+        #[arg(long)]
+        only: Option<u32>,
     },
 }
 
@@ -98,12 +101,16 @@ fn main() -> Result<()> {
             }
             cargo(&args)
         }
-        Task::Bench { which: Bench::Scale { quick } } => {
+        Task::Bench { which: Bench::Scale { quick, only } } => {
             prepare_bench()?;
+            let only = only.map(|n| n.to_string());
             let mut args =
                 vec!["run", "--release", "--quiet", "--package", "lb-lab", "--bin", "bench-scale", "--"];
             if quick {
                 args.push("--quick");
+            }
+            if let Some(n) = &only {
+                args.extend(["--only", n]);
             }
             cargo(&args)
         }

@@ -38,14 +38,22 @@ const ENDPOINTS: usize = 10;
 const CHANGES: usize = 1000;
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let sizes: &[usize] = if quick { &[1_000] } else { &[1_000, 10_000, 20_000] };
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--only N`: one size (to repeat a row).
+    let only: Option<usize> =
+        args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)?.parse().ok());
+    let sizes: Vec<usize> = match only {
+        Some(n) => vec![n],
+        None if quick => vec![1_000],
+        None => vec![1_000, 10_000, 20_000],
+    };
     let lab = Lab::new(1);
     println!(
         "| Services × 10 | lb-agent start → ready | lb-agent maps programmed | iptables-restore | iptables-legacy-restore | nft -f | lb-agent ÷ iptables-restore | change p50 / p99 | 1,000 changes at once | 1,000 one by one | SIGHUP (parse included) | agent RSS | BPF maps |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for &n in sizes {
+    for n in sizes {
         // Three alternating repetitions; one at 20,000, where iptables-restore takes ~45 s.
         let reps = if quick || n > 10_000 { 1 } else { 3 };
         eprintln!("== {n} services × {ENDPOINTS} endpoints, {reps} repetition(s)");
@@ -96,13 +104,15 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
-/// The agent's settings; beyond the default capacity (131,072 backends), room for all of them.
+/// The agent's settings; beyond the default capacity (131,072 backends, 65,536 local
+/// endpoints, a third of the endpoints being on this node), room for all of them.
 fn head(node: &str, services: usize) -> String {
     let mut head = format!("node: {node}\ninterface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\n");
-    if services * ENDPOINTS > 131_072 {
+    let endpoints = services * ENDPOINTS;
+    if endpoints > 131_072 {
+        let (backends, local) = (endpoints.next_power_of_two(), (endpoints / 3 + 1).next_power_of_two());
         head.push_str(&format!(
-            "dataplane:\n  capacity: {{backends: {}}}\n",
-            (services * ENDPOINTS).next_power_of_two()
+            "dataplane:\n  capacity: {{backends: {backends}, localEndpoints: {local}}}\n"
         ));
     }
     head

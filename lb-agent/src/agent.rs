@@ -24,10 +24,10 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     config::{Config, ConfigError},
-    dataplane::{Dataplane, XdpCounters, vips::OwnedSet},
+    dataplane::{Dataplane, XdpCounters, leases, vips::OwnedSet},
     error::{Error, Result},
     http::{self, HttpState, InstanceSnapshot, StatusSource},
-    metrics::{Metrics, ResultLabels, XdpLabels},
+    metrics::{Metrics, ResultLabels, VridLabels, XdpLabels},
     netdev::{self, Interface},
     node_plan::{NodePlan, node_plan},
     service_sync::{ServiceSync, SyncMetrics, SyncRequest},
@@ -496,19 +496,22 @@ impl Agent {
     }
 
     /// Makes the data plane and the uplink's addresses match who owns what now. Cheap when
-    /// nothing changed: most events are advertisements that change no ownership.
+    /// nothing changed: most events are advertisements that change no ownership (they only
+    /// move a lease).
     async fn apply_ownership(&mut self) {
         if let Some(vrrp) = &mut self.vrrp {
             let again: Vec<Ipv4Addr> = vrrp.router.take_reannouncements().into_iter().collect();
             self.announce(again);
         }
+        self.renew_leases();
         let epoch = self.vrrp.as_ref().map(|v| v.router.ownership_epoch());
         if epoch.is_some() && epoch == self.applied_epoch {
             return;
         }
         self.applied_epoch = epoch;
         self.publish_owners();
-        let vrrp_owned = self.vrrp.as_ref().map(|v| v.router.owned_vips()).unwrap_or_default();
+        let claims = self.vrrp.as_ref().map(|v| v.router.claims()).unwrap_or_default();
+        let vrrp_owned: BTreeSet<Ipv4Addr> = claims.values().flat_map(|c| c.vips.iter().copied()).collect();
         let mut xdp: OwnedSet = self
             .config
             .vips
@@ -516,7 +519,8 @@ impl Agent {
             .map(|v| (v.address, OwnedVip::new(v.mac.unwrap_or(self.interface.mac).0)))
             .collect();
         let mut kernel = BTreeSet::new();
-        for vip in &vrrp_owned {
+        let claimed = claims.iter().flat_map(|(vrid, c)| c.vips.iter().map(move |vip| (*vrid, vip)));
+        for (vrid, vip) in claimed {
             let Some(settings) = self.plan.vips.get(vip) else { continue };
             if settings.mode.uses_xdp() {
                 let mac = self.interface.mac.0;
@@ -525,7 +529,7 @@ impl Agent {
                 } else {
                     OwnedVip::new(mac)
                 };
-                xdp.insert(*vip, entry);
+                xdp.insert(*vip, entry.with_lease(leases::ipv4_slot(vrid)));
             }
             if settings.mode.uses_netlink() {
                 kernel.insert(*vip);
@@ -564,10 +568,36 @@ impl Agent {
         }
     }
 
+    /// Writes each claimed VRID's lease deadline where it moved (after every advertisement sent
+    /// as master), and counts the leases that had run out before they were renewed.
+    fn renew_leases(&mut self) {
+        let deadlines = self.vrrp.as_ref().map(|v| v.router.lease_deadlines()).unwrap_or_default();
+        let (now, now_ns) = (std::time::Instant::now(), leases::monotonic_ns());
+        let deadlines: BTreeMap<u16, u64> = deadlines
+            .into_iter()
+            .map(|(vrid, until)| (leases::ipv4_slot(vrid), leases::to_monotonic_ns(until, now, now_ns)))
+            .collect();
+        match self.dataplane.set_leases(&deadlines, now_ns) {
+            Ok(renewed) => {
+                for slot in renewed.lapsed {
+                    warn!(
+                        lease = slot,
+                        "a VIP lease ran out before the agent renewed it (the agent was stalled, frozen or \
+                         not running): the data plane stopped claiming its VIPs meanwhile"
+                    );
+                    let vrid = leases::ipv4_vrid(slot).unwrap_or(0);
+                    self.state.metrics.lease_expiries.get_or_create(&VridLabels { vrid }).inc();
+                }
+            }
+            Err(e) => error!(error = %e, "renewing the VIP leases failed"),
+        }
+    }
+
     /// The VRRP instances as `/status` shows them.
     fn instance_snapshot(&self) -> Vec<InstanceSnapshot> {
         let Some(vrrp) = &self.vrrp else { return Vec::new() };
         let adverts: BTreeMap<u8, Option<std::time::Instant>> = vrrp.router.last_adverts().collect();
+        let now_ns = leases::monotonic_ns();
         vrrp.router
             .instances()
             .map(|(spec, instance)| InstanceSnapshot {
@@ -578,6 +608,10 @@ impl Agent {
                     priority: spec.priority,
                     master: instance.master().map(|m| m.to_string()),
                     advert_age_ms: None,
+                    lease_ms: self
+                        .dataplane
+                        .lease_remaining(leases::ipv4_slot(spec.vrid), now_ns)
+                        .map(|d| d.as_millis() as u64),
                     vips: spec.vips.iter().map(Ipv4Addr::to_string).collect(),
                 },
                 last_advert: adverts.get(&spec.vrid).copied().flatten(),

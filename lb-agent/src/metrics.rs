@@ -39,6 +39,11 @@ pub struct LimitLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VridLabels {
+    pub vrid: u8,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MapLabels {
     pub map: &'static str,
 }
@@ -55,6 +60,7 @@ pub struct Metrics {
     pub backends: Gauge,
     pub services_refused: Family<LimitLabels, Gauge>,
     pub map_bytes: Family<MapLabels, Gauge>,
+    pub lease_expiries: Family<VridLabels, Counter>,
 }
 
 impl Metrics {
@@ -111,6 +117,12 @@ impl Metrics {
             "Kernel memory of the service maps (memlock), by map; MAGLEV_RINGS includes every ring",
             map_bytes.clone(),
         );
+        let lease_expiries = Family::<VridLabels, Counter>::default();
+        registry.register(
+            "vip_lease_expiries",
+            "Leases on owned VIPs found run out before the agent renewed them (it was stalled, frozen or not running): the data plane stopped claiming those VIPs meanwhile",
+            lease_expiries.clone(),
+        );
         Self {
             registry,
             owned_vips,
@@ -122,6 +134,7 @@ impl Metrics {
             backends,
             services_refused,
             map_bytes,
+            lease_expiries,
         }
     }
 

@@ -25,6 +25,10 @@ pub struct InstanceStatus {
     pub master: Option<String>,
     /// Milliseconds since this VRID's last advertisement was sent or heard.
     pub advert_age_ms: Option<u64>,
+    /// Milliseconds left on the lease under which the data plane claims this VRID's VIPs
+    /// (zero once run out); `None` when this node claims none of them.
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
     pub vips: Vec<String>,
 }
 
@@ -69,20 +73,21 @@ pub fn render(status: &AgentStatus) -> String {
     } else {
         let _ = writeln!(
             out,
-            "{:<16} {:>4} {:<10} {:>8} {:<16} {:>10}  VIPs",
-            "GROUP", "VRID", "STATE", "PRIORITY", "MASTER", "ADVERT AGE"
+            "{:<16} {:>4} {:<10} {:>8} {:<16} {:>10} {:>8}  VIPs",
+            "GROUP", "VRID", "STATE", "PRIORITY", "MASTER", "ADVERT AGE", "LEASE"
         );
+        let ms = |value: Option<u64>| value.map_or("-".to_owned(), |ms| format!("{ms} ms"));
         for i in &status.instances {
-            let age = i.advert_age_ms.map_or("-".to_owned(), |ms| format!("{ms} ms"));
             let _ = writeln!(
                 out,
-                "{:<16} {:>4} {:<10} {:>8} {:<16} {:>10}  {}",
+                "{:<16} {:>4} {:<10} {:>8} {:<16} {:>10} {:>8}  {}",
                 i.group,
                 i.vrid,
                 i.state,
                 i.priority,
                 i.master.as_deref().unwrap_or("-"),
-                age,
+                ms(i.advert_age_ms),
+                ms(i.lease_ms),
                 i.vips.join(", ")
             );
         }
@@ -116,6 +121,7 @@ mod tests {
                 priority: 200,
                 master: Some("192.0.2.10".into()),
                 advert_age_ms: Some(7),
+                lease_ms: Some(143),
                 vips: vec!["198.51.100.10".into()],
             }],
             backends: vec![BackendStatus {
@@ -134,6 +140,7 @@ mod tests {
             "200",
             "192.0.2.10",
             "7 ms",
+            "143 ms",
             "198.51.100.10",
             "10.244.1.2:8080",
             "dsr",

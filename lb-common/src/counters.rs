@@ -59,10 +59,13 @@ pub enum Reason {
     TooBig = 23,
     /// IPIP to a local endpoint whose inner packet is malformed or for no known service: dropped.
     BadDecapsulation = 24,
+    /// ARP or ICMP echo for an owned VIP whose lease has run out (its agent is dead or
+    /// frozen): dropped, so that only the new master claims the VIP.
+    LeaseExpired = 25,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 25;
+    pub const COUNT: u32 = 26;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::MalformedEthernet,
         Reason::MalformedArp,
@@ -89,6 +92,7 @@ impl Reason {
         Reason::NoRoute,
         Reason::TooBig,
         Reason::BadDecapsulation,
+        Reason::LeaseExpired,
     ];
 
     /// The metric label value.
@@ -119,6 +123,7 @@ impl Reason {
             Reason::NoRoute => "no_route",
             Reason::TooBig => "too_big",
             Reason::BadDecapsulation => "bad_decapsulation",
+            Reason::LeaseExpired => "lease_expired",
         }
     }
 }

@@ -5,6 +5,9 @@
 
 /// `HashMap<VipKey, OwnedVip>`: the IPv4 VIPs this node currently answers for.
 pub const OWNED_VIPS: &str = "OWNED_VIPS";
+/// `Array<u64>` indexed by lease slot: until when (`bpf_ktime_get_ns`, CLOCK_MONOTONIC) the
+/// VIPs holding that lease may be claimed. See [`OwnedVip::lease`].
+pub const VIP_LEASES: &str = "VIP_LEASES";
 /// `PerCpuHashMap<VipKey, VipStats>`: per-VIP counters, kept while the VIP is configured.
 pub const VIP_STATS: &str = "VIP_STATS";
 /// `PerCpuArray<PacketCounter>` indexed by the XDP action code (`XDP_ABORTED` = 0 … `XDP_REDIRECT` = 4).
@@ -15,6 +18,10 @@ pub const REASON_STATS: &str = "REASON_STATS";
 /// Capacity of [`OWNED_VIPS`] and [`VIP_STATS`]. A group holds at most 10,000 VIPs; this leaves
 /// room for several groups on one uplink.
 pub const MAX_VIPS: u32 = 65_536;
+
+/// Capacity of [`VIP_LEASES`]: slot 0 is "no lease", slots 1–255 the IPv4 VRIDs; the rest is
+/// room for the IPv6 VRIDs (256 + VRID).
+pub const MAX_LEASES: u32 = 512;
 
 /// An IPv4 address in network byte order, exactly as it appears in the packet.
 #[repr(C)]
@@ -38,6 +45,11 @@ pub struct OwnedVip {
     /// [`OwnedVip::KERNEL_TOO`] or zero.
     pub flags: u8,
     pub _pad: u8,
+    /// The [`VIP_LEASES`] slot whose deadline bounds this claim (the VRRP instance's), or
+    /// [`OwnedVip::NO_LEASE`] for a VIP owned without VRRP. Past the deadline the program
+    /// stops answering ARP and ping for the VIP (a dead or frozen agent gives it up) but
+    /// keeps forwarding to it, for clients whose ARP cache still points here.
+    pub lease: u16,
 }
 
 impl OwnedVip {
@@ -45,12 +57,20 @@ impl OwnedVip {
     /// exposes goes to the kernel's own sockets instead of being dropped.
     pub const KERNEL_TOO: u8 = 1;
 
+    /// Claimed for as long as the entry exists.
+    pub const NO_LEASE: u16 = 0;
+
     pub const fn new(mac: [u8; 6]) -> Self {
-        Self { mac, flags: 0, _pad: 0 }
+        Self { mac, flags: 0, _pad: 0, lease: Self::NO_LEASE }
     }
 
     pub const fn with_kernel(mac: [u8; 6]) -> Self {
-        Self { mac, flags: Self::KERNEL_TOO, _pad: 0 }
+        Self { mac, flags: Self::KERNEL_TOO, _pad: 0, lease: Self::NO_LEASE }
+    }
+
+    /// The same claim, bounded by lease slot `lease`.
+    pub const fn with_lease(self, lease: u16) -> Self {
+        Self { lease, ..self }
     }
 
     pub const fn kernel_too(&self) -> bool {
@@ -95,8 +115,8 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<VipKey>(), 4);
-        assert_eq!(size_of::<OwnedVip>(), 8);
-        assert_eq!(align_of::<OwnedVip>(), 1);
+        assert_eq!(size_of::<OwnedVip>(), 10);
+        assert_eq!(align_of::<OwnedVip>(), 2);
         assert_eq!(size_of::<VipStats>(), 24);
         assert_eq!(size_of::<PacketCounter>(), 16);
     }

@@ -2,8 +2,9 @@
 //!
 //! A packet to `(VIP, port, protocol)` finds its [`Service`]; an established flow finds its
 //! backend in [`FLOWS`], a new one through the service's Maglev ring, an array of backend ids
-//! computed in userspace and swapped whole (a new inner map replaces the old in
-//! [`MAGLEV_RINGS`]) so a packet never sees half a table. Ports and addresses are kept in
+//! computed in userspace. A ring of a new size is a new inner map of [`MAGLEV_RINGS`], filled
+//! before its service points at it; a ring of the same size is rewritten in place, slot by
+//! slot, and a packet reads one slot, so it sees the old backend or the new one. Ports and addresses are kept in
 //! network byte order, exactly as in the packet.
 
 /// `HashMap<ServiceKey, Service>`.
@@ -27,15 +28,28 @@ pub const MAX_SERVICES: u32 = 16_384;
 pub const MAX_BACKENDS: u32 = 65_536;
 pub const MAX_FLOWS: u32 = 262_144;
 pub const MAX_LOCAL_ENDPOINTS: u32 = 65_536;
-/// The largest Maglev ring: a prime, at least 100 × 655 backends. The inner-map template has
-/// this size; each service's ring is created with its own (smaller, prime) size.
+/// The largest Maglev ring, in slots: a prime, at least 100 × 655 backends. The inner-map
+/// template has this size; each service's ring is created with its own (smaller, prime) size.
 pub const MAX_RING_SIZE: u32 = 65_537;
-/// `BPF_F_INNER_MAP`: lets inner arrays of one outer map differ in size.
-pub const INNER_MAP_FLAGS: u32 = 1 << 12;
+/// A ring holds its slots (backend ids) two to an array element: the kernel stores elements
+/// 8-byte aligned, so one `u32` per element would waste half of every ring.
+pub type RingEntry = [u32; 2];
+/// The array elements a ring of `slots` slots takes; slot `s` is `entry[s / 2][s % 2]`.
+pub const fn ring_entries(slots: u32) -> u32 {
+    slots.div_ceil(2)
+}
+/// `BPF_F_INNER_MAP` lets inner arrays of one outer map differ in size; `BPF_F_MMAPABLE` lets
+/// the agent fill a ring with a memory copy instead of a system call per slot.
+pub const INNER_MAP_FLAGS: u32 = BPF_F_INNER_MAP | BPF_F_MMAPABLE;
+const BPF_F_INNER_MAP: u32 = 1 << 12;
+const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// Bumped whenever a pinned map's layout changes, so an upgraded agent never reuses maps
 /// pinned by an incompatible one; it is part of the pin directory's name.
-pub const LAYOUT_VERSION: u32 = 1;
+///
+/// - 2: rings are `BPF_F_MMAPABLE` arrays of slot pairs (the inner-map template changed);
+///   owned VIPs carry a lease slot.
+pub const LAYOUT_VERSION: u32 = 2;
 
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;

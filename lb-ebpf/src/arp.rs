@@ -1,7 +1,7 @@
 //! ARP responder: owned VIPs are answered from XDP, everything else goes to the kernel.
 
 use aya_ebpf::{
-    bindings::xdp_action::{XDP_PASS, XDP_TX},
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
     programs::XdpContext,
 };
 use lb_common::{
@@ -10,7 +10,7 @@ use lb_common::{
     maps::VipKey,
 };
 
-use crate::{maps::OWNED_VIPS, packet, stats};
+use crate::{lease, maps::OWNED_VIPS, packet, stats};
 
 /// Called for frames whose EtherType is ARP.
 #[inline(always)]
@@ -39,6 +39,11 @@ pub fn answer_owned(ctx: &XdpContext) -> u32 {
         stats::count_reason(Reason::ArpNotOwned, bytes);
         return XDP_PASS;
     };
+    if !lease::live(&owned) {
+        // Dropped, not passed: in VIP mode `both` the kernel still holds the address.
+        stats::count_reason(Reason::LeaseExpired, bytes);
+        return XDP_DROP;
+    }
     rewrite_request_into_reply(frame, owned.mac);
     stats::count_arp_reply(&target);
     stats::count_reason(Reason::ArpReplied, bytes);

@@ -102,8 +102,12 @@ fn pick_backend(flow: &FlowKey, service: &Service) -> Option<(u32, Backend, Opti
         return None;
     }
     let slot = flow_hash(flow) % service.ring_size;
-    // SAFETY: copied out at once; a concurrent swap replaces the inner map, never edits it.
-    let id = unsafe { MAGLEV_RINGS.get_value(&service.ring_id, &slot) }.copied()?;
+    // SAFETY: copied out at once; the agent rewrites a slot with one atomic store.
+    let pair = unsafe { MAGLEV_RINGS.get_value(&service.ring_id, &(slot / 2)) }.copied()?;
+    // Shifted, not indexed: LLVM turns an index into the stack copy into pointer arithmetic
+    // (`fp | 4`) that the verifier refuses.
+    let packed = u64::from(pair[0]) | (u64::from(pair[1]) << 32);
+    let id = (packed >> ((slot & 1) * 32)) as u32;
     let backend = BACKENDS.get(id).copied()?;
     Delivery::from_u8(backend.delivery)?;
     Some((id, backend, None))

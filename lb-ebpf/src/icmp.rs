@@ -2,14 +2,15 @@
 //! node owns it, even when the address is not configured on any interface.
 
 use aya_ebpf::{
-    bindings::xdp_action::{XDP_PASS, XDP_TX},
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
     programs::XdpContext,
 };
-use lb_common::{counters::Reason, csum};
+use lb_common::{counters::Reason, csum, maps::VipKey};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    ipv4,
+    lease,
+    maps::OWNED_VIPS,
     packet::{self, ETH_LEN, L4_OFFSET, header},
     stats,
 };
@@ -37,8 +38,16 @@ pub fn answer_echo(ctx: &XdpContext) -> u32 {
     };
     // SAFETY: all three bounds-checked by `header`; they do not overlap.
     let (eth, ip, icmp) = unsafe { (&mut *eth, &mut *ip, &mut *icmp) };
-    if icmp.kind != ECHO_REQUEST || icmp.code != 0 || !ipv4::is_owned(ip.dst_addr) {
+    if icmp.kind != ECHO_REQUEST || icmp.code != 0 {
         return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
+    }
+    // SAFETY: copied out at once.
+    let Some(owned) = (unsafe { OWNED_VIPS.get(&VipKey::new(ip.dst_addr)) }).copied() else {
+        return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
+    };
+    if !lease::live(&owned) {
+        // Not passed: in VIP mode `both` the kernel would answer for the agent that is gone.
+        return stats::verdict(Reason::LeaseExpired, bytes, XDP_DROP);
     }
     // Only the type changes inside the ICMP message; swapping addresses leaves the IP
     // checksum alone, and the TTL reset is patched in.

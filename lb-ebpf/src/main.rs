@@ -21,6 +21,7 @@ mod fib;
 mod forward;
 mod icmp;
 mod ipv4;
+mod lease;
 mod maps;
 mod nat;
 mod packet;

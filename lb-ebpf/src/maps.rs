@@ -8,15 +8,19 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::{Reason, XDP_ACTION_COUNT},
-    maps::{MAX_VIPS, OwnedVip, PacketCounter, VipKey, VipStats},
+    maps::{MAX_LEASES, MAX_VIPS, OwnedVip, PacketCounter, VipKey, VipStats},
     service::{
         Backend, Flow, FlowKey, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKey, MAX_BACKENDS, MAX_FLOWS,
-        MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE, MAX_SERVICES, ReplyNat, Service, ServiceKey, Settings,
+        MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE, MAX_SERVICES, ReplyNat, RingEntry, Service, ServiceKey, Settings,
+        ring_entries,
     },
 };
 
 #[map]
 pub static OWNED_VIPS: HashMap<VipKey, OwnedVip> = HashMap::with_max_entries(MAX_VIPS, 0);
+
+#[map]
+pub static VIP_LEASES: Array<u64> = Array::with_max_entries(MAX_LEASES, 0);
 
 #[map]
 pub static VIP_STATS: PerCpuHashMap<VipKey, VipStats> = PerCpuHashMap::with_max_entries(MAX_VIPS, 0);
@@ -53,9 +57,9 @@ pub static LOCAL_ENDPOINTS: HashMap<LocalEndpointKey, LocalEndpoint> =
 #[map]
 pub static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);
 
-/// The inner-map template: each service's ring is its own array, sized to a prime for its
-/// backend count (`BPF_F_INNER_MAP` lets sizes differ), and replaced whole on update.
-pub type Ring = BtfArray<u32, { MAX_RING_SIZE as usize }, { INNER_MAP_FLAGS as usize }>;
+/// The inner-map template: each service's ring is its own array of slot pairs, sized for a
+/// prime number of slots fitting its backend count (`BPF_F_INNER_MAP` lets sizes differ).
+pub type Ring = BtfArray<RingEntry, { ring_entries(MAX_RING_SIZE) as usize }, { INNER_MAP_FLAGS as usize }>;
 
 #[btf_map]
 pub static MAGLEV_RINGS: HashOfMaps<u32, Ring, { MAX_SERVICES as usize }> = HashOfMaps::new();

@@ -71,7 +71,33 @@ fn keep_on_exit_false_detaches_on_sigterm() {
     stop(&mut agent);
     assert!(!xdp_attached(&lab), "XDP must be detached after SIGTERM");
     assert!(agent.log_text().contains("XDP detached"));
-    assert!(!lab.pin_path(0).join("v1").exists(), "and nothing stays pinned");
+    assert!(!lb_agent::dataplane::pin_dir(&lab.pin_path(0)).exists(), "and nothing stays pinned");
+}
+
+#[test]
+fn a_pinned_map_of_another_shape_is_replaced_not_reused() {
+    use aya::maps::{Array, IterableMap, MapData, MapInfo};
+    use lb_common::service::{SERVICES, Service};
+    let lab = Lab::new(1);
+    // A SERVICES map with another value, as an incompatible build could have pinned it.
+    let pin_dir = lb_agent::dataplane::pin_dir(&lab.pin_path(0));
+    std::fs::create_dir_all(&pin_dir).unwrap();
+    let path = pin_dir.join(SERVICES);
+    let foreign: Array<MapData, [u8; 7]> = Array::create(16, 0).unwrap();
+    foreign.map().pin(&path).unwrap();
+    drop(foreign);
+
+    let mut agent =
+        lab.start_agent(0, &format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\nvips: []\n"));
+    agent.wait_ready();
+    let log = agent.log_text();
+    assert!(
+        log.contains("pinned maps differ from this build's") && log.contains(&path.display().to_string()),
+        "{log}"
+    );
+    let pinned = MapInfo::from_pin(&path).expect("SERVICES pinned again");
+    assert_eq!(pinned.value_size() as usize, size_of::<Service>(), "the agent pinned a map of its own shape");
+    stop(&mut agent);
 }
 
 #[test]

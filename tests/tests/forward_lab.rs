@@ -265,6 +265,39 @@ fn a_restarted_agent_keeps_the_data_plane_running() {
 }
 
 #[test]
+fn an_agent_of_a_newer_layout_takes_over_an_older_ones_pins_without_a_gap() {
+    let mut c = cluster(&[0, 1]);
+    let services = service(&c.lab, "dsr", 82, "dsr", &[0]);
+    c.start(&services);
+    let mut session = c.session(82);
+    assert_eq!(session.pod(), "n1p0");
+
+    // The endpoint's node stops its agent, and its pins are renamed to what an agent of the
+    // previous layout would have left: the old program keeps decapsulating on its own maps.
+    c.agents[1].signal(libc::SIGTERM);
+    assert!(c.agents[1].wait_exit(Duration::from_secs(5)).success());
+    let pins = c.lab.pin_path(1);
+    let older = pins.join(format!("v{}", lb_common::service::LAYOUT_VERSION - 1));
+    std::fs::rename(lb_agent::dataplane::pin_dir(&pins), &older).unwrap();
+    assert_eq!(session.echo("gap", ECHO_WAIT).as_deref(), Some("n1p0 gap"));
+
+    // The new agent moves the links over: its program replaces the old one in place, on new
+    // maps, and the older directory goes.
+    let mut agent = c.lab.start_agent(1, &config(&c.lab, 1, &services));
+    agent.wait_ready();
+    let log = agent.log_text();
+    assert!(
+        log.contains("pins of another map layout") && log.contains(&older.display().to_string()),
+        "{log}"
+    );
+    assert!(log.contains("resumed=true"), "the links were taken over, not attached afresh:\n{log}");
+    assert!(!older.exists(), "the older layout's pins are removed");
+    c.agents[1] = agent;
+    assert_eq!(session.echo("back", ECHO_WAIT).as_deref(), Some("n1p0 back"), "{}", c.logs());
+    assert_eq!(c.session(82).pod(), "n1p0");
+}
+
+#[test]
 fn malformed_packets_are_counted_and_never_abort_or_crash() {
     use lb_lab::packet::{ipv4_frame, send_and_capture};
     let mut c = cluster(&[1]);
@@ -365,6 +398,11 @@ fn lb_agent_status_shows_instances_vips_and_backends() {
         .unwrap()
         .clone();
     assert!(backend["packets"].as_u64().unwrap() > 0, "{n0}");
+    // The master claims its VIPs under a lease of three advertisement intervals, renewed with
+    // each advertisement; the backup claims nothing.
+    let lease = n0["instances"][0]["lease_ms"].as_u64();
+    assert!(lease.is_some_and(|ms| ms > 0 && ms <= 3 * 20), "advertInterval 20ms: {n0}");
+    assert!(json["instances"][0]["lease_ms"].is_null(), "{json}");
 
     // Nothing listening: a clear error, exit 1.
     let bin = lb_lab::agent_binary();

@@ -1,5 +1,5 @@
-//! The scale machinery against the real program (BPF_PROG_TEST_RUN): rings written in one
-//! system call, lookups through them, incremental changes, and maps that are full.
+//! The scale machinery against the real program (BPF_PROG_TEST_RUN): rings written through
+//! a memory mapping, lookups through them, incremental changes, and maps that are full.
 //!
 //! As in `service_fixtures`, the runs happen inside a lab node, whose FIB and permanent
 //! neighbour entries let the program forward DSR traffic towards the pods' node.
@@ -13,13 +13,16 @@ use aya::{
 };
 use lb_agent::{
     config::Config,
-    dataplane::{EMBEDDED_OBJECT, ServiceMaps, UPLINK_PROGRAM, batch},
+    dataplane::{EMBEDDED_OBJECT, ServiceMaps, UPLINK_PROGRAM, batch, ring_memory},
     service_plan::{self, IncrementalPlanner},
 };
 use lb_common::{
     hash::flow_hash,
     maps::{OWNED_VIPS, OwnedVip, VipKey},
-    service::{BACKENDS, FlowKey, INNER_MAP_FLAGS, MAGLEV_RINGS, SERVICES, ServiceKey, Settings},
+    service::{
+        BACKENDS, FlowKey, INNER_MAP_FLAGS, MAGLEV_RINGS, RingEntry, SERVICES, ServiceKey, Settings,
+        ring_entries,
+    },
 };
 use lb_lab::{
     Lab,
@@ -31,20 +34,32 @@ use lb_lab::{
 };
 
 #[test]
-fn a_ring_written_in_one_call_is_the_ring_written_slot_by_slot() {
+fn a_ring_written_through_memory_is_the_ring_written_slot_by_slot() {
     lb_lab::require_root();
+    let ring_of = |seed: u32, size: u32| -> Vec<u32> {
+        (0..size).map(|i| (i.wrapping_add(seed).wrapping_mul(2_654_435_761) >> 7) % 70_000).collect()
+    };
     for size in lb_agent::maglev::TABLE_SIZES {
-        let ring: Vec<u32> = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % 70_000).collect();
-        let batched: Array<MapData, u32> = Array::create(size, INNER_MAP_FLAGS).unwrap();
-        batch::fill_array(batched.map().fd(), &ring).expect("BPF_MAP_UPDATE_BATCH");
-        let mut one_by_one: Array<MapData, u32> = Array::create(size, INNER_MAP_FLAGS).unwrap();
-        for (slot, backend) in ring.iter().enumerate() {
-            one_by_one.set(slot as u32, backend, 0).unwrap();
+        let (first, second) = (ring_of(0, size), ring_of(1, size));
+        let entries = ring_entries(size);
+        let mapped: Array<MapData, RingEntry> = Array::create(entries, INNER_MAP_FLAGS).unwrap();
+        let mut one_by_one: Array<MapData, RingEntry> = Array::create(entries, INNER_MAP_FLAGS).unwrap();
+        let read = |a: &Array<MapData, RingEntry>| {
+            let mut slots: Vec<u32> = batch::read_array(a).expect("BPF_MAP_LOOKUP_BATCH").concat();
+            slots.truncate(size as usize);
+            slots
+        };
+        // A new ring, then the same ring rewritten in place.
+        for ring in [&first, &second] {
+            ring_memory::write(mapped.map().fd(), ring).expect("writing through the mapping");
+            for (entry, pair) in ring.chunks(2).enumerate() {
+                let pair: RingEntry = [pair[0], pair.get(1).copied().unwrap_or(0)];
+                one_by_one.set(entry as u32, pair, 0).unwrap();
+            }
+            let (mapped, one_by_one) = (read(&mapped), read(&one_by_one));
+            assert_eq!(mapped, one_by_one, "size {size}");
+            assert_eq!(&mapped, ring, "size {size}");
         }
-        let read = |a: &Array<MapData, u32>| batch::read_array(a).expect("BPF_MAP_LOOKUP_BATCH");
-        let (batched, one_by_one) = (read(&batched), read(&one_by_one));
-        assert_eq!(batched, one_by_one, "size {size}");
-        assert_eq!(batched, ring, "size {size}");
     }
 }
 

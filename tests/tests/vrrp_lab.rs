@@ -143,6 +143,84 @@ fn graceful_stop_loses_no_ping() {
     assert!(agents[0].log_text().contains("successor heard"), "{}", agents[0].log_text());
 }
 
+/// Replies `ping` reported, from its summary line.
+fn received(ping: &std::process::Output) -> u32 {
+    let summary = String::from_utf8_lossy(&ping.stdout);
+    let field = summary.split(", ").find(|f| f.ends_with(" received"));
+    field.and_then(|f| f.trim_end_matches(" received").parse().ok()).unwrap_or_else(|| panic!("{summary}"))
+}
+
+/// Asserts that `node` alone answers ARP for the VIP, several times over.
+fn only_owner(lab: &Lab, node: usize) {
+    for _ in 0..3 {
+        assert_eq!(lab.client.arping(VIP, 2), vec![lab.nodes[node].mac_string(); 2]);
+    }
+}
+
+/// The master's agent dies (SIGKILL, as on an OOM kill) with its link up. Its pinned program
+/// stops claiming the VIP when the lease runs out, before the backup takes over, so from then
+/// on only the new master answers — instead of both, forever.
+#[test]
+fn a_killed_masters_data_plane_gives_its_vip_up() {
+    let mut lab = Lab::new(2);
+    let mut agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], ""));
+    wait_owner(&lab, VIP, 0, &agents);
+    assert!(lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]));
+
+    let ping = lab.client.ping_every_5ms(VIP, 400);
+    std::thread::sleep(Duration::from_millis(500));
+    let killed = Instant::now();
+    agents[0].kill();
+    wait_owner(&lab, VIP, 1, &agents);
+    let converged = killed.elapsed();
+    only_owner(&lab, 1);
+    let lost = 400 - received(&ping.join().unwrap());
+    eprintln!("one owner {converged:?} after the SIGKILL; {lost} of 400 replies lost");
+    // Master_Down_Interval (3 × 50 ms + skew) and one interval, with room for a busy machine;
+    // without leases the dead node answers forever.
+    assert!(converged < Duration::from_secs(1), "{converged:?}");
+    // The old node served until its lease ran out, the new one from its takeover on.
+    assert!(lost <= 40, "{lost} replies lost");
+    let metrics = agents[1].metrics();
+    assert!(metrics.contains(r#"lbagent_vrrp_state{group="web",vrid="10",state="master"} 1"#), "{metrics}");
+}
+
+/// The master's agent freezes (SIGSTOP) for 2 s: its lease runs out, the backup takes over, and
+/// exactly one node answers. Resumed, it rejoins as backup: without preemption it leaves the
+/// VIP where it is; with preemption it takes it back through the protocol.
+#[test]
+fn a_frozen_master_gives_its_vip_up_and_rejoins_as_backup() {
+    for preempt in [false, true] {
+        let mut lab = Lab::new(2);
+        let extra = format!("    preempt: {preempt}\n");
+        let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], &extra));
+        wait_owner(&lab, VIP, 0, &agents);
+
+        agents[0].signal(libc::SIGSTOP);
+        let stopped = Instant::now();
+        wait_owner(&lab, VIP, 1, &agents);
+        assert!(stopped.elapsed() < Duration::from_secs(1), "{:?}", stopped.elapsed());
+        only_owner(&lab, 1);
+        std::thread::sleep(Duration::from_secs(2).saturating_sub(stopped.elapsed()));
+        agents[0].signal(libc::SIGCONT);
+
+        let owner = if preempt { 0 } else { 1 };
+        std::thread::sleep(Duration::from_millis(500));
+        wait_owner(&lab, VIP, owner, &agents);
+        only_owner(&lab, owner);
+        let log = agents[0].log_text();
+        assert!(log.contains("fell silent past its lease"), "{log}");
+        let state = if preempt { "master" } else { "backup" };
+        agents[0]
+            .wait_metric(&format!(r#"lbagent_vrrp_state{{group="web",vrid="10",state="{state}"}}"#), 1.0);
+        assert!(
+            agents[0].metric(r#"lbagent_vip_lease_expiries_total{vrid="10"}"#) >= 1.0,
+            "{}",
+            agents[0].metrics()
+        );
+    }
+}
+
 /// keepalived 2.2.7 on n1 and lb-agent on n0 share one VRID, in both directions.
 #[test]
 fn interop_with_keepalived() {

@@ -15,6 +15,7 @@ use lb_common::{
 };
 use lb_lab::packet::{arp_frame, arp_request};
 
+const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
 
@@ -86,6 +87,36 @@ fn arp_request_for_an_owned_vip_becomes_the_reply() {
     assert_eq!(program.reason(Reason::ArpReplied), 1);
     assert_eq!(program.action(XDP_TX), 1);
     assert_eq!(program.arp_replies(VIP), 1);
+}
+
+/// A VIP held under VRRP lease slot 10 is answered (ARP and ping) while that lease runs, and
+/// neither once it has run out; then the request is dropped, not passed, since in VIP mode
+/// `both` the kernel would answer for the agent that is gone.
+#[test]
+fn an_owned_vip_is_claimed_only_while_its_lease_runs() {
+    use aya::maps::Array;
+    use lb_agent::dataplane::leases::monotonic_ns;
+    use lb_common::maps::VIP_LEASES;
+    let mut program = Program::load();
+    let mut owned: HashMap<_, VipKey, OwnedVip> =
+        HashMap::try_from(program.ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
+    owned.insert(VipKey::new(VIP.octets()), OwnedVip::new(VIP_MAC).with_lease(10), 0).unwrap();
+    let mut echo = vec![8, 0, 0xf7, 0xff, 0, 0, 0, 0];
+    echo.extend_from_slice(b"lease");
+    let ping = lb_lab::packet::ipv4_frame(CLIENT_MAC, VIP_MAC, CLIENT_IP, VIP, 64, 1, &echo);
+    let arp = arp_request(CLIENT_MAC, CLIENT_IP, VIP);
+    let cases =
+        [("running", 1_000_000_000, XDP_TX), ("run out", -1, XDP_DROP), ("never written", 0, XDP_DROP)];
+    for (what, from_now, verdict) in cases {
+        let mut leases: Array<_, u64> = Array::try_from(program.ebpf.map_mut(VIP_LEASES).unwrap()).unwrap();
+        let deadline = if from_now == 0 { 0 } else { monotonic_ns().saturating_add_signed(from_now) };
+        leases.set(10, deadline, 0).unwrap();
+        let before = program.reason(Reason::LeaseExpired);
+        assert_eq!(program.run(&arp).0, verdict, "ARP, lease {what}");
+        assert_eq!(program.run(&ping).0, verdict, "ping, lease {what}");
+        let expired = if verdict == XDP_DROP { 2 } else { 0 };
+        assert_eq!(program.reason(Reason::LeaseExpired) - before, expired, "lease {what}");
+    }
 }
 
 #[test]

@@ -1,8 +1,7 @@
 //! Whole-batch map writes and reads (`BPF_MAP_UPDATE_BATCH`, `BPF_MAP_LOOKUP_BATCH`, Linux 5.6).
 //!
-//! aya 0.14 writes one element per `bpf()` call. A Maglev ring of 1,021 slots is then 1,021
-//! system calls, and 10,000 services ten million: the batch form writes a ring, or every new
-//! backend of a sync, in one call.
+//! aya 0.14 writes one element per `bpf()` call: the batch form writes every new backend,
+//! service entry or ring registration of a sync in one call.
 
 use std::os::fd::{AsFd, AsRawFd};
 
@@ -26,12 +25,6 @@ pub fn delete<K: Pod>(map: &impl AsFd, keys: &[K]) -> std::io::Result<()> {
     attr.batch.keys = keys.as_ptr() as u64;
     attr.batch.count = keys.len() as u32;
     sys_bpf(bpf_cmd::BPF_MAP_DELETE_BATCH, &mut attr)
-}
-
-/// Writes `values[i]` at index `i` of an array map.
-pub fn fill_array<V: Pod>(map: &impl AsFd, values: &[V]) -> std::io::Result<()> {
-    let keys: Vec<u32> = (0..values.len() as u32).collect();
-    update(map, &keys, values)
 }
 
 /// Sets every CPU's copy of a per-CPU array's `indices` to zero.

@@ -4,20 +4,31 @@
 //! what it finds there: the maps keep their contents (flows, translations, rings), and the new
 //! programs replace the running ones atomically through the pinned links, so forwarding never
 //! stops across a restart. A layout change bumps the directory, so incompatible maps are never
-//! reused.
+//! reused: an agent of a newer layout moves the program links out of the older directory
+//! (its program replaces theirs in place, on fresh maps) and removes the rest. A pinned map
+//! whose shape differs from this build's (size, key, value, flags) replaces the pinned maps
+//! as a whole, so a program never runs with maps of mixed layouts.
 //!
 //! - `vips`: the owned-VIP map, updated by difference.
+//! - `leases`: until when each VRRP instance's VIPs may be claimed without the agent.
 //! - `services`: the service, backend, ring and endpoint maps, updated by difference.
 //! - `counters`: the per-CPU counters, summed for metrics.
 //! - `neighbors`: keeps next hops resolved, so the program can forward without the kernel.
+//! - `ring_memory`: Maglev rings written through a memory mapping.
+//! - `batch`: whole-batch map writes and reads.
 
 pub mod batch;
 pub mod counters;
+pub mod leases;
 pub mod neighbors;
+pub mod ring_memory;
 pub mod services;
 pub mod vips;
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -30,7 +41,7 @@ use aya::{
     },
 };
 use lb_common::{
-    maps::{ACTION_STATS, OWNED_VIPS, OwnedVip, REASON_STATS, VIP_STATS, VipKey},
+    maps::{ACTION_STATS, OWNED_VIPS, OwnedVip, REASON_STATS, VIP_LEASES, VIP_STATS, VipKey},
     service::{
         BACKEND_STATS, BACKENDS, FLOWS, LAYOUT_VERSION, LOCAL_ENDPOINTS, MAGLEV_RINGS, REPLY_NAT, SERVICES,
         SETTINGS,
@@ -58,8 +69,9 @@ pub const PASS_PROGRAM: &str = "lb_pass";
 pub const REPLY_PROGRAM: &str = "lb_reply";
 
 /// Every map, pinned by name.
-pub const PINNED_MAPS: [&str; 12] = [
+pub const PINNED_MAPS: [&str; 13] = [
     OWNED_VIPS,
+    VIP_LEASES,
     VIP_STATS,
     ACTION_STATS,
     REASON_STATS,
@@ -103,6 +115,7 @@ pub struct Dataplane {
     /// True when a running data plane was taken over rather than attached fresh.
     pub resumed: bool,
     owned_vips: HashMap<MapData, VipKey, OwnedVip>,
+    leases: leases::Leases,
 }
 
 /// The directory this build pins under.
@@ -124,8 +137,9 @@ impl Dataplane {
     ) -> Result<(Self, XdpCounters, ServiceMaps)> {
         let pin_dir = pin_dir(pin_path);
         prepare_pin_dir(&pin_dir)?;
+        take_over_earlier_layouts(pin_path, &pin_dir, &interface.name)?;
         let sizes = map_sizes(capacity);
-        replace_resized_maps(&pin_dir, &sizes)?;
+        replace_incompatible_maps(&pin_dir, &sizes)?;
         let mut loader = EbpfLoader::new();
         for (name, size) in &sizes {
             loader.map_max_entries(name, *size);
@@ -136,8 +150,7 @@ impl Dataplane {
         }
         let mut ebpf = loader.load(EMBEDDED_OBJECT)?;
 
-        // The pin's name records the attach mode (bpffs holds only BPF objects).
-        let xdp_pin = |mode: AttachedMode| pin_dir.join(format!("xdp-{}-{}", interface.name, mode.as_str()));
+        let xdp_pin = |mode: AttachedMode| pin_dir.join(xdp_pin_name(&interface.name, mode));
         let program = uplink_program(&mut ebpf)?;
         program.load().map_err(|source| Error::BpfProgram { program: UPLINK_PROGRAM, source })?;
         let verified_instructions = program.info().ok().and_then(|i| i.verified_instruction_count());
@@ -162,8 +175,7 @@ impl Dataplane {
             }
         };
 
-        let tc_link =
-            attach_reply(&mut ebpf, interface, &pin_dir.join(format!("tc-egress-{}", interface.name)))?;
+        let tc_link = attach_reply(&mut ebpf, interface, &pin_dir.join(tc_pin_name(&interface.name)))?;
         info!(
             interface = %interface.name,
             mode = mode.as_str(),
@@ -175,6 +187,7 @@ impl Dataplane {
 
         let owned_vips = HashMap::try_from(take_map(&mut ebpf, OWNED_VIPS)?)
             .map_err(|source| Error::BpfMap { map: OWNED_VIPS, source })?;
+        let leases = leases::Leases::take(take_map(&mut ebpf, VIP_LEASES)?)?;
         let counters = XdpCounters::take(&mut ebpf)?;
         let services = ServiceMaps::take(&mut ebpf, Some(&pin_dir))?;
         let dataplane = Self {
@@ -186,6 +199,7 @@ impl Dataplane {
             verified_instructions,
             resumed,
             owned_vips,
+            leases,
         };
         Ok((dataplane, counters, services))
     }
@@ -193,6 +207,16 @@ impl Dataplane {
     /// Makes the owned-VIP map equal `desired`, touching only entries that differ.
     pub fn set_owned_vips(&mut self, desired: &vips::OwnedSet) -> Result<vips::Applied> {
         vips::apply(&mut self.owned_vips, desired)
+    }
+
+    /// Makes the lease map hold `deadlines` (slot → CLOCK_MONOTONIC ns), writing what moved.
+    pub fn set_leases(&mut self, deadlines: &BTreeMap<u16, u64>, now_ns: u64) -> Result<leases::Renewed> {
+        self.leases.apply(deadlines, now_ns)
+    }
+
+    /// How long lease `slot` still runs, if one is written.
+    pub fn lease_remaining(&self, slot: u16, now_ns: u64) -> Option<std::time::Duration> {
+        self.leases.remaining(slot, now_ns)
     }
 
     /// Detaches the programs and deletes every pin, so nothing of the data plane remains.
@@ -223,26 +247,133 @@ pub fn map_sizes(capacity: &Capacity) -> [(&'static str, u32); 7] {
     ]
 }
 
-/// A pinned map keeps the size it was created with. When `dataplane.capacity` changed since,
-/// every map pin goes (the maps reference each other's slots, so none is kept alone): the new
-/// maps start empty and are filled by the first sync; the program links stay, so the new
-/// program replaces the old one in place. Established flows are re-hashed.
-fn replace_resized_maps(pin_dir: &Path, sizes: &[(&'static str, u32)]) -> Result<()> {
-    let mut resized = Vec::new();
-    for (name, wanted) in sizes {
+/// The XDP link's pin; its name records the attach mode (bpffs holds only BPF objects).
+fn xdp_pin_name(interface: &str, mode: AttachedMode) -> String {
+    format!("xdp-{interface}-{}", mode.as_str())
+}
+
+fn tc_pin_name(interface: &str) -> String {
+    format!("tc-egress-{interface}")
+}
+
+/// Pins that an agent of another layout left under `pin_path` (`v<N>` beside this build's
+/// directory): the links of `interface` move into `pin_dir`, so this build's programs replace
+/// theirs in place (forwarding does not stop), and the directory goes, with its maps. A
+/// directory still holding another interface's links is left alone, with a warning.
+fn take_over_earlier_layouts(pin_path: &Path, pin_dir: &Path, interface: &str) -> Result<()> {
+    let read_err = |e| Error::io(format!("reading {}", pin_path.display()), e);
+    for entry in std::fs::read_dir(pin_path).map_err(read_err)? {
+        let old = entry.map_err(read_err)?.path();
+        let name = old.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let is_layout = name.strip_prefix('v').is_some_and(|v| v.parse::<u32>().is_ok());
+        if !is_layout || old == pin_dir {
+            continue;
+        }
+        let links = [
+            xdp_pin_name(interface, AttachedMode::Native),
+            xdp_pin_name(interface, AttachedMode::Skb),
+            tc_pin_name(interface),
+        ];
+        for link in &links {
+            let (from, to) = (old.join(link), pin_dir.join(link));
+            if from.exists() && !to.exists() {
+                std::fs::rename(&from, &to).map_err(|e| {
+                    Error::io(format!("moving the pinned link {} to {}", from.display(), to.display()), e)
+                })?;
+            }
+        }
+        let others: Vec<String> = std::fs::read_dir(&old)
+            .map_err(|e| Error::io(format!("reading {}", old.display()), e))?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| (n.starts_with("xdp-") || n.starts_with("tc-")) && !links.contains(n))
+            .collect();
+        if !others.is_empty() {
+            warn!(
+                pins = %old.display(),
+                links = %others.join(", "),
+                "pins of another map layout hold other interfaces' programs; leaving them"
+            );
+            continue;
+        }
+        warn!(
+            pins = %old.display(),
+            layout = LAYOUT_VERSION,
+            "pins of another map layout: this build's programs replace theirs in place, on new maps \
+             (established flows are re-balanced); removing them"
+        );
+        remove_pins(&old)?;
+    }
+    Ok(())
+}
+
+/// The shape of a map, as the kernel reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MapShape {
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    flags: u32,
+}
+
+impl std::fmt::Display for MapShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "key {} B, value {} B, {} entries, flags {:#x}",
+            self.key_size, self.value_size, self.max_entries, self.flags
+        )
+    }
+}
+
+/// Every pinned map's shape as this build creates it: the object's definitions, with the
+/// sizes `dataplane.capacity` sets.
+fn expected_shapes(sizes: &[(&'static str, u32)]) -> Result<Vec<(&'static str, MapShape)>> {
+    let object = aya_obj::Object::parse(EMBEDDED_OBJECT)
+        .map_err(|e| Error::io("parsing the embedded BPF object", std::io::Error::other(e)))?;
+    PINNED_MAPS
+        .iter()
+        .map(|&name| {
+            let map = object.maps.get(name).ok_or(Error::BpfMapMissing(name))?;
+            let max_entries =
+                sizes.iter().find(|(n, _)| *n == name).map_or(map.max_entries(), |(_, size)| *size);
+            let shape = MapShape {
+                key_size: map.key_size(),
+                value_size: map.value_size(),
+                max_entries,
+                flags: map.map_flags(),
+            };
+            Ok((name, shape))
+        })
+        .collect()
+}
+
+/// A pinned map keeps the shape it was created with. When one differs from this build's
+/// (`dataplane.capacity` changed, or pins of an incompatible build), every map pin goes (the
+/// maps reference each other's slots, so none is kept alone): the new maps start empty and are
+/// filled by the first sync; the program links stay, so the new program replaces the old one
+/// in place. Established flows are re-hashed.
+fn replace_incompatible_maps(pin_dir: &Path, sizes: &[(&'static str, u32)]) -> Result<()> {
+    let mut differing = Vec::new();
+    for (name, wanted) in expected_shapes(sizes)? {
         let path = pin_dir.join(name);
-        if let Ok(info) = aya::maps::MapInfo::from_pin(&path)
-            && info.max_entries() != *wanted
-        {
-            resized.push(format!("{} ({} → {wanted})", path.display(), info.max_entries()));
+        let Ok(info) = aya::maps::MapInfo::from_pin(&path) else { continue };
+        let pinned = MapShape {
+            key_size: info.key_size(),
+            value_size: info.value_size(),
+            max_entries: info.max_entries(),
+            flags: info.map_flags(),
+        };
+        if pinned != wanted {
+            differing.push(format!("{} ({pinned} → {wanted})", path.display()));
         }
     }
-    if resized.is_empty() {
+    if differing.is_empty() {
         return Ok(());
     }
     warn!(
-        resized = %resized.join(", "),
-        "dataplane.capacity changed: replacing the pinned maps (established flows are re-balanced)"
+        differing = %differing.join(", "),
+        "pinned maps differ from this build's (dataplane.capacity changed, or an incompatible \
+         build pinned them): replacing them (established flows are re-balanced)"
     );
     for name in PINNED_MAPS {
         let path = pin_dir.join(name);

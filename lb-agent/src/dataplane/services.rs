@@ -1,10 +1,14 @@
 //! The service maps, brought to a plan by difference.
 //!
 //! - **Cost follows the change.** The maps are mirrored here, so a [`PlanDelta`] touching one
-//!   service costs a few system calls, whatever the number of services. A ring is written in
-//!   one `BPF_MAP_UPDATE_BATCH`, and so are the backends a sync adds.
-//! - **Atomic rings.** A service whose ring changes gets a new inner map, filled completely
-//!   before the service entry is pointed at it, so a packet sees the old ring or the new one.
+//!   service costs a few system calls, whatever the number of services. A ring is written
+//!   through a memory mapping ([`ring_memory`]); the backends a sync adds, in one
+//!   `BPF_MAP_UPDATE_BATCH`.
+//! - **Rings never half seen.** A ring of a new size is a new inner map, filled completely
+//!   before the service entry is pointed at it. A ring of the same size is rewritten in place
+//!   (no map-of-maps write, whose RCU grace period costs milliseconds): a packet reads a single
+//!   slot, each slot is stored atomically, and old backends keep their slots until the rewrite
+//!   is done, so a packet meets the old backend or the new one.
 //! - **Late slot reuse.** Freed backend slots queue up behind every never-used one, so a flow
 //!   pinned to a removed backend finds an empty slot and is re-balanced, not misdirected.
 //! - **Capacity.** A service that does not fit (service entries, backend slots) is refused
@@ -26,17 +30,18 @@ use lb_common::{
     maps::PacketCounter,
     service::{
         BACKEND_STATS, BACKENDS, Backend, Delivery, INNER_MAP_FLAGS, LOCAL_ENDPOINTS, LocalEndpoint,
-        LocalEndpointKey, MAGLEV_RINGS, SERVICES, SETTINGS, Service, ServiceKey, Settings,
+        LocalEndpointKey, MAGLEV_RINGS, RingEntry, SERVICES, SETTINGS, Service, ServiceKey, Settings,
+        ring_entries,
     },
 };
 
-use super::batch;
+use super::{batch, ring_memory};
 use crate::{
     error::{Error, Result},
     service_plan::{DataplanePlan, PlanDelta, PlannedService},
 };
 
-type Ring = Array<MapData, u32>;
+type Ring = Array<MapData, RingEntry>;
 
 /// How many entries the maps hold, as they were created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -522,11 +527,11 @@ impl ServiceMaps {
         Ok(())
     }
 
-    /// Overwrites registered ring `id` with `ring` (of its size) in one system call; false when
-    /// that ring cannot be opened (the caller then makes a new one).
+    /// Overwrites registered ring `id` with `ring` (of its size); false when that ring cannot
+    /// be opened or mapped (the caller then makes a new one).
     fn rewrite_ring(&self, id: u32, ring: &[u32]) -> bool {
         let Ok(inner) = self.rings.get(&id, 0) else { return false };
-        match batch::fill_array(inner.map().fd(), ring) {
+        match ring_memory::write(inner.map().fd(), ring) {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(ring = id, error = %e, "rewriting a ring in place failed; writing a new one");
@@ -535,10 +540,11 @@ impl ServiceMaps {
         }
     }
 
-    /// Creates a ring's inner map and fills it in one system call.
+    /// Creates a ring's inner map and fills it.
     fn create_ring(&mut self, ring: &[u32]) -> Result<Ring> {
-        let array = Ring::create(ring.len() as u32, INNER_MAP_FLAGS).map_err(err(MAGLEV_RINGS))?;
-        batch::fill_array(array.map().fd(), ring).map_err(batch_err(MAGLEV_RINGS))?;
+        let array =
+            Ring::create(ring_entries(ring.len() as u32), INNER_MAP_FLAGS).map_err(err(MAGLEV_RINGS))?;
+        ring_memory::write(array.map().fd(), ring).map_err(batch_err(MAGLEV_RINGS))?;
         self.ring_bytes
             .entry(ring.len() as u32)
             .or_insert_with(|| batch::memlock(array.map().fd()).unwrap_or(ring.len() as u64 * 4));

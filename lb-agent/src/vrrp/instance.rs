@@ -62,6 +62,9 @@ pub enum Action {
     ReleaseOwnership,
     /// Still Master, but another router acted as one: announce the addresses again.
     Reannounce,
+    /// Stopped being Master because this router fell silent past its lease: stop answering
+    /// at once (unlike [`Action::ReleaseOwnership`], no grace: another router may own them).
+    LeaseLapsed,
 }
 
 /// Why a received advertisement changed nothing; counted by the shell.
@@ -177,6 +180,10 @@ impl Instance {
 
     /// Fires whichever timer has expired by `now`.
     pub fn on_timer(&mut self, now: Instant) -> Vec<Action> {
+        if self.lapsed(now) {
+            self.become_backup(now);
+            return vec![Action::LeaseLapsed];
+        }
         match self.state {
             State::Initialize => Vec::new(),
             // §6.4.2: "If the Master_Down_Timer fires" → become Master.
@@ -200,11 +207,29 @@ impl Instance {
         if self.config.priority == PRIORITY_OWNER {
             return Err(Ignored::WeAreOwner);
         }
+        if self.lapsed(now) {
+            self.become_backup(now);
+            let mut actions = vec![Action::LeaseLapsed];
+            actions.extend(self.backup_receives(now, source, advert).unwrap_or_default());
+            return Ok(actions);
+        }
         match self.state {
             State::Initialize => Err(Ignored::NotRunning),
             State::Backup => self.backup_receives(now, source, advert),
             State::Master => self.master_receives(now, source, advert),
         }
+    }
+
+    /// A master that has not advertised for three of its intervals (its process was frozen,
+    /// or its host stalled) has let its lease run out (`router::master_lease`): the data
+    /// plane stopped claiming its VIPs, and a backup may have taken over. Not advertising
+    /// on, it rejoins as Backup and lets §6.4.2 decide: without preemption it follows the
+    /// new master instead of fighting it; with preemption it takes the VIPs back one
+    /// Master_Down_Interval later. The address owner (priority 255) stays Master.
+    fn lapsed(&self, now: Instant) -> bool {
+        self.state == State::Master
+            && self.config.priority != PRIORITY_OWNER
+            && self.adver_timer.is_some_and(|next| now >= next + self.config.advert_interval * 2)
     }
 
     /// §6.4.2 Backup: "If an ADVERTISEMENT is received".
@@ -353,6 +378,40 @@ mod tests {
     }
 
     const SEND_OWN: fn(u8) -> Action = |priority| Action::SendAdvert { priority };
+
+    #[test]
+    fn a_master_frozen_past_its_lease_rejoins_as_backup() {
+        let t0 = Instant::now();
+        // Master at 4 s, advertising every second: next advertisement due at 5 s, lease to 7 s.
+        let mut late = master_at_4s(t0, 200);
+        assert_eq!(late.on_timer(t0 + ms(6999)), vec![SEND_OWN(200)], "still inside its lease");
+        let mut frozen = master_at_4s(t0, 200);
+        assert_eq!(frozen.on_timer(t0 + ms(7000)), vec![Action::LeaseLapsed]);
+        assert_eq!(frozen.state(), State::Backup);
+        // Master_Down_Interval = 3 s + 56/256 s: with nobody else, Master again at 10.219 s.
+        assert!(frozen.on_timer(t0 + ms(10_218)).is_empty());
+        assert_eq!(frozen.on_timer(t0 + ms(10_219)), vec![SEND_OWN(200), Action::TakeOwnership]);
+
+        // Woken by the new (lower-priority) master's advertisement: without preemption it
+        // follows it; with preemption it discards it and preempts when its down timer fires.
+        let mut no_preempt = master_at_4s(t0, 200);
+        no_preempt.set_preempt(false, Duration::ZERO);
+        let actions = no_preempt.on_advert(t0 + ms(9000), LOWER_IP, &advert(100, 100)).unwrap();
+        assert_eq!(actions, vec![Action::LeaseLapsed]);
+        assert_eq!((no_preempt.state(), no_preempt.master()), (State::Backup, Some(LOWER_IP)));
+        let mut preempt = master_at_4s(t0, 200);
+        assert_eq!(
+            preempt.on_advert(t0 + ms(9000), LOWER_IP, &advert(100, 100)).unwrap(),
+            vec![Action::LeaseLapsed]
+        );
+        assert_eq!(preempt.state(), State::Backup);
+        assert_eq!(preempt.on_timer(t0 + ms(12_219)), vec![SEND_OWN(200), Action::TakeOwnership]);
+
+        // The address owner never lapses.
+        let mut owner = instance(PRIORITY_OWNER);
+        owner.startup(t0);
+        assert_eq!(owner.on_timer(t0 + ms(60_000)), vec![SEND_OWN(PRIORITY_OWNER)]);
+    }
 
     #[test]
     fn a_lone_backup_becomes_master_after_master_down_interval() {

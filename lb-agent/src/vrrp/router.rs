@@ -45,6 +45,22 @@ pub struct InstanceSpec {
     pub checksum: ChecksumMode,
 }
 
+/// One VRID's VIPs as this node claims them, and until when the data plane may go on claiming
+/// them if the agent falls silent: the lease the shell writes beside the owned VIPs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub vips: BTreeSet<Ipv4Addr>,
+    pub until: Instant,
+}
+
+/// A master's lease runs three advertisement intervals past its last advertisement. A backup
+/// takes over one Master_Down_Interval (3 × Master_Adver_Interval + Skew_Time, §6.1, with
+/// Skew_Time > 0) after the last advertisement it heard, so a master that dies right after
+/// advertising stops claiming before any backup starts to.
+pub fn master_lease(last_advert: Instant, advert_interval: Duration) -> Instant {
+    last_advert + advert_interval * 3
+}
+
 /// A datagram for the shell to send.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outgoing {
@@ -67,6 +83,8 @@ struct Running {
     machine: Instance,
     /// When an advertisement for this VRID was last sent or accepted (for `lb-agent status`).
     last_advert: Option<Instant>,
+    /// When this node last sent an advertisement for this VRID (a master's lease runs from it).
+    last_sent: Option<Instant>,
 }
 
 /// A resigned master that keeps its VIPs until a new master is heard (or a bound passes), so a
@@ -168,7 +186,8 @@ impl Router {
                         primary_address: self.local,
                     });
                     self.record_state(vrid, &spec.group, State::Initialize);
-                    self.instances.insert(vrid, Running { spec, machine, last_advert: None });
+                    self.instances
+                        .insert(vrid, Running { spec, machine, last_advert: None, last_sent: None });
                     if self.started {
                         let actions = self.instances.get_mut(&vrid).map(|r| r.machine.startup(now)).unwrap();
                         self.carry_out(now, vrid, actions, &mut out);
@@ -327,14 +346,42 @@ impl Router {
 
     /// The VIPs this node must answer for now: those of Master instances and of handovers.
     pub fn owned_vips(&self) -> BTreeSet<Ipv4Addr> {
-        let masters =
-            self.instances.values().filter(|r| r.machine.state() == State::Master).map(|r| &r.spec.vips);
-        masters
-            .chain(self.handovers.values().map(|h| &h.vips))
-            .chain(self.lingering.values().map(|(vips, _)| vips))
-            .flatten()
-            .copied()
-            .collect()
+        self.claims().into_values().flat_map(|c| c.vips).collect()
+    }
+
+    /// What this node claims, by VRID: a master until its lease ([`master_lease`]) runs out,
+    /// a handover or a preempted master until it lets go (both bounded already).
+    pub fn claims(&self) -> BTreeMap<u8, Claim> {
+        let mut claims: BTreeMap<u8, Claim> = BTreeMap::new();
+        for (vrid, vips, until) in self.claimed() {
+            let claim = claims.entry(vrid).or_insert_with(|| Claim { vips: BTreeSet::new(), until });
+            claim.vips.extend(vips);
+            claim.until = claim.until.max(until);
+        }
+        claims
+    }
+
+    /// Only the deadlines of [`Router::claims`], without copying VIPs: the shell renews the
+    /// leases after every event, and a group may hold thousands of VIPs.
+    pub fn lease_deadlines(&self) -> BTreeMap<u8, Instant> {
+        let mut deadlines: BTreeMap<u8, Instant> = BTreeMap::new();
+        for (vrid, _, until) in self.claimed() {
+            let deadline = deadlines.entry(vrid).or_insert(until);
+            *deadline = (*deadline).max(until);
+        }
+        deadlines
+    }
+
+    fn claimed(&self) -> impl Iterator<Item = (u8, &BTreeSet<Ipv4Addr>, Instant)> {
+        // A master has always advertised: §6.4.2 sends one on the transition.
+        let masters = self.instances.iter().filter(|(_, r)| r.machine.state() == State::Master).filter_map(
+            |(vrid, r)| {
+                r.last_sent.map(|sent| (*vrid, &r.spec.vips, master_lease(sent, r.spec.advert_interval)))
+            },
+        );
+        let handovers = self.handovers.iter().map(|(vrid, h)| (*vrid, &h.vips, h.release_at));
+        let lingering = self.lingering.iter().map(|(vrid, (vips, until))| (*vrid, vips, *until));
+        masters.chain(handovers).chain(lingering)
     }
 
     /// VIPs to announce again since the last call (see [`Action::Reannounce`]).
@@ -362,6 +409,7 @@ impl Router {
             && let Some(r) = self.instances.get_mut(&vrid)
         {
             r.last_advert = Some(now);
+            r.last_sent = Some(now);
         }
         let Some(running) = self.instances.get(&vrid) else { return };
         for action in actions {
@@ -378,6 +426,16 @@ impl Router {
                 Action::ReleaseOwnership => {
                     self.ownership_epoch += 1;
                     self.lingering.insert(vrid, (running.spec.vips.clone(), now + HANDOVER_GRACE));
+                }
+                Action::LeaseLapsed => {
+                    warn!(
+                        group = %running.spec.group,
+                        vrid,
+                        "this master fell silent past its lease (the agent was frozen or stalled): \
+                         rejoining as backup"
+                    );
+                    self.ownership_epoch += 1;
+                    self.lingering.remove(&vrid);
                 }
                 Action::Reannounce => {
                     info!(group = %running.spec.group, vrid, "a lower-priority router acted as master; reasserting");
@@ -512,6 +570,39 @@ mod tests {
     }
 
     #[test]
+    fn a_silent_masters_claim_runs_out_before_any_backup_takes_over() {
+        let t0 = Instant::now();
+        let (mut a, _) = router(A, spec(200, &[B], Transport::Multicast));
+        a.start(t0);
+        a.on_timer(t0 + ms(322));
+        let claim = a.claims()[&9].clone();
+        assert_eq!(claim, Claim { vips: [VIP].into(), until: t0 + ms(622) }, "three intervals");
+        // Every advertisement renews it; this is the last one before A dies.
+        let last = a.on_timer(t0 + ms(422));
+        let until = a.claims()[&9].until;
+        assert_eq!(until, t0 + ms(722));
+        for priority in [1, 100, 199] {
+            let (mut b, _) = router(B, spec(priority, &[A], Transport::Multicast));
+            b.start(t0);
+            b.on_datagram(t0 + ms(422), &on_wire(A, &last[0], 255));
+            let mut t = t0 + ms(422);
+            while b.owned_vips().is_empty() {
+                t += ms(1);
+                b.on_timer(t);
+            }
+            assert!(t > until, "a backup of priority {priority} takes over at {:?}, after the claim", t - t0);
+        }
+        // A master that steps down claims nothing.
+        let preempting = Advertisement { vrid: 9, priority: 250, max_adver_int_cs: 10, addresses: vec![VIP] };
+        let out = Outgoing {
+            destination: VRRP_MULTICAST_V4,
+            payload: preempting.encode(B, VRRP_MULTICAST_V4, ChecksumMode::Rfc),
+        };
+        a.on_datagram(t0 + ms(450), &on_wire(B, &out, 255));
+        assert!(a.claims().values().all(|c| c.until <= t0 + ms(450) + HANDOVER_GRACE), "{:?}", a.claims());
+    }
+
+    #[test]
     fn non_members_and_broken_datagrams_are_dropped_and_counted() {
         let t0 = Instant::now();
         let (mut rogue, _) = router(ROGUE, spec(254, &[B], Transport::Multicast));
@@ -564,8 +655,11 @@ mod tests {
         // A alone: master after Master_Down_Interval.
         a.on_timer(t0 + ms(400));
         assert_eq!(a.owned_vips(), [VIP].into());
-        // B starts and preempts with its first advert.
+        // B starts and preempts with its first advert; A advertises meanwhile.
         b.start(t0 + ms(500));
+        for t in [500, 600, 700, 800] {
+            a.on_timer(t0 + ms(t));
+        }
         let b_takes = b.on_timer(t0 + ms(900));
         assert_eq!(b.owned_vips(), [VIP].into());
         a.on_datagram(t0 + ms(900), &on_wire(B, &b_takes[0], 255));

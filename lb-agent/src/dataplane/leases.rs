@@ -1,0 +1,100 @@
+//! The owned-VIP leases (`VIP_LEASES`): until when the program may claim each VRRP instance's
+//! VIPs, in `bpf_ktime_get_ns` time (CLOCK_MONOTONIC). The router decides the deadlines
+//! ([`crate::vrrp::router::Claim`]); this writes those that moved.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{Array, MapData, MapError};
+use lb_common::maps::{MAX_LEASES, VIP_LEASES};
+
+use crate::error::{Error, Result};
+
+pub struct Leases {
+    map: Array<MapData, u64>,
+    /// What the map holds, slot → deadline (ns); absent means zero.
+    written: BTreeMap<u16, u64>,
+}
+
+/// What one update did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Renewed {
+    /// Slots whose lease had already run out when it was renewed or released: the agent was
+    /// too late (frozen, or not running) and the program had stopped claiming meanwhile.
+    pub lapsed: Vec<u16>,
+}
+
+impl Leases {
+    /// Takes the map and reads back what a previous agent left (its deadlines stay until the
+    /// first [`Leases::apply`]).
+    pub fn take(map: aya::maps::Map) -> Result<Self> {
+        let map_err = |source: MapError| Error::BpfMap { map: VIP_LEASES, source };
+        let map: Array<MapData, u64> = Array::try_from(map).map_err(map_err)?;
+        let mut written = BTreeMap::new();
+        for slot in 0..MAX_LEASES.min(map.len()) {
+            let deadline = map.get(&slot, 0).map_err(map_err)?;
+            if deadline != 0 {
+                written.insert(slot as u16, deadline);
+            }
+        }
+        Ok(Self { map, written })
+    }
+
+    /// Makes the map hold `deadlines` (slot → ns) and zero elsewhere, writing only what moved.
+    pub fn apply(&mut self, deadlines: &BTreeMap<u16, u64>, now_ns: u64) -> Result<Renewed> {
+        let map_err = |source: MapError| Error::BpfMap { map: VIP_LEASES, source };
+        let mut renewed = Renewed::default();
+        let released: Vec<u16> =
+            self.written.keys().filter(|s| !deadlines.contains_key(s)).copied().collect();
+        let changes = deadlines.iter().map(|(s, d)| (*s, *d)).chain(released.into_iter().map(|s| (s, 0)));
+        for (slot, deadline) in changes {
+            let old = self.written.get(&slot).copied().unwrap_or(0);
+            if old == deadline {
+                continue;
+            }
+            if old != 0 && old <= now_ns {
+                renewed.lapsed.push(slot);
+            }
+            self.map.set(u32::from(slot), deadline, 0).map_err(map_err)?;
+            if deadline == 0 {
+                self.written.remove(&slot);
+            } else {
+                self.written.insert(slot, deadline);
+            }
+        }
+        Ok(renewed)
+    }
+
+    /// How long slot `slot`'s lease still runs (zero once it ran out), if it holds one.
+    pub fn remaining(&self, slot: u16, now_ns: u64) -> Option<Duration> {
+        self.written.get(&slot).map(|d| Duration::from_nanos(d.saturating_sub(now_ns)))
+    }
+}
+
+/// The lease slot of IPv4 VRID `vrid` (slot 0 means "no lease", and VRID 0 is invalid).
+pub fn ipv4_slot(vrid: u8) -> u16 {
+    u16::from(vrid)
+}
+
+/// The IPv4 VRID whose lease is `slot`.
+pub fn ipv4_vrid(slot: u16) -> Option<u8> {
+    u8::try_from(slot).ok().filter(|v| *v != 0)
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock `bpf_ktime_get_ns` reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `clock_gettime` writes the struct we own; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `at` on the monotonic clock, given the same moment `now` as an `Instant` and in ns.
+pub fn to_monotonic_ns(at: Instant, now: Instant, now_ns: u64) -> u64 {
+    match at.checked_duration_since(now) {
+        Some(ahead) => now_ns.saturating_add(ahead.as_nanos() as u64),
+        None => now_ns.saturating_sub(now.duration_since(at).as_nanos() as u64),
+    }
+}

@@ -21,12 +21,16 @@ fn service(i: usize) -> Service {
     .unwrap()
 }
 
+fn shared<T>(items: Vec<T>) -> Vec<std::sync::Arc<T>> {
+    items.into_iter().map(std::sync::Arc::new).collect()
+}
+
 async fn state(client: &kube::Client) -> ClusterState {
     let lp = ListParams::default();
     ClusterState {
-        groups: Api::<LoadBalancerGroup>::all(client.clone()).list(&lp).await.unwrap().items,
-        services: Api::<Service>::all(client.clone()).list(&lp).await.unwrap().items,
-        nodes: Api::<Node>::all(client.clone()).list(&lp).await.unwrap().items,
+        groups: shared(Api::<LoadBalancerGroup>::all(client.clone()).list(&lp).await.unwrap().items),
+        services: shared(Api::<Service>::all(client.clone()).list(&lp).await.unwrap().items),
+        nodes: shared(Api::<Node>::all(client.clone()).list(&lp).await.unwrap().items),
         ..Default::default()
     }
 }

@@ -145,6 +145,68 @@ pub fn kube_proxy_nftables(services: usize, endpoints: usize) -> String {
     nft
 }
 
+/// The same Services as a cluster holds them, for the Kubernetes source: one group `edge`
+/// whose pool is the VIP range, nodes `n0`–`n2`, and per Service a LoadBalancer Service (its
+/// VIP in `status`) and one EndpointSlice, each with resource version `1`.
+pub fn scale_cluster(services: usize, endpoints: usize) -> lb_agent::k8s::source::ClusterState {
+    use serde_json::{from_value, json};
+    let group = json!({
+        "metadata": {"name": "edge", "resourceVersion": "1"},
+        "spec": {"interface": "eth0", "addressPools": ["198.18.0.0/15"], "default": true, "advertInterval": "1s"},
+    });
+    let nodes = (0..3).map(|n| {
+        json!({
+            "metadata": {"name": format!("n{n}"), "resourceVersion": "1"},
+            "status": {"addresses": [{"type": "InternalIP", "address": format!("192.0.2.{}", 10 + n)}]},
+        })
+    });
+    let mut state = lb_agent::k8s::source::ClusterState {
+        groups: vec![std::sync::Arc::new(from_value(group).expect("a group"))],
+        nodes: nodes.map(|n| std::sync::Arc::new(from_value(n).expect("a node"))).collect(),
+        ..Default::default()
+    };
+    for i in 0..services {
+        let service = json!({
+            "metadata": {"name": format!("svc-{i}"), "namespace": "default", "resourceVersion": "1"},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "targetPort": 8080}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": scale_vip(i).to_string()}]}},
+        });
+        state.services.push(std::sync::Arc::new(from_value(service).expect("a service")));
+        let slice = (0..endpoints).map(|e| scale_endpoint_json(i, e, endpoints, 0)).collect();
+        state.slices.push(std::sync::Arc::new(scale_slice(i, slice, 1)));
+    }
+    state
+}
+
+/// Endpoint `e` of Service `i` as an EndpointSlice lists it.
+pub fn scale_endpoint_json(i: usize, e: usize, endpoints: usize, generation: u32) -> serde_json::Value {
+    serde_json::json!({
+        "addresses": [scale_endpoint(i, e, endpoints, generation).to_string()],
+        "nodeName": scale_node(e),
+        "conditions": {"ready": true},
+    })
+}
+
+/// Service `i`'s EndpointSlice with `endpoints`, at resource version `version`.
+pub fn scale_slice(
+    i: usize,
+    endpoints: Vec<serde_json::Value>,
+    version: u64,
+) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": format!("svc-{i}-abcde"),
+            "namespace": "default",
+            "resourceVersion": version.to_string(),
+            "labels": {"kubernetes.io/service-name": format!("svc-{i}")},
+        },
+        "addressType": "IPv4",
+        "ports": [{"port": 8080}],
+        "endpoints": endpoints,
+    }))
+    .expect("an EndpointSlice")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

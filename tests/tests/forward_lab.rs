@@ -233,68 +233,59 @@ fn unexposed_ports_are_dropped_and_ping_is_answered() {
     assert!(c.reason(0, "icmp_echo_replied") >= 2.0);
 }
 
-#[test]
-fn a_restarted_agent_keeps_the_data_plane_running() {
+/// A DSR Service whose pod is on n1, with a connection open through it; n1's agent stops
+/// (SIGTERM), `between` runs while no agent does, and the pinned program must keep
+/// decapsulating through the gap; then a new agent starts, takes the pins over, and the same
+/// connection and a new one reach the pod. Returns the cluster, the new agent's log and what
+/// `between` returned.
+fn restart_the_endpoints_agent<T>(between: impl FnOnce(&Cluster) -> T) -> (Cluster, String, T) {
     let mut c = cluster(&[0, 1]);
     let services = service(&c.lab, "dsr", 82, "dsr", &[0]);
     c.start(&services);
     let mut session = c.session(82);
     assert_eq!(session.pod(), "n1p0");
 
-    // The endpoint's node restarts its agent: the pinned program keeps decapsulating and
-    // translating while no agent runs, and the next agent takes over the pins.
     c.agents[1].signal(libc::SIGTERM);
     let status = c.agents[1].wait_exit(Duration::from_secs(5));
     assert!(status.success(), "{status}");
+    let between = between(&c);
     for i in 0..5 {
-        assert_eq!(
-            session.echo(&format!("gap {i}"), ECHO_WAIT),
-            Some(format!("n1p0 gap {i}")),
-            "{}",
-            c.logs()
-        );
+        let gap = format!("gap {i}");
+        assert_eq!(session.echo(&gap, ECHO_WAIT), Some(format!("n1p0 {gap}")), "{}", c.logs());
     }
     let mut agent = c.lab.start_agent(1, &config(&c.lab, 1, &services));
     agent.wait_ready();
-    assert!(agent.log_text().contains("resumed=true"), "{}", agent.log_text());
+    let log = agent.log_text();
+    assert!(log.contains("resumed=true"), "the links were taken over, not attached afresh:\n{log}");
     c.agents[1] = agent;
-    assert_eq!(session.echo("back", ECHO_WAIT).as_deref(), Some("n1p0 back"));
+    assert_eq!(session.echo("back", ECHO_WAIT).as_deref(), Some("n1p0 back"), "{}", c.logs());
     assert_eq!(c.session(82).pod(), "n1p0");
+    (c, log, between)
+}
+
+#[test]
+fn a_restarted_agent_keeps_the_data_plane_running() {
+    let (c, ..) = restart_the_endpoints_agent(|_| {});
     // The flow counters survived too.
     assert!(c.reason(1, "dsr_decapsulated") > 0.0);
 }
 
 #[test]
 fn an_agent_of_a_newer_layout_takes_over_an_older_ones_pins_without_a_gap() {
-    let mut c = cluster(&[0, 1]);
-    let services = service(&c.lab, "dsr", 82, "dsr", &[0]);
-    c.start(&services);
-    let mut session = c.session(82);
-    assert_eq!(session.pod(), "n1p0");
-
-    // The endpoint's node stops its agent, and its pins are renamed to what an agent of the
-    // previous layout would have left: the old program keeps decapsulating on its own maps.
-    c.agents[1].signal(libc::SIGTERM);
-    assert!(c.agents[1].wait_exit(Duration::from_secs(5)).success());
-    let pins = c.lab.pin_path(1);
-    let older = pins.join(format!("v{}", lb_common::service::LAYOUT_VERSION - 1));
-    std::fs::rename(lb_agent::dataplane::pin_dir(&pins), &older).unwrap();
-    assert_eq!(session.echo("gap", ECHO_WAIT).as_deref(), Some("n1p0 gap"));
-
-    // The new agent moves the links over: its program replaces the old one in place, on new
-    // maps, and the older directory goes.
-    let mut agent = c.lab.start_agent(1, &config(&c.lab, 1, &services));
-    agent.wait_ready();
-    let log = agent.log_text();
+    // While no agent runs, n1's pins are renamed to what an agent of the previous layout would
+    // have left; the new agent moves the links over (its program replaces the old one in place,
+    // on new maps) and removes the older directory.
+    let (_, log, older) = restart_the_endpoints_agent(|c| {
+        let pins = c.lab.pin_path(1);
+        let older = pins.join(format!("v{}", lb_common::service::LAYOUT_VERSION - 1));
+        std::fs::rename(lb_agent::dataplane::pin_dir(&pins), &older).unwrap();
+        older
+    });
     assert!(
         log.contains("pins of another map layout") && log.contains(&older.display().to_string()),
         "{log}"
     );
-    assert!(log.contains("resumed=true"), "the links were taken over, not attached afresh:\n{log}");
     assert!(!older.exists(), "the older layout's pins are removed");
-    c.agents[1] = agent;
-    assert_eq!(session.echo("back", ECHO_WAIT).as_deref(), Some("n1p0 back"), "{}", c.logs());
-    assert_eq!(c.session(82).pod(), "n1p0");
 }
 
 #[test]

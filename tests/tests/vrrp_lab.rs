@@ -123,15 +123,20 @@ fn election_failover_and_preemption(transport: &str) {
     drop(servers);
 }
 
-#[test]
-fn graceful_stop_loses_no_ping() {
+/// Two nodes, n0 the master, and `count` pings to the VIP, one every 5 ms, under way.
+fn two_nodes_under_ping(count: u32) -> (Lab, Vec<Agent>, std::thread::JoinHandle<std::process::Output>) {
     let mut lab = Lab::new(2);
-    let mut agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], ""));
+    let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], ""));
     wait_owner(&lab, VIP, 0, &agents);
     // Warm the client's neighbour entry.
     assert!(lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]));
+    let ping = lab.client.ping_every_5ms(VIP, count);
+    (lab, agents, ping)
+}
 
-    let ping = lab.client.ping_every_5ms(VIP, 600);
+#[test]
+fn graceful_stop_loses_no_ping() {
+    let (lab, mut agents, ping) = two_nodes_under_ping(600);
     std::thread::sleep(Duration::from_millis(800));
     agents[0].signal(libc::SIGTERM);
     let status = agents[0].wait_exit(Duration::from_secs(5));
@@ -162,12 +167,7 @@ fn only_owner(lab: &Lab, node: usize) {
 /// on only the new master answers — instead of both, forever.
 #[test]
 fn a_killed_masters_data_plane_gives_its_vip_up() {
-    let mut lab = Lab::new(2);
-    let mut agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], ""));
-    wait_owner(&lab, VIP, 0, &agents);
-    assert!(lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]));
-
-    let ping = lab.client.ping_every_5ms(VIP, 400);
+    let (lab, mut agents, ping) = two_nodes_under_ping(400);
     std::thread::sleep(Duration::from_millis(500));
     let killed = Instant::now();
     agents[0].kill();

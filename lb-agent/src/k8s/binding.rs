@@ -5,9 +5,9 @@
 //! `spec.externalIPs` are honoured only inside the group's `allowedExternalIPs`: anything else
 //! is refused (CVE-2020-8554, the externalIPs man-in-the-middle).
 
-use std::net::Ipv4Addr;
+use std::{borrow::Borrow, collections::BTreeMap, net::Ipv4Addr};
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 
 use super::crd::{
     ANNOTATION_GROUP, ANNOTATION_IPS, ANNOTATION_SHARED, ANNOTATION_SPREAD, LOAD_BALANCER_CLASS,
@@ -16,7 +16,7 @@ use super::crd::{
 use super::ipam::Pools;
 
 /// A Service this agent serves.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Bound {
     /// `namespace/name`.
     pub service: String,
@@ -42,15 +42,17 @@ pub struct Refusal {
 }
 
 /// Decides whether `service` is ours and how. `Ok(None)`: someone else's.
-pub fn bind(service: &Service, groups: &[LoadBalancerGroup]) -> (Option<Bound>, Vec<Refusal>) {
+pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (Option<Bound>, Vec<Refusal>) {
     let name = format!(
         "{}/{}",
         service.metadata.namespace.as_deref().unwrap_or("default"),
         service.metadata.name.as_deref().unwrap_or_default()
     );
     let refuse = |reason, message: String| Refusal { service: name.clone(), reason, message };
-    let spec = service.spec.clone().unwrap_or_default();
-    let annotations = service.metadata.annotations.clone().unwrap_or_default();
+    let default_spec = ServiceSpec::default();
+    let spec = service.spec.as_ref().unwrap_or(&default_spec);
+    let no_annotations = BTreeMap::new();
+    let annotations = service.metadata.annotations.as_ref().unwrap_or(&no_annotations);
     let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
     let class = spec.load_balancer_class.as_deref();
     let annotated = annotations.get(ANNOTATION_GROUP).cloned();
@@ -59,7 +61,8 @@ pub fn bind(service: &Service, groups: &[LoadBalancerGroup]) -> (Option<Bound>, 
         (Some(c), _) if c != LOAD_BALANCER_CLASS => return (None, Vec::new()),
         (_, Some(g)) => g,
         (Some(_), None) | (None, None) if is_lb => {
-            let defaults: Vec<&LoadBalancerGroup> = groups.iter().filter(|g| g.spec.default).collect();
+            let defaults: Vec<&LoadBalancerGroup> =
+                groups.iter().map(Borrow::borrow).filter(|g: &&LoadBalancerGroup| g.spec.default).collect();
             match defaults.as_slice() {
                 [one] => one.metadata.name.clone().unwrap_or_default(),
                 [] if class.is_some() => {
@@ -86,7 +89,11 @@ pub fn bind(service: &Service, groups: &[LoadBalancerGroup]) -> (Option<Bound>, 
         }
         _ => return (None, Vec::new()),
     };
-    let Some(group) = groups.iter().find(|g| g.metadata.name.as_deref() == Some(group_name.as_str())) else {
+    let Some(group) = groups
+        .iter()
+        .map(Borrow::<LoadBalancerGroup>::borrow)
+        .find(|g| g.metadata.name.as_deref() == Some(group_name.as_str()))
+    else {
         return (
             None,
             vec![refuse("UnknownGroup", format!("LoadBalancerGroup {group_name:?} does not exist"))],
@@ -123,7 +130,7 @@ pub fn bind(service: &Service, groups: &[LoadBalancerGroup]) -> (Option<Bound>, 
 
     let allowed = Pools::parse(&group.spec.allowed_external_ips).unwrap_or_default();
     let mut external_ips = Vec::new();
-    for text in spec.external_ips.clone().unwrap_or_default() {
+    for text in spec.external_ips.iter().flatten() {
         match text.parse::<Ipv4Addr>() {
             Ok(ip) if allowed.contains(ip) || allowed_cidr(&group.spec.allowed_external_ips, ip) => external_ips.push(ip),
             _ => refusals.push(refuse(

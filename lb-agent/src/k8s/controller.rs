@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use super::{
     crd::LoadBalancerGroup,
     lease::LeaseLock,
-    source::{ClusterState, translate},
+    source::{ClusterState, Translator},
     status,
     writer::StatusWriter,
 };
@@ -77,11 +77,11 @@ where
     (reader, stream)
 }
 
-fn snapshot<K: Resource + Clone>(store: &Store<K>) -> Vec<K>
+fn snapshot<K: Resource + Clone>(store: &Store<K>) -> Vec<std::sync::Arc<K>>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    store.state().iter().map(|o| (**o).clone()).collect()
+    store.state()
 }
 
 impl Shell {
@@ -104,6 +104,7 @@ impl Shell {
         let mut tick = tokio::time::interval(LEADER_TICK);
         let mut leading = false;
         let mut last: Option<Config> = None;
+        let mut translator = Translator::default();
         loop {
             tokio::select! {
                 change = changes.next() => {
@@ -148,7 +149,7 @@ impl Shell {
                 nodes: snapshot(&nodes),
                 routes,
             };
-            let translated = translate(&state, &self.base);
+            let translated = translator.translate(&state, &self.base);
             match &translated {
                 Ok(translation) if last.as_ref() != Some(&translation.config) => {
                     for refusal in &translation.refusals {

@@ -4,8 +4,18 @@
 //!
 //! Groups and services are built as documents and parsed with the config's own types, so they
 //! get the same defaults and the same validation as a YAML file.
+//!
+//! At scale, a watch event must not cost a rebuild of every Service: a [`Translator`] keeps
+//! each Service's translation and reuses it while the Service's inputs (the resource versions
+//! of it and of its EndpointSlices, and how it is bound) are unchanged, and EndpointSlices are
+//! indexed by Service once per pass instead of searched per Service.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    borrow::Borrow,
+    collections::{BTreeMap, HashMap},
+    net::Ipv4Addr,
+    sync::Arc,
+};
 
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -19,13 +29,14 @@ use super::{
 };
 use crate::config::{Config, GroupConfig, ServiceConfig};
 
-/// The objects a plan is made from.
+/// The objects a plan is made from, shared with the watch stores they come from (a snapshot
+/// per event costs a pointer per object, not a deep copy).
 #[derive(Clone, Debug, Default)]
 pub struct ClusterState {
-    pub groups: Vec<LoadBalancerGroup>,
-    pub services: Vec<Service>,
-    pub slices: Vec<EndpointSlice>,
-    pub nodes: Vec<Node>,
+    pub groups: Vec<Arc<LoadBalancerGroup>>,
+    pub services: Vec<Arc<Service>>,
+    pub slices: Vec<Arc<EndpointSlice>>,
+    pub nodes: Vec<Arc<Node>>,
     /// This node's interface towards each group's `interfaceFromIP` (looked up by the shell).
     pub routes: BTreeMap<std::net::IpAddr, String>,
 }
@@ -43,10 +54,92 @@ pub struct Translation {
 /// (interface, listen, data plane). Returns an error naming the offending object when the
 /// result does not validate; the caller then keeps its last good plan.
 pub fn translate(state: &ClusterState, base: &Config) -> Result<Translation, String> {
+    Translator::default().translate(state, base)
+}
+
+/// [`translate`] with memory of the previous pass (see the module's notes).
+#[derive(Default)]
+pub struct Translator {
+    services: HashMap<ServiceInputs, Vec<ServiceConfig>>,
+    rebuilt: usize,
+}
+
+/// Everything a Service's translation depends on, by identity. Objects without a
+/// `resourceVersion` (built by hand, never from an API server) are not cached.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ServiceInputs {
+    service_version: String,
+    slice_versions: Vec<(String, String)>,
+    bound: Bound,
+    mode: crate::config::RemoteMode,
+}
+
+impl ServiceInputs {
+    fn of(
+        service: &Service,
+        slices: &[&EndpointSlice],
+        bound: &Bound,
+        mode: crate::config::RemoteMode,
+    ) -> Option<Self> {
+        let mut slice_versions = slices
+            .iter()
+            .map(|s| Some((s.metadata.name.clone()?, s.metadata.resource_version.clone()?)))
+            .collect::<Option<Vec<_>>>()?;
+        slice_versions.sort();
+        Some(Self {
+            service_version: service.metadata.resource_version.clone()?,
+            slice_versions,
+            bound: bound.clone(),
+            mode,
+        })
+    }
+}
+
+/// EndpointSlices by the Service they belong to: (namespace, `kubernetes.io/service-name`).
+fn slices_by_service(slices: &[Arc<EndpointSlice>]) -> HashMap<(&str, &str), Vec<&EndpointSlice>> {
+    let mut index: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+    for slice in slices.iter().map(Arc::as_ref) {
+        let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
+        if let Some(name) = slice.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")) {
+            index.entry((namespace, name.as_str())).or_default().push(slice);
+        }
+    }
+    index
+}
+
+impl Translator {
+    /// As [`translate`], reusing the previous pass's translation of every unchanged Service.
+    pub fn translate(&mut self, state: &ClusterState, base: &Config) -> Result<Translation, String> {
+        let mut previous = std::mem::take(&mut self.services);
+        self.rebuilt = 0;
+        let result = translate_with(state, base, &mut previous, &mut self.services, &mut self.rebuilt);
+        if result.is_err() {
+            // Keep what is known good for the next pass.
+            self.services.extend(previous);
+        }
+        result
+    }
+
+    /// How many Services the last pass built afresh rather than reused.
+    pub fn rebuilt(&self) -> usize {
+        self.rebuilt
+    }
+}
+
+/// The translation, taking unchanged Services' from `previous` and leaving every Service's
+/// in `next`.
+fn translate_with(
+    state: &ClusterState,
+    base: &Config,
+    previous: &mut HashMap<ServiceInputs, Vec<ServiceConfig>>,
+    next: &mut HashMap<ServiceInputs, Vec<ServiceConfig>>,
+    rebuilt: &mut usize,
+) -> Result<Translation, String> {
+    let slices = slices_by_service(&state.slices);
     let mut refusals = Vec::new();
-    let mut groups_sorted: Vec<&LoadBalancerGroup> = state.groups.iter().collect();
+    let mut groups_sorted: Vec<&LoadBalancerGroup> = state.groups.iter().map(Arc::as_ref).collect();
     groups_sorted.sort_by_key(|g| g.metadata.name.clone());
-    let mut services_sorted: Vec<&Service> = state.services.iter().collect();
+    let mut services_sorted: Vec<&Service> = state.services.iter().map(Arc::as_ref).collect();
     services_sorted.sort_by_key(|s| (s.metadata.namespace.clone(), s.metadata.name.clone()));
 
     let mut bound: Vec<(Bound, &Service)> = Vec::new();
@@ -94,8 +187,11 @@ pub fn translate(state: &ClusterState, base: &Config) -> Result<Translation, Str
             // `externalTrafficPolicy: Local`: only members with a ready endpoint may own it.
             let local =
                 service.spec.as_ref().and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
+            let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
+            let name = service.metadata.name.as_deref().unwrap_or_default();
+            let mine: &[&EndpointSlice] = slices.get(&(namespace, name)).map_or(&[], Vec::as_slice);
             let eligible: Option<Vec<String>> = local.then(|| {
-                let with_endpoints = ready_endpoint_nodes(service, &state.slices);
+                let with_endpoints = ready_endpoint_nodes(mine);
                 member_set.iter().filter(|m| with_endpoints.contains(*m)).cloned().collect()
             });
             for address in &addresses {
@@ -108,9 +204,25 @@ pub fn translate(state: &ClusterState, base: &Config) -> Result<Translation, Str
                 }
                 vips.push(vip);
             }
-            for address in addresses {
-                services.push(service_document(b, service, address, &state.slices, spec.remote_mode));
+            let inputs = ServiceInputs::of(service, mine, b, spec.remote_mode);
+            let configs = match inputs.as_ref().and_then(|k| previous.remove(k)) {
+                Some(done) => done,
+                None => {
+                    *rebuilt += 1;
+                    addresses
+                        .iter()
+                        .map(|address| {
+                            let document = service_document(b, service, *address, mine, spec.remote_mode);
+                            serde_json::from_value(document)
+                                .map_err(|e| format!("Service {}: {e}", b.service))
+                        })
+                        .collect::<Result<Vec<ServiceConfig>, String>>()?
+                }
+            };
+            if let Some(inputs) = inputs {
+                next.insert(inputs, configs.clone());
             }
+            services.extend(configs);
         }
         let document = json!({
             "name": name,
@@ -129,24 +241,21 @@ pub fn translate(state: &ClusterState, base: &Config) -> Result<Translation, Str
             serde_json::from_value(document).map_err(|e| format!("LoadBalancerGroup {name}: {e}"))?;
         groups.push(group);
     }
-    let services: Vec<ServiceConfig> = services
-        .into_iter()
-        .map(|d| serde_json::from_value(d.clone()).map_err(|e| format!("Service {}: {e}", d["name"])))
-        .collect::<Result<_, _>>()?;
     let config = Config { groups, services, ..base.clone() };
     config.validate().map_err(|e| e.to_string())?;
     Ok(Translation { config, refusals })
 }
 
 /// The names of the nodes in a group, in order.
-pub fn member_names(nodes: &[Node], selector: &BTreeMap<String, String>) -> Vec<String> {
+pub fn member_names<N: Borrow<Node>>(nodes: &[N], selector: &BTreeMap<String, String>) -> Vec<String> {
     members(nodes, selector).into_iter().map(|(n, _)| n).collect()
 }
 
 /// Nodes matching `selector`, with their IPv4 InternalIP, in name order.
-fn members(nodes: &[Node], selector: &BTreeMap<String, String>) -> Vec<(String, Ipv4Addr)> {
+fn members<N: Borrow<Node>>(nodes: &[N], selector: &BTreeMap<String, String>) -> Vec<(String, Ipv4Addr)> {
     let mut out: Vec<(String, Ipv4Addr)> = nodes
         .iter()
+        .map(Borrow::<Node>::borrow)
         .filter(|n| {
             let labels = n.metadata.labels.clone().unwrap_or_default();
             selector.iter().all(|(k, v)| labels.get(k) == Some(v))
@@ -162,15 +271,10 @@ fn members(nodes: &[Node], selector: &BTreeMap<String, String>) -> Vec<(String, 
     out
 }
 
-/// Nodes with a ready endpoint of `service`.
-fn ready_endpoint_nodes(service: &Service, slices: &[EndpointSlice]) -> std::collections::BTreeSet<String> {
-    let (namespace, name) = (service.metadata.namespace.as_deref(), service.metadata.name.as_ref());
+/// Nodes with a ready endpoint in a Service's `slices`.
+fn ready_endpoint_nodes(slices: &[&EndpointSlice]) -> std::collections::BTreeSet<String> {
     slices
         .iter()
-        .filter(|s| {
-            s.metadata.namespace.as_deref() == namespace
-                && s.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")) == name
-        })
         .flat_map(|s| s.endpoints.iter())
         .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
         .filter_map(|e| e.node_name.clone())
@@ -186,24 +290,16 @@ fn service_vips(bound: &Bound, service: &Service) -> Vec<Ipv4Addr> {
     vips
 }
 
+/// A Service's entry for one of its VIPs, from the Service and its EndpointSlices.
 fn service_document(
     bound: &Bound,
     service: &Service,
     vip: Ipv4Addr,
-    slices: &[EndpointSlice],
+    slices: &[&EndpointSlice],
     mode: RemoteMode,
 ) -> Value {
     let spec = service.spec.clone().unwrap_or_default();
-    let namespace = service.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-    let name = service.metadata.name.clone().unwrap_or_default();
-    let mine: Vec<&EndpointSlice> = slices
-        .iter()
-        .filter(|s| {
-            s.metadata.namespace.as_deref() == Some(namespace.as_str())
-                && s.address_type == "IPv4"
-                && s.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")) == Some(&name)
-        })
-        .collect();
+    let mine: Vec<&EndpointSlice> = slices.iter().copied().filter(|s| s.address_type == "IPv4").collect();
     let ports: Vec<Value> = spec
         .ports
         .unwrap_or_default()
@@ -257,8 +353,8 @@ mod tests {
     use super::*;
     use crate::{node_plan::node_plan, service_plan};
 
-    fn objects<T: serde::de::DeserializeOwned>(yaml: &str) -> Vec<T> {
-        yaml.split("\n---\n").map(|doc| serde_yaml::from_str(doc).unwrap()).collect()
+    fn objects<T: serde::de::DeserializeOwned>(yaml: &str) -> Vec<Arc<T>> {
+        yaml.split("\n---\n").map(|doc| Arc::new(serde_yaml::from_str(doc).unwrap())).collect()
     }
 
     fn cluster() -> ClusterState {
@@ -363,7 +459,7 @@ services:
         let pinned: BTreeMap<String, u8> =
             first.vrids["edge"].keys().enumerate().map(|(i, key)| (key.clone(), 200 + i as u8)).collect();
         assert!(!pinned.is_empty());
-        state.groups[0].status =
+        Arc::make_mut(&mut state.groups[0]).status =
             Some(crate::k8s::crd::LoadBalancerGroupStatus { vrids: pinned.clone(), ..Default::default() });
         let second = node_plan(&translate(&state, &base).unwrap().config, "n0");
         assert_eq!(second.vrids["edge"], pinned, "the published VRIDs win over fresh allocation");
@@ -374,8 +470,9 @@ services:
     fn interface_from_ip_uses_this_nodes_route() {
         let base = Config::parse(BASE).unwrap();
         let mut state = cluster();
-        state.groups[0].spec.interface = None;
-        state.groups[0].spec.interface_from_ip = Some("192.0.2.1".parse().unwrap());
+        let group = Arc::make_mut(&mut state.groups[0]);
+        group.spec.interface = None;
+        group.spec.interface_from_ip = Some("192.0.2.1".parse().unwrap());
         let t = translate(&state, &base).unwrap();
         assert!(t.config.groups.is_empty());
         let refusal = t.refusals.iter().find(|r| r.reason == "InterfaceNotFound").expect("a refusal");
@@ -435,6 +532,63 @@ services:
     }
 
     #[test]
+    fn a_translator_rebuilds_only_the_services_whose_objects_changed() {
+        let base = Config::parse(BASE).unwrap();
+        let mut state = cluster();
+        let versioned = |state: &mut ClusterState, version: &str| {
+            for s in &mut state.services {
+                Arc::make_mut(s).metadata.resource_version = Some(version.into());
+            }
+            for s in &mut state.slices {
+                Arc::make_mut(s).metadata.resource_version = Some(version.into());
+            }
+        };
+        versioned(&mut state, "1");
+        let mut translator = Translator::default();
+        assert_eq!(
+            translator.translate(&state, &base).unwrap().config,
+            translate(&state, &base).unwrap().config
+        );
+        assert_eq!(translator.rebuilt(), 2);
+        assert_eq!(
+            translator.translate(&state, &base).unwrap().config,
+            translate(&state, &base).unwrap().config
+        );
+        assert_eq!(translator.rebuilt(), 0, "nothing changed");
+
+        // One EndpointSlice changes: only its Service is rebuilt, and the result is the
+        // whole translation's.
+        let web = state.slices.iter_mut().find(|s| s.metadata.name.as_deref() == Some("web-a")).unwrap();
+        let web = Arc::make_mut(web);
+        web.endpoints[0].addresses = vec!["10.244.1.6".into()];
+        web.metadata.resource_version = Some("2".into());
+        let incremental = translator.translate(&state, &base).unwrap().config;
+        assert_eq!(translator.rebuilt(), 1);
+        assert_eq!(incremental, translate(&state, &base).unwrap().config);
+        assert!(
+            incremental
+                .services
+                .iter()
+                .any(|s| s.endpoints.iter().any(|e| e.address.to_string() == "10.244.1.6"))
+        );
+
+        // A Service bound differently (its group's allowed externalIPs) is rebuilt too.
+        Arc::make_mut(&mut state.groups[0]).spec.allowed_external_ips = vec![];
+        let rebound = translator.translate(&state, &base).unwrap().config;
+        assert_eq!(rebound, translate(&state, &base).unwrap().config);
+        assert_eq!(translator.rebuilt(), 1, "web loses its externalIP; dns is bound as before");
+
+        // Objects without resource versions are never reused.
+        versioned(&mut state, "");
+        for s in &mut state.services {
+            Arc::make_mut(s).metadata.resource_version = None;
+        }
+        translator.translate(&state, &base).unwrap();
+        translator.translate(&state, &base).unwrap();
+        assert_eq!(translator.rebuilt(), 2);
+    }
+
+    #[test]
     fn object_order_does_not_matter() {
         let base = Config::parse(BASE).unwrap();
         let mut state = cluster();
@@ -450,7 +604,7 @@ services:
         let base = Config::parse(BASE).unwrap();
         let mut state = cluster();
         for slice in &mut state.slices {
-            for e in &mut slice.endpoints {
+            for e in &mut Arc::make_mut(slice).endpoints {
                 if e.conditions.is_none() || e.conditions.as_ref().is_some_and(|c| c.ready != Some(false)) {
                     e.conditions = Some(k8s_openapi::api::discovery::v1::EndpointConditions {
                         ready: Some(false),

@@ -295,10 +295,10 @@ mod tests {
     fn state(services: &str) -> ClusterState {
         ClusterState {
             routes: Default::default(),
-            groups: vec![test_group(
-                "edge",
-                "{interface: eth0, addressPools: [198.51.100.0/30], default: true}",
-            )],
+            groups: vec![
+                test_group("edge", "{interface: eth0, addressPools: [198.51.100.0/30], default: true}")
+                    .into(),
+            ],
             nodes: vec![
                 serde_yaml::from_str(
                     "metadata: {name: n0}\nstatus: {addresses: [{type: InternalIP, address: 192.0.2.10}]}",
@@ -379,7 +379,7 @@ mod tests {
         let first = plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), "2026-11-22T00:00:00Z");
         assert!(first.ingress.is_empty() && first.add_finalizer.is_empty());
         let mut settled = s.clone();
-        settled.groups[0].status = Some(first.groups["edge"].clone());
+        std::sync::Arc::make_mut(&mut settled.groups[0]).status = Some(first.groups["edge"].clone());
         let again =
             plan(&settled, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), "2026-11-22T01:00:00Z");
         assert!(again.groups.is_empty(), "nothing changed, nothing to write: {:?}", again.groups);

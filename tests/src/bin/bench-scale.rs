@@ -14,6 +14,11 @@
 //!   maps: from the changed config to the maps, p50 and p99. Then the same 1,000 changes at once
 //!   (one coalesced sync, as a watch burst is), and the SIGHUP path end to end (YAML parse
 //!   included) on the running agent, median of 10.
+//! - **One watch event.** The same N Services as Kubernetes objects (a Service and an
+//!   EndpointSlice each); 1,000 times, one EndpointSlice is replaced (an endpoint moved, a new
+//!   resource version), and the time runs from there through the controller's snapshot of the
+//!   stores (a clone), the Kubernetes source's translation, the planner and the map writer to
+//!   the maps, p50 and p99.
 //! - **Memory.** The agent's RSS after the cold start, and the kernel memory of every map it
 //!   pinned (fdinfo `memlock`).
 
@@ -26,12 +31,16 @@ use aya::{EbpfLoader, maps::MapData};
 use lb_agent::{
     config::Config,
     dataplane::{EMBEDDED_OBJECT, PINNED_MAPS, ServiceMaps, batch, map_sizes, pin_dir},
+    k8s::source::{Translator, translate},
     service_plan::IncrementalPlanner,
 };
 use lb_lab::{
     Agent, Lab, Netns,
     agent::AGENT_LISTEN,
-    scale::{kube_proxy_iptables, kube_proxy_nftables, scale_endpoint, scale_node, scale_services_yaml},
+    scale::{
+        kube_proxy_iptables, kube_proxy_nftables, scale_cluster, scale_endpoint, scale_endpoint_json,
+        scale_node, scale_services_yaml, scale_slice,
+    },
 };
 
 const ENDPOINTS: usize = 10;
@@ -48,18 +57,26 @@ fn main() {
         None if quick => vec![1_000],
         None => vec![1_000, 10_000, 20_000],
     };
+    if args.iter().any(|a| a == "--watch-only") {
+        // Only the watch-event measurement, for working on the Kubernetes path.
+        for n in sizes {
+            let (p50, p99) = watch_event_changes(n);
+            println!("{n} services: watch event → maps p50 {} p99 {}", ms(p50), ms(p99));
+        }
+        return;
+    }
     let lab = Lab::new(1);
     println!(
-        "| Services × 10 | lb-agent start → ready | lb-agent maps programmed | iptables-restore | iptables-legacy-restore | nft -f | lb-agent ÷ iptables-restore | change p50 / p99 | 1,000 changes at once | 1,000 one by one | SIGHUP (parse included) | agent RSS | BPF maps |"
+        "| Services × 10 | lb-agent start → ready | lb-agent maps programmed | iptables-restore | iptables-legacy-restore | nft -f | lb-agent ÷ iptables-restore | change p50 / p99 | 1,000 changes at once | 1,000 one by one | SIGHUP (parse included) | watch event → maps p50 / p99 | agent RSS | BPF maps |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in sizes {
         // Three alternating repetitions; one at 20,000, where iptables-restore takes ~45 s.
         let reps = if quick || n > 10_000 { 1 } else { 3 };
         eprintln!("== {n} services × {ENDPOINTS} endpoints, {reps} repetition(s)");
         let r = measure(&lab, n, reps);
         println!(
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {} / {} | {} | {} | {} | {} MiB | {} MiB |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {} / {} | {} | {} | {} | {} / {} | {} MiB | {} MiB |",
             r.services,
             ms(r.start),
             ms(r.programmed),
@@ -72,6 +89,8 @@ fn main() {
             ms(r.burst),
             ms(r.sequential),
             ms(r.sighup),
+            ms(r.watch_p50),
+            ms(r.watch_p99),
             r.rss_kib / 1024,
             r.map_bytes / (1 << 20),
         );
@@ -90,6 +109,8 @@ struct Row {
     burst: Duration,
     sequential: Duration,
     sighup: Duration,
+    watch_p50: Duration,
+    watch_p99: Duration,
     rss_kib: u64,
     map_bytes: u64,
 }
@@ -159,6 +180,7 @@ fn measure(lab: &Lab, n: usize, reps: usize) -> Row {
     let sighup = sighup_changes(&agent, &yaml, &config_path);
     drop(agent);
     let (p50, p99, burst, sequential) = in_process_changes(&yaml, n);
+    let (watch_p50, watch_p99) = watch_event_changes(n);
     Row {
         services: n,
         start: median(starts),
@@ -171,6 +193,8 @@ fn measure(lab: &Lab, n: usize, reps: usize) -> Row {
         burst,
         sequential,
         sighup,
+        watch_p50,
+        watch_p99,
         rss_kib,
         map_bytes,
     }
@@ -268,15 +292,56 @@ fn sighup_changes(agent: &Agent, yaml: &str, path: &std::path::Path) -> Duration
     median(times)
 }
 
-/// Endpoint changes through the agent's planner and map writer, on real maps in this process.
-fn in_process_changes(yaml: &str, n: usize) -> (Duration, Duration, Duration, Duration) {
-    let mut config = Config::parse(yaml).expect("the scale config");
+/// The service maps, unpinned, sized as `config` says (keep the object alive beside them).
+fn service_maps(config: &Config) -> (aya::Ebpf, ServiceMaps) {
     let mut loader = EbpfLoader::new();
     for (name, size) in map_sizes(&config.dataplane.capacity) {
         loader.map_max_entries(name, size);
     }
     let mut ebpf = loader.load(EMBEDDED_OBJECT).expect("loading the BPF object");
-    let mut maps = ServiceMaps::take(&mut ebpf, None).expect("the service maps");
+    let maps = ServiceMaps::take(&mut ebpf, None).expect("the service maps");
+    (ebpf, maps)
+}
+
+/// Endpoint changes as watch events (see the module's notes): p50 and p99.
+fn watch_event_changes(n: usize) -> (Duration, Duration) {
+    let mut state = scale_cluster(n, ENDPOINTS);
+    let base = Config::parse(&head("n0", n)).expect("the agent's settings");
+    let (_ebpf, mut maps) = service_maps(&base);
+    let mut translator = Translator::default();
+    let started = Instant::now();
+    let config = translator.translate(&state, &base).expect("the cluster's config").config;
+    eprintln!("  kubernetes: first translation of {n} services {:?}", started.elapsed());
+    let started = Instant::now();
+    translate(&state, &base).expect("the cluster's config");
+    eprintln!("  kubernetes: a translation from scratch {:?}", started.elapsed());
+    let mut planner = IncrementalPlanner::default();
+    let report = maps.apply_delta(&planner.update(&config, "n0")).expect("the first sync");
+    assert_eq!(report.services_added, n, "one entry per Service");
+
+    let mut times = Vec::with_capacity(CHANGES);
+    for k in 0..CHANGES {
+        let (service, moved) = ((k * 7919) % n, k % ENDPOINTS);
+        let endpoints = (0..ENDPOINTS)
+            .map(|e| scale_endpoint_json(service, e, ENDPOINTS, u32::from(e == moved)))
+            .collect();
+        state.slices[service] = std::sync::Arc::new(scale_slice(service, endpoints, k as u64 + 2));
+        let started = Instant::now();
+        let snapshot = state.clone();
+        let config = translator.translate(&snapshot, &base).expect("the cluster's config").config;
+        let report = maps.apply_delta(&planner.update(&config, "n0")).expect("a change");
+        times.push(started.elapsed());
+        maps.remove_retired_rings().expect("removing the replaced ring");
+        assert_eq!((report.services_changed, translator.rebuilt()), (1, 1), "change {k}");
+    }
+    times.sort();
+    (times[CHANGES / 2], times[CHANGES * 99 / 100])
+}
+
+/// Endpoint changes through the agent's planner and map writer, on real maps in this process.
+fn in_process_changes(yaml: &str, n: usize) -> (Duration, Duration, Duration, Duration) {
+    let mut config = Config::parse(yaml).expect("the scale config");
+    let (_ebpf, mut maps) = service_maps(&config);
     let mut planner = IncrementalPlanner::default();
     maps.apply_delta(&planner.update(&config, "n0")).expect("the first sync");
 

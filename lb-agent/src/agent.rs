@@ -185,6 +185,7 @@ pub async fn run(
         vrrp,
         garp: Arc::new(garp),
         announced: BTreeSet::new(),
+        garp_refresh: BTreeMap::new(),
         kernel_vips: None,
         applied_epoch: None,
         node_address,
@@ -200,9 +201,8 @@ pub async fn run(
     // A crashed earlier run may have left VIP addresses behind: start from none.
     agent.apply_ownership().await;
     agent.log_plan();
+    agent.reconfigure_vrrp();
     if let Some(vrrp) = &mut agent.vrrp {
-        let out = vrrp.router.reconfigure(Instant::now().into_std(), agent.plan.instances.clone());
-        vrrp.send(&out);
         let out = vrrp.router.start(Instant::now().into_std());
         vrrp.send(&out);
     }
@@ -283,6 +283,8 @@ struct Agent {
     garp: Arc<GarpSocket>,
     /// VRRP VIPs owned at the last apply: the ones new since then get gratuitous ARPs.
     announced: BTreeSet<Ipv4Addr>,
+    /// Owned VIPs by `garp.refresh` period, and when they are next announced again.
+    garp_refresh: BTreeMap<Duration, (Instant, Vec<Ipv4Addr>)>,
     /// The VIP addresses last put on the uplink; `None` forces a netlink sync.
     kernel_vips: Option<BTreeSet<Ipv4Addr>>,
     /// The router's ownership epoch last applied; `None` forces a full apply.
@@ -323,7 +325,10 @@ impl Agent {
                     return Ok(());
                 }
             }
-            let deadline = self.vrrp.as_ref().and_then(|v| v.router.next_deadline()).map(Instant::from_std);
+            let vrrp_deadline =
+                self.vrrp.as_ref().and_then(|v| v.router.next_deadline()).map(Instant::from_std);
+            let deadline =
+                vrrp_deadline.into_iter().chain(self.garp_refresh.values().map(|(at, _)| *at)).min();
             tokio::select! {
                 _ = stop_signal(&mut term, &mut int), if stop_by.is_none() => {
                     stop_by = Some(Instant::now() + STOP_BOUND);
@@ -372,6 +377,7 @@ impl Agent {
                         vrrp.send(&out);
                     }
                     self.apply_ownership().await;
+                    self.refresh_garps(Instant::now());
                 }
             }
         }
@@ -481,15 +487,24 @@ impl Agent {
         self.count_reload("applied");
     }
 
+    /// Brings the VRRP instances to the plan. Each instance's lease-expiry counter starts at
+    /// zero, so that its first expiry is an increase Prometheus can see.
+    fn reconfigure_vrrp(&mut self) {
+        for spec in &self.plan.instances {
+            let _ = self.state.metrics.lease_expiries.get_or_create(&VridLabels { vrid: spec.vrid });
+        }
+        if let Some(vrrp) = &mut self.vrrp {
+            let out = vrrp.router.reconfigure(Instant::now().into_std(), self.plan.instances.clone());
+            vrrp.send(&out);
+        }
+    }
+
     /// Follows a config whose services are in the maps: VRRP instances and owned VIPs.
     async fn commit_config(&mut self, config: Arc<Config>, plan: NodePlan) {
         self.config = config;
         self.plan = plan;
         self.log_plan();
-        if let Some(vrrp) = &mut self.vrrp {
-            let out = vrrp.router.reconfigure(Instant::now().into_std(), self.plan.instances.clone());
-            vrrp.send(&out);
-        }
+        self.reconfigure_vrrp();
         self.kernel_vips = None;
         self.applied_epoch = None;
         self.apply_ownership().await;
@@ -558,6 +573,7 @@ impl Agent {
             }
         }
         self.announce(newly_owned);
+        self.schedule_garp_refresh(Instant::now());
 
         let configured: BTreeSet<Ipv4Addr> =
             self.config.vips.iter().map(|v| v.address).chain(self.plan.vips.keys().copied()).collect();
@@ -648,6 +664,45 @@ impl Agent {
             .filter_map(|vip| self.plan.vips.get(&vip).map(|s| (vip, s.garp.count, s.garp.interval)))
             .filter(|(_, count, _)| *count > 0)
             .collect();
+        self.send_garps(bursts);
+    }
+
+    /// Groups the owned VIPs by their group's `garp.refresh` period (after an ownership
+    /// change); a new period's first refresh is one period away, since taking over has its own
+    /// burst.
+    fn schedule_garp_refresh(&mut self, now: Instant) {
+        let mut by_period: BTreeMap<Duration, Vec<Ipv4Addr>> = BTreeMap::new();
+        for vip in &self.announced {
+            if let Some(settings) = self.plan.vips.get(vip)
+                && !settings.garp.refresh.is_zero()
+            {
+                by_period.entry(settings.garp.refresh).or_default().push(*vip);
+            }
+        }
+        let previous = std::mem::take(&mut self.garp_refresh);
+        self.garp_refresh = by_period
+            .into_iter()
+            .map(|(period, vips)| {
+                let next = previous.get(&period).map_or(now + period, |(next, _)| *next);
+                (period, (next, vips))
+            })
+            .collect();
+    }
+
+    /// `garp.refresh`: while Master, one gratuitous ARP per owned VIP every period.
+    fn refresh_garps(&mut self, now: Instant) {
+        let mut due = Vec::new();
+        for (period, (next, vips)) in &mut self.garp_refresh {
+            if *next <= now {
+                *next = now + *period;
+                due.extend(vips.iter().map(|vip| (*vip, 1, Duration::ZERO)));
+            }
+        }
+        self.send_garps(due);
+    }
+
+    /// Sends `count` gratuitous ARPs for each VIP, `pause` apart (the shortest), in the background.
+    fn send_garps(&self, bursts: Vec<(Ipv4Addr, u32, Duration)>) {
         if bursts.is_empty() {
             return;
         }

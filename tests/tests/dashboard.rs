@@ -1,5 +1,5 @@
-//! The Grafana dashboard only charts metrics a running agent exports, and the PodMonitor
-//! scrapes the port the DaemonSet names.
+//! The Grafana dashboard and the alerting rules only use metrics a running agent exports, and
+//! the PodMonitor scrapes the port the DaemonSet names.
 
 use std::{collections::BTreeSet, path::Path, time::Duration};
 
@@ -12,32 +12,51 @@ fn deploy(file: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(file)).unwrap()
 }
 
-/// Every `lbagent_…` name in the dashboard's queries, as its metric family.
+/// Every `lbagent_…` name in `expr`, as its metric family.
+fn families_in(expr: &str, names: &mut BTreeSet<String>) {
+    for (start, _) in expr.match_indices("lbagent_") {
+        let name: String =
+            expr[start..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let family = ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(&name)
+            .to_owned();
+        names.insert(family);
+    }
+}
+
+/// Every metric family the dashboard's queries use.
 fn dashboard_families() -> BTreeSet<String> {
     let dashboard: serde_json::Value = serde_json::from_str(&deploy("grafana/lb-agent.json")).unwrap();
     let mut names = BTreeSet::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().unwrap() {
-            let expr = target["expr"].as_str().unwrap();
-            for (start, _) in expr.match_indices("lbagent_") {
-                let name: String =
-                    expr[start..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-                let family = ["_total", "_bucket", "_sum", "_count"]
-                    .iter()
-                    .find_map(|suffix| name.strip_suffix(suffix))
-                    .unwrap_or(&name)
-                    .to_owned();
-                names.insert(family);
-            }
+            families_in(target["expr"].as_str().unwrap(), &mut names);
+        }
+    }
+    names
+}
+
+/// Every metric family the alerting rules use.
+fn rule_families() -> BTreeSet<String> {
+    let rules: serde_yaml::Value = serde_yaml::from_str(&deploy("monitoring/lb-agent.rules.yaml")).unwrap();
+    let mut names = BTreeSet::new();
+    for group in rules["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            families_in(rule["expr"].as_str().unwrap(), &mut names);
         }
     }
     names
 }
 
 #[test]
-fn every_metric_on_the_dashboard_is_exported() {
-    let families = dashboard_families();
+fn every_metric_on_the_dashboard_and_in_the_rules_is_exported() {
+    let mut families = dashboard_families();
     assert!(families.len() >= 15, "{families:?}");
+    let rules = rule_families();
+    assert!(rules.len() >= 7, "{rules:?}");
+    families.extend(rules);
 
     let mut lab = Lab::new(2);
     for node in 0..2 {
@@ -68,7 +87,7 @@ fn every_metric_on_the_dashboard_is_exported() {
     let missing: Vec<&String> = families.iter().filter(|f| !exported.contains(*f)).collect();
     assert!(
         missing.is_empty(),
-        "the dashboard charts metrics the agent does not export: {missing:?}\n{text}"
+        "the dashboard or the rules use metrics the agent does not export: {missing:?}\n{text}"
     );
 }
 

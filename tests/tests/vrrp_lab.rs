@@ -221,6 +221,27 @@ fn a_frozen_master_gives_its_vip_up_and_rejoins_as_backup() {
     }
 }
 
+/// `garp.refresh`: while it stays master, the owner announces its VIP again every period, and
+/// only the owner does.
+#[test]
+fn the_master_refreshes_its_gratuitous_arps() {
+    let mut lab = Lab::new(2);
+    let garp = "    garp: {count: 1, refresh: 200ms}\n";
+    let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], garp));
+    wait_owner(&lab, VIP, 0, &agents);
+    std::thread::sleep(Duration::from_millis(300));
+    let frames = send_and_capture(lab.client.ns.name(), "eth0", vec![], Duration::from_millis(1100));
+    let announcers: Vec<[u8; 6]> = frames
+        .iter()
+        .filter(|f| f.len() >= 42 && f[12..14] == [0x08, 0x06])
+        .filter(|f| f[28..32] == VIP.octets() && f[38..42] == VIP.octets())
+        .map(|f| <[u8; 6]>::try_from(&f[6..12]).unwrap())
+        .collect();
+    // 1.1 s at one announcement per 200 ms: five, give or take one at either edge.
+    assert!((4..=7).contains(&announcers.len()), "{} announcements", announcers.len());
+    assert!(announcers.iter().all(|mac| *mac == lab.nodes[0].mac), "only the master announces");
+}
+
 /// keepalived 2.2.7 on n1 and lb-agent on n0 share one VRID, in both directions.
 #[test]
 fn interop_with_keepalived() {

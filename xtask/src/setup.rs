@@ -24,6 +24,7 @@ const APT_PACKAGES: &[&str] = &[
     "iptables", // kube-proxy baselines
     "nftables",
     "curl",
+    "prometheus", // promtool, for the alerting rules' tests
 ];
 
 pub fn run() -> Result<()> {

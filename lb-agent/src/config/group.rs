@@ -101,7 +101,7 @@ impl VipMode {
     }
 }
 
-/// Gratuitous ARP on becoming Master.
+/// Gratuitous ARP on becoming Master, and while Master.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GarpConfig {
@@ -111,13 +111,21 @@ pub struct GarpConfig {
     /// Pause between announcements.
     #[serde(default = "default_garp_interval", deserialize_with = "duration")]
     pub interval: Duration,
+    /// Announce the owned VIPs again this often while Master (zero: never), for switches
+    /// whose MAC tables age out before routers' ARP caches do (keepalived's
+    /// `garp_master_refresh`).
+    #[serde(default, deserialize_with = "duration")]
+    pub refresh: Duration,
 }
 
 impl Default for GarpConfig {
     fn default() -> Self {
-        Self { count: default_garp_count(), interval: default_garp_interval() }
+        Self { count: default_garp_count(), interval: default_garp_interval(), refresh: Duration::ZERO }
     }
 }
+
+/// The shortest `garp.refresh`: more often would flood the segment with announcements.
+pub const MIN_GARP_REFRESH: Duration = Duration::from_millis(100);
 
 fn default_advert_interval() -> Duration {
     Duration::from_secs(1)
@@ -282,6 +290,13 @@ pub(super) fn validate_groups(
         if group.garp.count > 100 || group.garp.interval > Duration::from_secs(10) {
             return Err(ConfigError::new(at("garp"), "count ≤ 100 and interval ≤ 10s"));
         }
+        let refresh = group.garp.refresh;
+        if !refresh.is_zero() && refresh < MIN_GARP_REFRESH {
+            return Err(ConfigError::new(
+                at("garp.refresh"),
+                format!("zero (off) or at least {MIN_GARP_REFRESH:?}, got {refresh:?}"),
+            ));
+        }
     }
     Ok(())
 }
@@ -319,6 +334,16 @@ mod tests {
         assert_eq!(field, "groups[0].advertInterval");
         assert!(expected.contains("a duration like 100ms"), "{expected}");
         assert!(Config::parse(&format!("{BASE}    advertInterval: 10ms\n")).is_ok());
+    }
+
+    #[test]
+    fn garp_refresh_is_off_or_at_least_100ms() {
+        let g = |extra: &str| Config::parse(&format!("{BASE}{extra}")).map(|c| c.groups[0].garp.refresh);
+        assert_eq!(g("").unwrap(), std::time::Duration::ZERO, "off by default");
+        assert_eq!(g("    garp: {refresh: 30s}\n").unwrap(), std::time::Duration::from_secs(30));
+        let (field, expected) = err("    garp: {refresh: 10ms}\n");
+        assert_eq!(field, "groups[0].garp.refresh");
+        assert!(expected.contains("at least 100ms"), "{expected}");
     }
 
     #[test]

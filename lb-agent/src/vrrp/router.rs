@@ -111,7 +111,20 @@ pub struct Router {
     ownership_epoch: u64,
     /// VIPs to announce again (gratuitous ARP) although ownership did not change.
     reannounce: BTreeSet<Ipv4Addr>,
+    /// Non-members heard advertising our VRIDs, by (VRID, source).
+    foreign: BTreeMap<(u8, Ipv4Addr), ForeignRouter>,
 }
+
+/// A router outside the group that advertises one of its VRIDs.
+struct ForeignRouter {
+    group: String,
+    logged: Option<Instant>,
+    /// Advertisements since the last log line.
+    unlogged: u64,
+}
+
+/// At most one log line per foreign router and VRID in this long.
+pub const FOREIGN_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// After the successor's first advertisement, keep answering this long: its gratuitous ARPs
 /// are on their way to the clients, and traffic still addressed to us is served meanwhile.
@@ -128,6 +141,7 @@ impl Router {
             started: false,
             ownership_epoch: 0,
             reannounce: BTreeSet::new(),
+            foreign: BTreeMap::new(),
         }
     }
 
@@ -236,8 +250,9 @@ impl Router {
         };
         // VRRPv3 has no authentication: only the group's members may speak for its VRIDs.
         if !running.spec.peers.contains(&received.source) {
-            warn!(vrid, source = %received.source, "advertisement from a non-member dropped");
             self.metrics.dropped(Some(vrid), drop_reason::NOT_MEMBER);
+            let group = running.spec.group.clone();
+            self.foreign_advert(now, group, vrid, received.source);
             return out;
         }
         self.metrics.received(&running.spec.group, vrid);
@@ -382,6 +397,33 @@ impl Router {
         let handovers = self.handovers.iter().map(|(vrid, h)| (*vrid, &h.vips, h.release_at));
         let lingering = self.lingering.iter().map(|(vrid, (vips, until))| (*vrid, vips, *until));
         masters.chain(handovers).chain(lingering)
+    }
+
+    /// A router outside the group advertises one of our VRIDs: logged once per
+    /// [`FOREIGN_LOG_EVERY`] per (VRID, source), with how many went unlogged, and remembered
+    /// for [`Router::foreign_routers`].
+    fn foreign_advert(&mut self, now: Instant, group: String, vrid: u8, source: Ipv4Addr) {
+        let seen =
+            self.foreign.entry((vrid, source)).or_insert(ForeignRouter { group, logged: None, unlogged: 0 });
+        if seen.logged.is_some_and(|at| now < at + FOREIGN_LOG_EVERY) {
+            seen.unlogged += 1;
+            return;
+        }
+        warn!(
+            group = %seen.group,
+            vrid,
+            %source,
+            since_last_log = seen.unlogged,
+            "a router outside the group advertises this VRID; its advertisements are dropped (add the VRID \
+             to the group's excludedVrids, or find who sends them)"
+        );
+        seen.logged = Some(now);
+        seen.unlogged = 0;
+    }
+
+    /// Routers outside their group heard advertising one of its VRIDs: (group, VRID, source).
+    pub fn foreign_routers(&self) -> impl Iterator<Item = (&str, u8, Ipv4Addr)> + '_ {
+        self.foreign.iter().map(|((vrid, source), f)| (f.group.as_str(), *vrid, *source))
     }
 
     /// VIPs to announce again since the last call (see [`Action::Reannounce`]).
@@ -611,6 +653,11 @@ mod tests {
         let (mut b, registry) = router(B, spec(100, &[A], Transport::Multicast));
         b.start(t0);
         b.on_datagram(t0 + ms(400), &on_wire(ROGUE, &adverts[0], 255));
+        assert_eq!(
+            b.foreign_routers().collect::<Vec<_>>(),
+            vec![("g", 9, ROGUE)],
+            "remembered for the Event"
+        );
         b.on_datagram(t0 + ms(400), &on_wire(A, &adverts[0], 64));
         // Our own advert looped back.
         let own = Advertisement { vrid: 9, priority: 100, max_adver_int_cs: 10, addresses: vec![VIP] };

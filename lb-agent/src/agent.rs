@@ -27,6 +27,7 @@ use crate::{
     dataplane::{Dataplane, XdpCounters, leases, vips::OwnedSet},
     error::{Error, Result},
     http::{self, HttpState, InstanceSnapshot, StatusSource},
+    k8s::controller::{ForeignRouters, FromAgent},
     metrics::{Metrics, ResultLabels, VridLabels, XdpLabels},
     netdev::{self, Interface},
     node_plan::{NodePlan, node_plan},
@@ -61,13 +62,14 @@ pub async fn run(
         config.dataplane.pin_path = pin_path.clone();
     }
     let node = node_name(&config, node_override);
-    let (mut cluster_configs, mut owners) = (None, None);
+    let (mut cluster_configs, mut owners, mut foreign) = (None, None, None);
     // Services the data plane has no room for, by name, for the cluster's status.
     let (refused_tx, refused_rx) = watch::channel(BTreeMap::new());
     if let Some(source) = kubernetes {
         let client = kube::Client::try_default().await.map_err(Error::Kube)?;
         let (configs_tx, mut configs_rx) = mpsc::channel(4);
         let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
+        let (foreign_tx, foreign_rx) = watch::channel(ForeignRouters::new());
         let mut base = config.clone();
         base.node = Some(node.clone());
         let shell = crate::k8s::controller::Shell {
@@ -77,13 +79,14 @@ pub async fn run(
             node: node.clone(),
             namespace: source.namespace,
         };
-        tokio::spawn(shell.run(configs_tx, owners_rx, refused_rx));
+        let from_agent = FromAgent { owners: owners_rx, refused: refused_rx, foreign: foreign_rx };
+        tokio::spawn(shell.run(configs_tx, from_agent));
         info!("waiting for the cluster's groups and services");
         config = configs_rx
             .recv()
             .await
             .ok_or_else(|| Error::io("watching the cluster", std::io::Error::other("the watch ended")))?;
-        (cluster_configs, owners) = (Some(configs_rx), Some(owners_tx));
+        (cluster_configs, owners, foreign) = (Some(configs_rx), Some(owners_tx), Some(foreign_tx));
     }
     let netlink = netdev::connect()?;
     let config_error = |field: &str, expected: String| Error::Config {
@@ -172,12 +175,14 @@ pub async fn run(
     };
     let state = Arc::new(HttpState { metrics, ready: Default::default(), status });
 
+    let carrier = netdev::watch_carrier(interface.index)?;
     let mut agent = Agent {
         config_path,
         config,
         node,
         plan,
         netlink,
+        carrier,
         interface,
         dataplane,
         counters,
@@ -195,6 +200,7 @@ pub async fn run(
         pin_override,
         cluster_configs,
         owners,
+        foreign,
         restart_requested: false,
         status_requests,
     };
@@ -305,10 +311,14 @@ struct Agent {
     cluster_configs: Option<mpsc::Receiver<Config>>,
     /// With `--kubernetes`: who this node sees as Master of each VIP, for group status.
     owners: Option<watch::Sender<BTreeMap<Ipv4Addr, String>>>,
+    /// With `--kubernetes`: routers outside a group heard on its VRIDs, for Events.
+    foreign: Option<watch::Sender<ForeignRouters>>,
     /// The cluster changed this node's group membership: stop, for a restart.
     restart_requested: bool,
     /// `/status` asking for the VRRP instances, answered between events.
     status_requests: mpsc::Receiver<tokio::sync::oneshot::Sender<Vec<InstanceSnapshot>>>,
+    /// The uplink's carrier changes (true: link up).
+    carrier: mpsc::UnboundedReceiver<bool>,
 }
 
 impl Agent {
@@ -348,6 +358,7 @@ impl Agent {
                         self.commit_config(config, plan).await;
                     }
                 }
+                Some(up) = self.carrier.recv() => self.on_carrier(up),
                 Some(reply) = self.status_requests.recv() => {
                     let _ = reply.send(self.instance_snapshot());
                 }
@@ -519,6 +530,7 @@ impl Agent {
             self.announce(again);
         }
         self.renew_leases();
+        self.publish_foreign();
         let epoch = self.vrrp.as_ref().map(|v| v.router.ownership_epoch());
         if epoch.is_some() && epoch == self.applied_epoch {
             return;
@@ -655,6 +667,35 @@ impl Agent {
             *current = seen;
             changed
         });
+    }
+
+    /// The uplink lost or regained its link. Back up, this node announces what it owns again:
+    /// while it was cut off, a backup took over and the clients and switches followed it, and
+    /// VRRP alone may not bring them back (when the backup hears this master first, it yields
+    /// without this master ever hearing it).
+    fn on_carrier(&mut self, up: bool) {
+        if !up {
+            warn!(interface = %self.interface.name, "the uplink lost its link");
+            return;
+        }
+        info!(interface = %self.interface.name, owned = self.announced.len(), "the uplink has its link again: announcing the owned VIPs");
+        let owned: Vec<Ipv4Addr> = self.announced.iter().copied().collect();
+        self.announce(owned);
+    }
+
+    /// Routers outside a group heard advertising its VRIDs, for the cluster side's Events.
+    /// The router only ever adds to them, so a count tells whether anything is new.
+    fn publish_foreign(&self) {
+        let (Some(foreign), Some(vrrp)) = (&self.foreign, &self.vrrp) else { return };
+        if vrrp.router.foreign_routers().count() == foreign.borrow().len() {
+            return;
+        }
+        let heard: ForeignRouters = vrrp
+            .router
+            .foreign_routers()
+            .map(|(group, vrid, source)| (group.to_owned(), vrid, source))
+            .collect();
+        foreign.send_replace(heard);
     }
 
     /// Gratuitous ARPs for VIPs just taken, in the background so the loop never waits on them.

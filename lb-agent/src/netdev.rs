@@ -29,6 +29,36 @@ pub fn connect() -> Result<rtnetlink::Handle> {
     Ok(handle)
 }
 
+/// Carrier changes of interface `index` (true: it has a link), from the kernel's link
+/// notifications (`ip monitor link`). A master re-announces its VIPs when its uplink comes
+/// back: the clients followed whichever node answered while it was away.
+pub fn watch_carrier(index: u32) -> Result<tokio::sync::mpsc::UnboundedReceiver<bool>> {
+    use futures::StreamExt;
+    use rtnetlink::packet_core::NetlinkPayload;
+    use rtnetlink::packet_route::{RouteNetlinkMessage, link::LinkFlags};
+    let (connection, _, mut messages) =
+        rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])
+            .map_err(|e| crate::error::Error::io("subscribing to link notifications", e))?;
+    tokio::spawn(connection);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut last = None;
+        while let Some((message, _)) = messages.next().await {
+            let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) = message.payload else {
+                continue;
+            };
+            let up = link.header.flags.contains(LinkFlags::LowerUp);
+            if link.header.index == index && last != Some(up) {
+                last = Some(up);
+                if tx.send(up).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(rx)
+}
+
 /// Looks an interface up by name; `None` when this namespace has no such interface.
 pub async fn find(handle: &rtnetlink::Handle, name: &str) -> Result<Option<Interface>> {
     let mut request = std::pin::pin!(handle.link().get().match_name(name.to_owned()).execute());

@@ -40,6 +40,11 @@ pub fn scale_vips_yaml(services: usize) -> String {
 
 /// The Services, as items of a `services:` list.
 pub fn scale_service_items(services: usize, endpoints: usize) -> String {
+    scale_service_items_at(services, endpoints, 0)
+}
+
+/// The Services with their endpoints of `generation` (same counts, other addresses).
+pub fn scale_service_items_at(services: usize, endpoints: usize, generation: u32) -> String {
     let mut yaml = String::with_capacity(services * (80 + endpoints * 40));
     for i in 0..services {
         let _ = write!(
@@ -51,7 +56,7 @@ pub fn scale_service_items(services: usize, endpoints: usize) -> String {
             let _ = writeln!(
                 yaml,
                 "      - {{address: {}, node: {}}}",
-                scale_endpoint(i, e, endpoints, 0),
+                scale_endpoint(i, e, endpoints, generation),
                 scale_node(e)
             );
         }

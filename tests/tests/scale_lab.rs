@@ -1,13 +1,24 @@
 //! Scale with real packets: a node that restarts with thousands of services takes its VIP back
-//! only once they are in its maps, and a config larger than the maps is served as far as it
-//! fits, with the rest refused and reported.
+//! only once they are in its maps; an agent killed in the middle of a large sync leaves
+//! nothing half-written; and a config larger than the maps is served as far as it fits, with
+//! the rest refused and reported.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeSet,
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{Array, HashOfMaps, Map, MapData};
+use lb_agent::dataplane::batch;
+use lb_common::service::{
+    BACKENDS, Backend, Delivery, MAGLEV_RINGS, RingEntry, SERVICES, Service, ServiceKey,
+};
 
 use lb_lab::{
     Lab, Process,
     cluster::{LAB_VIP, agent_config, service_config},
-    scale::{scale_service_items, scale_vips_yaml},
+    scale::{scale_endpoint, scale_service_items, scale_service_items_at, scale_vip, scale_vips_yaml},
 };
 
 const TARGET_PORT: u16 = 8080;
@@ -49,7 +60,8 @@ fn the_preferred_node_restarts_cold_with_thousands_of_services_and_no_reply_is_l
     std::thread::sleep(Duration::from_millis(500));
     n0.signal(libc::SIGTERM);
     assert!(n0.wait_exit(Duration::from_secs(10)).success());
-    assert!(!lab.pin_path(0).join("v1").join("SERVICES").exists(), "n0's maps were removed");
+    let pins = lb_agent::dataplane::pin_dir(&lab.pin_path(0));
+    assert!(!pins.join("SERVICES").exists(), "n0's maps were removed");
     let restarted = Instant::now();
     let mut n0 = lab.start_agent(0, &config(&lab, 0, &services, SCALE, dataplane));
     n0.wait_ready_within(START_TIMEOUT);
@@ -68,6 +80,112 @@ fn the_preferred_node_restarts_cold_with_thousands_of_services_and_no_reply_is_l
     let master = log[restart..].find("owned VIPs updated").expect("the VIP taken back");
     assert!(synced < master, "{}", &log[restart..]);
     assert!(log[restart..].contains(&format!("services={}", SCALE + 2)), "{}", &log[restart..]);
+}
+
+/// The pinned service maps of `pins`, read back.
+struct PinnedMaps {
+    services: aya::maps::HashMap<MapData, ServiceKey, Service>,
+    backends: Array<MapData, Backend>,
+    rings: HashOfMaps<MapData, u32, Array<MapData, RingEntry>>,
+}
+
+impl PinnedMaps {
+    fn open(pins: &std::path::Path) -> PinnedMaps {
+        let pinned =
+            |name: &str| MapData::from_pin(pins.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        PinnedMaps {
+            services: aya::maps::HashMap::try_from(Map::HashMap(pinned(SERVICES))).unwrap(),
+            backends: Array::try_from(Map::Array(pinned(BACKENDS))).unwrap(),
+            rings: HashOfMaps::try_from(Map::HashOfMaps(pinned(MAGLEV_RINGS))).unwrap(),
+        }
+    }
+
+    fn entries(&self) -> Vec<(ServiceKey, Service)> {
+        self.services.iter().map(Result::unwrap).collect()
+    }
+
+    /// The endpoint addresses service `key`'s ring sends to (every slot checked), or why not.
+    fn ring_targets(&self, entry: &Service) -> Result<BTreeSet<Ipv4Addr>, String> {
+        let ring = self.rings.get(&entry.ring_id, 0).map_err(|e| format!("ring {}: {e}", entry.ring_id))?;
+        let slots: Vec<u32> = batch::read_array(&ring).map_err(|e| e.to_string())?.concat();
+        let mut targets = BTreeSet::new();
+        for &id in &slots[..entry.ring_size as usize] {
+            let backend = self.backends.get(&id, 0).map_err(|e| format!("backend slot {id}: {e}"))?;
+            if Delivery::from_u8(backend.delivery).is_none() {
+                return Err(format!("slot {id} is empty"));
+            }
+            targets.insert(Ipv4Addr::from(backend.addr));
+        }
+        Ok(targets)
+    }
+}
+
+/// The agent is killed (SIGKILL) in the middle of a sync that rewrites 3,000 rings in place,
+/// and restarts with the config it ran before: every service ends up exactly as that config
+/// says (no ring left half-rewritten, no slot pointing at a freed backend), and a service that
+/// did not change answers throughout.
+#[test]
+fn a_kill_in_the_middle_of_a_large_sync_leaves_no_service_half_written() {
+    const SCALE: usize = 3_000;
+    const ENDPOINTS: usize = 4;
+    let mut lab = Lab::new(1);
+    lab.enable_native_xdp(0);
+    lab.add_pod(0);
+    let _server: Process = lab.pods[0].serve(TARGET_PORT);
+    let web = service_config(&lab, "web", LAB_VIP, 82, TARGET_PORT, "dsr", &[0]);
+    let at = |generation: u32| {
+        let services = format!("{}{web}", scale_service_items_at(SCALE, ENDPOINTS, generation));
+        config(&lab, 0, &services, SCALE, "  keepOnExit: true\n")
+    };
+    let mut agent = lab.start_agent(0, &at(0));
+    agent.wait_ready_within(START_TIMEOUT);
+    agent.wait_metric("lbagent_owned_vips", (SCALE + 1) as f64);
+    assert!(lab.client.udp_ask(LAB_VIP, 82).starts_with("n0p0"), "{}", agent.log_text());
+    let traffic = lab.client.udp_every_5ms(LAB_VIP, 82, 3_000);
+    let pins = lb_agent::dataplane::pin_dir(&lab.pin_path(0));
+
+    // Every endpoint of every service changes (same counts, so same ring sizes: rewritten in
+    // place). Kill the agent as soon as an entry is marked as being rewritten; should the
+    // whole sync slip through between two looks, go back and try again.
+    let (mut running, mut killed_mid_sync) = (0, false);
+    for _ in 0..5 {
+        let next = 1 - running;
+        let syncs = |agent: &lb_lab::Agent| agent.log_text().matches("service maps updated").count();
+        let before = syncs(&agent);
+        std::fs::write(&agent.config, at(next)).unwrap();
+        agent.signal(libc::SIGHUP);
+        let maps = PinnedMaps::open(&pins);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline && syncs(&agent) == before {
+            if maps.entries().iter().any(|(_, e)| e.ring_digest == 0) {
+                agent.kill();
+                killed_mid_sync = true;
+                break;
+            }
+        }
+        if killed_mid_sync {
+            break;
+        }
+        running = next;
+    }
+    assert!(killed_mid_sync, "the sync was never caught in the middle:\n{}", agent.log_text());
+    let maps = PinnedMaps::open(&pins);
+    let marked = maps.entries().iter().filter(|(_, e)| e.ring_digest == 0).count();
+    eprintln!("killed with {marked} rings marked as being rewritten");
+
+    let mut agent = lab.start_agent(0, &at(running));
+    agent.wait_ready_within(START_TIMEOUT);
+    let entries = maps.entries();
+    assert_eq!(entries.len(), SCALE + 2, "one entry per service and port (web has two)");
+    for i in 0..SCALE {
+        let key = ServiceKey::new(scale_vip(i).octets(), 80, 6);
+        let (_, entry) = entries.iter().find(|(k, _)| *k == key).unwrap_or_else(|| panic!("service {i}"));
+        let expected: BTreeSet<Ipv4Addr> =
+            (0..ENDPOINTS).map(|e| scale_endpoint(i, e, ENDPOINTS, running)).collect();
+        assert_eq!(maps.ring_targets(entry), Ok(expected), "service {i}:\n{}", agent.log_text());
+    }
+    let (sent, answered) = traffic.join().unwrap();
+    assert_eq!(answered, sent, "the unchanged service answered throughout:\n{}", agent.log_text());
 }
 
 #[test]

@@ -221,6 +221,39 @@ fn a_frozen_master_gives_its_vip_up_and_rejoins_as_backup() {
     }
 }
 
+/// The master's uplink flaps (down 1 s, up). The backup takes over meanwhile; once the link is
+/// back, the preferred node announces its VIP again (the backup may yield on hearing it
+/// without it ever hearing the backup), and exactly one node answers.
+#[test]
+fn an_uplink_flap_ends_with_one_owner_announced_again() {
+    let mut lab = Lab::new(2);
+    let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], ""));
+    wait_owner(&lab, VIP, 0, &agents);
+    lab.cut(0);
+    std::thread::sleep(Duration::from_secs(1));
+    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="master"}"#, 1.0);
+    let client = lab.client.ns.name().to_owned();
+    let capture =
+        std::thread::spawn(move || send_and_capture(&client, "eth0", vec![], Duration::from_millis(1500)));
+    std::thread::sleep(Duration::from_millis(100));
+    lab.restore(0);
+    let frames = capture.join().unwrap();
+    wait_owner(&lab, VIP, 0, &agents);
+    only_owner(&lab, 0);
+    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="backup"}"#, 1.0);
+    let announced = frames
+        .iter()
+        .filter(|f| f.len() >= 42 && f[12..14] == [0x08, 0x06] && f[6..12] == lab.nodes[0].mac)
+        .filter(|f| f[28..32] == VIP.octets() && f[38..42] == VIP.octets())
+        .count();
+    let log = agents[0].log_text();
+    assert!(announced >= 1, "n0 announces the VIP again once its link is back:\n{log}");
+    assert!(
+        log.contains("the uplink lost its link") && log.contains("the uplink has its link again"),
+        "{log}"
+    );
+}
+
 /// `garp.refresh`: while it stays master, the owner announces its VIP again every period, and
 /// only the owner does.
 #[test]

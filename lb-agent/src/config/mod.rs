@@ -154,10 +154,14 @@ impl Config {
 
 /// VIPs and node addresses must be unicast.
 fn check_unicast(field: &str, a: Ipv4Addr) -> Result<(), ConfigError> {
-    if a.is_unspecified() || a.is_multicast() || a.is_broadcast() || a.is_loopback() {
+    if !is_unicast(a) {
         return Err(ConfigError::new(field, format!("a unicast IPv4 address, got {a}")));
     }
     Ok(())
+}
+
+fn is_unicast(a: Ipv4Addr) -> bool {
+    !(a.is_unspecified() || a.is_multicast() || a.is_broadcast() || a.is_loopback())
 }
 
 /// serde_yaml appends " at line L column C"; we report the location once, ourselves.

@@ -9,7 +9,7 @@ use std::{
 
 use serde::Deserialize;
 
-use super::{ConfigError, check_unicast};
+use super::{ConfigError, check_unicast, is_unicast};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -110,7 +110,9 @@ pub(super) fn validate_services(
     services: &[ServiceConfig],
     vips: &BTreeSet<Ipv4Addr>,
 ) -> Result<(), ConfigError> {
-    let mut seen: BTreeMap<(Ipv4Addr, u16, Protocol), String> = BTreeMap::new();
+    // Field names are only formatted for an error: a valid config of 10,000 services is
+    // validated on every Kubernetes event.
+    let mut seen: BTreeMap<(Ipv4Addr, u16, Protocol), (usize, usize)> = BTreeMap::new();
     for (s, service) in services.iter().enumerate() {
         let at = |field: &str| format!("services[{s}].{field}");
         if service.name.is_empty() {
@@ -138,12 +140,11 @@ pub(super) fn validate_services(
                     "a port from 1 to 65535, got 0",
                 ));
             }
-            let here = at(&format!("ports[{p}]"));
-            if let Some(first) = seen.insert((service.vip, port.port, port.protocol), here.clone()) {
+            if let Some((first_s, first_p)) = seen.insert((service.vip, port.port, port.protocol), (s, p)) {
                 return Err(ConfigError::new(
-                    here,
+                    at(&format!("ports[{p}]")),
                     format!(
-                        "each VIP, port and protocol once, but {}:{}/{} is also {first}",
+                        "each VIP, port and protocol once, but {}:{}/{} is also services[{first_s}].ports[{first_p}]",
                         service.vip,
                         port.port,
                         port.protocol.as_str()
@@ -159,7 +160,9 @@ pub(super) fn validate_services(
         }
         let mut addresses = BTreeMap::new();
         for (e, endpoint) in service.endpoints.iter().enumerate() {
-            check_unicast(&at(&format!("endpoints[{e}].address")), endpoint.address)?;
+            if !is_unicast(endpoint.address) {
+                check_unicast(&at(&format!("endpoints[{e}].address")), endpoint.address)?;
+            }
             if endpoint.node.is_empty() {
                 return Err(ConfigError::new(
                     at(&format!("endpoints[{e}].node")),

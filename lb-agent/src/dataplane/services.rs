@@ -8,7 +8,9 @@
 //!   before the service entry is pointed at it. A ring of the same size is rewritten in place
 //!   (no map-of-maps write, whose RCU grace period costs milliseconds): a packet reads a single
 //!   slot, each slot is stored atomically, and old backends keep their slots until the rewrite
-//!   is done, so a packet meets the old backend or the new one.
+//!   is done, so a packet meets the old backend or the new one. The entry is marked
+//!   (`REWRITING`) for the duration, so a crash in the middle is rewritten by the next agent,
+//!   never adopted as finished.
 //! - **Late slot reuse.** Freed backend slots queue up behind every never-used one, so a flow
 //!   pinned to a removed backend finds an empty slot and is re-balanced, not misdirected.
 //! - **Capacity.** A service that does not fit (service entries, backend slots) is refused
@@ -384,6 +386,7 @@ impl ServiceMaps {
         report: &mut SyncReport,
     ) -> Result<()> {
         let mut staged: Vec<(ServiceKey, &PlannedService, Service, Option<Ring>)> = Vec::new();
+        let mut in_place: Vec<(ServiceKey, &PlannedService, Service, Service, Vec<u32>)> = Vec::new();
         for (key, planned) in admitted {
             // Slots by backend index first: one map lookup per backend, not per ring slot.
             let slot_of: Vec<u32> = planned.backends.iter().map(|b| self.slots[b]).collect();
@@ -404,16 +407,42 @@ impl ServiceMaps {
                     .insert(*key, Installed { entry: old.entry, name: planned.name.clone(), backends });
                 continue;
             }
-            let reused = self.installed.get(key).map(|old| old.entry).filter(|old| {
-                old.ring_id != 0 && old.ring_size == entry.ring_size && self.rewrite_ring(old.ring_id, &ring)
-            });
-            let (entry, array) = match reused {
-                Some(old) => (Service { ring_id: old.ring_id, ..entry }, None),
-                None if ring.is_empty() => (entry, None),
-                None => (entry, Some(self.create_ring(&ring)?)),
-            };
-            report.rings_written += usize::from(!ring.is_empty());
-            staged.push((*key, planned, entry, array));
+            let same_size = self
+                .installed
+                .get(key)
+                .map(|old| old.entry)
+                .filter(|old| old.ring_id != 0 && old.ring_size == entry.ring_size && !ring.is_empty());
+            match same_size {
+                Some(old) => in_place.push((*key, planned, old, entry, ring)),
+                None => {
+                    let array = if ring.is_empty() { None } else { Some(self.create_ring(&ring)?) };
+                    report.rings_written += usize::from(array.is_some());
+                    staged.push((*key, planned, entry, array));
+                }
+            }
+        }
+
+        // Rings of an unchanged size are rewritten in place. Their entries say so first
+        // (`REWRITING`), so that a crash in the middle is never mistaken for a finished ring.
+        let marks: Vec<(ServiceKey, Service)> = in_place
+            .iter()
+            .map(|(key, _, old, _, _)| (*key, Service { ring_digest: REWRITING, ..*old }))
+            .collect();
+        let (keys, entries): (Vec<ServiceKey>, Vec<Service>) = marks.into_iter().unzip();
+        batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(SERVICES))?;
+        for (key, mark) in keys.iter().zip(entries) {
+            // The mirror says so too, so a sync that fails from here rewrites them next time.
+            if let Some(installed) = self.installed.get_mut(key) {
+                installed.entry = mark;
+            }
+        }
+        for (key, planned, old, entry, ring) in in_place {
+            report.rings_written += 1;
+            if self.rewrite_ring(old.ring_id, &ring) {
+                staged.push((key, planned, Service { ring_id: old.ring_id, ..entry }, None));
+            } else {
+                staged.push((key, planned, entry, Some(self.create_ring(&ring)?)));
+            }
         }
 
         let mut ids = Vec::new();
@@ -636,11 +665,16 @@ const RINGS_PER_BATCH: usize = 1024;
 const EMPTY_BACKEND: Backend = Backend { addr: [0; 4], port: [0; 2], delivery: 0, _pad: 0, node: [0; 4] };
 
 /// FNV-1a over the ring's slots: equal digests mean the pinned ring is already right.
+/// FNV-1a of the ring's slots, never [`REWRITING`].
 fn digest(ring: &[u32]) -> u32 {
     let mut h = 0x811c_9dc5u32;
     for byte in ring.iter().flat_map(|s| s.to_le_bytes()) {
         h ^= u32::from(byte);
         h = h.wrapping_mul(0x0100_0193);
     }
-    h
+    h.max(REWRITING + 1)
 }
+
+/// The digest of a service entry whose ring is being rewritten in place: no plan matches it,
+/// so an agent killed in the middle leaves entries that the next one rewrites, never adopts.
+const REWRITING: u32 = 0;

@@ -84,16 +84,27 @@ where
     store.state()
 }
 
+/// What the rest of the agent tells the cluster side.
+pub struct FromAgent {
+    /// Who this node's VRRP sees as Master of each VIP, by node name (for group status).
+    pub owners: watch::Receiver<BTreeMap<Ipv4Addr, String>>,
+    /// The Services this node's data plane has no room for, with why (for their condition
+    /// and Events).
+    pub refused: watch::Receiver<BTreeMap<String, String>>,
+    /// Routers outside a group heard advertising one of its VRIDs: (group, VRID, source).
+    pub foreign: watch::Receiver<ForeignRouters>,
+}
+
+/// See [`FromAgent::foreign`].
+pub type ForeignRouters = std::collections::BTreeSet<(String, u8, Ipv4Addr)>;
+
 impl Shell {
-    /// Runs until the agent stops: sends each new config on `configs`; `owners` is who this
-    /// node's VRRP sees as Master of each VIP (for group status); `refused` is the Services
-    /// this node's data plane has no room for (for their condition and Events).
-    pub async fn run(
-        self,
-        configs: mpsc::Sender<Config>,
-        owners: watch::Receiver<BTreeMap<Ipv4Addr, String>>,
-        mut refused: watch::Receiver<BTreeMap<String, String>>,
-    ) {
+    /// Runs until the agent stops: sends each new config on `configs`, and reports what
+    /// `from_agent` says (see [`FromAgent`]).
+    pub async fn run(self, configs: mpsc::Sender<Config>, from_agent: FromAgent) {
+        let FromAgent { owners, mut refused, mut foreign } = from_agent;
+        // Foreign routers already reported by this agent, each once.
+        let mut reported = ForeignRouters::new();
         let (groups, g) = watch_into(Api::<LoadBalancerGroup>::all(self.client.clone()));
         let (services, s) = watch_into(Api::<Service>::all(self.client.clone()));
         let (slices, e) = watch_into(Api::<EndpointSlice>::all(self.client.clone()));
@@ -116,6 +127,21 @@ impl Shell {
                     while let Some(Some(())) = changes.next().now_or_never() {}
                 }
                 Ok(()) = refused.changed() => {}
+                Ok(()) = foreign.changed() => {
+                    // A problem of this node's segment, so every agent reports what it hears.
+                    let heard = foreign.borrow_and_update().clone();
+                    for (group, vrid, source) in heard.difference(&reported) {
+                        let message = format!(
+                            "VRID {vrid} is advertised by {source}, which is not a member of this group; its \
+                             advertisements are dropped. Add the VRID to excludedVrids, or find who sends them"
+                        );
+                        if let Err(e) = writer.group_warning(group, "ForeignVrid", &message).await {
+                            warn!(error = %e, "publishing an Event failed");
+                        }
+                    }
+                    reported = heard;
+                    continue;
+                }
                 _ = tick.tick() => {
                     let was = leading;
                     leading = lease.try_lead().await.unwrap_or_else(|e| {
@@ -332,9 +358,10 @@ mod tests {
             namespace: "lb-agent".into(),
         };
         let (tx, mut rx) = mpsc::channel(4);
-        let (_owners_tx, owners_rx) = watch::channel(BTreeMap::new());
-        let (refused_tx, refused_rx) = watch::channel(BTreeMap::new());
-        tokio::spawn(shell.run(tx, owners_rx, refused_rx));
+        let (_owners_tx, owners) = watch::channel(BTreeMap::new());
+        let (refused_tx, refused) = watch::channel(BTreeMap::new());
+        let (foreign_tx, foreign) = watch::channel(ForeignRouters::new());
+        tokio::spawn(shell.run(tx, FromAgent { owners, refused, foreign }));
 
         let config = tokio::time::timeout(Duration::from_secs(20), rx.recv())
             .await
@@ -408,5 +435,38 @@ mod tests {
             assert!(tokio::time::Instant::now() < deadline, "no refusal written: {seen:#?}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+
+        // A router outside the group advertises its VRID: a Warning Event on the group,
+        // naming the VRID and the source, once.
+        let before = writes.lock().unwrap().len();
+        let rogue: Ipv4Addr = "192.0.2.66".parse().unwrap();
+        foreign_tx.send_replace(ForeignRouters::from([("edge".to_owned(), 10, rogue)]));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let event = loop {
+            let seen: Vec<_> = writes.lock().unwrap()[before..].to_vec();
+            if let Some((_, _, event)) = seen
+                .iter()
+                .find(|(m, p, b)| m == "POST" && p.contains("/events") && b["reason"] == "ForeignVrid")
+            {
+                break event.clone();
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no ForeignVrid Event: {seen:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            (event["type"].as_str(), event["regarding"]["kind"].as_str()),
+            (Some("Warning"), Some("LoadBalancerGroup"))
+        );
+        assert_eq!(event["regarding"]["name"], "edge");
+        let note = event["note"].as_str().unwrap();
+        assert!(
+            note.contains("VRID 10") && note.contains("192.0.2.66") && note.contains("excludedVrids"),
+            "{note}"
+        );
+        foreign_tx.send_replace(ForeignRouters::from([("edge".to_owned(), 10, rogue)]));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let again =
+            writes.lock().unwrap()[before..].iter().filter(|(_, _, b)| b["reason"] == "ForeignVrid").count();
+        assert_eq!(again, 1, "reported once");
     }
 }

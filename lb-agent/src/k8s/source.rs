@@ -138,9 +138,12 @@ fn translate_with(
     let slices = slices_by_service(&state.slices);
     let mut refusals = Vec::new();
     let mut groups_sorted: Vec<&LoadBalancerGroup> = state.groups.iter().map(Arc::as_ref).collect();
-    groups_sorted.sort_by_key(|g| g.metadata.name.clone());
+    groups_sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let mut services_sorted: Vec<&Service> = state.services.iter().map(Arc::as_ref).collect();
-    services_sorted.sort_by_key(|s| (s.metadata.namespace.clone(), s.metadata.name.clone()));
+    services_sorted.sort_by(|a, b| {
+        (a.metadata.namespace.as_deref(), a.metadata.name.as_deref())
+            .cmp(&(b.metadata.namespace.as_deref(), b.metadata.name.as_deref()))
+    });
 
     let mut bound: Vec<(Bound, &Service)> = Vec::new();
     for service in services_sorted {

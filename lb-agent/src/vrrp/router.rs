@@ -125,6 +125,8 @@ struct ForeignRouter {
 
 /// At most one log line per foreign router and VRID in this long.
 pub const FOREIGN_LOG_EVERY: Duration = Duration::from_secs(60);
+/// Foreign routers remembered at most.
+const FOREIGN_MAX: usize = 256;
 
 /// After the successor's first advertisement, keep answering this long: its gratuitous ARPs
 /// are on their way to the clients, and traffic still addressed to us is served meanwhile.
@@ -403,6 +405,9 @@ impl Router {
     /// [`FOREIGN_LOG_EVERY`] per (VRID, source), with how many went unlogged, and remembered
     /// for [`Router::foreign_routers`].
     fn foreign_advert(&mut self, now: Instant, group: String, vrid: u8, source: Ipv4Addr) {
+        if self.foreign.len() >= FOREIGN_MAX && !self.foreign.contains_key(&(vrid, source)) {
+            return; // spoofed sources must not grow memory; the drop counter still counts them
+        }
         let seen =
             self.foreign.entry((vrid, source)).or_insert(ForeignRouter { group, logged: None, unlogged: 0 });
         if seen.logged.is_some_and(|at| now < at + FOREIGN_LOG_EVERY) {

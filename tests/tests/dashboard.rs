@@ -91,6 +91,112 @@ fn every_metric_on_the_dashboard_and_in_the_rules_is_exported() {
     );
 }
 
+/// Every query the dashboard charts, with Grafana's `$__rate_interval` made concrete.
+fn dashboard_queries() -> Vec<String> {
+    let dashboard: serde_json::Value = serde_json::from_str(&deploy("grafana/lb-agent.json")).unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    let targets = panels.iter().flat_map(|p| p["targets"].as_array().unwrap());
+    targets.map(|t| t["expr"].as_str().unwrap().replace("$__rate_interval", "30s")).collect()
+}
+
+/// Every rule's expression without its threshold (`… > 0`), so that a healthy cluster still
+/// gives a result: the series the alert watches.
+fn rule_queries() -> Vec<String> {
+    let rules: serde_yaml::Value = serde_yaml::from_str(&deploy("monitoring/lb-agent.rules.yaml")).unwrap();
+    let mut queries = Vec::new();
+    for group in rules["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            let expr = rule["expr"].as_str().unwrap().trim();
+            let bare = [">=", "<=", "==", "!=", ">", "<"].iter().find_map(|op| {
+                let (head, tail) = expr.rsplit_once(op)?;
+                tail.trim().parse::<f64>().is_ok().then(|| head.trim_end().to_owned())
+            });
+            queries.push(bare.unwrap_or_else(|| expr.to_owned()));
+        }
+    }
+    queries
+}
+
+/// A real Prometheus (Debian's) in the client's namespace scrapes two agents every second and
+/// loads the alerting rules: every dashboard query and every rule's expression returns data,
+/// not just names that exist.
+#[test]
+fn a_real_prometheus_gets_data_for_every_dashboard_and_rule_query() {
+    let mut lab = Lab::new(2);
+    for node in 0..2 {
+        lab.enable_native_xdp(node);
+    }
+    let pod = lab.add_pod(1);
+    let _server = lab.pods[pod].serve(8080);
+    let services = service_config(&lab, "web", LAB_VIP, 80, 8080, "dsr", &[pod]);
+    let agents: Vec<_> = (0..2)
+        .map(|i| {
+            // Reachable from the client's namespace, where Prometheus runs.
+            let config =
+                agent_config(&lab, i, &services).replace(lb_lab::agent::AGENT_LISTEN, "0.0.0.0:9105");
+            let mut a = lab.start_agent(i, &config);
+            a.wait_ready();
+            a
+        })
+        .collect();
+    agents[0].wait_metric("lbagent_owned_vips", 1.0);
+
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring/lb-agent.rules.yaml");
+    let config = lab.path("prometheus.yml");
+    let prometheus_yml = [
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}".to_owned(),
+        format!("rule_files: ['{}']", rules.display()),
+        "scrape_configs:".to_owned(),
+        "  - job_name: lb-agent".to_owned(),
+        "    static_configs:".to_owned(),
+        format!("      - targets: ['{}:9105', '{}:9105']", lab.nodes[0].ip, lab.nodes[1].ip),
+    ];
+    std::fs::write(&config, prometheus_yml.join("\n") + "\n").unwrap();
+    let (storage, log) = (lab.path("prometheus-data"), lab.path("prometheus.log"));
+    lab.client.ns.run_cmd(&["ip", "link", "set", "lo", "up"]);
+    let _prometheus = lab.client.spawn(&[
+        "sh",
+        "-c",
+        &format!(
+            "exec prometheus --config.file={} --storage.tsdb.path={} --web.listen-address=127.0.0.1:9090 >{} 2>&1",
+            config.display(),
+            storage.display(),
+            log.display()
+        ),
+    ]);
+
+    let query = |expr: &str| -> serde_json::Value {
+        let out = lab.client.ns.output(&[
+            "curl",
+            "-s",
+            "-G",
+            "http://127.0.0.1:9090/api/v1/query",
+            "--data-urlencode",
+            &format!("query={expr}"),
+        ]);
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+    };
+    let mut waiting: Vec<String> = dashboard_queries().into_iter().chain(rule_queries()).collect();
+    assert!(waiting.len() >= 25, "{waiting:?}");
+    let mut last = std::collections::BTreeMap::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !waiting.is_empty() && std::time::Instant::now() < deadline {
+        // Traffic through the VIP, so rates over the last 30 s have something to show.
+        let _ = lab.client.session(LAB_VIP, 80);
+        waiting.retain(|expr| {
+            let answer = query(expr);
+            let has_data = answer["status"] == "success"
+                && answer["data"]["result"].as_array().is_some_and(|r| !r.is_empty());
+            last.insert(expr.clone(), answer);
+            !has_data
+        });
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let unanswered: Vec<String> = waiting.iter().map(|e| format!("{e}\n  → {}", last[e])).collect();
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(unanswered.is_empty(), "queries without data:\n{}\nprometheus:\n{log}", unanswered.join("\n"));
+}
+
 #[test]
 fn the_pod_monitor_scrapes_the_daemonsets_metrics_port() {
     let monitor: serde_yaml::Value = serde_yaml::from_str(&deploy("monitoring/podmonitor.yaml")).unwrap();

@@ -2,6 +2,7 @@
 //! client checks who answers for each VIP — by ARP, ping and TCP.
 
 use std::{
+    collections::BTreeSet,
     net::Ipv4Addr,
     time::{Duration, Instant},
 };
@@ -171,6 +172,11 @@ fn a_killed_masters_data_plane_gives_its_vip_up() {
     std::thread::sleep(Duration::from_millis(500));
     let killed = Instant::now();
     agents[0].kill();
+    // Master_Down_Interval (3 × 50 ms + 156/256 × 50 ms) plus one interval: from then on, at
+    // most one node answers.
+    std::thread::sleep(Duration::from_millis(231).saturating_sub(killed.elapsed()));
+    let answering: BTreeSet<String> = lab.client.arping(VIP, 2).into_iter().collect();
+    assert!(answering.len() <= 1, "{answering:?} answer after Master_Down_Interval plus an interval");
     wait_owner(&lab, VIP, 1, &agents);
     let converged = killed.elapsed();
     only_owner(&lab, 1);

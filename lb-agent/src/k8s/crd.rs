@@ -71,6 +71,11 @@ pub struct LoadBalancerGroupSpec {
     #[serde(default = "default_advert_interval")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s))+$"))]
     pub advert_interval: String,
+    /// Announce the owned VIPs again this often while master (gratuitous ARP), for switches
+    /// whose MAC tables age out first; unset or `0s`: never. At least 100ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m))+$"))]
+    pub garp_refresh: Option<String>,
     #[serde(default = "yes")]
     pub preempt: bool,
     #[serde(default)]

@@ -232,6 +232,7 @@ fn translate_with(
             "nodes": members,
             "vips": vips,
             "advertInterval": spec.advert_interval,
+            "garp": {"refresh": spec.garp_refresh.as_deref().unwrap_or("0s")},
             "spread": spec.spread,
             "transport": spec.transport,
             "excludedVrids": spec.excluded_vrids,
@@ -355,6 +356,7 @@ fn service_document(
 mod tests {
     use super::*;
     use crate::{node_plan::node_plan, service_plan};
+    use std::time::Duration;
 
     fn objects<T: serde::de::DeserializeOwned>(yaml: &str) -> Vec<Arc<T>> {
         yaml.split("\n---\n").map(|doc| Arc::new(serde_yaml::from_str(doc).unwrap())).collect()
@@ -589,6 +591,16 @@ services:
         translator.translate(&state, &base).unwrap();
         translator.translate(&state, &base).unwrap();
         assert_eq!(translator.rebuilt(), 2);
+    }
+
+    #[test]
+    fn a_groups_garp_refresh_reaches_the_config() {
+        let base = Config::parse(BASE).unwrap();
+        assert_eq!(translate(&cluster(), &base).unwrap().config.groups[0].garp.refresh, Duration::ZERO);
+        let mut state = cluster();
+        Arc::make_mut(&mut state.groups[0]).spec.garp_refresh = Some("30s".into());
+        let config = translate(&state, &base).unwrap().config;
+        assert_eq!(config.groups[0].garp.refresh, Duration::from_secs(30));
     }
 
     #[test]

@@ -157,6 +157,13 @@ impl VrrpMetrics {
         self.reasserted.get_or_create(&InstanceLabels { group: group.to_owned(), vrid }).inc();
     }
 
+    /// Counters a new instance exports at zero from the start, so the first increment is an
+    /// increase Prometheus can see (the foreign-VRID alert rests on this one).
+    pub fn prepare(&self, vrid: u8) {
+        let labels = DropLabels { vrid: vrid.to_string(), reason: super::router::drop_reason::NOT_MEMBER };
+        let _ = self.dropped.get_or_create(&labels);
+    }
+
     /// Drops the label sets of an instance that no longer exists.
     pub fn forget(&mut self, group: &str, vrid: u8) {
         for s in STATES {

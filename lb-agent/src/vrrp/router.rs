@@ -202,6 +202,7 @@ impl Router {
                         primary_address: self.local,
                     });
                     self.record_state(vrid, &spec.group, State::Initialize);
+                    self.metrics.prepare(vrid);
                     self.instances
                         .insert(vrid, Running { spec, machine, last_advert: None, last_sent: None });
                     if self.started {

@@ -50,6 +50,29 @@ fn rule_families() -> BTreeSet<String> {
     names
 }
 
+/// Two agents in a lab, one DSR Service to a pod on n1 behind the lab VIP (owned by n0), their
+/// metrics served on every address (Prometheus scrapes them from the client's namespace).
+fn two_agents_serving_a_vip() -> (Lab, lb_lab::Process, Vec<lb_lab::Agent>) {
+    let mut lab = Lab::new(2);
+    for node in 0..2 {
+        lab.enable_native_xdp(node);
+    }
+    let pod = lab.add_pod(1);
+    let server = lab.pods[pod].serve(8080);
+    let services = service_config(&lab, "web", LAB_VIP, 80, 8080, "dsr", &[pod]);
+    let agents: Vec<_> = (0..2)
+        .map(|i| {
+            let config =
+                agent_config(&lab, i, &services).replace(lb_lab::agent::AGENT_LISTEN, "0.0.0.0:9105");
+            let mut a = lab.start_agent(i, &config);
+            a.wait_ready();
+            a
+        })
+        .collect();
+    agents[0].wait_metric("lbagent_owned_vips", 1.0);
+    (lab, server, agents)
+}
+
 #[test]
 fn every_metric_on_the_dashboard_and_in_the_rules_is_exported() {
     let mut families = dashboard_families();
@@ -58,21 +81,7 @@ fn every_metric_on_the_dashboard_and_in_the_rules_is_exported() {
     assert!(rules.len() >= 7, "{rules:?}");
     families.extend(rules);
 
-    let mut lab = Lab::new(2);
-    for node in 0..2 {
-        lab.enable_native_xdp(node);
-    }
-    let pod = lab.add_pod(1);
-    let _server = lab.pods[pod].serve(8080);
-    let services = service_config(&lab, "web", LAB_VIP, 80, 8080, "dsr", &[pod]);
-    let agents: Vec<_> = (0..2)
-        .map(|i| {
-            let mut a = lab.start_agent(i, &agent_config(&lab, i, &services));
-            a.wait_ready();
-            a
-        })
-        .collect();
-    agents[0].wait_metric("lbagent_owned_vips", 1.0);
+    let (lab, _server, agents) = two_agents_serving_a_vip();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while lab.client.session(LAB_VIP, 80).is_none() {
         assert!(std::time::Instant::now() < deadline, "no traffic through the VIP");
@@ -122,24 +131,7 @@ fn rule_queries() -> Vec<String> {
 /// not just names that exist.
 #[test]
 fn a_real_prometheus_gets_data_for_every_dashboard_and_rule_query() {
-    let mut lab = Lab::new(2);
-    for node in 0..2 {
-        lab.enable_native_xdp(node);
-    }
-    let pod = lab.add_pod(1);
-    let _server = lab.pods[pod].serve(8080);
-    let services = service_config(&lab, "web", LAB_VIP, 80, 8080, "dsr", &[pod]);
-    let agents: Vec<_> = (0..2)
-        .map(|i| {
-            // Reachable from the client's namespace, where Prometheus runs.
-            let config =
-                agent_config(&lab, i, &services).replace(lb_lab::agent::AGENT_LISTEN, "0.0.0.0:9105");
-            let mut a = lab.start_agent(i, &config);
-            a.wait_ready();
-            a
-        })
-        .collect();
-    agents[0].wait_metric("lbagent_owned_vips", 1.0);
+    let (lab, _server, _agents) = two_agents_serving_a_vip();
 
     let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring/lb-agent.rules.yaml");
     let config = lab.path("prometheus.yml");

@@ -12,39 +12,19 @@ fn deploy(file: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(file)).unwrap()
 }
 
-/// Every `lbagent_…` name in `expr`, as its metric family.
-fn families_in(expr: &str, names: &mut BTreeSet<String>) {
-    for (start, _) in expr.match_indices("lbagent_") {
-        let name: String =
-            expr[start..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-        let family = ["_total", "_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|suffix| name.strip_suffix(suffix))
-            .unwrap_or(&name)
-            .to_owned();
-        names.insert(family);
-    }
-}
-
-/// Every metric family the dashboard's queries use.
-fn dashboard_families() -> BTreeSet<String> {
-    let dashboard: serde_json::Value = serde_json::from_str(&deploy("grafana/lb-agent.json")).unwrap();
+/// Every metric family (`lbagent_…`, without `_total`, `_bucket`…) that `queries` use.
+fn families(queries: &[String]) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        for target in panel["targets"].as_array().unwrap() {
-            families_in(target["expr"].as_str().unwrap(), &mut names);
-        }
-    }
-    names
-}
-
-/// Every metric family the alerting rules use.
-fn rule_families() -> BTreeSet<String> {
-    let rules: serde_yaml::Value = serde_yaml::from_str(&deploy("monitoring/lb-agent.rules.yaml")).unwrap();
-    let mut names = BTreeSet::new();
-    for group in rules["groups"].as_sequence().unwrap() {
-        for rule in group["rules"].as_sequence().unwrap() {
-            families_in(rule["expr"].as_str().unwrap(), &mut names);
+    for expr in queries {
+        for (start, _) in expr.match_indices("lbagent_") {
+            let name: String =
+                expr[start..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            let family = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(&name)
+                .to_owned();
+            names.insert(family);
         }
     }
     names
@@ -75,11 +55,11 @@ fn two_agents_serving_a_vip() -> (Lab, lb_lab::Process, Vec<lb_lab::Agent>) {
 
 #[test]
 fn every_metric_on_the_dashboard_and_in_the_rules_is_exported() {
-    let mut families = dashboard_families();
-    assert!(families.len() >= 15, "{families:?}");
-    let rules = rule_families();
+    let mut used = families(&dashboard_queries());
+    assert!(used.len() >= 15, "{used:?}");
+    let rules = families(&rule_queries());
     assert!(rules.len() >= 7, "{rules:?}");
-    families.extend(rules);
+    used.extend(rules);
 
     let (lab, _server, agents) = two_agents_serving_a_vip();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -93,7 +73,7 @@ fn every_metric_on_the_dashboard_and_in_the_rules_is_exported() {
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_owned)
         .collect();
-    let missing: Vec<&String> = families.iter().filter(|f| !exported.contains(*f)).collect();
+    let missing: Vec<&String> = used.iter().filter(|f| !exported.contains(*f)).collect();
     assert!(
         missing.is_empty(),
         "the dashboard or the rules use metrics the agent does not export: {missing:?}\n{text}"

@@ -124,25 +124,43 @@ fn election_failover_and_preemption(transport: &str) {
     drop(servers);
 }
 
-/// Two nodes, n0 the master, and `count` pings to the VIP, one every 5 ms, under way.
-fn two_nodes_under_ping(count: u32) -> (Lab, Vec<Agent>, std::thread::JoinHandle<std::process::Output>) {
+/// Pings to the VIP, one every 5 ms, under way.
+struct PingStream {
+    ping: std::thread::JoinHandle<std::process::Output>,
+    sent: u32,
+}
+
+impl PingStream {
+    fn output(self) -> std::process::Output {
+        self.ping.join().unwrap()
+    }
+
+    /// Waits for the last ping; how many replies never came.
+    fn lost(self) -> u32 {
+        let sent = self.sent;
+        sent - received(&self.output())
+    }
+}
+
+/// Two nodes with `extra` group settings, n0 the master, and `count` pings under way.
+fn two_nodes_under_ping(extra: &str, count: u32) -> (Lab, Vec<Agent>, PingStream) {
     let mut lab = Lab::new(2);
-    let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], ""));
+    let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], extra));
     wait_owner(&lab, VIP, 0, &agents);
     // Warm the client's neighbour entry.
     assert!(lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]));
-    let ping = lab.client.ping_every_5ms(VIP, count);
+    let ping = PingStream { ping: lab.client.ping_every_5ms(VIP, count), sent: count };
     (lab, agents, ping)
 }
 
 #[test]
 fn graceful_stop_loses_no_ping() {
-    let (lab, mut agents, ping) = two_nodes_under_ping(600);
+    let (lab, mut agents, ping) = two_nodes_under_ping("", 600);
     std::thread::sleep(Duration::from_millis(800));
     agents[0].signal(libc::SIGTERM);
     let status = agents[0].wait_exit(Duration::from_secs(5));
     assert!(status.success(), "{}", agents[0].log_text());
-    let out = ping.join().unwrap();
+    let out = ping.output();
     let summary = String::from_utf8_lossy(&out.stdout);
     assert!(summary.contains("600 packets transmitted, 600 received"), "{summary}\n{}", agents[0].log_text());
     wait_owner(&lab, VIP, 1, &agents);
@@ -168,7 +186,7 @@ fn only_owner(lab: &Lab, node: usize) {
 /// on only the new master answers — instead of both, forever.
 #[test]
 fn a_killed_masters_data_plane_gives_its_vip_up() {
-    let (lab, mut agents, ping) = two_nodes_under_ping(400);
+    let (lab, mut agents, ping) = two_nodes_under_ping("", 400);
     std::thread::sleep(Duration::from_millis(500));
     let killed = Instant::now();
     agents[0].kill();
@@ -180,7 +198,7 @@ fn a_killed_masters_data_plane_gives_its_vip_up() {
     wait_owner(&lab, VIP, 1, &agents);
     let converged = killed.elapsed();
     only_owner(&lab, 1);
-    let lost = 400 - received(&ping.join().unwrap());
+    let lost = ping.lost();
     eprintln!("one owner {converged:?} after the SIGKILL; {lost} of 400 replies lost");
     // Master_Down_Interval (3 × 50 ms + skew) and one interval, with room for a busy machine;
     // without leases the dead node answers forever.
@@ -197,12 +215,7 @@ fn a_killed_masters_data_plane_gives_its_vip_up() {
 #[test]
 fn a_frozen_master_gives_its_vip_up_and_rejoins_as_backup() {
     for preempt in [false, true] {
-        let mut lab = Lab::new(2);
-        let extra = format!("    preempt: {preempt}\n");
-        let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], &extra));
-        wait_owner(&lab, VIP, 0, &agents);
-        assert!(lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]));
-        let ping = lab.client.ping_every_5ms(VIP, 1600);
+        let (lab, agents, ping) = two_nodes_under_ping(&format!("    preempt: {preempt}\n"), 1600);
         std::thread::sleep(Duration::from_millis(200));
 
         agents[0].signal(libc::SIGSTOP);
@@ -229,7 +242,7 @@ fn a_frozen_master_gives_its_vip_up_and_rejoins_as_backup() {
         );
         // The frozen node's data plane answered until its lease ran out, the backup from its
         // takeover on: the gap is Master_Down_Interval less the lease, plus the ARP update.
-        let lost = 1600 - received(&ping.join().unwrap());
+        let lost = ping.lost();
         eprintln!("preempt {preempt}: {lost} of 1600 replies lost across the freeze and the resume");
         assert!(lost <= 60, "preempt {preempt}: {lost} replies lost");
     }
@@ -240,11 +253,7 @@ fn a_frozen_master_gives_its_vip_up_and_rejoins_as_backup() {
 /// without it ever hearing the backup), and exactly one node answers.
 #[test]
 fn an_uplink_flap_ends_with_one_owner_announced_again() {
-    let mut lab = Lab::new(2);
-    let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], ""));
-    wait_owner(&lab, VIP, 0, &agents);
-    assert!(lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]));
-    let ping = lab.client.ping_every_5ms(VIP, 1000);
+    let (lab, agents, ping) = two_nodes_under_ping("", 1000);
     std::thread::sleep(Duration::from_millis(200));
     lab.cut(0);
     std::thread::sleep(Duration::from_secs(1));
@@ -271,7 +280,7 @@ fn an_uplink_flap_ends_with_one_owner_announced_again() {
     );
     // Lost: until the backup takes over and its gratuitous ARPs land (Master_Down_Interval),
     // and nothing once the link is back.
-    let lost = 1000 - received(&ping.join().unwrap());
+    let lost = ping.lost();
     eprintln!("{lost} of 1000 replies lost across the flap");
     assert!(lost <= 100, "{lost} replies lost");
 }

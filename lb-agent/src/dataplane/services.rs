@@ -359,9 +359,10 @@ impl ServiceMaps {
 
     /// Points each admitted service at its ring. Every write to a map of maps makes the kernel
     /// wait for an RCU grace period (milliseconds), so:
-    /// - a changed ring of the same size is rewritten in place, in one batch: a packet reads
-    ///   one slot of its service's ring, so it sees that slot's old backend or its new one, and
-    ///   the new backends are in `BACKENDS` before the ring names them;
+    /// - a changed ring of the same size is rewritten in place, through its memory mapping,
+    ///   its entry marked `REWRITING` meanwhile: a packet reads one slot of its service's ring,
+    ///   so it sees that slot's old backend or its new one, and the new backends are in
+    ///   `BACKENDS` before the ring names them;
     /// - new rings (new services, or a new size) are created and filled first, registered in
     ///   one batch, and only then do the service entries switch over, in one more.
     ///

@@ -193,6 +193,7 @@ pub async fn run(
         garp_refresh: BTreeMap::new(),
         kernel_vips: None,
         applied_epoch: None,
+        leases_epoch: None,
         node_address,
         services,
         services_applied,
@@ -295,6 +296,8 @@ struct Agent {
     kernel_vips: Option<BTreeSet<Ipv4Addr>>,
     /// The router's ownership epoch last applied; `None` forces a full apply.
     applied_epoch: Option<u64>,
+    /// The ownership epoch whose leases were last written whole; `None` forces that.
+    leases_epoch: Option<Option<u64>>,
     /// The source of full-NAT and IPIP traffic.
     node_address: Ipv4Addr,
     /// Hands each accepted config to the service-sync task.
@@ -334,6 +337,9 @@ impl Agent {
                 if !handing_over || Instant::now() >= deadline {
                     return Ok(());
                 }
+            }
+            if let Some(vrrp) = &mut self.vrrp {
+                vrrp.router.idle(Instant::now().into_std());
             }
             let vrrp_deadline =
                 self.vrrp.as_ref().and_then(|v| v.router.next_deadline()).map(Instant::from_std);
@@ -597,17 +603,36 @@ impl Agent {
     }
 
     /// Writes each claimed VRID's lease deadline where it moved (after every advertisement sent
-    /// as master), and counts the leases that had run out before they were renewed.
+    /// as master), and counts the leases that had run out before they were renewed. All of
+    /// them when ownership changed; otherwise only the instances the router names.
     fn renew_leases(&mut self) {
-        let deadlines = self.vrrp.as_ref().map(|v| v.router.lease_deadlines()).unwrap_or_default();
         let (now, now_ns) = (std::time::Instant::now(), leases::monotonic_ns());
-        let deadlines: BTreeMap<u16, u64> = deadlines
-            .into_iter()
-            .map(|(vrid, until)| (leases::ipv4_slot(vrid), leases::to_monotonic_ns(until, now, now_ns)))
-            .collect();
-        match self.dataplane.set_leases(&deadlines, now_ns) {
-            Ok(renewed) => {
-                for slot in renewed.lapsed {
+        let to_ns = |until| leases::to_monotonic_ns(until, now, now_ns);
+        let epoch = self.vrrp.as_ref().map(|v| v.router.ownership_epoch());
+        let renewed = self.vrrp.as_mut().map(|v| v.router.take_renewed()).unwrap_or_default();
+        let lapsed: Result<Vec<u16>> = if self.leases_epoch != Some(epoch) {
+            self.leases_epoch = Some(epoch);
+            let deadlines = self.vrrp.as_ref().map(|v| v.router.lease_deadlines()).unwrap_or_default();
+            let deadlines: BTreeMap<u16, u64> =
+                deadlines.into_iter().map(|(vrid, until)| (leases::ipv4_slot(vrid), to_ns(until))).collect();
+            self.dataplane.set_leases(&deadlines, now_ns).map(|r| r.lapsed)
+        } else {
+            let mut lapsed = Vec::new();
+            let mut result = Ok(());
+            for vrid in renewed {
+                let until = self.vrrp.as_ref().and_then(|v| v.router.lease_deadline(vrid));
+                let slot = leases::ipv4_slot(vrid);
+                match self.dataplane.renew_lease(slot, until.map_or(0, to_ns), now_ns) {
+                    Ok(true) => lapsed.push(slot),
+                    Ok(false) => {}
+                    Err(e) => result = Err(e),
+                }
+            }
+            result.map(|()| lapsed)
+        };
+        match lapsed {
+            Ok(lapsed) => {
+                for slot in lapsed {
                     warn!(
                         lease = slot,
                         "a VIP lease ran out before the agent renewed it (the agent was stalled, frozen or \
@@ -617,7 +642,11 @@ impl Agent {
                     self.state.metrics.lease_expiries.get_or_create(&VridLabels { vrid }).inc();
                 }
             }
-            Err(e) => error!(error = %e, "renewing the VIP leases failed"),
+            Err(e) => {
+                // Rewrite them all on the next event.
+                self.leases_epoch = None;
+                error!(error = %e, "renewing the VIP leases failed");
+            }
         }
     }
 

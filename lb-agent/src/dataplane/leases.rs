@@ -44,27 +44,34 @@ impl Leases {
 
     /// Makes the map hold `deadlines` (slot → ns) and zero elsewhere, writing only what moved.
     pub fn apply(&mut self, deadlines: &BTreeMap<u16, u64>, now_ns: u64) -> Result<Renewed> {
-        let map_err = |source: MapError| Error::BpfMap { map: VIP_LEASES, source };
         let mut renewed = Renewed::default();
         let released: Vec<u16> =
             self.written.keys().filter(|s| !deadlines.contains_key(s)).copied().collect();
         let changes = deadlines.iter().map(|(s, d)| (*s, *d)).chain(released.into_iter().map(|s| (s, 0)));
         for (slot, deadline) in changes {
-            let old = self.written.get(&slot).copied().unwrap_or(0);
-            if old == deadline {
-                continue;
-            }
-            if old != 0 && old <= now_ns {
+            if self.set(slot, deadline, now_ns)? {
                 renewed.lapsed.push(slot);
-            }
-            self.map.set(u32::from(slot), deadline, 0).map_err(map_err)?;
-            if deadline == 0 {
-                self.written.remove(&slot);
-            } else {
-                self.written.insert(slot, deadline);
             }
         }
         Ok(renewed)
+    }
+
+    /// Writes slot `slot`'s deadline (zero: released) if it moved; true when the lease it
+    /// replaces had already run out.
+    pub fn set(&mut self, slot: u16, deadline: u64, now_ns: u64) -> Result<bool> {
+        let old = self.written.get(&slot).copied().unwrap_or(0);
+        if old == deadline {
+            return Ok(false);
+        }
+        self.map
+            .set(u32::from(slot), deadline, 0)
+            .map_err(|source: MapError| Error::BpfMap { map: VIP_LEASES, source })?;
+        if deadline == 0 {
+            self.written.remove(&slot);
+        } else {
+            self.written.insert(slot, deadline);
+        }
+        Ok(old != 0 && old <= now_ns)
     }
 
     /// How long slot `slot`'s lease still runs (zero once it ran out), if it holds one.

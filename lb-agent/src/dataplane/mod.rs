@@ -214,6 +214,11 @@ impl Dataplane {
         self.leases.apply(deadlines, now_ns)
     }
 
+    /// Writes one lease slot's deadline if it moved; true when the lease it replaces had run out.
+    pub fn renew_lease(&mut self, slot: u16, deadline: u64, now_ns: u64) -> Result<bool> {
+        self.leases.set(slot, deadline, now_ns)
+    }
+
     /// How long lease `slot` still runs, if one is written.
     pub fn lease_remaining(&self, slot: u16, now_ns: u64) -> Option<std::time::Duration> {
         self.leases.remaining(slot, now_ns)

@@ -92,6 +92,8 @@ pub struct Instance {
     last_advert_at: Option<Instant>,
     /// When a lower-priority master was first tolerated (for `preempt_delay`).
     lower_master_since: Option<Instant>,
+    /// When the shell last went back to waiting for events (see [`Instance::idle_since`]).
+    idle_since: Option<Instant>,
 }
 
 impl Instance {
@@ -106,6 +108,7 @@ impl Instance {
             master: None,
             last_advert_at: None,
             lower_master_since: None,
+            idle_since: None,
         }
     }
 
@@ -226,10 +229,24 @@ impl Instance {
     /// on, it rejoins as Backup and lets §6.4.2 decide: without preemption it follows the
     /// new master instead of fighting it; with preemption it takes the VIPs back one
     /// Master_Down_Interval later. The address owner (priority 255) stays Master.
+    ///
+    /// Only a lease that ran out while the shell sat idle counts: one that ran out while the
+    /// shell was busy with its own work (say, putting a thousand VIPs on the uplink) is a late
+    /// advertisement, not a freeze, and stepping down for it would start that work again.
     fn lapsed(&self, now: Instant) -> bool {
+        let Some(lease_end) = self.adver_timer.map(|next| next + self.config.advert_interval * 2) else {
+            return false;
+        };
         self.state == State::Master
             && self.config.priority != PRIORITY_OWNER
-            && self.adver_timer.is_some_and(|next| now >= next + self.config.advert_interval * 2)
+            && now >= lease_end
+            && self.idle_since.is_none_or(|idle| lease_end >= idle)
+    }
+
+    /// The shell went back to waiting for events at `at`: a lease running out from then on is
+    /// a freeze (see [`Instance::lapsed`]).
+    pub fn idle_since(&mut self, at: Instant) {
+        self.idle_since = Some(at);
     }
 
     /// §6.4.2 Backup: "If an ADVERTISEMENT is received".
@@ -406,6 +423,17 @@ mod tests {
         );
         assert_eq!(preempt.state(), State::Backup);
         assert_eq!(preempt.on_timer(t0 + ms(12_219)), vec![SEND_OWN(200), Action::TakeOwnership]);
+
+        // A lease that ran out while the shell was busy (idle again only at 7.5 s) is a late
+        // advertisement, not a freeze.
+        let mut busy = master_at_4s(t0, 200);
+        busy.idle_since(t0 + ms(7500));
+        assert_eq!(busy.on_timer(t0 + ms(7500)), vec![SEND_OWN(200)]);
+        assert_eq!(busy.state(), State::Master);
+        // One that ran out while it sat idle (since 4 s) is a freeze.
+        let mut idle = master_at_4s(t0, 200);
+        idle.idle_since(t0 + ms(4000));
+        assert_eq!(idle.on_timer(t0 + ms(7500)), vec![Action::LeaseLapsed]);
 
         // The address owner never lapses.
         let mut owner = instance(PRIORITY_OWNER);

@@ -113,6 +113,9 @@ pub struct Router {
     reannounce: BTreeSet<Ipv4Addr>,
     /// Non-members heard advertising our VRIDs, by (VRID, source).
     foreign: BTreeMap<(u8, Ipv4Addr), ForeignRouter>,
+    /// VRIDs whose claim deadline moved without an ownership change (see
+    /// [`Router::take_renewed`]).
+    renewed: BTreeSet<u8>,
 }
 
 /// A router outside the group that advertises one of its VRIDs.
@@ -144,6 +147,7 @@ impl Router {
             ownership_epoch: 0,
             reannounce: BTreeSet::new(),
             foreign: BTreeMap::new(),
+            renewed: BTreeSet::new(),
         }
     }
 
@@ -243,6 +247,7 @@ impl Router {
                 info!(vrid, successor = %received.source, "successor heard, releasing VIPs shortly");
                 handover.successor_heard = true;
                 handover.release_at = handover.release_at.min(now + HANDOVER_GRACE);
+                self.renewed.insert(vrid);
             }
             self.metrics.received(&handover.group, vrid);
             return out;
@@ -390,6 +395,33 @@ impl Router {
         deadlines
     }
 
+    /// The shell is about to wait for events (see [`Instance::idle_since`]).
+    pub fn idle(&mut self, now: Instant) {
+        for running in self.instances.values_mut() {
+            running.machine.idle_since(now);
+        }
+    }
+
+    /// One VRID's deadline in [`Router::claims`], if it claims anything.
+    pub fn lease_deadline(&self, vrid: u8) -> Option<Instant> {
+        let master = self
+            .instances
+            .get(&vrid)
+            .filter(|r| r.machine.state() == State::Master)
+            .and_then(|r| Some(master_lease(r.last_sent?, r.spec.advert_interval)));
+        let handover = self.handovers.get(&vrid).map(|h| h.release_at);
+        let lingering = self.lingering.get(&vrid).map(|(_, until)| *until);
+        [master, handover, lingering].into_iter().flatten().max()
+    }
+
+    /// The VRIDs whose deadline may have moved since the last call without the ownership epoch
+    /// changing (an advertisement sent, a successor heard): the shell renews just those, and
+    /// rewrites all of them only when the epoch changes. Every instance advertises each
+    /// interval, so renewing them all per event would cost instances² per interval.
+    pub fn take_renewed(&mut self) -> BTreeSet<u8> {
+        std::mem::take(&mut self.renewed)
+    }
+
     fn claimed(&self) -> impl Iterator<Item = (u8, &BTreeSet<Ipv4Addr>, Instant)> {
         // A master has always advertised: §6.4.2 sends one on the transition.
         let masters = self.instances.iter().filter(|(_, r)| r.machine.state() == State::Master).filter_map(
@@ -458,6 +490,7 @@ impl Router {
         {
             r.last_advert = Some(now);
             r.last_sent = Some(now);
+            self.renewed.insert(vrid);
         }
         let Some(running) = self.instances.get(&vrid) else { return };
         for action in actions {
@@ -629,6 +662,10 @@ mod tests {
         let last = a.on_timer(t0 + ms(422));
         let until = a.claims()[&9].until;
         assert_eq!(until, t0 + ms(722));
+        // The shell renews just the VRIDs that advertised, from their own deadline.
+        assert_eq!(a.take_renewed(), [9].into());
+        assert_eq!(a.lease_deadline(9), Some(until));
+        assert!(a.take_renewed().is_empty(), "taken once");
         for priority in [1, 100, 199] {
             let (mut b, _) = router(B, spec(priority, &[A], Transport::Multicast));
             b.start(t0);

@@ -203,7 +203,7 @@ fn dsr_connections_survive_the_load_balancer_failing() {
     let services = service(&c.lab, "dsr", 82, "dsr", &[0, 1]);
     c.start(&services);
     let mut sessions = open_sessions(&c, 82, 16);
-    assert!(c.reason(0, "forwarded_dsr") > 0.0);
+    assert!(c.reason(0, "forwarded_dsr") > 0.0, "n0 forwarded nothing:\n{}", c.logs());
 
     // n0 fails hard: its port goes down, then its agent dies. n1 takes the VIP over, with the
     // same Maglev ring, and keeps sending each flow to the same endpoint.
@@ -392,7 +392,8 @@ fn lb_agent_status_shows_instances_vips_and_backends() {
     // The master claims its VIPs under a lease of three advertisement intervals, renewed with
     // each advertisement; the backup claims nothing.
     let lease = n0["instances"][0]["lease_ms"].as_u64();
-    assert!(lease.is_some_and(|ms| ms > 0 && ms <= 3 * 20), "advertInterval 20ms: {n0}");
+    let interval = lb_lab::cluster::LAB_ADVERT_INTERVAL_MS;
+    assert!(lease.is_some_and(|ms| ms > 0 && ms <= 3 * interval), "advertInterval {interval}ms: {n0}");
     assert!(json["instances"][0]["lease_ms"].is_null(), "{json}");
 
     // Nothing listening: a clear error, exit 1.

@@ -180,7 +180,7 @@ pub async fn run(
         config_path,
         config,
         node,
-        plan,
+        plan: Arc::new(plan),
         netlink,
         carrier,
         interface,
@@ -280,7 +280,8 @@ struct Agent {
     /// Shared with the sync task: a large config is never copied.
     config: Arc<Config>,
     node: String,
-    plan: NodePlan,
+    /// Shared with the pending config's, when that config changed no group.
+    plan: Arc<NodePlan>,
     netlink: rtnetlink::Handle,
     interface: Interface,
     dataplane: Dataplane,
@@ -307,7 +308,7 @@ struct Agent {
     /// An accepted config waiting for its services to reach the maps before VRRP and the
     /// owned VIPs follow it, so a VIP is never taken before its services: (generation,
     /// config, plan).
-    pending: Option<(u64, Arc<Config>, NodePlan)>,
+    pending: Option<(u64, Arc<Config>, Arc<NodePlan>)>,
     /// `--pin-path`, which outranks the config file's on every load.
     pin_override: Option<PathBuf>,
     /// With `--kubernetes`: configs built from the cluster.
@@ -452,7 +453,15 @@ impl Agent {
     /// A new config, from the file (SIGHUP) or the cluster: applied by difference, or
     /// rejected whole with the running one kept.
     async fn apply_config(&mut self, new: Config) {
-        let new_plan = node_plan(&new, &self.node);
+        // An endpoint change (most cluster events) leaves groups and VIPs as they were: their
+        // plan is kept, and nothing VRRP runs is touched.
+        let (latest, latest_plan) =
+            self.pending.as_ref().map_or((&self.config, &self.plan), |(_, config, plan)| (config, plan));
+        let new_plan = if new.groups == latest.groups && new.vips == latest.vips {
+            latest_plan.clone()
+        } else {
+            Arc::new(node_plan(&new, &self.node))
+        };
         let restart_needed = [
             ("interface", new.interface != self.config.interface),
             ("xdpMode", new.xdp_mode != self.config.xdp_mode),
@@ -517,8 +526,11 @@ impl Agent {
     }
 
     /// Follows a config whose services are in the maps: VRRP instances and owned VIPs.
-    async fn commit_config(&mut self, config: Arc<Config>, plan: NodePlan) {
+    async fn commit_config(&mut self, config: Arc<Config>, plan: Arc<NodePlan>) {
         self.config = config;
+        if Arc::ptr_eq(&plan, &self.plan) {
+            return;
+        }
         self.plan = plan;
         self.log_plan();
         self.reconfigure_vrrp();

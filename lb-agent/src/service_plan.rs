@@ -197,49 +197,75 @@ pub fn identity(backend: &Backend) -> String {
 #[derive(Default)]
 pub struct IncrementalPlanner {
     context: Option<PlanContext>,
-    /// Each planned service config, with the update that last saw it and its entries.
-    planned: HashMap<ServiceConfig, (u64, ServiceEntries), foldhash::fast::FixedState>,
+    /// Each planned service config by its allocation (held here, so the address is not reused
+    /// while planned), with the update that last saw it and its entries.
+    planned: HashMap<usize, Planned, foldhash::fast::FixedState>,
+    /// The planned configs' addresses by content, for a config that comes back as a new
+    /// allocation with the same content (a reloaded file).
+    by_content: HashMap<Arc<ServiceConfig>, usize, foldhash::fast::FixedState>,
     /// Counts updates, to tell the services an update saw from the ones it did not.
     update: u64,
     rings: RingCache,
+}
+
+struct Planned {
+    config: Arc<ServiceConfig>,
+    seen: u64,
+    entries: ServiceEntries,
 }
 
 impl IncrementalPlanner {
     /// The change from the last config's plan to `config`'s. Only services whose config
     /// differs are planned; the first call, and a change of this node's context (its name,
     /// the nodes' addresses, the ring size), plan everything and give a complete delta.
-    /// An unchanged service costs one hash lookup (a fast, fixed hash: the configs are ours).
+    /// An unchanged service costs one lookup of its address (the Kubernetes source hands an
+    /// unchanged service over as the same allocation), or of its content (a reloaded file).
     pub fn update(&mut self, config: &Config, node: &str) -> PlanDelta {
         let context = PlanContext::new(config, node);
         let mut delta = PlanDelta::default();
         if self.context.as_ref() != Some(&context) {
             self.planned.clear();
+            self.by_content.clear();
             self.context = Some(context.clone());
             delta.complete = true;
         }
         self.update += 1;
         let now = self.update;
         for service in &config.services {
-            if let Some((seen, _)) = self.planned.get_mut(service) {
-                *seen = now;
+            let address = Arc::as_ptr(service) as usize;
+            if let Some(planned) = self.planned.get_mut(&address) {
+                planned.seen = now;
+                continue;
+            }
+            if let Some((known, old)) = self.by_content.remove_entry(service) {
+                // The same content in a new allocation: move its plan over.
+                let mut planned = self.planned.remove(&old).expect("indexed by content");
+                drop(known);
+                planned.config = service.clone();
+                planned.seen = now;
+                self.planned.insert(address, planned);
+                self.by_content.insert(service.clone(), address);
                 continue;
             }
             let entries = plan_service(service, &context, &mut self.rings);
             delta.services.extend(entries.services.iter().map(|(k, s)| (*k, Some(s.clone()))));
             delta.local_endpoints.extend(entries.local_endpoints.iter().map(|(k, e)| (*k, Some(*e))));
-            self.planned.insert(service.clone(), (now, entries));
+            self.planned.insert(address, Planned { config: service.clone(), seen: now, entries });
+            self.by_content.insert(service.clone(), address);
         }
         // What this update did not see was changed (its new entries are already in the
         // delta) or removed.
         let mut swept = false;
-        self.planned.retain(|_, (seen, gone)| {
-            if *seen == now {
+        let by_content = &mut self.by_content;
+        self.planned.retain(|_, planned| {
+            if planned.seen == now {
                 return true;
             }
-            for (key, _) in &gone.services {
+            by_content.remove(&planned.config);
+            for (key, _) in &planned.entries.services {
                 delta.services.entry(*key).or_insert(None);
             }
-            for (key, _) in &gone.local_endpoints {
+            for (key, _) in &planned.entries.local_endpoints {
                 delta.local_endpoints.entry(*key).or_insert(None);
             }
             swept = true;
@@ -388,17 +414,22 @@ mod tests {
 
     proptest! {
         /// Any sequence of configs, planned incrementally and applied as deltas, leaves the maps
-        /// exactly as planning the last config whole would.
+        /// exactly as planning the last config whole would: whether unchanged services come as
+        /// the previous config's allocations (the Kubernetes source) or as new ones (a reload).
         #[test]
         fn deltas_add_up_to_the_whole_plan(
             steps in proptest::collection::vec(
-                proptest::collection::vec(proptest::collection::vec((1u8..20, 0u8..3), 0..6), 1..12),
+                (
+                    proptest::collection::vec(proptest::collection::vec((1u8..20, 0u8..3), 0..6), 1..12),
+                    any::<bool>(),
+                ),
                 1..8,
             ),
         ) {
             let mut planner = IncrementalPlanner::default();
             let mut state = DataplanePlan::default();
-            for endpoints in &steps {
+            let mut previous: Vec<Arc<ServiceConfig>> = Vec::new();
+            for (endpoints, share) in &steps {
                 let endpoints: Vec<Vec<(u8, u8)>> = endpoints
                     .iter()
                     .map(|eps| {
@@ -406,9 +437,17 @@ mod tests {
                         eps.iter().copied().filter(|(h, n)| seen.insert((*h, *n))).collect()
                     })
                     .collect();
-                let config = services_config(&endpoints);
+                let mut config = services_config(&endpoints);
+                if *share {
+                    for service in &mut config.services {
+                        if let Some(same) = previous.iter().find(|p| **p == *service) {
+                            *service = same.clone();
+                        }
+                    }
+                }
                 apply(&mut state, &planner.update(&config, "n0"));
                 prop_assert_eq!(&state, &plan(&config, "n0"));
+                previous = config.services;
             }
         }
     }

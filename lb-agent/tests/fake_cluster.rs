@@ -66,8 +66,14 @@ async fn the_leader_converges_and_never_hands_out_an_address_twice() {
         .expect("a valid config")
         .config;
         let planned = lb_agent::node_plan::node_plan(&config, "n0");
-        let plan =
-            status::plan(&state, &Default::default(), &planned, &Default::default(), "2026-11-22T00:00:00Z");
+        let plan = status::plan(
+            &state,
+            &Default::default(),
+            &planned,
+            &Default::default(),
+            &[],
+            "2026-11-22T00:00:00Z",
+        );
         if plan.ingress.is_empty() && plan.add_finalizer.is_empty() && plan.conditions.is_empty() {
             break;
         }

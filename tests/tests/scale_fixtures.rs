@@ -224,7 +224,7 @@ fn services_beyond_capacity_are_refused_and_the_rest_keeps_forwarding() {
 
         // A change that needs more backends than are free is refused; the old version stays.
         let mut bigger = fewer.clone();
-        let web = bigger.services.iter_mut().find(|s| s.name == "web").unwrap();
+        let web = std::sync::Arc::make_mut(bigger.services.iter_mut().find(|s| s.name == "web").unwrap());
         for host in 50..55u8 {
             web.endpoints.push(lb_agent::config::Endpoint {
                 address: Ipv4Addr::new(10, 244, 1, host),

@@ -151,7 +151,7 @@ const MAX_ADVERT_INTERVAL: Duration = Duration::from_millis(40_950);
 
 pub(super) fn validate_groups(
     groups: &[GroupConfig],
-    vip_owner: &mut BTreeMap<Ipv4Addr, String>,
+    vip_owner: &mut BTreeMap<Ipv4Addr, super::VipField>,
 ) -> Result<(), ConfigError> {
     let mut names = BTreeMap::new();
     let mut manual_vrids: BTreeMap<u8, usize> = BTreeMap::new();
@@ -210,11 +210,13 @@ pub(super) fn validate_groups(
                     ));
                 }
             }
-            let field = at(&format!("vips[{v}].address"));
-            check_unicast(&field, vip.address)?;
-            if let Some(first) = vip_owner.insert(vip.address, at(&format!("vips[{v}]"))) {
+            let field = || at(&format!("vips[{v}].address"));
+            if !super::is_unicast(vip.address) {
+                check_unicast(&field(), vip.address)?;
+            }
+            if let Some(first) = vip_owner.insert(vip.address, super::VipField::Group(g, v)) {
                 return Err(ConfigError::new(
-                    field,
+                    field(),
                     format!("each VIP once, but {} is also {first}", vip.address),
                 ));
             }

@@ -11,6 +11,7 @@ use std::{
     net::{Ipv4Addr, SocketAddr},
     path::Path,
     str::FromStr,
+    sync::Arc,
 };
 
 use serde::{Deserialize, Deserializer, de};
@@ -52,7 +53,7 @@ pub struct Config {
     pub node_address: Option<Ipv4Addr>,
     /// Services: what traffic to the VIPs is forwarded to.
     #[serde(default)]
-    pub services: Vec<ServiceConfig>,
+    pub services: Vec<Arc<ServiceConfig>>,
     #[serde(default)]
     pub dataplane: DataplaneConfig,
 }
@@ -113,6 +114,18 @@ impl Config {
 
     /// Checks what serde cannot: values that parse but make no sense.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let vip_owner = self.validate_vips_and_groups()?;
+        service::validate_services(&self.services, &vip_owner)
+    }
+
+    /// [`Config::validate`] without `services`, for a source that validates each service as
+    /// it makes it, and whose services conflict with nothing by construction (Kubernetes).
+    pub fn validate_all_but_services(&self) -> Result<(), ConfigError> {
+        self.validate_vips_and_groups().map(drop)
+    }
+
+    /// Every check but the services', and where each VIP is declared.
+    fn validate_vips_and_groups(&self) -> Result<BTreeMap<Ipv4Addr, VipField>, ConfigError> {
         if self.interface.is_empty() || self.interface.len() > 15 || self.interface.contains(['/', ' ']) {
             return Err(ConfigError::new(
                 "interface",
@@ -141,14 +154,33 @@ impl Config {
                 ));
             }
         }
-        let mut vip_owner: BTreeMap<Ipv4Addr, String> =
-            seen.into_iter().map(|(a, i)| (a, format!("vips[{i}]"))).collect();
+        let mut vip_owner: BTreeMap<Ipv4Addr, VipField> =
+            seen.into_iter().map(|(a, i)| (a, VipField::Node(i))).collect();
         group::validate_groups(&self.groups, &mut vip_owner)?;
         if let Some(address) = self.node_address {
             check_unicast("nodeAddress", address)?;
         }
         self.dataplane.validate()?;
-        service::validate_services(&self.services, &vip_owner.keys().copied().collect())
+        Ok(vip_owner)
+    }
+}
+
+/// Where a VIP is declared, named only for an error: a config of 10,000 VIPs is validated on
+/// every Kubernetes event.
+#[derive(Clone, Copy, Debug)]
+enum VipField {
+    /// `vips[i]`
+    Node(usize),
+    /// `groups[g].vips[v]`
+    Group(usize, usize),
+}
+
+impl fmt::Display for VipField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Node(i) => write!(f, "vips[{i}]"),
+            Self::Group(g, v) => write!(f, "groups[{g}].vips[{v}]"),
+        }
     }
 }
 

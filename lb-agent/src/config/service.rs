@@ -2,10 +2,7 @@
 //! with the node it runs on. The same shape the Kubernetes source produces from Services and
 //! EndpointSlices.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
-};
+use std::{collections::HashMap, net::Ipv4Addr};
 
 use serde::Deserialize;
 
@@ -106,28 +103,20 @@ pub enum TrafficPolicy {
 /// least 100 times larger.
 pub const MAX_ENDPOINTS: usize = 655;
 
-pub(super) fn validate_services(
-    services: &[ServiceConfig],
-    vips: &BTreeSet<Ipv4Addr>,
-) -> Result<(), ConfigError> {
-    // Field names are only formatted for an error: a valid config of 10,000 services is
-    // validated on every Kubernetes event.
-    let mut seen: BTreeMap<(Ipv4Addr, u16, Protocol), (usize, usize)> = BTreeMap::new();
-    for (s, service) in services.iter().enumerate() {
-        let at = |field: &str| format!("services[{s}].{field}");
-        if service.name.is_empty() {
+impl ServiceConfig {
+    /// The checks that concern this service alone; an error names the field under `services[i]`
+    /// as `.name`, `.ports[0].port`, … (prefix it with where the service is).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        // Field names are only formatted for an error: a valid config of 10,000 services is
+        // validated on every reload.
+        let at = |field: &str| field.to_owned();
+        if self.name.is_empty() {
             return Err(ConfigError::new(at("name"), "a non-empty name"));
         }
-        if !vips.contains(&service.vip) {
-            return Err(ConfigError::new(
-                at("vip"),
-                format!("one of the VIPs in `vips` or `groups[].vips`, but {} is in neither", service.vip),
-            ));
-        }
-        if service.ports.is_empty() {
+        if self.ports.is_empty() {
             return Err(ConfigError::new(at("ports"), "at least one port"));
         }
-        for (p, port) in service.ports.iter().enumerate() {
+        for (p, port) in self.ports.iter().enumerate() {
             if port.port == 0 {
                 return Err(ConfigError::new(
                     at(&format!("ports[{p}].port")),
@@ -140,26 +129,29 @@ pub(super) fn validate_services(
                     "a port from 1 to 65535, got 0",
                 ));
             }
-            if let Some((first_s, first_p)) = seen.insert((service.vip, port.port, port.protocol), (s, p)) {
+            if let Some(first) =
+                self.ports[..p].iter().position(|q| (q.port, q.protocol) == (port.port, port.protocol))
+            {
                 return Err(ConfigError::new(
                     at(&format!("ports[{p}]")),
                     format!(
-                        "each VIP, port and protocol once, but {}:{}/{} is also services[{first_s}].ports[{first_p}]",
-                        service.vip,
+                        "each port and protocol once, but {}/{} is also ports[{first}]",
                         port.port,
                         port.protocol.as_str()
                     ),
                 ));
             }
         }
-        if service.endpoints.len() > MAX_ENDPOINTS {
+        if self.endpoints.len() > MAX_ENDPOINTS {
             return Err(ConfigError::new(
                 at("endpoints"),
-                format!("at most {MAX_ENDPOINTS} endpoints, got {}", service.endpoints.len()),
+                format!("at most {MAX_ENDPOINTS} endpoints, got {}", self.endpoints.len()),
             ));
         }
-        let mut addresses = BTreeMap::new();
-        for (e, endpoint) in service.endpoints.iter().enumerate() {
+        // Most services have a few endpoints: scanning the earlier ones allocates nothing.
+        let mut addresses: HashMap<Ipv4Addr, usize, foldhash::fast::FixedState> = HashMap::default();
+        let few = self.endpoints.len() <= 16;
+        for (e, endpoint) in self.endpoints.iter().enumerate() {
             if !is_unicast(endpoint.address) {
                 check_unicast(&at(&format!("endpoints[{e}].address")), endpoint.address)?;
             }
@@ -169,10 +161,47 @@ pub(super) fn validate_services(
                     "the name of the node it runs on",
                 ));
             }
-            if let Some(first) = addresses.insert(endpoint.address, e) {
+            let first = if few {
+                self.endpoints[..e].iter().position(|x| x.address == endpoint.address)
+            } else {
+                addresses.insert(endpoint.address, e)
+            };
+            if let Some(first) = first {
                 return Err(ConfigError::new(
                     at(&format!("endpoints[{e}].address")),
                     format!("each endpoint once, but {} is also endpoints[{first}]", endpoint.address),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn validate_services(
+    services: &[std::sync::Arc<ServiceConfig>],
+    vips: &std::collections::BTreeMap<Ipv4Addr, super::VipField>,
+) -> Result<(), ConfigError> {
+    let mut seen: HashMap<(Ipv4Addr, u16, Protocol), (usize, usize), foldhash::fast::FixedState> =
+        HashMap::with_capacity_and_hasher(services.len(), Default::default());
+    for (s, service) in services.iter().enumerate() {
+        let at = |field: &str| format!("services[{s}].{field}");
+        service.validate().map_err(|e| ConfigError { field: at(&e.field), ..e })?;
+        if !vips.contains_key(&service.vip) {
+            return Err(ConfigError::new(
+                at("vip"),
+                format!("one of the VIPs in `vips` or `groups[].vips`, but {} is in neither", service.vip),
+            ));
+        }
+        for (p, port) in service.ports.iter().enumerate() {
+            if let Some((first_s, first_p)) = seen.insert((service.vip, port.port, port.protocol), (s, p)) {
+                return Err(ConfigError::new(
+                    at(&format!("ports[{p}]")),
+                    format!(
+                        "each VIP, port and protocol once, but {}:{}/{} is also services[{first_s}].ports[{first_p}]",
+                        service.vip,
+                        port.port,
+                        port.protocol.as_str()
+                    ),
                 ));
             }
         }

@@ -38,8 +38,6 @@ use crate::config::Config;
 /// How long the Lease lasts, and how often the leader renews it and re-checks status.
 const LEASE_DURATION: Duration = Duration::from_secs(15);
 const LEADER_TICK: Duration = Duration::from_secs(5);
-/// Changes arriving together are handled once.
-const DEBOUNCE: Duration = Duration::from_millis(200);
 
 pub struct Shell {
     pub client: Client,
@@ -115,6 +113,7 @@ impl Shell {
         let mut tick = tokio::time::interval(LEADER_TICK);
         let mut leading = false;
         let mut last: Option<Config> = None;
+        let mut unserved = Vec::new();
         let mut translator = Translator::default();
         loop {
             tokio::select! {
@@ -122,8 +121,8 @@ impl Shell {
                     if change.is_none() {
                         return;
                     }
-                    // Let a burst of changes settle, then handle them once.
-                    tokio::time::sleep(DEBOUNCE).await;
+                    // Handled at once, with every change already queued: a burst is coalesced by
+                    // the time a pass takes, not by a fixed wait that every event would pay.
                     while let Some(Some(())) = changes.next().now_or_never() {}
                 }
                 Ok(()) = refused.changed() => {}
@@ -190,6 +189,7 @@ impl Shell {
                         }
                     }
                     last = Some(translation.config.clone());
+                    unserved = translation.unserved.clone();
                     if configs.send(translation.config.clone()).await.is_err() {
                         return;
                     }
@@ -207,6 +207,7 @@ impl Shell {
                     &owners.borrow().clone(),
                     &planned,
                     &refused,
+                    &unserved,
                     &Timestamp::now().to_string(),
                 );
                 if plan != status::StatusPlan::default()

@@ -6,28 +6,32 @@
 //! get the same defaults and the same validation as a YAML file.
 //!
 //! At scale, a watch event must not cost a rebuild of every Service: a [`Translator`] keeps
-//! each Service's translation and reuses it while the Service's inputs (the resource versions
-//! of it and of its EndpointSlices, and how it is bound) are unchanged, and EndpointSlices are
-//! indexed by Service once per pass instead of searched per Service.
+//! each Service's translation with the objects it was made from, and reuses it while the
+//! stores hand out the same objects (a pointer comparison; equal resource versions after a
+//! relist) and the groups and their members are unchanged. Each Service is validated alone as
+//! it is translated: one that is invalid, or serves a port an earlier Service (by name)
+//! serves, is left out and reported, and the rest of the cluster is served.
 
 use std::{
     borrow::Borrow,
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     net::Ipv4Addr,
     sync::Arc,
 };
 
+use foldhash::fast::FixedState;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
 };
 use serde_json::{Value, json};
+use smallvec::SmallVec;
 
 use super::{
     binding::{Bound, Refusal, bind},
     crd::{LoadBalancerGroup, RemoteMode},
 };
-use crate::config::{Config, GroupConfig, ServiceConfig};
+use crate::config::{Config, GroupConfig, GroupVip, Protocol, ServiceConfig};
 
 /// The objects a plan is made from, shared with the watch stores they come from (a snapshot
 /// per event costs a pointer per object, not a deep copy).
@@ -47,7 +51,12 @@ pub const GROUP_REFUSAL_PREFIX: &str = "LoadBalancerGroup/";
 #[derive(Clone, Debug)]
 pub struct Translation {
     pub config: Config,
+    /// Everything refused, for logs: bindings (which the status plan finds again itself),
+    /// groups, and `unserved`.
     pub refusals: Vec<Refusal>,
+    /// Services bound to a group but left out of the config: invalid, or a port another
+    /// Service serves. For their Events and conditions.
+    pub unserved: Vec<Refusal>,
 }
 
 /// Builds the config for the node `base.node`, keeping `base`'s agent-level settings
@@ -60,194 +69,333 @@ pub fn translate(state: &ClusterState, base: &Config) -> Result<Translation, Str
 /// [`translate`] with memory of the previous pass (see the module's notes).
 #[derive(Default)]
 pub struct Translator {
-    services: HashMap<ServiceInputs, Vec<ServiceConfig>>,
+    /// Each Service's last translation, by namespace and name (the config's order).
+    services: BTreeMap<(String, String), Translated>,
+    /// What every translation depends on besides its own objects; when it changes, every
+    /// Service is translated afresh.
+    context: Option<Context>,
     rebuilt: usize,
 }
 
-/// Everything a Service's translation depends on, by identity. Objects without a
-/// `resourceVersion` (built by hand, never from an API server) are not cached.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct ServiceInputs {
-    service_version: String,
-    slice_versions: Vec<(String, String)>,
-    bound: Bound,
-    mode: crate::config::RemoteMode,
+/// The groups (names and specs) and each group's members. Group statuses and Node fields
+/// that do not make a member (heartbeats, images) are left out, so they cost no rebuild.
+#[derive(Debug, PartialEq)]
+struct Context {
+    groups: Vec<(Option<String>, super::crd::LoadBalancerGroupSpec)>,
+    members: Vec<Vec<(String, Ipv4Addr)>>,
 }
 
-impl ServiceInputs {
-    fn of(
-        service: &Service,
-        slices: &[&EndpointSlice],
-        bound: &Bound,
-        mode: crate::config::RemoteMode,
-    ) -> Option<Self> {
-        let mut slice_versions = slices
-            .iter()
-            .map(|s| Some((s.metadata.name.clone()?, s.metadata.resource_version.clone()?)))
-            .collect::<Option<Vec<_>>>()?;
-        slice_versions.sort();
-        Some(Self {
-            service_version: service.metadata.resource_version.clone()?,
-            slice_versions,
-            bound: bound.clone(),
-            mode,
-        })
+impl Context {
+    fn of(state: &ClusterState) -> Self {
+        Self {
+            groups: state.groups.iter().map(|g| (g.metadata.name.clone(), g.spec.clone())).collect(),
+            members: state.groups.iter().map(|g| members(&state.nodes, &g.spec.node_selector)).collect(),
+        }
     }
 }
 
-/// EndpointSlices by the Service they belong to: (namespace, `kubernetes.io/service-name`).
-fn slices_by_service(slices: &[Arc<EndpointSlice>]) -> HashMap<(&str, &str), Vec<&EndpointSlice>> {
-    let mut index: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
-    for slice in slices.iter().map(Arc::as_ref) {
+/// One Service's translation, with the objects it was made from. The watch stores hand out
+/// the same `Arc` until an object changes, so "unchanged" is a pointer comparison.
+struct Translated {
+    service: Arc<Service>,
+    /// Its EndpointSlices, in name order.
+    slices: Vec<Arc<EndpointSlice>>,
+    bound: Option<Bound>,
+    refusals: Vec<Refusal>,
+    /// Why it is bound but not served, if it is not.
+    unserved: Option<Refusal>,
+    /// Its entries in its group's `vips`.
+    vips: Vec<GroupVip>,
+    configs: Vec<Arc<ServiceConfig>>,
+    /// What its configs serve, kept beside them for the pass's conflict check.
+    ports: SmallVec<[(Ipv4Addr, u16, Protocol); 2]>,
+}
+
+impl Translated {
+    /// Whether it was made from these objects: the same allocations, or (after a relist, which
+    /// replaces every allocation) the same resource versions. Takes the new allocations over.
+    fn made_from(&mut self, service: &Arc<Service>, slices: &[&Arc<EndpointSlice>]) -> bool {
+        let same = same_object(&self.service, service)
+            && self.slices.len() == slices.len()
+            && self.slices.iter().zip(slices).all(|(a, b)| same_object(a, b));
+        if same && !Arc::ptr_eq(&self.service, service) {
+            self.service = service.clone();
+        }
+        if same && !self.slices.iter().zip(slices).all(|(a, b)| Arc::ptr_eq(a, b)) {
+            self.slices = slices.iter().map(|s| Arc::clone(s)).collect();
+        }
+        same
+    }
+}
+
+fn same_object<K: kube::Resource>(a: &Arc<K>, b: &Arc<K>) -> bool {
+    if Arc::ptr_eq(a, b) {
+        return true;
+    }
+    let (a, b) = (a.meta(), b.meta());
+    a.resource_version.is_some()
+        && a.resource_version == b.resource_version
+        && (&a.uid, &a.namespace, &a.name) == (&b.uid, &b.namespace, &b.name)
+}
+
+/// Each group, with its members, by name.
+type GroupsByName<'a> = HashMap<&'a str, (&'a LoadBalancerGroup, &'a [(String, Ipv4Addr)]), FixedState>;
+
+/// A group's VIPs and services, as the pass collects them.
+type GroupOutput = (Vec<GroupVip>, Vec<Arc<ServiceConfig>>);
+
+/// A Service's EndpointSlices: most have one, which takes no allocation.
+type SlicesOf<'a> = SmallVec<[&'a Arc<EndpointSlice>; 1]>;
+
+/// EndpointSlices by the Service they belong to, (namespace, `kubernetes.io/service-name`),
+/// each Service's in name order.
+fn slices_by_service(slices: &[Arc<EndpointSlice>]) -> HashMap<(&str, &str), SlicesOf<'_>, FixedState> {
+    let mut index: HashMap<(&str, &str), SlicesOf<'_>, FixedState> =
+        HashMap::with_capacity_and_hasher(slices.len(), FixedState::default());
+    for slice in slices {
         let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
         if let Some(name) = slice.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")) {
             index.entry((namespace, name.as_str())).or_default().push(slice);
         }
     }
+    for mine in index.values_mut() {
+        if mine.len() > 1 {
+            mine.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        }
+    }
     index
 }
 
+/// A Service's EndpointSlices from the index.
+fn slices_of<'i, 'a>(
+    index: &'i HashMap<(&'a str, &'a str), SlicesOf<'a>, FixedState>,
+    service: &'a Service,
+) -> &'i [&'a Arc<EndpointSlice>] {
+    let key = (
+        service.metadata.namespace.as_deref().unwrap_or("default"),
+        service.metadata.name.as_deref().unwrap_or_default(),
+    );
+    index.get(&key).map_or(&[], |s| s.as_slice())
+}
+
 impl Translator {
-    /// As [`translate`], reusing the previous pass's translation of every unchanged Service.
+    /// As [`translate`], reusing the previous pass's translation of every Service whose
+    /// objects are the same ones as then.
     pub fn translate(&mut self, state: &ClusterState, base: &Config) -> Result<Translation, String> {
-        let mut previous = std::mem::take(&mut self.services);
-        self.rebuilt = 0;
-        let result = translate_with(state, base, &mut previous, &mut self.services, &mut self.rebuilt);
-        if result.is_err() {
-            // Keep what is known good for the next pass.
-            self.services.extend(previous);
+        let context = Context::of(state);
+        if self.context.as_ref() != Some(&context) {
+            self.services.clear();
         }
-        result
+        self.context = Some(context);
+        self.rebuilt = 0;
+        self.translate_with(state, base)
     }
 
     /// How many Services the last pass built afresh rather than reused.
     pub fn rebuilt(&self) -> usize {
         self.rebuilt
     }
+
+    /// The translation, translating afresh only the Services whose objects are not the ones
+    /// their last translation was made from.
+    fn translate_with(&mut self, state: &ClusterState, base: &Config) -> Result<Translation, String> {
+        let slices = slices_by_service(&state.slices);
+        let groups_by_name: GroupsByName<'_> = state
+            .groups
+            .iter()
+            .zip(&self.context.as_ref().expect("set by translate").members)
+            .map(|(g, m)| (g.metadata.name.as_deref().unwrap_or_default(), (g.as_ref(), m.as_slice())))
+            .collect();
+        let mut current: HashMap<(&str, &str), &Arc<Service>, FixedState> = state
+            .services
+            .iter()
+            .map(|s| {
+                let namespace = s.metadata.namespace.as_deref().unwrap_or("default");
+                ((namespace, s.metadata.name.as_deref().unwrap_or_default()), s)
+            })
+            .collect();
+
+        // What changed, translated before anything is replaced: a Service that fails leaves
+        // the previous pass's translations as they were.
+        let mut removed = Vec::new();
+        let mut fresh = Vec::new();
+        for ((namespace, name), translated) in &mut self.services {
+            match current.remove(&(namespace.as_str(), name.as_str())) {
+                None => removed.push((namespace.clone(), name.clone())),
+                Some(service) => {
+                    let slices = slices_of(&slices, service);
+                    if !translated.made_from(service, slices) {
+                        let again = translate_service(service, slices, &state.groups, &groups_by_name)?;
+                        fresh.push(((namespace.clone(), name.clone()), again));
+                    }
+                }
+            }
+        }
+        for ((namespace, name), service) in current {
+            let again =
+                translate_service(service, slices_of(&slices, service), &state.groups, &groups_by_name)?;
+            fresh.push(((namespace.to_owned(), name.to_owned()), again));
+        }
+        self.rebuilt = fresh.len();
+        for key in removed {
+            self.services.remove(&key);
+        }
+        self.services.extend(fresh);
+
+        // Each group's VIPs and services, in Service name order. A VIP shared by Services
+        // (`allow-shared-ip`) is one group VIP, the first Service's; a port served twice is
+        // the first Service's, and the later one is refused.
+        let mut refusals = Vec::new();
+        let mut unserved = Vec::new();
+        let mut bound: HashMap<&str, GroupOutput, FixedState> = HashMap::default();
+        let mut vips_seen: HashSet<Ipv4Addr, FixedState> = HashSet::default();
+        let mut served: HashMap<(Ipv4Addr, u16, Protocol), &str, FixedState> =
+            HashMap::with_capacity_and_hasher(self.services.len(), FixedState::default());
+        for translated in self.services.values() {
+            refusals.extend(translated.refusals.iter().cloned());
+            unserved.extend(translated.unserved.iter().cloned());
+            let Some(b) = &translated.bound else { continue };
+            if let Some(((vip, port, protocol), holder)) =
+                translated.ports.iter().find_map(|k| served.get(k).map(|holder| (k, *holder)))
+            {
+                unserved.push(Refusal {
+                    service: b.service.clone(),
+                    reason: "PortConflict",
+                    message: format!("{vip}:{port}/{} is already served for {holder}", protocol.as_str()),
+                });
+                continue;
+            }
+            served.extend(translated.ports.iter().map(|k| (*k, b.service.as_str())));
+            let (vips, services) = bound.entry(b.group.as_str()).or_default();
+            vips.extend(translated.vips.iter().filter(|v| vips_seen.insert(v.address)).cloned());
+            services.extend(translated.configs.iter().cloned());
+        }
+
+        let mut groups_sorted: Vec<&LoadBalancerGroup> = state.groups.iter().map(Arc::as_ref).collect();
+        groups_sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let mut groups = Vec::new();
+        let mut services = Vec::new();
+        for group in groups_sorted {
+            let name = group.metadata.name.clone().unwrap_or_default();
+            if let Some(refusal) = interface_refusal(group, state, base) {
+                refusals.push(Refusal { service: format!("{GROUP_REFUSAL_PREFIX}{name}"), ..refusal });
+                continue;
+            }
+            let spec = &group.spec;
+            let members = groups_by_name.get(name.as_str()).map_or(&[][..], |(_, m)| m);
+            let nodes: Vec<Value> = members
+                .iter()
+                .map(|(node, address)| json!({"name": node, "address": address.to_string()}))
+                .collect();
+            let (vips, mine) = bound.remove(name.as_str()).unwrap_or_default();
+            services.extend(mine);
+            let document = json!({
+                "name": name,
+                "nodes": nodes,
+                "advertInterval": spec.advert_interval,
+                "garp": {"refresh": spec.garp_refresh.as_deref().unwrap_or("0s")},
+                "spread": spec.spread,
+                "transport": spec.transport,
+                "excludedVrids": spec.excluded_vrids,
+                "preempt": spec.preempt,
+                "vipMode": spec.vip_mode,
+                // Keep the VRIDs the leader published, so instances are never renumbered.
+                "pinnedVrids": group.status.as_ref().map(|s| s.vrids.clone()).unwrap_or_default(),
+            });
+            let mut group: GroupConfig =
+                serde_json::from_value(document).map_err(|e| format!("LoadBalancerGroup {name}: {e}"))?;
+            group.vips = vips;
+            groups.push(group);
+        }
+        let config = Config { groups, services, ..base.clone() };
+        // Each service was validated when it was translated, and conflicts between them were
+        // refused above: at 10,000 Services, validating them all again would be most of a pass.
+        config.validate_all_but_services().map_err(|e| e.to_string())?;
+        refusals.extend(unserved.iter().cloned());
+        Ok(Translation { config, refusals, unserved })
+    }
 }
 
-/// The translation, taking unchanged Services' from `previous` and leaving every Service's
-/// in `next`.
-fn translate_with(
-    state: &ClusterState,
-    base: &Config,
-    previous: &mut HashMap<ServiceInputs, Vec<ServiceConfig>>,
-    next: &mut HashMap<ServiceInputs, Vec<ServiceConfig>>,
-    rebuilt: &mut usize,
-) -> Result<Translation, String> {
-    let slices = slices_by_service(&state.slices);
-    let mut refusals = Vec::new();
-    let mut groups_sorted: Vec<&LoadBalancerGroup> = state.groups.iter().map(Arc::as_ref).collect();
-    groups_sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    let mut services_sorted: Vec<&Service> = state.services.iter().map(Arc::as_ref).collect();
-    services_sorted.sort_by(|a, b| {
-        (a.metadata.namespace.as_deref(), a.metadata.name.as_deref())
-            .cmp(&(b.metadata.namespace.as_deref(), b.metadata.name.as_deref()))
+/// Why `group` cannot be served on this node, if it cannot (its interface).
+fn interface_refusal(group: &LoadBalancerGroup, state: &ClusterState, base: &Config) -> Option<Refusal> {
+    let spec = &group.spec;
+    let interface = match (&spec.interface, &spec.interface_from_ip) {
+        (Some(interface), _) => Ok(interface.clone()),
+        (None, Some(ip)) => {
+            state.routes.get(ip).cloned().ok_or_else(|| format!("no route from this node to {ip}"))
+        }
+        (None, None) => Err("neither interface nor interfaceFromIP is set".to_owned()),
+    };
+    let (reason, message) = match interface {
+        Err(message) => ("InterfaceNotFound", message),
+        Ok(interface) if interface != base.interface => (
+            "InterfaceMismatch",
+            format!("the group uses {interface} on this node, whose agent runs on {}", base.interface),
+        ),
+        Ok(_) => return None,
+    };
+    Some(Refusal { service: String::new(), reason, message })
+}
+
+/// One Service's translation from its objects: how it is bound, its group VIPs and its
+/// service entries (one per VIP).
+fn translate_service(
+    service: &Arc<Service>,
+    slices: &[&Arc<EndpointSlice>],
+    all_groups: &[Arc<LoadBalancerGroup>],
+    groups: &GroupsByName<'_>,
+) -> Result<Translated, String> {
+    let (bound, refusals) = bind(service, all_groups);
+    let mut translated = Translated {
+        service: service.clone(),
+        slices: slices.iter().map(|s| Arc::clone(s)).collect(),
+        bound: None,
+        refusals,
+        unserved: None,
+        vips: Vec::new(),
+        configs: Vec::new(),
+        ports: SmallVec::new(),
+    };
+    let Some(b) = bound else { return Ok(translated) };
+    let Some((group, members)) = groups.get(b.group.as_str()) else {
+        translated.bound = Some(b);
+        return Ok(translated);
+    };
+    let mine: Vec<&EndpointSlice> = slices.iter().map(|s| s.as_ref()).collect();
+    let addresses = service_vips(&b, service);
+    // `externalTrafficPolicy: Local`: only members with a ready endpoint may own it.
+    let local = service.spec.as_ref().and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
+    let eligible: Option<Vec<String>> = local.then(|| {
+        let with_endpoints = ready_endpoint_nodes(&mine);
+        members.iter().filter(|(m, _)| with_endpoints.contains(m)).map(|(m, _)| m.clone()).collect()
     });
-
-    let mut bound: Vec<(Bound, &Service)> = Vec::new();
-    for service in services_sorted {
-        let (b, r) = bind(service, &state.groups);
-        refusals.extend(r);
-        if let Some(b) = b {
-            bound.push((b, service));
-        }
-    }
-
-    let mut groups = Vec::new();
-    let mut services = Vec::new();
-    for group in groups_sorted {
-        let name = group.metadata.name.clone().unwrap_or_default();
-        let spec = &group.spec;
-        let interface = match (&spec.interface, &spec.interface_from_ip) {
-            (Some(interface), _) => Ok(interface.clone()),
-            (None, Some(ip)) => {
-                state.routes.get(ip).cloned().ok_or_else(|| format!("no route from this node to {ip}"))
-            }
-            (None, None) => Err("neither interface nor interfaceFromIP is set".to_owned()),
-        };
-        let refusal = match interface {
-            Err(message) => Some(("InterfaceNotFound", message)),
-            Ok(interface) if interface != base.interface => Some((
-                "InterfaceMismatch",
-                format!("the group uses {interface} on this node, whose agent runs on {}", base.interface),
-            )),
-            Ok(_) => None,
-        };
-        if let Some((reason, message)) = refusal {
-            refusals.push(Refusal { service: format!("{GROUP_REFUSAL_PREFIX}{name}"), reason, message });
-            continue;
-        }
-        let members: Vec<Value> = members(&state.nodes, &spec.node_selector)
-            .into_iter()
-            .map(|(node, address)| json!({"name": node, "address": address.to_string()}))
-            .collect();
-        let mut vips = Vec::new();
-        let member_set: Vec<String> =
-            members.iter().filter_map(|m| m["name"].as_str().map(str::to_owned)).collect();
-        for (b, service) in bound.iter().filter(|(b, _)| b.group == name) {
-            let addresses = service_vips(b, service);
-            // `externalTrafficPolicy: Local`: only members with a ready endpoint may own it.
-            let local =
-                service.spec.as_ref().and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
-            let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
-            let name = service.metadata.name.as_deref().unwrap_or_default();
-            let mine: &[&EndpointSlice] = slices.get(&(namespace, name)).map_or(&[], Vec::as_slice);
-            let eligible: Option<Vec<String>> = local.then(|| {
-                let with_endpoints = ready_endpoint_nodes(mine);
-                member_set.iter().filter(|m| with_endpoints.contains(*m)).cloned().collect()
-            });
-            for address in &addresses {
-                let mut vip = json!({"address": address.to_string(), "service": b.service});
-                if let Some(spread) = b.spread {
-                    vip["spread"] = json!(spread);
-                }
-                if let Some(eligible) = &eligible {
-                    vip["eligibleNodes"] = json!(eligible);
-                }
-                vips.push(vip);
-            }
-            let inputs = ServiceInputs::of(service, mine, b, spec.remote_mode);
-            let configs = match inputs.as_ref().and_then(|k| previous.remove(k)) {
-                Some(done) => done,
-                None => {
-                    *rebuilt += 1;
-                    addresses
-                        .iter()
-                        .map(|address| {
-                            let document = service_document(b, service, *address, mine, spec.remote_mode);
-                            serde_json::from_value(document)
-                                .map_err(|e| format!("Service {}: {e}", b.service))
-                        })
-                        .collect::<Result<Vec<ServiceConfig>, String>>()?
-                }
-            };
-            if let Some(inputs) = inputs {
-                next.insert(inputs, configs.clone());
-            }
-            services.extend(configs);
-        }
-        let document = json!({
-            "name": name,
-            "nodes": members,
-            "vips": vips,
-            "advertInterval": spec.advert_interval,
-            "garp": {"refresh": spec.garp_refresh.as_deref().unwrap_or("0s")},
-            "spread": spec.spread,
-            "transport": spec.transport,
-            "excludedVrids": spec.excluded_vrids,
-            "preempt": spec.preempt,
-            "vipMode": spec.vip_mode,
-            // Keep the VRIDs the leader published, so instances are never renumbered.
-            "pinnedVrids": group.status.as_ref().map(|s| s.vrids.clone()).unwrap_or_default(),
+    for address in &addresses {
+        translated.vips.push(GroupVip {
+            address: *address,
+            service: Some(b.service.clone()),
+            spread: b.spread,
+            eligible_nodes: eligible.clone(),
         });
-        let group: GroupConfig =
-            serde_json::from_value(document).map_err(|e| format!("LoadBalancerGroup {name}: {e}"))?;
-        groups.push(group);
+        let document = service_document(&b, service, *address, &mine, group.spec.remote_mode);
+        let config: ServiceConfig =
+            serde_json::from_value(document).map_err(|e| format!("Service {}: {e}", b.service))?;
+        if let Err(e) = config.validate() {
+            // Refused alone: the rest of the cluster is served as before.
+            translated.vips.clear();
+            translated.configs.clear();
+            translated.ports.clear();
+            translated.unserved = Some(Refusal {
+                service: b.service.clone(),
+                reason: "InvalidService",
+                message: format!("as a service of {address}: {e}"),
+            });
+            break;
+        }
+        translated.ports.extend(config.ports.iter().map(|p| (config.vip, p.port, p.protocol)));
+        translated.configs.push(Arc::new(config));
     }
-    let config = Config { groups, services, ..base.clone() };
-    config.validate().map_err(|e| e.to_string())?;
-    Ok(Translation { config, refusals })
+    translated.bound = Some(b);
+    Ok(translated)
 }
 
 /// The names of the nodes in a group, in order.
@@ -261,8 +409,8 @@ fn members<N: Borrow<Node>>(nodes: &[N], selector: &BTreeMap<String, String>) ->
         .iter()
         .map(Borrow::<Node>::borrow)
         .filter(|n| {
-            let labels = n.metadata.labels.clone().unwrap_or_default();
-            selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+            let labels = n.metadata.labels.as_ref();
+            selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
         })
         .filter_map(|n| {
             let address = n.status.as_ref()?.addresses.as_ref()?.iter().find_map(|a| {
@@ -355,7 +503,7 @@ fn service_document(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{node_plan::node_plan, service_plan};
+    use crate::{config::MAX_ENDPOINTS, node_plan::node_plan, service_plan};
     use std::time::Duration;
 
     fn objects<T: serde::de::DeserializeOwned>(yaml: &str) -> Vec<Arc<T>> {
@@ -577,20 +725,95 @@ services:
                 .any(|s| s.endpoints.iter().any(|e| e.address.to_string() == "10.244.1.6"))
         );
 
-        // A Service bound differently (its group's allowed externalIPs) is rebuilt too.
+        // The same objects relisted (new allocations, the same resource versions): reused.
+        for s in &mut state.services {
+            *s = Arc::new(Service::clone(s));
+        }
+        for s in &mut state.slices {
+            *s = Arc::new(EndpointSlice::clone(s));
+        }
+        assert_eq!(
+            translator.translate(&state, &base).unwrap().config,
+            translate(&state, &base).unwrap().config
+        );
+        assert_eq!(translator.rebuilt(), 0, "a relist of unchanged objects");
+
+        // A group's spec changes (its allowed externalIPs): every Service is bound afresh.
         Arc::make_mut(&mut state.groups[0]).spec.allowed_external_ips = vec![];
         let rebound = translator.translate(&state, &base).unwrap().config;
         assert_eq!(rebound, translate(&state, &base).unwrap().config);
-        assert_eq!(translator.rebuilt(), 1, "web loses its externalIP; dns is bound as before");
+        assert_eq!(translator.rebuilt(), 2);
+        // Its status (the leader's VRIDs) is not an input of any Service.
+        Arc::make_mut(&mut state.groups[0]).status = Some(Default::default());
+        translator.translate(&state, &base).unwrap();
+        assert_eq!(translator.rebuilt(), 0);
 
-        // Objects without resource versions are never reused.
+        // Objects without resource versions are reused only as the same allocation.
         versioned(&mut state, "");
         for s in &mut state.services {
             Arc::make_mut(s).metadata.resource_version = None;
         }
         translator.translate(&state, &base).unwrap();
+        assert_eq!(translator.rebuilt(), 2);
+        translator.translate(&state, &base).unwrap();
+        assert_eq!(translator.rebuilt(), 0);
+        for s in &mut state.services {
+            *s = Arc::new(Service::clone(s));
+        }
         translator.translate(&state, &base).unwrap();
         assert_eq!(translator.rebuilt(), 2);
+    }
+
+    #[test]
+    fn a_bad_or_conflicting_service_is_refused_alone() {
+        let base = Config::parse(BASE).unwrap();
+        let mut state = cluster();
+        let service = |name: &str, port: u16| -> Arc<Service> {
+            Arc::new(
+                serde_yaml::from_str(&format!(
+                    "metadata: {{name: {name}, namespace: shop, annotations: {{lb-agent.io/allow-shared-ip: k}}}}\n\
+                     spec: {{type: LoadBalancer, ports: [{{port: {port}}}]}}\nstatus: {{loadBalancer: {{ingress: [{{ip: 198.51.100.1}}]}}}}"
+                ))
+                .unwrap(),
+            )
+        };
+        // Two more Services share web's address (MetalLB's allow-shared-ip): one on a port of
+        // its own, one on web's port 80.
+        state.services.push(service("admin", 8443));
+        state.services.push(service("web2", 80));
+        // One whose endpoints are more than a ring can spread.
+        let crowd: Vec<String> = (0..=MAX_ENDPOINTS)
+            .map(|i| format!("{{addresses: [10.245.{}.{}], nodeName: n1}}", i / 250, i % 250 + 1))
+            .collect();
+        state.services.push(Arc::new(serde_yaml::from_str("metadata: {name: crowd, namespace: shop}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\nstatus: {loadBalancer: {ingress: [{ip: 198.51.100.3}]}}").unwrap()));
+        state.slices.push(Arc::new(serde_yaml::from_str(&format!("metadata: {{name: crowd-a, namespace: shop, labels: {{kubernetes.io/service-name: crowd}}}}\naddressType: IPv4\nendpoints: [{}]", crowd.join(", "))).unwrap()));
+
+        let t = translate(&state, &base).unwrap();
+        let served: Vec<(&str, u16)> = t
+            .config
+            .services
+            .iter()
+            .flat_map(|s| s.ports.iter().map(|p| (s.name.as_str(), p.port)))
+            .collect();
+        assert!(served.contains(&("shop/admin", 8443)) && served.contains(&("shop/web", 80)), "{served:?}");
+        assert!(!served.iter().any(|(name, _)| *name == "shop/web2" || *name == "shop/crowd"), "{served:?}");
+        let vips: Vec<Ipv4Addr> = t.config.groups[0].vips.iter().map(|v| v.address).collect();
+        assert_eq!(
+            vips.iter().filter(|v| v.octets() == [198, 51, 100, 1]).count(),
+            1,
+            "one group VIP: {vips:?}"
+        );
+        let refused =
+            |name: &str| t.unserved.iter().find(|r| r.service == name).map(|r| (r.reason, r.message.clone()));
+        assert_eq!(t.unserved.len(), 2, "{:?}", t.unserved);
+        assert!(t.unserved.iter().all(|u| t.refusals.contains(u)), "and logged");
+        assert_eq!(
+            refused("shop/web2"),
+            Some(("PortConflict", "198.51.100.1:80/TCP is already served for shop/web".to_owned()))
+        );
+        let (reason, message) = refused("shop/crowd").unwrap();
+        assert_eq!(reason, "InvalidService");
+        assert!(message.contains("endpoints") && message.contains(&MAX_ENDPOINTS.to_string()), "{message}");
     }
 
     #[test]

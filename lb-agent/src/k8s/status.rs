@@ -50,12 +50,14 @@ pub struct StatusPlan {
 /// Plans the writes. `owners` is who is Master for each VIP, as this node's VRRP sees it;
 /// `planned` is the node plan of the translated config (its VRIDs and unplaced VIPs are the
 /// same on every node); `refused` names the Services (`namespace/name`) this node's data plane
-/// has no room for, with why; `now` is the timestamp for conditions that change (RFC 3339).
+/// has no room for, with why; `unserved` those the translation left out (invalid, or a port
+/// another Service serves); `now` is the timestamp for conditions that change (RFC 3339).
 pub fn plan(
     state: &ClusterState,
     owners: &BTreeMap<Ipv4Addr, String>,
     planned: &crate::node_plan::NodePlan,
     refused: &BTreeMap<String, String>,
+    unserved: &[Refusal],
     now: &str,
 ) -> StatusPlan {
     let mut out = StatusPlan::default();
@@ -134,7 +136,7 @@ pub fn plan(
             ));
         }
     }
-    for refusal in &refusals {
+    for refusal in refusals.iter().chain(unserved) {
         if let Some((ns, name)) = refusal.service.split_once('/') {
             out.warnings.push(((ns.to_owned(), name.to_owned()), refusal.reason, refusal.message.clone()));
         }
@@ -319,7 +321,7 @@ mod tests {
             "198.51.100.1:80/TCP: the data plane holds at most 4 services (dataplane.capacity.services)"
                 .to_owned(),
         )]);
-        let p = plan(&s, &BTreeMap::new(), &Default::default(), &refused, "2026-11-22T00:00:00Z");
+        let p = plan(&s, &BTreeMap::new(), &Default::default(), &refused, &[], "2026-11-22T00:00:00Z");
         let k = ("shop".to_owned(), "web".to_owned());
         let c = &p.conditions[&k];
         assert_eq!((c.status, c.reason.as_str()), ("False", CAPACITY_EXCEEDED));
@@ -329,10 +331,37 @@ mod tests {
     }
 
     #[test]
+    fn a_service_the_translation_left_out_is_not_served() {
+        let s =
+            state("metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer, ports: [{port: 80}]}");
+        let unserved = [Refusal {
+            service: "shop/web".into(),
+            reason: "PortConflict",
+            message: "198.51.100.1:80/TCP is already served for shop/api".into(),
+        }];
+        let p = plan(
+            &s,
+            &BTreeMap::new(),
+            &Default::default(),
+            &BTreeMap::new(),
+            &unserved,
+            "2026-11-22T00:00:00Z",
+        );
+        let k = ("shop".to_owned(), "web".to_owned());
+        let c = &p.conditions[&k];
+        assert_eq!(
+            (c.status, c.reason.as_str(), c.message.as_str()),
+            ("False", "PortConflict", unserved[0].message.as_str())
+        );
+        assert!(p.warnings.iter().any(|(key, reason, _)| *key == k && *reason == "PortConflict"));
+    }
+
+    #[test]
     fn a_new_service_gets_an_address_and_the_finalizer() {
         let s =
             state("metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer, ports: [{port: 80}]}");
-        let p = plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), "2026-11-22T00:00:00Z");
+        let p =
+            plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
         let k = ("shop".to_owned(), "web".to_owned());
         assert_eq!(p.ingress[&k], [Ipv4Addr::new(198, 51, 100, 1)]);
         assert_eq!(p.add_finalizer, std::slice::from_ref(&k));
@@ -359,7 +388,7 @@ mod tests {
         let base = crate::config::Config::parse("interface: eth0\nnode: n0\n").unwrap();
         let config = super::super::source::translate(&s, &base).unwrap().config;
         let planned = crate::node_plan::node_plan(&config, "n0");
-        let p = plan(&s, &BTreeMap::new(), &planned, &BTreeMap::new(), "2026-11-22T00:00:00Z");
+        let p = plan(&s, &BTreeMap::new(), &planned, &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
         let edge = &p.groups["edge"];
         assert!(!edge.vrids.is_empty(), "the allocation is published");
         assert_eq!(edge.vrids, planned.vrids["edge"]);
@@ -376,12 +405,19 @@ mod tests {
         let s = state(
             "metadata: {name: web, namespace: shop, finalizers: [lb-agent.io/ipam]}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\nstatus: {loadBalancer: {ingress: [{ip: 198.51.100.1}]}}",
         );
-        let first = plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), "2026-11-22T00:00:00Z");
+        let first =
+            plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
         assert!(first.ingress.is_empty() && first.add_finalizer.is_empty());
         let mut settled = s.clone();
         std::sync::Arc::make_mut(&mut settled.groups[0]).status = Some(first.groups["edge"].clone());
-        let again =
-            plan(&settled, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), "2026-11-22T01:00:00Z");
+        let again = plan(
+            &settled,
+            &BTreeMap::new(),
+            &Default::default(),
+            &BTreeMap::new(),
+            &[],
+            "2026-11-22T01:00:00Z",
+        );
         assert!(again.groups.is_empty(), "nothing changed, nothing to write: {:?}", again.groups);
     }
 
@@ -393,7 +429,8 @@ mod tests {
              metadata: {name: c, namespace: ns}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\n---\n\
              metadata: {name: gone, namespace: ns, finalizers: [lb-agent.io/ipam], deletionTimestamp: '2026-11-22T00:00:00Z'}\nspec: {type: LoadBalancer}",
         );
-        let p = plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), "2026-11-22T00:00:00Z");
+        let p =
+            plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
         assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
         assert_eq!(p.warnings[0].1, "PoolExhausted");
         assert_eq!(p.warnings[0].0, ("ns".to_owned(), "c".to_owned()));

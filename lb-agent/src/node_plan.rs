@@ -50,7 +50,7 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
         if let Some(node) = me_in_group {
             plan.local = Some(node.address);
         }
-        for vip in &group.vips {
+        for vip in group.vips.iter() {
             plan.vips.insert(
                 vip.address,
                 VipSettings { group: group.name.clone(), mode: group.vip_mode, garp: group.garp.clone() },

@@ -153,3 +153,46 @@ fn a_node_leaving_its_group_hands_over_and_exits_for_a_restart() {
     // n0, whose cluster view did not change, runs on.
     assert!(agents[0].try_get("/readyz").is_some_and(|r| r.contains("200")));
 }
+
+#[test]
+fn an_endpoint_slice_event_moves_new_connections_to_the_new_pod() {
+    let (mut lab, pod, lists, apis, agents) = kubernetes_cluster();
+    let moved_to = lab.add_pod(1);
+    let _servers = [lab.pods[pod].serve(8080), lab.pods[moved_to].serve(8080)];
+    let logs = || agents.iter().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n");
+    let session_to = |name: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = lab.client.session(VIP, 80)
+                && s.pod() == name
+            {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "no session reached {name}:\n{}", logs());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    session_to(&lab.pods[pod].name);
+
+    // The EndpointSlice now names the other pod: a watch event, which each agent translates
+    // for this Service alone (no other object changed).
+    let mut slice = lists["/apis/discovery.k8s.io/v1/endpointslices"][0].clone();
+    slice["metadata"]["resourceVersion"] = json!("2");
+    slice["endpoints"][0]["addresses"] = json!([lab.pods[moved_to].ip.to_string()]);
+    for api in &apis {
+        assert_eq!(api.push("/apis/discovery.k8s.io/v1/endpointslices", "MODIFIED", slice.clone()), 1);
+    }
+    let after = session_to(&lab.pods[moved_to].name);
+    assert_eq!(after.seen_client(), lab.client.ip, "DSR keeps the client address");
+    for agent in &agents {
+        let log = agent.log_text();
+        assert!(!log.contains("invalid config"), "{log}");
+        assert!(
+            log.lines().any(|l| l.contains("cluster objects translated")
+                && l.contains("touched=1")
+                && l.contains("everything=false")
+                && l.contains("rebuilt=1")),
+            "the event was translated for its Service alone:\n{log}"
+        );
+    }
+}

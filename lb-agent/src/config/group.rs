@@ -16,8 +16,10 @@ use crate::vrrp::{packet::ChecksumMode, router::Transport};
 pub struct GroupConfig {
     pub name: String,
     pub nodes: Vec<GroupNode>,
+    /// Shared, so that a config whose VIPs did not change (an endpoint change, from the
+    /// Kubernetes source) costs no copy of them, and compares equal at a glance.
     #[serde(default)]
-    pub vips: Vec<GroupVip>,
+    pub vips: std::sync::Arc<[GroupVip]>,
     /// How often the master advertises: 10ms to 40.95s in steps of 10ms.
     #[serde(default = "default_advert_interval", deserialize_with = "duration")]
     pub advert_interval: Duration,

@@ -19,17 +19,18 @@ use kube::{
     Api, Client, Resource,
     runtime::{
         WatchStreamExt,
-        reflector::{self, Store},
+        reflector::{self, ObjectRef, Store},
         watcher,
     },
 };
 use tokio::sync::{mpsc, watch};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{
+    changes::{Pending, SliceIndex, Touch},
     crd::LoadBalancerGroup,
     lease::LeaseLock,
-    source::{ClusterState, Translator},
+    source::{Changed, ClusterState, ServiceObjects, Translator},
     status,
     writer::StatusWriter,
 };
@@ -51,7 +52,8 @@ pub struct Shell {
     pub namespace: String,
 }
 
-fn watch_into<K>(api: Api<K>) -> (Store<K>, BoxStream<'static, ()>)
+/// A watch into a store, and what each of its events touched (see [`Touch`]).
+fn watch_into<K>(api: Api<K>, touch: fn(&watcher::Event<K>) -> Touch) -> (Store<K>, BoxStream<'static, Touch>)
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
@@ -61,14 +63,11 @@ where
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .reflect(writer)
-        .touched_objects()
-        .filter_map(move |event| {
-            let kind = kind.clone();
-            async move {
-                if let Err(e) = event {
-                    warn!(kind, error = %e, "watch failed; retrying with backoff");
-                }
-                Some(())
+        .map(move |event| match event {
+            Ok(event) => touch(&event),
+            Err(e) => {
+                warn!(kind, error = %e, "watch failed; retrying with backoff");
+                Touch::Nothing
             }
         })
         .boxed();
@@ -80,6 +79,28 @@ where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     store.state()
+}
+
+/// The touched Services' objects, from the stores.
+fn objects_of(
+    pending: &Pending,
+    services: &Store<Service>,
+    slices: &Store<EndpointSlice>,
+    index: &SliceIndex,
+) -> Vec<ServiceObjects> {
+    pending
+        .services
+        .iter()
+        .map(|(namespace, name)| ServiceObjects {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            service: services.get(&ObjectRef::new(name).within(namespace)),
+            slices: index
+                .slices(namespace, name)
+                .filter_map(|slice| slices.get(&ObjectRef::new(slice).within(namespace)))
+                .collect(),
+        })
+        .collect()
 }
 
 /// What the rest of the agent tells the cluster side.
@@ -103,29 +124,36 @@ impl Shell {
         let FromAgent { owners, mut refused, mut foreign } = from_agent;
         // Foreign routers already reported by this agent, each once.
         let mut reported = ForeignRouters::new();
-        let (groups, g) = watch_into(Api::<LoadBalancerGroup>::all(self.client.clone()));
-        let (services, s) = watch_into(Api::<Service>::all(self.client.clone()));
-        let (slices, e) = watch_into(Api::<EndpointSlice>::all(self.client.clone()));
-        let (nodes, n) = watch_into(Api::<Node>::all(self.client.clone()));
+        let (groups, g) = watch_into(Api::<LoadBalancerGroup>::all(self.client.clone()), Touch::of_other);
+        let (services, s) = watch_into(Api::<Service>::all(self.client.clone()), Touch::of_service);
+        let (slices, e) = watch_into(Api::<EndpointSlice>::all(self.client.clone()), Touch::of_slice);
+        let (nodes, n) = watch_into(Api::<Node>::all(self.client.clone()), Touch::of_other);
         let mut changes = futures::stream::select_all([g, s, e, n]);
         let lease = LeaseLock::new(self.client.clone(), &self.namespace, self.node.clone(), LEASE_DURATION);
         let writer = StatusWriter::new(self.client.clone(), self.node.clone());
         let mut tick = tokio::time::interval(LEADER_TICK);
         let mut leading = false;
         let mut last: Option<Config> = None;
+        let mut refusals = Vec::new();
         let mut unserved = Vec::new();
         let mut translator = Translator::default();
+        let mut index = SliceIndex::default();
+        // Until a pass succeeds, and after one fails, the next one translates everything.
+        let mut pending = Pending { all: true, ..Pending::default() };
+        // Whether the leader's status may have changed since it was last planned.
+        let mut status_due = true;
         loop {
             tokio::select! {
                 change = changes.next() => {
-                    if change.is_none() {
-                        return;
-                    }
+                    let Some(touch) = change else { return };
+                    pending.record(touch, &mut index);
                     // Handled at once, with every change already queued: a burst is coalesced by
                     // the time a pass takes, not by a fixed wait that every event would pay.
-                    while let Some(Some(())) = changes.next().now_or_never() {}
+                    while let Some(Some(touch)) = changes.next().now_or_never() {
+                        pending.record(touch, &mut index);
+                    }
                 }
-                Ok(()) = refused.changed() => {}
+                Ok(()) = refused.changed() => status_due = true,
                 Ok(()) = foreign.changed() => {
                     // A problem of this node's segment, so every agent reports what it hears.
                     let heard = foreign.borrow_and_update().clone();
@@ -142,6 +170,7 @@ impl Shell {
                     continue;
                 }
                 _ = tick.tick() => {
+                    status_due = true;
                     let was = leading;
                     leading = lease.try_lead().await.unwrap_or_else(|e| {
                         warn!(error = %e, "renewing the leader Lease failed");
@@ -167,38 +196,75 @@ impl Shell {
                     Err(e) => warn!(%ip, error = %e, "looking up the route for interfaceFromIP failed"),
                 }
             }
-            let state = ClusterState {
+            let changes = std::mem::take(&mut pending);
+            status_due |= changes.all || changes.service_objects;
+            let mut state = ClusterState {
                 groups: groups_now,
-                services: snapshot(&services),
-                slices: snapshot(&slices),
+                services: Vec::new(),
+                slices: Vec::new(),
                 nodes: snapshot(&nodes),
                 routes,
             };
-            let translated = translator.translate(&state, &self.base);
-            match &translated {
+            // A pass of only changed Services reads them from the stores, and nothing else.
+            let whole = changes.all || leading && status_due || translator.needs_everything(&state);
+            if whole {
+                state.services = snapshot(&services);
+                state.slices = snapshot(&slices);
+            }
+            let changed = if changes.all {
+                index = SliceIndex::of(state.slices.iter().map(|s| s.as_ref()));
+                Changed::All
+            } else if changes.services.is_empty() {
+                Changed::Services(Vec::new())
+            } else {
+                Changed::Services(objects_of(&changes, &services, &slices, &index))
+            };
+            let started = std::time::Instant::now();
+            let translated = translator.translate_changed(&state, &self.base, changed);
+            debug!(
+                touched = changes.services.len(),
+                everything = whole,
+                rebuilt = translator.rebuilt(),
+                elapsed = ?started.elapsed(),
+                "cluster objects translated"
+            );
+            match translated {
                 Ok(translation) if last.as_ref() != Some(&translation.config) => {
-                    for refusal in &translation.refusals {
-                        warn!(object = %refusal.service, reason = refusal.reason, "{}", refusal.message);
-                        // Group problems are this node's own (its interfaces): each agent
-                        // reports them. Service problems are the leader's to report.
-                        if let Some(group) = refusal.service.strip_prefix(super::source::GROUP_REFUSAL_PREFIX)
-                            && let Err(e) =
-                                writer.group_warning(group, refusal.reason, &refusal.message).await
-                        {
-                            warn!(error = %e, "publishing an Event failed");
+                    if translation.refusals != refusals {
+                        for refusal in translation.refusals.iter().filter(|r| !refusals.contains(r)) {
+                            warn!(object = %refusal.service, reason = refusal.reason, "{}", refusal.message);
+                            // Group problems are this node's own (its interfaces): each agent
+                            // reports them. Service problems are the leader's to report.
+                            if let Some(group) =
+                                refusal.service.strip_prefix(super::source::GROUP_REFUSAL_PREFIX)
+                                && let Err(e) =
+                                    writer.group_warning(group, refusal.reason, &refusal.message).await
+                            {
+                                warn!(error = %e, "publishing an Event failed");
+                            }
                         }
+                        refusals = translation.refusals.clone();
                     }
                     last = Some(translation.config.clone());
-                    unserved = translation.unserved.clone();
-                    if configs.send(translation.config.clone()).await.is_err() {
+                    unserved = translation.unserved;
+                    if configs.send(translation.config).await.is_err() {
                         return;
                     }
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    pending.all = true;
                     warn!(error = %e, "the cluster's objects give an invalid config; keeping the last one")
                 }
             }
+            if !(leading && status_due) {
+                continue;
+            }
+            if !whole {
+                state.services = snapshot(&services);
+                state.slices = snapshot(&slices);
+            }
+            status_due = false;
             if leading && let Some(config) = &last {
                 let planned = crate::node_plan::node_plan(config, &self.node);
                 let refused = refused.borrow_and_update().clone();

@@ -3,6 +3,7 @@
 //! - `crd`: the `LoadBalancerGroup` resource and the names (`lb-agent.io`).
 //! - `ipam`: LoadBalancer address allocation (pure).
 //! - `binding`: which group serves a Service, and what is refused (pure).
+//! - `changes`: which Services each watch event touched (pure).
 //! - `source`: cluster objects to the same `Config` the standalone YAML gives (pure).
 //! - `status`: what the leader writes back: addresses, finalizers, Events, group status (pure).
 //! - `writer`: carries a status plan out with server-side apply and Events (I/O).
@@ -10,6 +11,7 @@
 //! - `controller`: the watches, the config channel to the agent, and the leader's loop.
 
 pub mod binding;
+pub mod changes;
 pub mod controller;
 pub mod crd;
 pub mod ipam;

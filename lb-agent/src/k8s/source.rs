@@ -48,7 +48,7 @@ pub struct ClusterState {
 /// Refusals about a group rather than a Service carry this prefix before the group's name.
 pub const GROUP_REFUSAL_PREFIX: &str = "LoadBalancerGroup/";
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Translation {
     pub config: Config,
     /// Everything refused, for logs: bindings (which the status plan finds again itself),
@@ -74,7 +74,46 @@ pub struct Translator {
     /// What every translation depends on besides its own objects; when it changes, every
     /// Service is translated afresh.
     context: Option<Context>,
+    /// What the assembly of the translations into a config depends on besides them.
+    frame: Option<Frame>,
+    /// The last pass's result, which a pass that changes only endpoints patches.
+    last: Option<Translation>,
     rebuilt: usize,
+}
+
+/// What changed since the last pass, as the watches saw it.
+#[derive(Debug)]
+pub enum Changed {
+    /// Anything (a first pass, a relist, a group or a node): translate from the whole state.
+    All,
+    /// Only these Services or their EndpointSlices, given with their objects now.
+    Services(Vec<ServiceObjects>),
+}
+
+/// A Service's objects as the stores hold them now.
+#[derive(Clone, Debug)]
+pub struct ServiceObjects {
+    pub namespace: String,
+    pub name: String,
+    /// `None`: deleted.
+    pub service: Option<Arc<Service>>,
+    pub slices: Vec<Arc<EndpointSlice>>,
+}
+
+/// The groups' published VRIDs and this node's routes: inputs of the groups' configs only.
+#[derive(Debug, PartialEq)]
+struct Frame {
+    vrids: Vec<Option<BTreeMap<String, u8>>>,
+    routes: BTreeMap<std::net::IpAddr, String>,
+}
+
+impl Frame {
+    fn of(state: &ClusterState) -> Self {
+        Self {
+            vrids: state.groups.iter().map(|g| g.status.as_ref().map(|s| s.vrids.clone())).collect(),
+            routes: state.routes.clone(),
+        }
+    }
 }
 
 /// The groups (names and specs) and each group's members. Group statuses and Node fields
@@ -109,6 +148,26 @@ struct Translated {
     configs: Vec<Arc<ServiceConfig>>,
     /// What its configs serve, kept beside them for the pass's conflict check.
     ports: SmallVec<[(Ipv4Addr, u16, Protocol); 2]>,
+    /// Where its configs start in the last config's services, when they are there.
+    at: Option<usize>,
+}
+
+impl Translated {
+    /// Whether `next` differs from this only in its services' contents (an endpoint change):
+    /// then the last config's services are patched where they are, and nothing else moves.
+    fn same_shape(&self, next: &Translated) -> bool {
+        self.bound == next.bound
+            && self.vips == next.vips
+            && self.ports == next.ports
+            && self.refusals == next.refusals
+            && self.unserved == next.unserved
+            && self.configs.len() == next.configs.len()
+    }
+
+    /// Neither served nor reported: a Service of no group of ours.
+    fn is_foreign(&self) -> bool {
+        self.bound.is_none() && self.refusals.is_empty() && self.unserved.is_none()
+    }
 }
 
 impl Translated {
@@ -136,6 +195,16 @@ fn same_object<K: kube::Resource>(a: &Arc<K>, b: &Arc<K>) -> bool {
     a.resource_version.is_some()
         && a.resource_version == b.resource_version
         && (&a.uid, &a.namespace, &a.name) == (&b.uid, &b.namespace, &b.name)
+}
+
+/// Each group, with its members (from `context`, which was made from `state`), by name.
+fn groups_by_name<'a>(state: &'a ClusterState, context: &'a Option<Context>) -> GroupsByName<'a> {
+    state
+        .groups
+        .iter()
+        .zip(&context.as_ref().expect("set by translate").members)
+        .map(|(g, m)| (g.metadata.name.as_deref().unwrap_or_default(), (g.as_ref(), m.as_slice())))
+        .collect()
 }
 
 /// Each group, with its members, by name.
@@ -182,13 +251,106 @@ impl Translator {
     /// As [`translate`], reusing the previous pass's translation of every Service whose
     /// objects are the same ones as then.
     pub fn translate(&mut self, state: &ClusterState, base: &Config) -> Result<Translation, String> {
+        self.translate_changed(state, base, Changed::All)
+    }
+
+    /// Whether the next pass must see every Service and slice in its state, whatever changed:
+    /// the first pass, and any after the groups, their members, VRIDs or routes changed.
+    pub fn needs_everything(&self, state: &ClusterState) -> bool {
+        self.last.is_none()
+            || self.context.as_ref() != Some(&Context::of(state))
+            || self.frame.as_ref() != Some(&Frame::of(state))
+    }
+
+    /// As [`Translator::translate`], told what changed since the last pass. When only
+    /// Services changed and not [`Translator::needs_everything`], `state`'s services and
+    /// slices are not read (they may be left empty), and a pass costs what changed: Services whose objects are new are translated, and when
+    /// only their endpoints moved, the last config is patched where they are.
+    pub fn translate_changed(
+        &mut self,
+        state: &ClusterState,
+        base: &Config,
+        changed: Changed,
+    ) -> Result<Translation, String> {
         let context = Context::of(state);
+        let frame = Frame::of(state);
+        let unchanged = self.context.as_ref() == Some(&context) && self.frame.as_ref() == Some(&frame);
         if self.context.as_ref() != Some(&context) {
             self.services.clear();
         }
         self.context = Some(context);
+        self.frame = Some(frame);
         self.rebuilt = 0;
-        self.translate_with(state, base)
+        match changed {
+            Changed::Services(objects) if unchanged && self.last.is_some() => {
+                self.translate_services(state, base, objects)
+            }
+            _ => {
+                self.last = None;
+                let translation = self.translate_with(state, base)?;
+                self.last = Some(translation.clone());
+                Ok(translation)
+            }
+        }
+    }
+
+    /// The pass for changed Services only (see [`Translator::translate_changed`]).
+    fn translate_services(
+        &mut self,
+        state: &ClusterState,
+        base: &Config,
+        objects: Vec<ServiceObjects>,
+    ) -> Result<Translation, String> {
+        let groups_by_name = groups_by_name(state, &self.context);
+        // Translated before anything is replaced: a Service that fails leaves the previous
+        // pass's translations as they were.
+        let mut fresh = Vec::new();
+        let mut structural = false;
+        for mut objects in objects {
+            objects.slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            let key = (objects.namespace, objects.name);
+            let old = self.services.get_mut(&key);
+            let Some(service) = objects.service else {
+                structural |= old.is_some_and(|old| !old.is_foreign());
+                fresh.push((key, None));
+                continue;
+            };
+            let slices: Vec<&Arc<EndpointSlice>> = objects.slices.iter().collect();
+            if let Some(old) = old
+                && old.made_from(&service, &slices)
+            {
+                continue;
+            }
+            let mut next = translate_service(&service, &slices, &state.groups, &groups_by_name)?;
+            match self.services.get(&key) {
+                Some(old) if old.same_shape(&next) => next.at = old.at,
+                Some(old) if old.is_foreign() && next.is_foreign() => {}
+                None if next.is_foreign() => {}
+                _ => structural = true,
+            }
+            fresh.push((key, Some(next)));
+        }
+        self.rebuilt = fresh.len();
+        let last = self.last.as_mut().expect("checked by the caller");
+        for (key, next) in fresh {
+            match next {
+                None => {
+                    self.services.remove(&key);
+                }
+                Some(next) => {
+                    if let Some(at) = next.at {
+                        last.config.services[at..at + next.configs.len()].clone_from_slice(&next.configs);
+                    }
+                    self.services.insert(key, next);
+                }
+            }
+        }
+        if structural {
+            // A Service came, went, or changed its addresses, ports or binding: assemble again.
+            let translation = self.assemble(state, base)?;
+            self.last = Some(translation);
+        }
+        Ok(self.last.clone().expect("set above"))
     }
 
     /// How many Services the last pass built afresh rather than reused.
@@ -200,12 +362,7 @@ impl Translator {
     /// their last translation was made from.
     fn translate_with(&mut self, state: &ClusterState, base: &Config) -> Result<Translation, String> {
         let slices = slices_by_service(&state.slices);
-        let groups_by_name: GroupsByName<'_> = state
-            .groups
-            .iter()
-            .zip(&self.context.as_ref().expect("set by translate").members)
-            .map(|(g, m)| (g.metadata.name.as_deref().unwrap_or_default(), (g.as_ref(), m.as_slice())))
-            .collect();
+        let groups_by_name = groups_by_name(state, &self.context);
         let mut current: HashMap<(&str, &str), &Arc<Service>, FixedState> = state
             .services
             .iter()
@@ -241,7 +398,12 @@ impl Translator {
             self.services.remove(&key);
         }
         self.services.extend(fresh);
+        self.assemble(state, base)
+    }
 
+    /// The config from every Service's translation, and where each one's services are in it.
+    fn assemble(&mut self, state: &ClusterState, base: &Config) -> Result<Translation, String> {
+        let groups_by_name = groups_by_name(state, &self.context);
         // Each group's VIPs and services, in Service name order. A VIP shared by Services
         // (`allow-shared-ip`) is one group VIP, the first Service's; a port served twice is
         // the first Service's, and the later one is refused.
@@ -304,7 +466,7 @@ impl Translator {
             });
             let mut group: GroupConfig =
                 serde_json::from_value(document).map_err(|e| format!("LoadBalancerGroup {name}: {e}"))?;
-            group.vips = vips;
+            group.vips = vips.into();
             groups.push(group);
         }
         let config = Config { groups, services, ..base.clone() };
@@ -312,6 +474,11 @@ impl Translator {
         // refused above: at 10,000 Services, validating them all again would be most of a pass.
         config.validate_all_but_services().map_err(|e| e.to_string())?;
         refusals.extend(unserved.iter().cloned());
+        let positions: HashMap<*const ServiceConfig, usize, FixedState> =
+            config.services.iter().enumerate().map(|(i, s)| (Arc::as_ptr(s), i)).collect();
+        for translated in self.services.values_mut() {
+            translated.at = translated.configs.first().and_then(|c| positions.get(&Arc::as_ptr(c)).copied());
+        }
         Ok(Translation { config, refusals, unserved })
     }
 }
@@ -355,6 +522,7 @@ fn translate_service(
         vips: Vec::new(),
         configs: Vec::new(),
         ports: SmallVec::new(),
+        at: None,
     };
     let Some(b) = bound else { return Ok(translated) };
     let Some((group, members)) = groups.get(b.group.as_str()) else {
@@ -762,6 +930,79 @@ services:
         }
         translator.translate(&state, &base).unwrap();
         assert_eq!(translator.rebuilt(), 2);
+    }
+
+    /// A Service `s{i}` at 198.51.100.{i}, port `port`, and its EndpointSlice, at version `v`.
+    fn numbered(i: u8, port: u16, endpoint: u8, v: u32) -> (Arc<Service>, Arc<EndpointSlice>) {
+        let service = serde_yaml::from_str(&format!(
+            "metadata: {{name: s{i}, namespace: ns, uid: u{i}, resourceVersion: '{v}'}}\n\
+             spec: {{type: LoadBalancer, ports: [{{port: {port}}}]}}\n\
+             status: {{loadBalancer: {{ingress: [{{ip: 198.51.100.{}}}]}}}}",
+            i % 8 + 1
+        ))
+        .unwrap();
+        let slice = serde_yaml::from_str(&format!(
+            "metadata: {{name: s{i}-a, namespace: ns, uid: e{i}, resourceVersion: '{v}', labels: {{kubernetes.io/service-name: s{i}}}}}\n\
+             addressType: IPv4\nendpoints: [{{addresses: [10.244.1.{endpoint}], nodeName: n1}}, {{addresses: [10.244.2.{endpoint}], nodeName: n0}}]"
+        ))
+        .unwrap();
+        (Arc::new(service), Arc::new(slice))
+    }
+
+    proptest::proptest! {
+        /// Any sequence of Service and EndpointSlice changes, passed as changed Services,
+        /// gives what translating the whole state afresh gives: endpoint moves (patched in
+        /// place), new and deleted Services, port changes and conflicts (assembled again).
+        #[test]
+        fn changed_services_give_the_whole_translation(
+            steps in proptest::collection::vec((0u8..4, 0u8..12, 1u8..200), 1..40),
+        ) {
+            let base = Config::parse(BASE).unwrap();
+            let mut state = cluster();
+            state.services.clear();
+            state.slices.clear();
+            for i in 0..6 {
+                let (service, slice) = numbered(i, 80, 1, 1);
+                state.services.push(service);
+                state.slices.push(slice);
+            }
+            let mut translator = Translator::default();
+            translator.translate(&state, &base).unwrap();
+            for (step, (op, i, x)) in steps.into_iter().enumerate() {
+                let version = step as u32 + 2;
+                let name = format!("s{i}");
+                let at = state.services.iter().position(|s| s.metadata.name.as_deref() == Some(&name));
+                let port = at.and_then(|a| state.services[a].spec.as_ref()?.ports.as_ref()?.first().map(|p| p.port as u16)).unwrap_or(80);
+                match (op, at) {
+                    // An endpoint moves.
+                    (0, Some(a)) => state.slices[a] = numbered(i, port, x, version).1,
+                    // The Service goes.
+                    (1, Some(a)) => {
+                        state.services.remove(a);
+                        state.slices.remove(a);
+                    }
+                    // It comes, or changes its port (which may clash with another's).
+                    (_, Some(a)) => state.services[a] = numbered(i, 80 + u16::from(x % 3), x, version).0,
+                    (_, None) => {
+                        let (service, slice) = numbered(i, 80 + u16::from(x % 3), x, version);
+                        state.services.push(service);
+                        state.slices.push(slice);
+                    }
+                }
+                let objects = ServiceObjects {
+                    namespace: "ns".into(),
+                    name: name.clone(),
+                    service: state.services.iter().find(|s| s.metadata.name.as_deref() == Some(&name)).cloned(),
+                    slices: state.slices.iter().filter(|s| s.metadata.name.as_deref() == Some(&format!("{name}-a"))).cloned().collect(),
+                };
+                // The delta pass reads no services or slices from the state.
+                let groups_only = ClusterState { services: vec![], slices: vec![], ..state.clone() };
+                let delta = translator.translate_changed(&groups_only, &base, Changed::Services(vec![objects])).unwrap();
+                let whole = translate(&state, &base).unwrap();
+                proptest::prop_assert_eq!(&delta, &whole, "step {}", step);
+                proptest::prop_assert!(translator.rebuilt() <= 1);
+            }
+        }
     }
 
     #[test]

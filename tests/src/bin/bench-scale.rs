@@ -16,8 +16,8 @@
 //!   included) on the running agent, median of 10.
 //! - **One watch event.** The same N Services as Kubernetes objects (a Service and an
 //!   EndpointSlice each); 1,000 times, one EndpointSlice is replaced (an endpoint moved, a new
-//!   resource version), and the time runs from there through the controller's snapshot of the
-//!   stores (a clone), the Kubernetes source's translation, the controller's and the agent's
+//!   resource version), and the time runs from there through what the controller hands the
+//!   Kubernetes source (the touched Service's objects, the groups and nodes), its translation, the controller's and the agent's
 //!   comparisons with the last config, the planner and the map writer to the maps, p50 and p99.
 //! - **Memory.** The agent's RSS after the cold start, and the kernel memory of every map it
 //!   pinned (fdinfo `memlock`).
@@ -31,7 +31,7 @@ use aya::{EbpfLoader, maps::MapData};
 use lb_agent::{
     config::Config,
     dataplane::{EMBEDDED_OBJECT, PINNED_MAPS, ServiceMaps, batch, map_sizes, pin_dir},
-    k8s::source::{Translator, translate},
+    k8s::source::{Changed, ClusterState, ServiceObjects, Translator, translate},
     service_plan::IncrementalPlanner,
 };
 use lb_lab::{
@@ -328,14 +328,30 @@ fn watch_event_changes(n: usize) -> (Duration, Duration) {
             .collect();
         state.slices[service] = std::sync::Arc::new(scale_slice(service, endpoints, k as u64 + 2));
         let started = Instant::now();
-        let snapshot = state.clone();
-        let config = translator.translate(&snapshot, &base).expect("the cluster's config").config;
+        // As the controller does: the event names the slice's Service, whose objects come from
+        // the stores; groups and nodes are snapshot.
+        let touched = Changed::Services(vec![ServiceObjects {
+            namespace: "default".into(),
+            name: format!("svc-{service}"),
+            service: Some(state.services[service].clone()),
+            slices: vec![state.slices[service].clone()],
+        }]);
+        let frame = ClusterState {
+            groups: state.groups.clone(),
+            nodes: state.nodes.clone(),
+            routes: state.routes.clone(),
+            ..ClusterState::default()
+        };
+        assert!(!translator.needs_everything(&frame));
+        let config =
+            translator.translate_changed(&frame, &base, touched).expect("the cluster's config").config;
         // The controller passes on a config that differs from its last; the agent keeps its
         // VRRP plan when the groups are unchanged.
         assert!(config != last && config.groups == last.groups && config.vips == last.vips);
-        let report = maps.apply_delta(&planner.update(&config, "n0")).expect("a change");
-        times.push(started.elapsed());
+        let sent = config.clone();
         last = config;
+        let report = maps.apply_delta(&planner.update(&sent, "n0")).expect("a change");
+        times.push(started.elapsed());
         maps.remove_retired_rings().expect("removing the replaced ring");
         assert_eq!((report.services_changed, translator.rebuilt()), (1, 1), "change {k}");
     }

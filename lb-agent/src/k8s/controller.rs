@@ -229,29 +229,29 @@ impl Shell {
                 "cluster objects translated"
             );
             match translated {
-                Ok(translation) if last.as_ref() != Some(&translation.config) => {
-                    if translation.refusals != refusals {
-                        for refusal in translation.refusals.iter().filter(|r| !refusals.contains(r)) {
-                            warn!(object = %refusal.service, reason = refusal.reason, "{}", refusal.message);
-                            // Group problems are this node's own (its interfaces): each agent
-                            // reports them. Service problems are the leader's to report.
-                            if let Some(group) =
-                                refusal.service.strip_prefix(super::source::GROUP_REFUSAL_PREFIX)
-                                && let Err(e) =
-                                    writer.group_warning(group, refusal.reason, &refusal.message).await
-                            {
-                                warn!(error = %e, "publishing an Event failed");
-                            }
+                Ok(translation) => {
+                    // Each refusal is reported when it appears, not again with every change.
+                    let changed = translation.refusals != refusals;
+                    for refusal in translation.refusals.iter().filter(|r| changed && !refusals.contains(r)) {
+                        warn!(object = %refusal.service, reason = refusal.reason, "{}", refusal.message);
+                        // Group problems are this node's own (its interfaces): each agent
+                        // reports them. Service problems are the leader's to report.
+                        if let Some(group) = refusal.service.strip_prefix(super::source::GROUP_REFUSAL_PREFIX)
+                            && let Err(e) =
+                                writer.group_warning(group, refusal.reason, &refusal.message).await
+                        {
+                            warn!(error = %e, "publishing an Event failed");
                         }
-                        refusals = translation.refusals.clone();
                     }
-                    last = Some(translation.config.clone());
+                    refusals = translation.refusals;
                     unserved = translation.unserved;
-                    if configs.send(translation.config).await.is_err() {
-                        return;
+                    if last.as_ref() != Some(&translation.config) {
+                        last = Some(translation.config.clone());
+                        if configs.send(translation.config).await.is_err() {
+                            return;
+                        }
                     }
                 }
-                Ok(_) => {}
                 Err(e) => {
                     pending.all = true;
                     warn!(error = %e, "the cluster's objects give an invalid config; keeping the last one")

@@ -223,8 +223,8 @@ fn slices_by_service(slices: &[Arc<EndpointSlice>]) -> HashMap<(&str, &str), Sli
         HashMap::with_capacity_and_hasher(slices.len(), FixedState::default());
     for slice in slices {
         let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
-        if let Some(name) = slice.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")) {
-            index.entry((namespace, name.as_str())).or_default().push(slice);
+        if let Some(name) = super::changes::service_of(slice) {
+            index.entry((namespace, name)).or_default().push(slice);
         }
     }
     for mine in index.values_mut() {
@@ -264,8 +264,9 @@ impl Translator {
 
     /// As [`Translator::translate`], told what changed since the last pass. When only
     /// Services changed and not [`Translator::needs_everything`], `state`'s services and
-    /// slices are not read (they may be left empty), and a pass costs what changed: Services whose objects are new are translated, and when
-    /// only their endpoints moved, the last config is patched where they are.
+    /// slices are not read (they may be left empty), and a pass costs what changed: Services
+    /// whose objects are new are translated, and when only their endpoints moved, the last
+    /// config is patched where they are.
     pub fn translate_changed(
         &mut self,
         state: &ClusterState,

@@ -51,16 +51,34 @@ pub struct KubernetesSource {
     pub namespace: String,
 }
 
+/// Settings from the command line, which outrank the config file's.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    /// `--pin-path`: several agents on one host, as in the lab.
+    pub pin_path: Option<PathBuf>,
+    /// `--admin-socket`.
+    pub admin_socket: Option<PathBuf>,
+}
+
+impl Overrides {
+    fn apply(&self, config: &mut Config) {
+        if let Some(pin_path) = &self.pin_path {
+            config.dataplane.pin_path = pin_path.clone();
+        }
+        if let Some(socket) = &self.admin_socket {
+            config.admin_socket = socket.clone();
+        }
+    }
+}
+
 pub async fn run(
     config_path: PathBuf,
     node_override: Option<String>,
-    pin_override: Option<PathBuf>,
+    overrides: Overrides,
     kubernetes: Option<KubernetesSource>,
 ) -> Result<()> {
     let mut config = Config::load(&config_path)?;
-    if let Some(pin_path) = &pin_override {
-        config.dataplane.pin_path = pin_path.clone();
-    }
+    overrides.apply(&mut config);
     let node = node_name(&config, node_override);
     let (mut cluster_configs, mut owners, mut foreign) = (None, None, None);
     // Services the data plane has no room for, by name, for the cluster's status.
@@ -112,6 +130,9 @@ pub async fn run(
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| Error::io(format!("listening on {} (listen)", config.listen), e))?;
+    let (admin, admin_ino) = http::bind_admin(&config.admin_socket).map_err(|e| {
+        Error::io(format!("listening on the admin socket {} (adminSocket)", config.admin_socket.display()), e)
+    })?;
 
     let mut metrics = Metrics::new();
     let vrrp = match plan.local {
@@ -198,7 +219,7 @@ pub async fn run(
         services,
         services_applied,
         pending: None,
-        pin_override,
+        overrides,
         cluster_configs,
         owners,
         foreign,
@@ -216,6 +237,7 @@ pub async fn run(
     agent.apply_ownership().await;
 
     let server = tokio::spawn(http::serve(listener, state.clone()));
+    let admin_server = tokio::spawn(http::serve_admin(admin, state.clone()));
     state.ready.store(true, Ordering::Relaxed);
     info!(config = %agent.config_path.display(), node = %agent.node, listen = %agent.config.listen, "lb-agent running");
 
@@ -223,6 +245,8 @@ pub async fn run(
     sync_task.abort();
     state.ready.store(false, Ordering::Relaxed);
     server.abort();
+    admin_server.abort();
+    http::remove_admin(&agent.config.admin_socket, admin_ino);
     agent.kernel_vips = None;
     agent.applied_epoch = None;
     agent.vrrp = None;
@@ -309,8 +333,8 @@ struct Agent {
     /// owned VIPs follow it, so a VIP is never taken before its services: (generation,
     /// config, plan).
     pending: Option<(u64, Arc<Config>, Arc<NodePlan>)>,
-    /// `--pin-path`, which outranks the config file's on every load.
-    pin_override: Option<PathBuf>,
+    /// The command line's settings, which outrank the config file's on every load.
+    overrides: Overrides,
     /// With `--kubernetes`: configs built from the cluster.
     cluster_configs: Option<mpsc::Receiver<Config>>,
     /// With `--kubernetes`: who this node sees as Master of each VIP, for group status.
@@ -432,9 +456,7 @@ impl Agent {
         }
         let new = match Config::load(&self.config_path) {
             Ok(mut new) => {
-                if let Some(pin_path) = &self.pin_override {
-                    new.dataplane.pin_path = pin_path.clone();
-                }
+                self.overrides.apply(&mut new);
                 new
             }
             Err(e) => {
@@ -466,6 +488,7 @@ impl Agent {
             ("interface", new.interface != self.config.interface),
             ("xdpMode", new.xdp_mode != self.config.xdp_mode),
             ("listen", new.listen != self.config.listen),
+            ("adminSocket", new.admin_socket != self.config.admin_socket),
             ("node", new.node != self.config.node),
             ("nodeAddress", new.node_address != self.config.node_address),
             ("dataplane.pinPath", new.dataplane.pin_path != self.config.dataplane.pin_path),
@@ -497,6 +520,7 @@ impl Agent {
             interface: self.config.interface.clone(),
             xdp_mode: self.config.xdp_mode,
             listen: self.config.listen,
+            admin_socket: self.config.admin_socket.clone(),
             node: self.config.node.clone(),
             node_address: self.config.node_address,
             dataplane,

@@ -1,4 +1,7 @@
-//! `/metrics`, `/healthz`, `/readyz`, and `/loglevel` (GET the filter, PUT a new one).
+//! Two listeners. On the network (`listen`): `/metrics`, `/healthz` and `/readyz`, read-only,
+//! for Prometheus and the kubelet's probes. On a Unix socket (`adminSocket`, mode 0600):
+//! `/status` (the topology) and `/loglevel` (GET the filter, PUT a new one), for an operator on
+//! the node, so nothing that reveals the topology or changes state is reachable over TCP.
 
 use std::sync::{
     Arc,
@@ -12,7 +15,7 @@ use axum::{
     response::IntoResponse,
     routing::get,
 };
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 
 use crate::metrics::Metrics;
 
@@ -41,18 +44,62 @@ pub struct InstanceSnapshot {
     pub last_advert: Option<std::time::Instant>,
 }
 
-pub fn router(state: Arc<HttpState>) -> Router {
+/// What the network listener serves: read-only, and nothing about the topology.
+pub fn public_router(state: Arc<HttpState>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
+        .with_state(state)
+}
+
+/// What the admin socket serves.
+pub fn admin_router(state: Arc<HttpState>) -> Router {
+    Router::new()
         .route("/status", get(status))
         .route("/loglevel", get(|| async { format!("{}\n", crate::logging::current()) }).put(set_log_level))
         .with_state(state)
 }
 
 pub async fn serve(listener: TcpListener, state: Arc<HttpState>) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).await
+    axum::serve(listener, public_router(state)).await
+}
+
+pub async fn serve_admin(listener: UnixListener, state: Arc<HttpState>) -> std::io::Result<()> {
+    axum::serve(listener, admin_router(state)).await
+}
+
+/// Binds the admin socket at `path`: its directory is made if missing, a socket left by an
+/// earlier agent is replaced, and only the owner (root) may connect. Returns the listener and
+/// the socket's inode, so that the agent removes it on exit only if no newer agent replaced it.
+pub fn bind_admin(path: &std::path::Path) -> std::io::Result<(UnixListener, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "something other than a socket is there",
+            ));
+        }
+        Err(_) => {}
+    }
+    // Connecting needs write permission on the socket, which the usual umask (022) already
+    // leaves to the owner alone; 0600 says so whatever the umask was.
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok((listener, std::fs::metadata(path)?.ino()))
+}
+
+/// Removes the admin socket at `path` if it is still the one with inode `ino`.
+pub fn remove_admin(path: &std::path::Path, ino: u64) {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata(path).is_ok_and(|m| m.ino() == ino) {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 async fn metrics(State(state): State<Arc<HttpState>>) -> impl IntoResponse {

@@ -4,7 +4,9 @@
 //! - [`netdev`]: interface lookup through rtnetlink.
 //! - [`dataplane`]: the embedded XDP object, attach/detach, and its maps.
 //! - [`metrics`]: Prometheus metrics, with XDP counters collected at scrape time.
-//! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/loglevel`.
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz` on the network; `/status` and `/loglevel` on
+//!   the admin socket.
+//! - [`admin`]: the admin socket's client (`lb-agent status`, `lb-agent log-level`).
 //! - [`status`]: `lb-agent status`: the local agent's groups, VIPs and backends.
 //! - [`logging`]: structured logs with a filter that changes at run time.
 //! - [`k8s`]: the Kubernetes source: the LoadBalancerGroup resource.
@@ -18,6 +20,7 @@
 //! - [`hash`]: the fixed hash every agent ranks and places with.
 //! - [`error`]: the crate's error type.
 
+pub mod admin;
 pub mod agent;
 pub mod config;
 pub mod dataplane;

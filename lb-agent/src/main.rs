@@ -30,6 +30,9 @@ enum Command {
         /// Overrides the config's `dataplane.pinPath` (several agents on one host, as in the lab).
         #[arg(long, env = "LB_PIN_PATH")]
         pin_path: Option<PathBuf>,
+        /// Overrides the config's `adminSocket`.
+        #[arg(long, env = "LB_ADMIN_SOCKET")]
+        admin_socket: Option<PathBuf>,
         /// Take groups and services from the cluster (LoadBalancerGroups, Services,
         /// EndpointSlices, Nodes) instead of the config file, which then holds only the
         /// agent's own settings.
@@ -42,11 +45,19 @@ enum Command {
     /// Show what the local agent owns and forwards: each group's VRRP instances (state,
     /// master, advert age, VIPs) and the backends with their counters.
     Status {
-        /// The agent's `listen` address.
-        #[arg(long, default_value = "127.0.0.1:9105")]
-        address: std::net::SocketAddr,
+        /// The agent's admin socket (`adminSocket`).
+        #[arg(long, default_value = lb_agent::config::DEFAULT_ADMIN_SOCKET, env = "LB_ADMIN_SOCKET")]
+        socket: PathBuf,
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
+    },
+    /// Print the local agent's log filter, or set it (tracing's EnvFilter syntax, e.g.
+    /// `info,lb_agent::vrrp=debug`) until the agent restarts.
+    LogLevel {
+        /// The agent's admin socket (`adminSocket`).
+        #[arg(long, default_value = lb_agent::config::DEFAULT_ADMIN_SOCKET, env = "LB_ADMIN_SOCKET")]
+        socket: PathBuf,
+        filter: Option<String>,
     },
     /// Print the LoadBalancerGroup CRD (the YAML in deploy/crds/).
     Crd,
@@ -82,7 +93,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log);
     let result = match cli.command {
-        Command::Run { config, node, pin_path, kubernetes, namespace } => {
+        Command::Run { config, node, pin_path, admin_socket, kubernetes, namespace } => {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -90,10 +101,27 @@ fn main() -> ExitCode {
                 .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e))
                 .and_then(|rt| {
                     let source = kubernetes.then_some(agent::KubernetesSource { namespace });
-                    rt.block_on(agent::run(config, node, pin_path, source))
+                    let overrides = agent::Overrides { pin_path, admin_socket };
+                    rt.block_on(agent::run(config, node, overrides, source))
                 })
         }
-        Command::Status { address, output } => match lb_agent::status::fetch(address) {
+        Command::LogLevel { socket, filter } => {
+            let answer = match &filter {
+                Some(filter) => lb_agent::admin::request(&socket, "PUT", "/loglevel", filter),
+                None => lb_agent::admin::get(&socket, "/loglevel"),
+            };
+            match answer {
+                Ok(current) => {
+                    print!("{current}");
+                    return ExitCode::SUCCESS;
+                }
+                Err(e) => {
+                    eprintln!("lb-agent log-level: {e}");
+                    return ExitCode::from(1);
+                }
+            }
+        }
+        Command::Status { socket, output } => match lb_agent::status::fetch(&socket) {
             Ok(status) => {
                 match output {
                     Output::Table => print!("{}", lb_agent::status::render(&status)),

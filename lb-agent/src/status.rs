@@ -1,7 +1,7 @@
 //! `lb-agent status`: what the local agent owns and forwards, from its `/status` endpoint, as a
 //! table for people or JSON for scripts.
 
-use std::{fmt::Write as _, net::SocketAddr, time::Duration};
+use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
@@ -42,25 +42,10 @@ pub struct BackendStatus {
     pub bytes: u64,
 }
 
-/// Fetches `/status` from the agent at `address`.
-pub fn fetch(address: SocketAddr) -> Result<AgentStatus, String> {
-    use std::io::{Read, Write};
-    let unreachable = |e: std::io::Error| {
-        format!(
-            "cannot reach the agent at http://{address}/status ({e}); is it running, and is `listen` this address?"
-        )
-    };
-    let mut stream =
-        std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2)).map_err(unreachable)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(unreachable)?;
-    write!(stream, "GET /status HTTP/1.0\r\nHost: lb-agent\r\n\r\n").map_err(unreachable)?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).map_err(unreachable)?;
-    let (head, body) = response.split_once("\r\n\r\n").ok_or("a malformed HTTP response")?;
-    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
-        return Err(format!("the agent answered {}", head.lines().next().unwrap_or_default()));
-    }
-    serde_json::from_str(body)
+/// Fetches `/status` from the agent's admin socket.
+pub fn fetch(socket: &std::path::Path) -> Result<AgentStatus, String> {
+    let body = crate::admin::get(socket, "/status")?;
+    serde_json::from_str(&body)
         .map_err(|e| format!("the agent's /status is not what this client expects: {e}"))
 }
 

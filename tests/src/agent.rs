@@ -18,6 +18,8 @@ pub struct Agent {
     ns_name: String,
     pub config: PathBuf,
     pub log: PathBuf,
+    /// Its admin socket (`/status`, `/loglevel`): beside its config, one per agent.
+    pub admin_socket: PathBuf,
 }
 
 /// The lb-agent binary under test: `$LB_AGENT_BIN`, or the one cargo built beside this test.
@@ -59,6 +61,7 @@ impl Agent {
         let log_file =
             std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("creating the agent log");
         let bin = agent_binary();
+        let admin_socket = config.with_extension("admin.sock");
         // `ip netns exec` execs the agent in place, so the child's pid is the agent's.
         let mut argv = vec![bin.to_str().unwrap(), "run", "--config", config.to_str().unwrap()];
         argv.extend_from_slice(args);
@@ -67,12 +70,18 @@ impl Agent {
             .envs(env.iter().copied())
             .env("LB_LOG", "info,lb_agent=debug")
             .env("LB_PIN_PATH", &pin_path)
+            .env("LB_ADMIN_SOCKET", &admin_socket)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
             .stderr(log_file)
             .spawn()
             .expect("starting lb-agent");
-        Agent { child, ns_name: ns.name().to_owned(), config, log }
+        Agent { child, ns_name: ns.name().to_owned(), config, log, admin_socket }
+    }
+
+    /// One request on the admin socket: the body of a 200 answer, or the error.
+    pub fn admin(&self, method: &str, path: &str, body: &str) -> Result<String, String> {
+        lb_agent::admin::request(&self.admin_socket, method, path, body)
     }
 
     pub fn pid(&self) -> u32 {

@@ -29,6 +29,7 @@ use std::{
 pub use agent::{Agent, agent_binary};
 pub use cluster::{Pod, Session};
 pub use netns::Netns;
+pub use netns::run_in;
 
 /// Where tests take VIPs from (TEST-NET-2), on-link for the client.
 pub const VIP_RANGE: &str = "198.51.100.0/24";

@@ -1,6 +1,6 @@
 //! Start-up refusal and clean shutdown of the agent process.
 
-use std::time::Duration;
+use std::{os::unix::fs::PermissionsExt, time::Duration};
 
 use lb_lab::{Lab, agent::AGENT_LISTEN};
 
@@ -101,20 +101,55 @@ fn a_pinned_map_of_another_shape_is_replaced_not_reused() {
 }
 
 #[test]
-fn the_log_filter_changes_at_run_time() {
+fn the_log_filter_changes_at_run_time_through_the_admin_socket_only() {
     let lab = Lab::new(1);
-    let mut agent =
-        lab.start_agent(0, &format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\nvips: []\n"));
+    // Metrics and health on every address, as the DaemonSet has them.
+    let mut agent = lab.start_agent(0, "interface: eth0\nxdpMode: skb\nlisten: 0.0.0.0:9105\nvips: []\n");
     agent.wait_ready();
-    let body = |r: String| r.split_once("\r\n\r\n").map(|(_, b)| b.trim().to_owned()).unwrap_or_default();
-    assert_eq!(body(agent.try_get("/loglevel").unwrap()), "info,lb_agent=debug");
-    let ok = agent.request("PUT", "/loglevel", "warn").unwrap();
-    assert!(ok.starts_with("HTTP/1.0 200"), "{ok}");
-    assert_eq!(body(agent.try_get("/loglevel").unwrap()), "warn");
-    let bad = agent.request("PUT", "/loglevel", "lb_agent=loud").unwrap();
-    assert!(bad.starts_with("HTTP/1.0 400"), "{bad}");
-    assert!(bad.contains("expected a tracing filter"), "{bad}");
-    assert_eq!(body(agent.try_get("/loglevel").unwrap()), "warn", "a bad filter changes nothing");
+    assert_eq!(agent.admin("GET", "/loglevel", "").unwrap().trim(), "info,lb_agent=debug");
+    assert_eq!(agent.admin("PUT", "/loglevel", "warn").unwrap().trim(), "warn");
+    assert_eq!(agent.admin("GET", "/loglevel", "").unwrap().trim(), "warn");
+    let bad = agent.admin("PUT", "/loglevel", "lb_agent=loud").unwrap_err();
+    assert!(bad.contains("400") && bad.contains("expected a tracing filter"), "{bad}");
+    assert_eq!(agent.admin("GET", "/loglevel", "").unwrap().trim(), "warn", "a bad filter changes nothing");
     assert!(agent.log_text().contains("log filter changed"));
+
+    // The CLI on the node, through the socket.
+    let bin = lb_lab::agent_binary();
+    let socket = agent.admin_socket.to_str().unwrap().to_owned();
+    let cli = |args: &[&str]| {
+        let mut argv = vec![bin.to_str().unwrap(), "log-level", "--socket", &socket];
+        argv.extend_from_slice(args);
+        lab.nodes[0].ns.output(&argv)
+    };
+    let out = cli(&["info"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "info");
+    assert_eq!(String::from_utf8_lossy(&cli(&[]).stdout).trim(), "info");
+    let mode = std::fs::metadata(&agent.admin_socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "only root may use the socket");
+
+    // From another host on the segment, only metrics and health answer: nothing that shows
+    // the topology or changes state is served over TCP.
+    let node = lab.nodes[0].ip;
+    let over_tcp = |method: &str, path: &str| -> String {
+        use std::io::{Read, Write};
+        let mut stream = lb_lab::run_in(lab.client.ns.name(), move || {
+            std::net::TcpStream::connect_timeout(&(node, 9105).into(), Duration::from_secs(2))
+        })
+        .expect("the node's listen address is reachable");
+        write!(stream, "{method} {path} HTTP/1.0\r\nContent-Length: 5\r\n\r\ntrace").unwrap();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer.lines().next().unwrap_or_default().to_owned()
+    };
+    assert!(over_tcp("GET", "/metrics").contains(" 200"), "metrics stay on the network");
+    for (method, path) in [("GET", "/status"), ("PUT", "/loglevel"), ("GET", "/loglevel")] {
+        let answer = over_tcp(method, path);
+        assert!(answer.contains(" 404"), "{method} {path} over TCP: {answer:?}");
+    }
+    assert_eq!(agent.admin("GET", "/loglevel", "").unwrap().trim(), "info", "unchanged by the attempts");
+
     stop(&mut agent);
+    assert!(!agent.admin_socket.exists(), "the socket is removed on exit");
 }

@@ -63,6 +63,14 @@ fn every_manifest_parses_into_its_kubernetes_type() {
                     let caps = c.security_context.as_ref().unwrap().capabilities.as_ref().unwrap();
                     assert!(!caps.add.as_ref().unwrap().contains(&"SYS_ADMIN".to_owned()), "no SYS_ADMIN");
                     assert!(c.liveness_probe.is_some() && c.readiness_probe.is_some());
+                    // The admin socket's directory is the host's, where an operator reaches it.
+                    let socket_dir =
+                        std::path::Path::new(lb_agent::config::DEFAULT_ADMIN_SOCKET).parent().unwrap();
+                    let mount =
+                        c.volume_mounts.iter().flatten().find(|m| Path::new(&m.mount_path) == socket_dir);
+                    let mount = mount.expect("the admin socket's directory is mounted");
+                    let volume = pod.volumes.iter().flatten().find(|v| v.name == mount.name).unwrap();
+                    assert_eq!(volume.host_path.as_ref().map(|h| Path::new(&h.path)), Some(socket_dir));
                 }),
                 "CustomResourceDefinition" => {
                     serde_yaml::from_value::<CustomResourceDefinition>(value).map(|_| ())

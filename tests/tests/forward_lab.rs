@@ -359,7 +359,8 @@ fn lb_agent_status_shows_instances_vips_and_backends() {
 
     let status = |node: usize, args: &[&str]| {
         let bin = lb_lab::agent_binary();
-        let mut argv = vec![bin.to_str().unwrap(), "status", "--address", lb_lab::agent::AGENT_LISTEN];
+        let socket = c.agents[node].admin_socket.to_str().unwrap().to_owned();
+        let mut argv = vec![bin.to_str().unwrap(), "status", "--socket", &socket];
         argv.extend_from_slice(args);
         let out = c.lab.nodes[node].ns.output(&argv);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

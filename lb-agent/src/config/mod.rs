@@ -9,7 +9,7 @@ use std::{
     collections::BTreeMap,
     fmt,
     net::{Ipv4Addr, SocketAddr},
-    path::Path,
+    path::{Path, PathBuf},
     str::FromStr,
     sync::Arc,
 };
@@ -34,9 +34,13 @@ pub struct Config {
     /// How XDP attaches to the uplink.
     #[serde(default)]
     pub xdp_mode: XdpModeSetting,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (read-only).
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// The Unix socket (mode 0600) where `/status` and `/loglevel` are served, for
+    /// `lb-agent status` and `lb-agent log-level` on the node.
+    #[serde(default = "default_admin_socket")]
+    pub admin_socket: PathBuf,
     /// This node's name in `groups[].nodes`. Defaults to `--node`, then `$NODE_NAME`, then the
     /// host name.
     #[serde(default)]
@@ -82,6 +86,13 @@ pub struct VipConfig {
 
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([0, 0, 0, 0], 9105))
+}
+
+/// Where the admin socket is unless the config says otherwise.
+pub const DEFAULT_ADMIN_SOCKET: &str = "/run/lb-agent/admin.sock";
+
+fn default_admin_socket() -> PathBuf {
+    PathBuf::from(DEFAULT_ADMIN_SOCKET)
 }
 
 impl Config {

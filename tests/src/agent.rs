@@ -58,12 +58,26 @@ impl Agent {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Agent {
+        Self::spawn_under(ns, config, log, pin_path, args, env, &[])
+    }
+
+    /// As [`Agent::spawn_with`], run through `wrapper` (e.g. `setpriv` with fewer capabilities).
+    pub fn spawn_under(
+        ns: &Netns,
+        config: PathBuf,
+        log: PathBuf,
+        pin_path: PathBuf,
+        args: &[&str],
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Agent {
         let log_file =
             std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("creating the agent log");
         let bin = agent_binary();
         let admin_socket = config.with_extension("admin.sock");
         // `ip netns exec` execs the agent in place, so the child's pid is the agent's.
-        let mut argv = vec![bin.to_str().unwrap(), "run", "--config", config.to_str().unwrap()];
+        let mut argv = wrapper.to_vec();
+        argv.extend([bin.to_str().unwrap(), "run", "--config", config.to_str().unwrap()]);
         argv.extend_from_slice(args);
         let child = ns
             .command(&argv)

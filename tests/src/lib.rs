@@ -251,16 +251,29 @@ impl Lab {
 
     /// Starts lb-agent on `node` with extra `run` arguments and environment.
     pub fn start_agent_with(&self, node: usize, config: &str, args: &[&str], env: &[(&str, &str)]) -> Agent {
+        self.start_agent_under(node, config, args, env, &[])
+    }
+
+    /// As [`Lab::start_agent_with`], run through `wrapper` (e.g. `setpriv`).
+    pub fn start_agent_under(
+        &self,
+        node: usize,
+        config: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Agent {
         let host = &self.nodes[node];
         let path = self.dir.join(format!("{}.yaml", host.name));
         std::fs::write(&path, config).expect("writing the agent config");
-        Agent::spawn_with(
+        Agent::spawn_under(
             &host.ns,
             path,
             self.dir.join(format!("{}.log", host.name)),
             self.pin_path(node),
             args,
             env,
+            wrapper,
         )
     }
 

@@ -45,8 +45,13 @@ fn cluster(pods: &[usize]) -> Cluster {
 
 impl Cluster {
     fn start(&mut self, services: &str) {
+        self.start_under(services, &[]);
+    }
+
+    /// As [`Cluster::start`], each agent run through `wrapper`.
+    fn start_under(&mut self, services: &str, wrapper: &[&str]) {
         for i in 0..self.lab.nodes.len() {
-            let mut agent = self.lab.start_agent(i, &config(&self.lab, i, services));
+            let mut agent = self.lab.start_agent_under(i, &config(&self.lab, i, services), &[], &[], wrapper);
             agent.wait_ready();
             self.agents.push(agent);
         }
@@ -431,4 +436,61 @@ fn restarting_the_masters_agent_loses_no_packet() {
     let summary = String::from_utf8_lossy(&out.stdout);
     assert!(summary.contains("700 packets transmitted, 700 received"), "{summary}\n{}", c.logs());
     assert_eq!(session.echo("after the upgrade", ECHO_WAIT).as_deref(), Some("n1p0 after the upgrade"));
+}
+
+/// The capabilities the DaemonSet gives the agent (`securityContext.capabilities.add`).
+fn daemonset_capabilities() -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
+    let ds: k8s_openapi::api::apps::v1::DaemonSet =
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let pod = ds.spec.unwrap().template.spec.unwrap();
+    let security = pod.containers[0].security_context.clone().unwrap();
+    let capabilities = security.capabilities.unwrap();
+    assert_eq!(capabilities.drop, Some(vec!["ALL".to_owned()]), "the DaemonSet drops every other capability");
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    capabilities.add.unwrap()
+}
+
+#[test]
+fn the_daemonsets_capabilities_are_enough() {
+    // Root with exactly the DaemonSet's capabilities (bounding set, hence permitted and
+    // effective; none inheritable or ambient) and no_new_privs, as the container runs it.
+    let capabilities = daemonset_capabilities();
+    let bounding = std::iter::once("-all".to_owned())
+        .chain(capabilities.iter().map(|c| format!("+{}", c.to_lowercase())))
+        .collect::<Vec<_>>()
+        .join(",");
+    let wrapper = ["setpriv", "--bounding-set", &bounding, "--inh-caps", "-all", "--no-new-privs", "--"];
+    let mut c = cluster(&[0, 1]);
+    let services = service(&c.lab, "dsr", 82, "dsr", &[0]);
+    c.start_under(&services, &wrapper);
+
+    // It really runs without the others.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", c.agents[0].pid())).unwrap();
+    let effective = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim().to_owned();
+    let mask = u64::from_str_radix(&effective, 16).unwrap();
+    assert_eq!(mask.count_ones() as usize, capabilities.len(), "CapEff {effective}: {capabilities:?}");
+
+    // XDP attached (native), VRRP won, DSR forwarded with the client's address, counted.
+    let mut s = c.session(82);
+    assert_eq!(s.pod(), c.pod_name(0));
+    assert_eq!(s.seen_client(), CLIENT);
+    assert_eq!(s.echo("caps", ECHO_WAIT).as_deref(), Some("n1p0 caps"));
+    assert!(c.reason(0, "forwarded_dsr") > 0.0 && c.reason(1, "dsr_decapsulated") > 0.0, "{}", c.logs());
+    for agent in &c.agents {
+        let log = agent.log_text();
+        assert!(log.contains("mode=\"native\"") && !log.contains("ERROR"), "{log}");
+    }
+
+    // An upgrade under the same capabilities: the new agent takes the pinned program and maps
+    // over, and the connection carries on.
+    c.agents[0].signal(libc::SIGTERM);
+    assert!(c.agents[0].wait_exit(Duration::from_secs(5)).success());
+    let mut agent = c.lab.start_agent_under(0, &config(&c.lab, 0, &services), &[], &[], &wrapper);
+    agent.wait_ready();
+    agent.wait_metric("lbagent_owned_vips", 1.0);
+    let log = agent.log_text();
+    assert!(log.contains("resumed=true") && !log.contains("ERROR"), "{log}");
+    c.agents[0] = agent;
+    assert_eq!(s.echo("upgraded", ECHO_WAIT).as_deref(), Some("n1p0 upgraded"), "{}", c.logs());
 }

@@ -62,7 +62,9 @@ pub struct ServiceMaps {
     settings: Array<MapData, Settings>,
     limits: Limits,
     /// A second handle on `MAGLEV_RINGS`, for batch writes (aya's type does not lend its fd).
-    rings_fd: aya::maps::MapFd,
+    /// A second handle on MAGLEV_RINGS for batch writes (a dup of its fd: getting one by id
+    /// would need CAP_SYS_ADMIN, which the DaemonSet does not give).
+    rings_fd: std::os::fd::OwnedFd,
     /// Kernel memory of the outer ring map itself.
     rings_outer_bytes: u64,
     cpus: usize,
@@ -182,7 +184,11 @@ impl ServiceMaps {
             });
         };
         let rings_outer_bytes = batch::memlock(data.fd()).unwrap_or(0);
-        let rings_fd = data.info().and_then(|i| i.fd()).map_err(err(MAGLEV_RINGS))?;
+        let rings_fd = data
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Error::io("duplicating the fd of BPF map MAGLEV_RINGS", e))?;
         let mut maps = Self {
             services,
             backends,

@@ -46,22 +46,11 @@ impl Agent {
     /// Starts lb-agent in `ns`, pinning its data plane under `pin_path`, and appending its
     /// output to `log` (a restarted agent adds to the same log).
     pub fn spawn(ns: &Netns, config: PathBuf, log: PathBuf, pin_path: PathBuf) -> Agent {
-        Self::spawn_with(ns, config, log, pin_path, &[], &[])
+        Self::spawn_under(ns, config, log, pin_path, &[], &[], &[])
     }
 
-    /// As [`Agent::spawn`], with extra `run` arguments and environment.
-    pub fn spawn_with(
-        ns: &Netns,
-        config: PathBuf,
-        log: PathBuf,
-        pin_path: PathBuf,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Agent {
-        Self::spawn_under(ns, config, log, pin_path, args, env, &[])
-    }
-
-    /// As [`Agent::spawn_with`], run through `wrapper` (e.g. `setpriv` with fewer capabilities).
+    /// As [`Agent::spawn`], with extra `run` arguments and environment, run through `wrapper`
+    /// (e.g. `setpriv` with fewer capabilities; empty for none).
     pub fn spawn_under(
         ns: &Netns,
         config: PathBuf,

@@ -104,8 +104,8 @@ pub enum TrafficPolicy {
 pub const MAX_ENDPOINTS: usize = 655;
 
 impl ServiceConfig {
-    /// The checks that concern this service alone; an error names the field under `services[i]`
-    /// as `.name`, `.ports[0].port`, … (prefix it with where the service is).
+    /// The checks that concern this service alone; an error names the field within the
+    /// service (`name`, `ports[0].port`, …), for the caller to prefix with where it is.
     pub fn validate(&self) -> Result<(), ConfigError> {
         // Field names are only formatted for an error: a valid config of 10,000 services is
         // validated on every reload.

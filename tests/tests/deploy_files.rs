@@ -88,3 +88,25 @@ fn every_manifest_parses_into_its_kubernetes_type() {
     let rbac = std::fs::read_to_string(deploy.join("rbac.yaml")).unwrap();
     assert!(!rbac.contains("secrets"), "the agent must not read Secrets");
 }
+
+#[test]
+fn kustomize_renders_the_release_image_tag() {
+    // `kubectl kustomize` renders offline; the DaemonSet gets the workspace's version.
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let out = std::process::Command::new("kubectl")
+        .args(["kustomize", deploy.to_str().unwrap()])
+        .output()
+        .expect("kubectl (installed by cargo xtask setup)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    let mut images = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(&rendered) {
+        let value = <serde_yaml::Value as serde::Deserialize>::deserialize(document).unwrap();
+        if value["kind"] == "DaemonSet" {
+            let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_yaml::from_value(value).unwrap();
+            let pod = ds.spec.unwrap().template.spec.unwrap();
+            images.extend(pod.containers.iter().filter_map(|c| c.image.clone()));
+        }
+    }
+    assert_eq!(images, [format!("lb-agent:{}", env!("CARGO_PKG_VERSION"))]);
+}

@@ -25,6 +25,7 @@ const APT_PACKAGES: &[&str] = &[
     "nftables",
     "curl",
     "prometheus", // promtool, for the alerting rules' tests
+    "kubectl",    // `kubectl kustomize deploy/`, rendered in the deploy test
 ];
 
 pub fn run() -> Result<()> {

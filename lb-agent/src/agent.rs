@@ -27,8 +27,8 @@ use crate::{
     dataplane::{Dataplane, XdpCounters, leases, vips::OwnedSet},
     error::{Error, Result},
     http::{self, HttpState, InstanceSnapshot, StatusSource},
-    k8s::controller::{ForeignRouters, FromAgent},
-    metrics::{Metrics, ResultLabels, VridLabels, XdpLabels},
+    k8s::controller::{ForeignRouters, FromAgent, Impersonations},
+    metrics::{MemberLabels, Metrics, ResultLabels, VridLabels, XdpLabels},
     netdev::{self, Interface},
     node_plan::{NodePlan, node_plan},
     service_sync::{ServiceSync, SyncMetrics, SyncRequest},
@@ -80,7 +80,7 @@ pub async fn run(
     let mut config = Config::load(&config_path)?;
     overrides.apply(&mut config);
     let node = node_name(&config, node_override);
-    let (mut cluster_configs, mut owners, mut foreign) = (None, None, None);
+    let (mut cluster_configs, mut owners, mut foreign, mut impersonated) = (None, None, None, None);
     // Services the data plane has no room for, by name, for the cluster's status.
     let (refused_tx, refused_rx) = watch::channel(BTreeMap::new());
     if let Some(source) = kubernetes {
@@ -88,6 +88,7 @@ pub async fn run(
         let (configs_tx, mut configs_rx) = mpsc::channel(4);
         let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
         let (foreign_tx, foreign_rx) = watch::channel(ForeignRouters::new());
+        let (impersonated_tx, impersonated_rx) = watch::channel(Impersonations::new());
         let mut base = config.clone();
         base.node = Some(node.clone());
         let shell = crate::k8s::controller::Shell {
@@ -97,14 +98,20 @@ pub async fn run(
             node: node.clone(),
             namespace: source.namespace,
         };
-        let from_agent = FromAgent { owners: owners_rx, refused: refused_rx, foreign: foreign_rx };
+        let from_agent = FromAgent {
+            owners: owners_rx,
+            refused: refused_rx,
+            foreign: foreign_rx,
+            impersonated: impersonated_rx,
+        };
         tokio::spawn(shell.run(configs_tx, from_agent));
         info!("waiting for the cluster's groups and services");
         config = configs_rx
             .recv()
             .await
             .ok_or_else(|| Error::io("watching the cluster", std::io::Error::other("the watch ended")))?;
-        (cluster_configs, owners, foreign) = (Some(configs_rx), Some(owners_tx), Some(foreign_tx));
+        (cluster_configs, owners, foreign, impersonated) =
+            (Some(configs_rx), Some(owners_tx), Some(foreign_tx), Some(impersonated_tx));
     }
     let netlink = netdev::connect()?;
     let config_error = |field: &str, expected: String| Error::Config {
@@ -223,9 +230,15 @@ pub async fn run(
         cluster_configs,
         owners,
         foreign,
+        impersonated,
+        impersonations_seen: BTreeMap::new(),
         restart_requested: false,
         status_requests,
     };
+    // Impersonations counted before this agent started (the map is pinned) are not news.
+    for seen in agent.dataplane.impersonations() {
+        agent.impersonations_seen.insert(seen.source, (seen.adverts, None, seen.adverts));
+    }
     // A crashed earlier run may have left VIP addresses behind: start from none.
     agent.apply_ownership().await;
     agent.log_plan();
@@ -341,6 +354,11 @@ struct Agent {
     owners: Option<watch::Sender<BTreeMap<Ipv4Addr, String>>>,
     /// With `--kubernetes`: routers outside a group heard on its VRIDs, for Events.
     foreign: Option<watch::Sender<ForeignRouters>>,
+    /// With `--kubernetes`: members impersonated on the segment, for Events.
+    impersonated: Option<watch::Sender<Impersonations>>,
+    /// Per member: the impersonating advertisements counted so far, when last logged, and the
+    /// count then.
+    impersonations_seen: BTreeMap<Ipv4Addr, (u64, Option<Instant>, u64)>,
     /// The cluster changed this node's group membership: stop, for a restart.
     restart_requested: bool,
     /// `/status` asking for the VRRP instances, answered between events.
@@ -356,6 +374,8 @@ impl Agent {
             (sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?, sig(SignalKind::hangup())?);
         let mut buf = vec![0u8; 65_536];
         let mut stop_by: Option<Instant> = None;
+        // XDP counts impersonating advertisements; they are read, reported and logged this often.
+        let mut impersonation_check = tokio::time::interval(Duration::from_secs(1));
         loop {
             if let Some(deadline) = stop_by {
                 let handing_over = self.vrrp.as_ref().is_some_and(|v| v.router.handing_over());
@@ -390,6 +410,7 @@ impl Agent {
                     }
                 }
                 Some(up) = self.carrier.recv() => self.on_carrier(up),
+                _ = impersonation_check.tick() => self.check_impersonations(),
                 Some(reply) = self.status_requests.recv() => {
                     let _ = reply.send(self.instance_snapshot());
                 }
@@ -542,6 +563,13 @@ impl Agent {
     fn reconfigure_vrrp(&mut self) {
         for spec in &self.plan.instances {
             let _ = self.state.metrics.lease_expiries.get_or_create(&VridLabels { vrid: spec.vrid });
+            for member in spec.peers.iter().chain(self.plan.local.iter()) {
+                let _ = self
+                    .state
+                    .metrics
+                    .impersonations
+                    .get_or_create(&MemberLabels { member: member.to_string() });
+            }
         }
         if let Some(vrrp) = &mut self.vrrp {
             let out = vrrp.router.reconfigure(Instant::now().into_std(), self.plan.instances.clone());
@@ -761,6 +789,62 @@ impl Agent {
             .map(|(group, vrid, source)| (group.to_owned(), vrid, source))
             .collect();
         foreign.send_replace(heard);
+    }
+
+    /// Advertisements that impersonate a member, as XDP counted them (a member's address from
+    /// another MAC while its own is live, or this node's address from anywhere): counted,
+    /// logged once a minute per member while they go on, and (with `--kubernetes`) passed on
+    /// for an Event on the group.
+    fn check_impersonations(&mut self) {
+        let now = Instant::now();
+        let mut heard: Vec<(String, Ipv4Addr, String, u64)> = Vec::new();
+        for seen in self.dataplane.impersonations() {
+            let own = self.plan.local == Some(seen.source);
+            let member_of = |i: &&crate::vrrp::router::InstanceSpec| own || i.peers.contains(&seen.source);
+            let Some(group) = self.plan.instances.iter().find(member_of).map(|i| i.group.clone()) else {
+                continue;
+            };
+            let how = if own {
+                format!("from MAC {}, another host (this node's own address)", seen.other_mac)
+            } else {
+                format!("from MAC {} while it is at {}", seen.other_mac, seen.mac)
+            };
+            heard.push((group, seen.source, how, seen.adverts));
+        }
+        let mut counts: BTreeMap<Ipv4Addr, u64> = BTreeMap::new();
+        for (_, member, _, adverts) in &heard {
+            *counts.entry(*member).or_default() += adverts;
+        }
+        for (member, total) in counts {
+            let (counted, logged, at_log) = self.impersonations_seen.entry(member).or_insert((0, None, 0));
+            if total <= *counted {
+                continue;
+            }
+            self.state
+                .metrics
+                .impersonations
+                .get_or_create(&MemberLabels { member: member.to_string() })
+                .inc_by(total - *counted);
+            *counted = total;
+            if logged.is_none_or(|at| now >= at + crate::vrrp::router::FOREIGN_LOG_EVERY) {
+                let how: Vec<&str> = heard.iter().filter(|h| h.1 == member).map(|h| h.2.as_str()).collect();
+                warn!(
+                    %member,
+                    adverts = total - *at_log,
+                    how = how.join("; "),
+                    "VRRP advertisements with a member's address come from elsewhere: a host on the segment may \
+                     be impersonating it (VRRPv3 has no authentication)"
+                );
+                *logged = Some(now);
+                *at_log = total;
+            }
+        }
+        if let Some(tx) = &self.impersonated {
+            let set: Impersonations = heard.into_iter().map(|(g, m, how, _)| (g, m, how)).collect();
+            if *tx.borrow() != set {
+                tx.send_replace(set);
+            }
+        }
     }
 
     /// Gratuitous ARPs for VIPs just taken, in the background so the loop never waits on them.

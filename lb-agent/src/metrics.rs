@@ -44,6 +44,12 @@ pub struct VridLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberLabels {
+    /// A group member's address (this node's own included).
+    pub member: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MapLabels {
     pub map: &'static str,
 }
@@ -61,6 +67,7 @@ pub struct Metrics {
     pub services_refused: Family<LimitLabels, Gauge>,
     pub map_bytes: Family<MapLabels, Gauge>,
     pub lease_expiries: Family<VridLabels, Counter>,
+    pub impersonations: Family<MemberLabels, Counter>,
 }
 
 impl Metrics {
@@ -123,6 +130,12 @@ impl Metrics {
             "Leases on owned VIPs found run out before the agent renewed them (it was stalled, frozen or not running): the data plane stopped claiming those VIPs meanwhile",
             lease_expiries.clone(),
         );
+        let impersonations = Family::<MemberLabels, Counter>::default();
+        registry.register(
+            "vrrp_impersonated_adverts",
+            "VRRP advertisements that impersonate a group member: its address from another MAC while its own is live (seen by XDP), or this node's address from another host",
+            impersonations.clone(),
+        );
         Self {
             registry,
             owned_vips,
@@ -135,6 +148,7 @@ impl Metrics {
             services_refused,
             map_bytes,
             lease_expiries,
+            impersonations,
         }
     }
 

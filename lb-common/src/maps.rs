@@ -15,6 +15,13 @@ pub const ACTION_STATS: &str = "ACTION_STATS";
 /// `PerCpuArray<PacketCounter>` indexed by [`crate::counters::Reason`].
 pub const REASON_STATS: &str = "REASON_STATS";
 
+/// `LruHashMap<VipKey, VrrpSpeaker>`: each IPv4 source of VRRP advertisements on the uplink,
+/// with the MAC they came from.
+pub const VRRP_SPEAKERS: &str = "VRRP_SPEAKERS";
+
+/// Capacity of [`VRRP_SPEAKERS`]: spoofed sources only evict the least recently heard.
+pub const MAX_VRRP_SPEAKERS: u32 = 1024;
+
 /// Capacity of [`OWNED_VIPS`] and [`VIP_STATS`]. A group holds at most 10,000 VIPs; this leaves
 /// room for several groups on one uplink.
 pub const MAX_VIPS: u32 = 65_536;
@@ -96,6 +103,23 @@ pub struct PacketCounter {
     pub bytes: u64,
 }
 
+/// A source of VRRP advertisements as the XDP program saw it. Its MAC is learned from its
+/// advertisements and stays learned while it is live (three of its advertised intervals);
+/// advertisements with its address from another MAC meanwhile are counted, the last such MAC
+/// kept, for the agent to report.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VrrpSpeaker {
+    pub mac: [u8; 6],
+    /// The last other MAC heard with this address while `mac` was live.
+    pub other_mac: [u8; 6],
+    pub _pad: [u8; 4],
+    /// Until when (`bpf_ktime_get_ns`) `mac` is this address's.
+    pub live_until_ns: u64,
+    /// Advertisements with this address from another MAC while `mac` was live.
+    pub other_mac_adverts: u64,
+}
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
@@ -105,6 +129,7 @@ mod pod {
     unsafe impl aya::Pod for OwnedVip {}
     unsafe impl aya::Pod for VipStats {}
     unsafe impl aya::Pod for PacketCounter {}
+    unsafe impl aya::Pod for VrrpSpeaker {}
 }
 
 #[cfg(test)]
@@ -119,5 +144,7 @@ mod tests {
         assert_eq!(align_of::<OwnedVip>(), 2);
         assert_eq!(size_of::<VipStats>(), 24);
         assert_eq!(size_of::<PacketCounter>(), 16);
+        assert_eq!(size_of::<VrrpSpeaker>(), 32);
+        assert_eq!(align_of::<VrrpSpeaker>(), 8);
     }
 }

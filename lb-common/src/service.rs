@@ -55,6 +55,8 @@ pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_IPIP: u8 = 4;
+/// VRRP (RFC 5798 §5.1.1.4).
+pub const PROTO_VRRP: u8 = 112;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -7,7 +7,7 @@ use aya_ebpf::{
 use lb_common::{
     counters::Reason,
     maps::VipKey,
-    service::{PROTO_ICMP, PROTO_IPIP, PROTO_TCP, PROTO_UDP},
+    service::{PROTO_ICMP, PROTO_IPIP, PROTO_TCP, PROTO_UDP, PROTO_VRRP},
 };
 use network_types::ip::Ipv4Hdr;
 
@@ -15,7 +15,7 @@ use crate::{
     dsr, forward, icmp,
     maps::OWNED_VIPS,
     packet::{self, ETH_LEN, IPV4_LEN, header},
-    stats,
+    stats, vrrp,
 };
 
 /// The MF flag and the fragment offset.
@@ -28,12 +28,13 @@ pub fn handle(ctx: &XdpContext) -> u32 {
         return stats::verdict(Reason::MalformedIpv4, bytes, XDP_PASS);
     };
     // SAFETY: bounds-checked by `header`; copied out before any other access.
-    let (vihl, tot_len, frags, proto, dst) = unsafe {
+    let (vihl, tot_len, frags, proto, src, dst) = unsafe {
         (
             (*ip).vihl,
             u16::from_be_bytes((*ip).tot_len),
             u16::from_be_bytes((*ip).frags),
             (*ip).proto,
+            (*ip).src_addr,
             (*ip).dst_addr,
         )
     };
@@ -65,6 +66,7 @@ pub fn handle(ctx: &XdpContext) -> u32 {
         PROTO_TCP | PROTO_UDP => forward::transport(ctx, proto, tot_len),
         PROTO_ICMP => icmp::answer_echo(ctx),
         PROTO_IPIP => dsr::decapsulate(ctx),
+        PROTO_VRRP => vrrp::observe(ctx, src),
         _ if is_owned_exclusively(dst) => stats::verdict(Reason::UnexposedPort, bytes, XDP_DROP),
         _ => stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS),
     }

@@ -27,6 +27,7 @@ mod nat;
 mod packet;
 mod reply;
 mod stats;
+mod vrrp;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, xdp_action::XDP_PASS},

@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::{Reason, XDP_ACTION_COUNT},
-    maps::{MAX_LEASES, MAX_VIPS, OwnedVip, PacketCounter, VipKey, VipStats},
+    maps::{MAX_LEASES, MAX_VIPS, MAX_VRRP_SPEAKERS, OwnedVip, PacketCounter, VipKey, VipStats, VrrpSpeaker},
     service::{
         Backend, Flow, FlowKey, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKey, MAX_BACKENDS, MAX_FLOWS,
         MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE, MAX_SERVICES, ReplyNat, RingEntry, Service, ServiceKey, Settings,
@@ -53,6 +53,10 @@ pub static REPLY_NAT: LruHashMap<FlowKey, ReplyNat> = LruHashMap::with_max_entri
 #[map]
 pub static LOCAL_ENDPOINTS: HashMap<LocalEndpointKey, LocalEndpoint> =
     HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, 0);
+
+#[map]
+pub static VRRP_SPEAKERS: LruHashMap<VipKey, VrrpSpeaker> =
+    LruHashMap::with_max_entries(MAX_VRRP_SPEAKERS, 0);
 
 #[map]
 pub static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);

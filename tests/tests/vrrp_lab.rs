@@ -484,3 +484,62 @@ fn start_up_removes_vip_addresses_left_by_a_crash() {
     assert!(addresses.contains("198.51.100.200/32"), "an operator's address is never touched:\n{addresses}");
     assert!(agent.log_text().contains("VIP addresses updated"), "{}", agent.log_text());
 }
+
+/// A host on the segment sends advertisements with the master's address (priority 254): the
+/// backup's XDP sees that address from another MAC than the master's own, and the master's XDP
+/// sees its own address come in (which its kernel drops as a martian, so no socket would).
+/// Both count it per member, log it, and the master holds.
+#[test]
+fn an_impersonated_member_is_counted_and_logged() {
+    let mut lab = Lab::new(2);
+    let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], ""));
+    wait_owner(&lab, VIP, 0, &agents);
+
+    let client = &lab.client;
+    let master = lab.nodes[0].ip;
+    let spoofed = Advertisement { vrid: VRID, priority: 254, max_adver_int_cs: 5, addresses: vec![VIP] }
+        .encode(master, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
+    let frame = ipv4_frame(
+        client.mac,
+        multicast_mac(VRRP_MULTICAST_V4),
+        master,
+        VRRP_MULTICAST_V4,
+        255,
+        112,
+        &spoofed,
+    );
+    for _ in 0..10 {
+        send_and_capture(client.ns.name(), "eth0", vec![frame.clone(); 2], Duration::from_millis(20));
+    }
+    let sample = format!(r#"lbagent_vrrp_impersonated_adverts_total{{member="{master}"}}"#);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while agents.iter().any(|a| a.metric(&sample) == 0.0) {
+        assert!(
+            Instant::now() < deadline,
+            "{sample}: {:?}\n{}",
+            agents.iter().map(|a| a.metric(&sample)).collect::<Vec<_>>(),
+            agents.iter().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The backup: the master's address from the client's MAC while the master's is live.
+    let backup_log = agents[1].log_text();
+    let client_mac = client.mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
+    assert!(
+        backup_log.contains("impersonating")
+            && backup_log.contains(&master.to_string())
+            && backup_log.contains(&client_mac),
+        "{backup_log}"
+    );
+    // The master: its own address from another host.
+    let master_log = agents[0].log_text();
+    assert!(
+        master_log.contains("impersonating") && master_log.contains("this node's own address"),
+        "{master_log}"
+    );
+    // Every other member starts at zero, and the master held.
+    let other = format!(r#"lbagent_vrrp_impersonated_adverts_total{{member="{}"}}"#, lab.nodes[1].ip);
+    assert!(agents[0].metrics().contains(&other), "pre-created");
+    assert_eq!(agents[0].metric(&other), 0.0);
+    assert_eq!(lab.client.arping(VIP, 2), vec![lab.nodes[0].mac_string(); 2]);
+}

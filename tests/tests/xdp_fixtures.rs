@@ -194,3 +194,58 @@ fn random_frames_never_abort() {
     }
     assert_eq!(program.action(0), 0, "XDP_ABORTED");
 }
+
+/// VRRP advertisements pass; the MAC of each source is learned from them, and one that claims a
+/// source from another MAC while the learned one is live is counted and remembered for the
+/// agent. Once the learned MAC has gone quiet past three advertised
+/// intervals, a new MAC is learned instead.
+#[test]
+fn a_vrrp_source_heard_from_another_mac_is_counted() {
+    use lb_agent::vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V4};
+    use lb_common::maps::{VRRP_SPEAKERS, VrrpSpeaker};
+    let program = Program::load();
+    let member = Ipv4Addr::new(192, 0, 2, 11);
+    let member_mac = [0x02, 0, 0, 0, 0, 0x11];
+    let advert =
+        |interval_cs: u16| {
+            Advertisement { vrid: 20, priority: 100, max_adver_int_cs: interval_cs, addresses: vec![VIP] }
+                .encode(member, VRRP_MULTICAST_V4, ChecksumMode::Rfc)
+        };
+    let frame = |mac: [u8; 6], interval_cs: u16| {
+        lb_lab::packet::ipv4_frame(
+            mac,
+            lb_lab::packet::multicast_mac(VRRP_MULTICAST_V4),
+            member,
+            VRRP_MULTICAST_V4,
+            255,
+            112,
+            &advert(interval_cs),
+        )
+    };
+    let speaker = |program: &Program| -> VrrpSpeaker {
+        let map: HashMap<_, VipKey, VrrpSpeaker> =
+            HashMap::try_from(program.ebpf.map(VRRP_SPEAKERS).unwrap()).unwrap();
+        map.get(&VipKey::new(member.octets()), 0).unwrap()
+    };
+
+    // Learned from the member's own advertisements (1 s interval: live for 3 s).
+    assert_eq!(program.run(&frame(member_mac, 100)).0, XDP_PASS);
+    assert_eq!(speaker(&program).mac, member_mac);
+    // The same address from the client's MAC: passed, counted, remembered.
+    for _ in 0..3 {
+        assert_eq!(program.run(&frame(CLIENT_MAC, 100)).0, XDP_PASS);
+    }
+    let s = speaker(&program);
+    assert_eq!((s.mac, s.other_mac, s.other_mac_adverts), (member_mac, CLIENT_MAC, 3));
+    // The member goes on: still its MAC.
+    program.run(&frame(member_mac, 1));
+    // 10 ms interval: live 30 ms. Past that, another MAC is learned, not counted.
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    assert_eq!(program.run(&frame(CLIENT_MAC, 1)).0, XDP_PASS);
+    let s = speaker(&program);
+    assert_eq!((s.mac, s.other_mac_adverts), (CLIENT_MAC, 3));
+    // Too short to hold a VRRP header: passed untouched for the agent to reject.
+    let short =
+        lb_lab::packet::ipv4_frame(CLIENT_MAC, [0xff; 6], member, VRRP_MULTICAST_V4, 255, 112, &[0x31]);
+    assert_eq!(program.run(&short).0, XDP_PASS);
+}

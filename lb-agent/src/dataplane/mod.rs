@@ -23,6 +23,7 @@ pub mod leases;
 pub mod neighbors;
 pub mod ring_memory;
 pub mod services;
+pub mod speakers;
 pub mod vips;
 
 use std::{
@@ -41,7 +42,7 @@ use aya::{
     },
 };
 use lb_common::{
-    maps::{ACTION_STATS, OWNED_VIPS, OwnedVip, REASON_STATS, VIP_LEASES, VIP_STATS, VipKey},
+    maps::{ACTION_STATS, OWNED_VIPS, OwnedVip, REASON_STATS, VIP_LEASES, VIP_STATS, VRRP_SPEAKERS, VipKey},
     service::{
         BACKEND_STATS, BACKENDS, FLOWS, LAYOUT_VERSION, LOCAL_ENDPOINTS, MAGLEV_RINGS, REPLY_NAT, SERVICES,
         SETTINGS,
@@ -69,7 +70,7 @@ pub const PASS_PROGRAM: &str = "lb_pass";
 pub const REPLY_PROGRAM: &str = "lb_reply";
 
 /// Every map, pinned by name.
-pub const PINNED_MAPS: [&str; 13] = [
+pub const PINNED_MAPS: [&str; 14] = [
     OWNED_VIPS,
     VIP_LEASES,
     VIP_STATS,
@@ -83,6 +84,7 @@ pub const PINNED_MAPS: [&str; 13] = [
     REPLY_NAT,
     LOCAL_ENDPOINTS,
     SETTINGS,
+    VRRP_SPEAKERS,
 ];
 
 /// bpffs's magic number (`statfs.f_type`).
@@ -116,6 +118,7 @@ pub struct Dataplane {
     pub resumed: bool,
     owned_vips: HashMap<MapData, VipKey, OwnedVip>,
     leases: leases::Leases,
+    speakers: speakers::Speakers,
 }
 
 /// The directory this build pins under.
@@ -188,6 +191,7 @@ impl Dataplane {
         let owned_vips = HashMap::try_from(take_map(&mut ebpf, OWNED_VIPS)?)
             .map_err(|source| Error::BpfMap { map: OWNED_VIPS, source })?;
         let leases = leases::Leases::take(take_map(&mut ebpf, VIP_LEASES)?)?;
+        let speakers = speakers::Speakers::take(take_map(&mut ebpf, VRRP_SPEAKERS)?)?;
         let counters = XdpCounters::take(&mut ebpf)?;
         let services = ServiceMaps::take(&mut ebpf, Some(&pin_dir))?;
         let dataplane = Self {
@@ -200,6 +204,7 @@ impl Dataplane {
             resumed,
             owned_vips,
             leases,
+            speakers,
         };
         Ok((dataplane, counters, services))
     }
@@ -222,6 +227,11 @@ impl Dataplane {
     /// How long lease `slot` still runs, if one is written.
     pub fn lease_remaining(&self, slot: u16, now_ns: u64) -> Option<std::time::Duration> {
         self.leases.remaining(slot, now_ns)
+    }
+
+    /// VRRP sources heard from another MAC than their learned one (see [`speakers`]).
+    pub fn impersonations(&self) -> Vec<speakers::Impersonation> {
+        self.speakers.impersonations()
     }
 
     /// Detaches the programs and deletes every pin, so nothing of the data plane remains.

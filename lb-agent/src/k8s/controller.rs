@@ -112,18 +112,24 @@ pub struct FromAgent {
     pub refused: watch::Receiver<BTreeMap<String, String>>,
     /// Routers outside a group heard advertising one of its VRIDs: (group, VRID, source).
     pub foreign: watch::Receiver<ForeignRouters>,
+    /// Group members impersonated on the segment: (group, member, how).
+    pub impersonated: watch::Receiver<Impersonations>,
 }
 
 /// See [`FromAgent::foreign`].
 pub type ForeignRouters = std::collections::BTreeSet<(String, u8, Ipv4Addr)>;
 
+/// See [`FromAgent::impersonated`].
+pub type Impersonations = std::collections::BTreeSet<(String, Ipv4Addr, String)>;
+
 impl Shell {
     /// Runs until the agent stops: sends each new config on `configs`, and reports what
     /// `from_agent` says (see [`FromAgent`]).
     pub async fn run(self, configs: mpsc::Sender<Config>, from_agent: FromAgent) {
-        let FromAgent { owners, mut refused, mut foreign } = from_agent;
-        // Foreign routers already reported by this agent, each once.
+        let FromAgent { owners, mut refused, mut foreign, mut impersonated } = from_agent;
+        // Foreign routers and impersonations already reported by this agent, each once.
         let mut reported = ForeignRouters::new();
+        let mut reported_impersonations = Impersonations::new();
         let (groups, g) = watch_into(Api::<LoadBalancerGroup>::all(self.client.clone()), Touch::of_other);
         let (services, s) = watch_into(Api::<Service>::all(self.client.clone()), Touch::of_service);
         let (slices, e) = watch_into(Api::<EndpointSlice>::all(self.client.clone()), Touch::of_slice);
@@ -167,6 +173,20 @@ impl Shell {
                         }
                     }
                     reported = heard;
+                    continue;
+                }
+                Ok(()) = impersonated.changed() => {
+                    let heard = impersonated.borrow_and_update().clone();
+                    for (group, member, how) in heard.difference(&reported_impersonations) {
+                        let message = format!(
+                            "VRRP advertisements with the address of member {member} come {how}: a host on the \
+                             segment may be impersonating it (VRRPv3 has no authentication)"
+                        );
+                        if let Err(e) = writer.group_warning(group, "Impersonation", &message).await {
+                            warn!(error = %e, "publishing an Event failed");
+                        }
+                    }
+                    reported_impersonations = heard;
                     continue;
                 }
                 _ = tick.tick() => {
@@ -428,7 +448,8 @@ mod tests {
         let (_owners_tx, owners) = watch::channel(BTreeMap::new());
         let (refused_tx, refused) = watch::channel(BTreeMap::new());
         let (foreign_tx, foreign) = watch::channel(ForeignRouters::new());
-        tokio::spawn(shell.run(tx, FromAgent { owners, refused, foreign }));
+        let (impersonated_tx, impersonated) = watch::channel(Impersonations::new());
+        tokio::spawn(shell.run(tx, FromAgent { owners, refused, foreign, impersonated }));
 
         let config = tokio::time::timeout(Duration::from_secs(20), rx.recv())
             .await
@@ -535,5 +556,29 @@ mod tests {
         let again =
             writes.lock().unwrap()[before..].iter().filter(|(_, _, b)| b["reason"] == "ForeignVrid").count();
         assert_eq!(again, 1, "reported once");
+
+        // A member impersonated on the segment: one Warning Event on its group, saying how.
+        let before = writes.lock().unwrap().len();
+        let member: Ipv4Addr = "192.0.2.11".parse().unwrap();
+        let how = "from MAC 02:1b:00:00:00:cc while it is at 02:00:00:00:00:11".to_owned();
+        impersonated_tx.send_replace(Impersonations::from([("edge".to_owned(), member, how.clone())]));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let event = loop {
+            let seen: Vec<_> = writes.lock().unwrap()[before..].to_vec();
+            if let Some((_, _, event)) = seen
+                .iter()
+                .find(|(m, p, b)| m == "POST" && p.contains("/events") && b["reason"] == "Impersonation")
+            {
+                break event.clone();
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no Impersonation Event: {seen:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            (event["type"].as_str(), event["regarding"]["name"].as_str()),
+            (Some("Warning"), Some("edge"))
+        );
+        let note = event["note"].as_str().unwrap();
+        assert!(note.contains("192.0.2.11") && note.contains(&how), "{note}");
     }
 }

@@ -126,6 +126,18 @@ struct ForeignRouter {
     unlogged: u64,
 }
 
+impl ForeignRouter {
+    /// Counts one more advertisement; `Some(unlogged since the last line)` when a line is due.
+    fn log_now(&mut self, now: Instant) -> Option<u64> {
+        if self.logged.is_some_and(|at| now < at + FOREIGN_LOG_EVERY) {
+            self.unlogged += 1;
+            return None;
+        }
+        self.logged = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
+
 /// At most one log line per foreign router and VRID in this long.
 pub const FOREIGN_LOG_EVERY: Duration = Duration::from_secs(60);
 /// Foreign routers remembered at most.
@@ -443,20 +455,16 @@ impl Router {
         }
         let seen =
             self.foreign.entry((vrid, source)).or_insert(ForeignRouter { group, logged: None, unlogged: 0 });
-        if seen.logged.is_some_and(|at| now < at + FOREIGN_LOG_EVERY) {
-            seen.unlogged += 1;
-            return;
+        if let Some(since_last_log) = seen.log_now(now) {
+            warn!(
+                group = %seen.group,
+                vrid,
+                %source,
+                since_last_log,
+                "a router outside the group advertises this VRID; its advertisements are dropped (add the VRID \
+                 to the group's excludedVrids, or find who sends them)"
+            );
         }
-        warn!(
-            group = %seen.group,
-            vrid,
-            %source,
-            since_last_log = seen.unlogged,
-            "a router outside the group advertises this VRID; its advertisements are dropped (add the VRID \
-             to the group's excludedVrids, or find who sends them)"
-        );
-        seen.logged = Some(now);
-        seen.unlogged = 0;
     }
 
     /// Routers outside their group heard advertising one of its VRIDs: (group, VRID, source).

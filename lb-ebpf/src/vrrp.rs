@@ -1,0 +1,81 @@
+//! VRRP advertisements pass to the agent; on the way, each IPv4 source's Ethernet MAC is
+//! learned, and an advertisement that claims a live source from another MAC is counted
+//! (VRRPv3 has no authentication, so this is how a spoofed member shows). One that claims this
+//! node's own address is always counted: the kernel drops it as a martian before any socket
+//! sees it, so only here can it be noticed.
+
+use aya_ebpf::{bindings::xdp_action::XDP_PASS, helpers::bpf_ktime_get_ns, programs::XdpContext};
+use lb_common::{
+    counters::Reason,
+    maps::{VipKey, VrrpSpeaker},
+};
+use network_types::eth::EthHdr;
+
+use crate::{
+    maps::{SETTINGS, VRRP_SPEAKERS},
+    packet::{self, L4_OFFSET, header},
+    stats,
+};
+
+/// The VRRPv3 header's first eight bytes: version and type, VRID, priority, count, then
+/// 4 reserved bits and the 12-bit maximum advertisement interval in centiseconds (bytes 4–5),
+/// then the checksum.
+const VRRP_HEADER: usize = 8;
+/// When an advertisement says 0 (malformed), a learned MAC stays live this long.
+const DEFAULT_LIVE_NS: u64 = 3_000_000_000;
+
+#[inline(always)]
+pub fn observe(ctx: &XdpContext, source: [u8; 4]) -> u32 {
+    let bytes = packet::len(ctx);
+    let (Some(eth), Some(vrrp)) = (header::<EthHdr>(ctx, 0), header::<[u8; VRRP_HEADER]>(ctx, L4_OFFSET))
+    else {
+        // The agent decodes and drops what is short; nothing to learn here.
+        return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
+    };
+    // SAFETY: bounds-checked by `header`; copied out at once.
+    let (mac, interval_cs) =
+        unsafe { ((*eth).src_addr, u16::from_be_bytes([(*vrrp)[4] & 0x0f, (*vrrp)[5]])) };
+    // Live for three of its advertised intervals, as a backup waits before taking over.
+    let live_ns = if interval_cs == 0 { DEFAULT_LIVE_NS } else { u64::from(interval_cs) * 30_000_000 };
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let key = VipKey::new(source);
+    let own = SETTINGS.get(0).is_some_and(|s| s.node_addr == source);
+    if own {
+        let counted = match VRRP_SPEAKERS.get_ptr_mut(&key) {
+            // SAFETY: a valid map value; races between CPUs only blur the counts.
+            Some(speaker) => unsafe { &mut *speaker },
+            None => {
+                let _ = VRRP_SPEAKERS.insert(&key, &VrrpSpeaker::default(), 0);
+                let Some(speaker) = VRRP_SPEAKERS.get_ptr_mut(&key) else {
+                    return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
+                };
+                // SAFETY: as above.
+                unsafe { &mut *speaker }
+            }
+        };
+        counted.other_mac = mac;
+        counted.other_mac_adverts += 1;
+        return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
+    }
+    match VRRP_SPEAKERS.get_ptr_mut(&key) {
+        Some(speaker) => {
+            // SAFETY: a valid map value; races between CPUs only blur the counts.
+            let speaker = unsafe { &mut *speaker };
+            if speaker.mac != mac && now < speaker.live_until_ns {
+                // Counted here, not as a reason of its own: the agent reports it per member,
+                // and the counter arrays keep their shape (a new shape would replace the maps).
+                speaker.other_mac = mac;
+                speaker.other_mac_adverts += 1;
+                return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
+            }
+            speaker.mac = mac;
+            speaker.live_until_ns = now + live_ns;
+        }
+        None => {
+            let speaker = VrrpSpeaker { mac, live_until_ns: now + live_ns, ..VrrpSpeaker::default() };
+            let _ = VRRP_SPEAKERS.insert(&key, &speaker, 0);
+        }
+    }
+    stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS)
+}

@@ -391,6 +391,22 @@ impl Agent {
             let deadline =
                 vrrp_deadline.into_iter().chain(self.garp_refresh.values().map(|(at, _)| *at)).min();
             tokio::select! {
+                // The VRRP timer first: after a freeze, every branch is ready at once, and the
+                // lapse of this master's lease must be seen as such (the loop was waiting when
+                // it ran out), not after other work has made the loop look merely busy.
+                biased;
+                _ = sleep_until(deadline) => {
+                    // Advertisements that queued up while this loop was busy may reset the
+                    // timer that just fired: read them first, so a slow moment here never
+                    // passes for a silent master.
+                    self.drain_vrrp(&mut buf);
+                    if let Some(vrrp) = &mut self.vrrp {
+                        let out = vrrp.router.on_timer(Instant::now().into_std());
+                        vrrp.send(&out);
+                    }
+                    self.apply_ownership().await;
+                    self.refresh_garps(Instant::now());
+                }
                 _ = stop_signal(&mut term, &mut int), if stop_by.is_none() => {
                     stop_by = Some(Instant::now() + STOP_BOUND);
                     self.begin_stop().await;
@@ -429,18 +445,6 @@ impl Agent {
                         }
                         Err(e) => warn!(error = %e, "receiving VRRP failed"),
                     }
-                }
-                _ = sleep_until(deadline) => {
-                    // Advertisements that queued up while this loop was busy may reset the
-                    // timer that just fired: read them first, so a slow moment here never
-                    // passes for a silent master.
-                    self.drain_vrrp(&mut buf);
-                    if let Some(vrrp) = &mut self.vrrp {
-                        let out = vrrp.router.on_timer(Instant::now().into_std());
-                        vrrp.send(&out);
-                    }
-                    self.apply_ownership().await;
-                    self.refresh_garps(Instant::now());
                 }
             }
         }

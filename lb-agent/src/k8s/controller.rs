@@ -431,6 +431,21 @@ mod tests {
         }
     }
 
+    /// The first Event with `reason` posted after the first `before` writes (waits up to 10 s).
+    async fn event_after(writes: &Writes, before: usize, reason: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen: Vec<_> = writes.lock().unwrap()[before..].to_vec();
+            if let Some((_, _, event)) =
+                seen.iter().find(|(m, p, b)| m == "POST" && p.contains("/events") && b["reason"] == reason)
+            {
+                return event.clone();
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no {reason} Event: {seen:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     #[tokio::test]
     async fn the_cluster_becomes_a_config_and_the_leader_writes_status() {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -529,18 +544,7 @@ mod tests {
         let before = writes.lock().unwrap().len();
         let rogue: Ipv4Addr = "192.0.2.66".parse().unwrap();
         foreign_tx.send_replace(ForeignRouters::from([("edge".to_owned(), 10, rogue)]));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        let event = loop {
-            let seen: Vec<_> = writes.lock().unwrap()[before..].to_vec();
-            if let Some((_, _, event)) = seen
-                .iter()
-                .find(|(m, p, b)| m == "POST" && p.contains("/events") && b["reason"] == "ForeignVrid")
-            {
-                break event.clone();
-            }
-            assert!(tokio::time::Instant::now() < deadline, "no ForeignVrid Event: {seen:#?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let event = event_after(&writes, before, "ForeignVrid").await;
         assert_eq!(
             (event["type"].as_str(), event["regarding"]["kind"].as_str()),
             (Some("Warning"), Some("LoadBalancerGroup"))
@@ -562,18 +566,7 @@ mod tests {
         let member: Ipv4Addr = "192.0.2.11".parse().unwrap();
         let how = "from MAC 02:1b:00:00:00:cc while it is at 02:00:00:00:00:11".to_owned();
         impersonated_tx.send_replace(Impersonations::from([("edge".to_owned(), member, how.clone())]));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        let event = loop {
-            let seen: Vec<_> = writes.lock().unwrap()[before..].to_vec();
-            if let Some((_, _, event)) = seen
-                .iter()
-                .find(|(m, p, b)| m == "POST" && p.contains("/events") && b["reason"] == "Impersonation")
-            {
-                break event.clone();
-            }
-            assert!(tokio::time::Instant::now() < deadline, "no Impersonation Event: {seen:#?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let event = event_after(&writes, before, "Impersonation").await;
         assert_eq!(
             (event["type"].as_str(), event["regarding"]["name"].as_str()),
             (Some("Warning"), Some("edge"))

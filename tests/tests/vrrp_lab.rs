@@ -404,13 +404,23 @@ fn spread_gives_each_vip_of_a_service_its_own_node() {
     }
 }
 
-/// Hostile advertisements on the segment are dropped and counted, and the master holds.
-#[test]
-fn hostile_advertisements_are_dropped_and_counted() {
+/// Two nodes in the manual group, n0 preferred and already answering for the VIP.
+fn two_nodes_n0_owning() -> (Lab, Vec<Agent>) {
     let mut lab = Lab::new(2);
     let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], ""));
     wait_owner(&lab, VIP, 0, &agents);
+    (lab, agents)
+}
 
+/// A VRRP datagram from the lab client to 224.0.0.18, with `src` as its IPv4 source.
+fn advert_from_client(lab: &Lab, src: Ipv4Addr, ttl: u8, payload: &[u8]) -> Vec<u8> {
+    ipv4_frame(lab.client.mac, multicast_mac(VRRP_MULTICAST_V4), src, VRRP_MULTICAST_V4, ttl, 112, payload)
+}
+
+/// Hostile advertisements on the segment are dropped and counted, and the master holds.
+#[test]
+fn hostile_advertisements_are_dropped_and_counted() {
+    let (lab, agents) = two_nodes_n0_owning();
     let client = &lab.client;
     let member = lab.nodes[1].ip;
     let advert = |vrid: u8, priority: u8| Advertisement {
@@ -419,9 +429,7 @@ fn hostile_advertisements_are_dropped_and_counted() {
         max_adver_int_cs: 100,
         addresses: vec![VIP],
     };
-    let frame = |src: Ipv4Addr, ttl: u8, payload: &[u8]| {
-        ipv4_frame(client.mac, multicast_mac(VRRP_MULTICAST_V4), src, VRRP_MULTICAST_V4, ttl, 112, payload)
-    };
+    let frame = |src: Ipv4Addr, ttl: u8, payload: &[u8]| advert_from_client(&lab, src, ttl, payload);
     let good = |src: Ipv4Addr, vrid: u8, priority: u8| {
         advert(vrid, priority).encode(src, VRRP_MULTICAST_V4, ChecksumMode::Rfc)
     };
@@ -491,23 +499,12 @@ fn start_up_removes_vip_addresses_left_by_a_crash() {
 /// Both count it per member, log it, and the master holds.
 #[test]
 fn an_impersonated_member_is_counted_and_logged() {
-    let mut lab = Lab::new(2);
-    let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], ""));
-    wait_owner(&lab, VIP, 0, &agents);
-
+    let (lab, agents) = two_nodes_n0_owning();
     let client = &lab.client;
     let master = lab.nodes[0].ip;
     let spoofed = Advertisement { vrid: VRID, priority: 254, max_adver_int_cs: 5, addresses: vec![VIP] }
         .encode(master, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
-    let frame = ipv4_frame(
-        client.mac,
-        multicast_mac(VRRP_MULTICAST_V4),
-        master,
-        VRRP_MULTICAST_V4,
-        255,
-        112,
-        &spoofed,
-    );
+    let frame = advert_from_client(&lab, master, 255, &spoofed);
     for _ in 0..10 {
         send_and_capture(client.ns.name(), "eth0", vec![frame.clone(); 2], Duration::from_millis(20));
     }

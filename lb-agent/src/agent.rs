@@ -28,14 +28,15 @@ use crate::{
     error::{Error, Result},
     http::{self, HttpState, InstanceSnapshot, StatusSource},
     k8s::controller::{ForeignRouters, FromAgent, Impersonations},
-    metrics::{MemberLabels, Metrics, ResultLabels, VridLabels, XdpLabels},
+    key_files::{self, KeyFiles},
+    metrics::{GroupLabels, MemberLabels, Metrics, ResultLabels, VridLabels, XdpLabels},
     netdev::{self, Interface},
     node_plan::{NodePlan, node_plan},
     service_sync::{ServiceSync, SyncMetrics, SyncRequest},
     vrrp::{
         garp::{GarpSocket, announcement},
         metrics::VrrpMetrics,
-        router::{Outgoing, Router},
+        router::{InstanceSpec, Outgoing, Router},
         socket::VrrpSocket,
     },
 };
@@ -125,6 +126,13 @@ pub async fn run(
         )
     })?;
     let plan = node_plan(&config, &node);
+    let mut keys = KeyFiles::default();
+    keys.refresh(plan.key_files.values());
+    if cluster_configs.is_none() {
+        // A key file named in the config file is part of it: a mistake stops the start. From
+        // the cluster, the group waits for its Secret on this node instead (see key_files).
+        check_key_files(&config, &node).map_err(|(field, expected)| config_error(&field, expected))?;
+    }
     let node_address = match config.node_address {
         Some(address) => address,
         None => netdev::primary_ipv4(&netlink, interface.index).await?.ok_or_else(|| {
@@ -232,6 +240,7 @@ pub async fn run(
         foreign,
         impersonated,
         impersonations_seen: BTreeMap::new(),
+        keys,
         restart_requested: false,
         status_requests,
     };
@@ -274,6 +283,19 @@ pub async fn run(
         return Err(Error::RestartNeeded);
     }
     result
+}
+
+/// Every key file of a group this node is in reads and parses: else its field and the problem.
+fn check_key_files(config: &Config, node: &str) -> std::result::Result<(), (String, String)> {
+    for (g, group) in config.groups.iter().enumerate() {
+        let Some(auth) = &group.authentication else { continue };
+        if group.nodes.iter().any(|n| n.name == node) {
+            key_files::read(&auth.key_file).map_err(|e| {
+                (format!("groups[{g}].authentication.keyFile"), format!("a usable key file: {e}"))
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// The config path of this node's address, e.g. `groups[0].nodes[2].address`.
@@ -359,6 +381,8 @@ struct Agent {
     /// Per member: the impersonating advertisements counted so far, when last logged, and the
     /// count then.
     impersonations_seen: BTreeMap<Ipv4Addr, (u64, Option<Instant>, u64)>,
+    /// The key files of the plan's authenticating groups, re-read every second.
+    keys: KeyFiles,
     /// The cluster changed this node's group membership: stop, for a restart.
     restart_requested: bool,
     /// `/status` asking for the VRRP instances, answered between events.
@@ -374,8 +398,9 @@ impl Agent {
             (sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?, sig(SignalKind::hangup())?);
         let mut buf = vec![0u8; 65_536];
         let mut stop_by: Option<Instant> = None;
-        // XDP counts impersonating advertisements; they are read, reported and logged this often.
-        let mut impersonation_check = tokio::time::interval(Duration::from_secs(1));
+        // XDP counts impersonating advertisements; they are read, reported and logged this
+        // often, and key files re-read.
+        let mut once_a_second = tokio::time::interval(Duration::from_secs(1));
         loop {
             if let Some(deadline) = stop_by {
                 let handing_over = self.vrrp.as_ref().is_some_and(|v| v.router.handing_over());
@@ -426,7 +451,12 @@ impl Agent {
                     }
                 }
                 Some(up) = self.carrier.recv() => self.on_carrier(up),
-                _ = impersonation_check.tick() => self.check_impersonations(),
+                _ = once_a_second.tick() => {
+                    self.check_impersonations();
+                    if self.keys.refresh(self.plan.key_files.values()) {
+                        self.reconfigure_vrrp();
+                    }
+                }
                 Some(reply) = self.status_requests.recv() => {
                     let _ = reply.send(self.instance_snapshot());
                 }
@@ -490,6 +520,12 @@ impl Agent {
                 return;
             }
         };
+        if let Err((field, expected)) = check_key_files(&new, &self.node) {
+            let error = ConfigError::new(field, expected);
+            error!(%error, "SIGHUP: config rejected, keeping the running config");
+            self.count_reload("rejected");
+            return;
+        }
         self.apply_config(new).await;
     }
 
@@ -575,10 +611,33 @@ impl Agent {
                     .get_or_create(&MemberLabels { member: member.to_string() });
             }
         }
+        self.keys.refresh(self.plan.key_files.values());
+        let specs = self.keyed_instances();
         if let Some(vrrp) = &mut self.vrrp {
-            let out = vrrp.router.reconfigure(Instant::now().into_std(), self.plan.instances.clone());
+            let out = vrrp.router.reconfigure(Instant::now().into_std(), specs);
             vrrp.send(&out);
         }
+    }
+
+    /// The plan's instances with their groups' keys; those of a group whose key file was never
+    /// readable are left out (their absence is logged by [`KeyFiles`] and exported).
+    fn keyed_instances(&self) -> Vec<InstanceSpec> {
+        for (group, path) in &self.plan.key_files {
+            let loaded = self.keys.keys(path).map_or(0, |k| k.key_ids().len());
+            self.state
+                .metrics
+                .authentication_keys
+                .get_or_create(&GroupLabels { group: group.clone() })
+                .set(loaded as i64);
+        }
+        self.plan
+            .instances
+            .iter()
+            .filter_map(|spec| match self.plan.key_files.get(&spec.group) {
+                None => Some(spec.clone()),
+                Some(path) => Some(InstanceSpec { keys: Some(self.keys.keys(path)?), ..spec.clone() }),
+            })
+            .collect()
     }
 
     /// Follows a config whose services are in the maps: VRRP instances and owned VIPs.

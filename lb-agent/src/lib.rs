@@ -13,6 +13,7 @@
 //! - [`vrrp`]: VRRPv3 — who owns each VIP at run time.
 //! - [`planner`]: the pure, deterministic plan: VIP owners and shared VRRP instances.
 //! - [`node_plan`]: from the config and the planner to this node's VRRP instances.
+//! - [`key_files`]: the groups' VRRP key files, followed while the agent runs.
 //! - [`service_plan`]: from the config's services to this node's forwarding maps (pure).
 //! - [`service_sync`]: applies service plans to the maps in a task of its own.
 //! - [`agent`]: the run loop and signal handling.
@@ -28,6 +29,7 @@ pub mod error;
 pub mod hash;
 pub mod http;
 pub mod k8s;
+pub mod key_files;
 pub mod logging;
 pub mod maglev;
 pub mod metrics;

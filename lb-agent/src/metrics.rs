@@ -50,6 +50,11 @@ pub struct MemberLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabels {
+    pub group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MapLabels {
     pub map: &'static str,
 }
@@ -68,6 +73,7 @@ pub struct Metrics {
     pub map_bytes: Family<MapLabels, Gauge>,
     pub lease_expiries: Family<VridLabels, Counter>,
     pub impersonations: Family<MemberLabels, Counter>,
+    pub authentication_keys: Family<GroupLabels, Gauge>,
 }
 
 impl Metrics {
@@ -136,6 +142,12 @@ impl Metrics {
             "VRRP advertisements that impersonate a group member: its address from another MAC while its own is live (seen by XDP), or this node's address from another host",
             impersonations.clone(),
         );
+        let authentication_keys = Family::<GroupLabels, Gauge>::default();
+        registry.register(
+            "vrrp_authentication_keys",
+            "Keys loaded for each group of this node's that authenticates VRRP; 0 means its key file was never readable, and its instances do not run here",
+            authentication_keys.clone(),
+        );
         Self {
             registry,
             owned_vips,
@@ -149,6 +161,7 @@ impl Metrics {
             map_bytes,
             lease_expiries,
             impersonations,
+            authentication_keys,
         }
     }
 

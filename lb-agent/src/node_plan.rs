@@ -34,6 +34,9 @@ pub struct NodePlan {
     pub unplaced: Vec<(String, Ipv4Addr, String)>,
     /// Every planned group's VRIDs by instance (`status.vrids`): the same on every node.
     pub vrids: BTreeMap<String, BTreeMap<String, u8>>,
+    /// The key file of each group of this node's that authenticates. The shell reads it and
+    /// gives the group's instances their keys; an instance without them does not run.
+    pub key_files: BTreeMap<String, std::path::PathBuf>,
 }
 
 pub fn node_plan(config: &Config, me: &str) -> NodePlan {
@@ -49,6 +52,9 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
             group.nodes.iter().filter(|n| n.name != me).map(|n| n.address).collect();
         if let Some(node) = me_in_group {
             plan.local = Some(node.address);
+            if let Some(auth) = &group.authentication {
+                plan.key_files.insert(group.name.clone(), auth.key_file.clone());
+            }
         }
         for vip in group.vips.iter() {
             plan.vips.insert(
@@ -67,6 +73,7 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
             peers: peers.clone(),
             transport: group.transport,
             checksum: group.checksum,
+            keys: None,
         };
 
         if let (Some(vrid), Some(priorities)) = (group.vrid, &group.priorities) {

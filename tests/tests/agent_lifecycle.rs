@@ -30,6 +30,22 @@ fn a_bad_config_exits_64_naming_the_field_and_attaches_nothing() {
     let log =
         refused(&lab, "interface: eth0\nvips:\n  - address: 198.51.100.10\n    mac: ff:ff:ff:ff:ff:ff\n");
     assert!(log.contains("vips[0].mac") && log.contains("unicast MAC"), "{log}");
+
+    let node = &lab.nodes[0];
+    let group = |key_file: &str| {
+        format!(
+            "interface: eth0\nnode: {}\ngroups:\n  - name: web\n    authentication: {{keyFile: {key_file}}}\n    \
+             nodes:\n      - {{name: {}, address: {}}}\n",
+            node.name, node.name, node.ip
+        )
+    };
+    let log = refused(&lab, &group("/nonexistent/lb-lab-key"));
+    assert!(log.contains("groups[0].authentication.keyFile") && log.contains("cannot read"), "{log}");
+    let short = std::env::temp_dir().join(format!("lb-lab-short-key-{}", std::process::id()));
+    std::fs::write(&short, "# a comment\ntoo-short\n").unwrap();
+    let log = refused(&lab, &group(&short.display().to_string()));
+    std::fs::remove_file(&short).unwrap();
+    assert!(log.contains("groups[0].authentication.keyFile") && log.contains("line 2"), "{log}");
 }
 
 fn stop(agent: &mut lb_lab::Agent) {

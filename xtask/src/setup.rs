@@ -24,8 +24,10 @@ const APT_PACKAGES: &[&str] = &[
     "iptables", // kube-proxy baselines
     "nftables",
     "curl",
-    "prometheus", // promtool, for the alerting rules' tests
-    "kubectl",    // `kubectl kustomize deploy/`, rendered in the deploy test
+    "prometheus",    // promtool, for the alerting rules' tests
+    "kubectl",       // `kubectl kustomize deploy/`, rendered in the deploy test
+    "python3-scapy", // hostile VRRP advertisements crafted by a tool that is not ours
+    "podman",        // builds the FROM-scratch image whose binary the image test runs
 ];
 
 pub fn run() -> Result<()> {

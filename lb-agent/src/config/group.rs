@@ -53,6 +53,19 @@ pub struct GroupConfig {
     /// `status.vrids`): kept while still valid, so a change does not renumber instances.
     #[serde(default)]
     pub pinned_vrids: BTreeMap<String, u8>,
+    /// Sign advertisements and drop those without a valid tag (groups of lb-agents only: a
+    /// keepalived peer would not understand them).
+    #[serde(default)]
+    pub authentication: Option<Authentication>,
+}
+
+/// Where a group's VRRP keys are (see `vrrp::auth`): one key per line, the first signs, any
+/// verifies. Re-read every second, so a key rotates without a restart.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Authentication {
+    /// An absolute path on the node, e.g. a mounted Secret's file.
+    pub key_file: std::path::PathBuf,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -171,6 +184,14 @@ pub(super) fn validate_groups(
         }
         if group.nodes.is_empty() {
             return Err(ConfigError::new(at("nodes"), "at least one node"));
+        }
+        if let Some(auth) = &group.authentication
+            && !auth.key_file.is_absolute()
+        {
+            return Err(ConfigError::new(
+                at("authentication.keyFile"),
+                format!("an absolute path to the group's key file, got {:?}", auth.key_file),
+            ));
         }
         let mut members = BTreeSet::new();
         let mut addresses = BTreeSet::new();
@@ -394,5 +415,17 @@ mod tests {
         assert!(e.expected.contains("vips[0]"), "{e}");
         assert_eq!(err("    excludedVrids: [0]\n").0, "groups[0].excludedVrids[0]");
         assert_eq!(err("    transport: broadcast\n").0, "groups[0].transport");
+    }
+
+    #[test]
+    fn authentication_names_an_absolute_key_file() {
+        let c = Config::parse(&format!("{BASE}    authentication: {{keyFile: /etc/lb-agent/keys/edge}}\n"))
+            .unwrap();
+        let key_file = &c.groups[0].authentication.as_ref().unwrap().key_file;
+        assert_eq!(key_file, std::path::Path::new("/etc/lb-agent/keys/edge"));
+        let (field, expected) = err("    authentication: {keyFile: keys/edge}\n");
+        assert_eq!(field, "groups[0].authentication.keyFile");
+        assert!(expected.contains("absolute"), "{expected}");
+        assert_eq!(err("    authentication: {key: abc}\n").0, "groups[0].authentication.key");
     }
 }

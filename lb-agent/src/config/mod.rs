@@ -22,7 +22,7 @@ mod dataplane;
 mod group;
 mod service;
 pub use dataplane::{Capacity, DataplaneConfig, PortRange};
-pub use group::{GarpConfig, GroupConfig, GroupNode, GroupVip, VipMode};
+pub use group::{Authentication, GarpConfig, GroupConfig, GroupNode, GroupVip, VipMode};
 pub use service::{Endpoint, MAX_ENDPOINTS, Protocol, RemoteMode, ServiceConfig, ServicePort, TrafficPolicy};
 
 /// The agent's configuration file.

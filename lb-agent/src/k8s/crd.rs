@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 // The group shares the standalone config's vocabulary, so the two sources cannot drift apart.
 pub use crate::{
-    config::{RemoteMode, VipMode},
+    config::{Authentication, RemoteMode, VipMode},
     vrrp::router::Transport,
 };
 
@@ -92,6 +92,11 @@ pub struct LoadBalancerGroupSpec {
     /// LoadBalancer Services without a class are served by the group marked default.
     #[serde(default)]
     pub default: bool,
+    /// Sign VRRP advertisements with HMAC-SHA-256 and drop unsigned or replayed ones. The key
+    /// file is read on each member node: mount a Secret there (the DaemonSet mounts
+    /// `lb-agent-vrrp-keys` at `/etc/lb-agent-vrrp-keys`), one key per line, the first signing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<Authentication>,
 }
 
 fn default_advert_interval() -> String {

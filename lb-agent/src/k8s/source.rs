@@ -462,6 +462,7 @@ impl Translator {
                 "excludedVrids": spec.excluded_vrids,
                 "preempt": spec.preempt,
                 "vipMode": spec.vip_mode,
+                "authentication": spec.authentication,
                 // Keep the VRIDs the leader published, so instances are never renumbered.
                 "pinnedVrids": group.status.as_ref().map(|s| s.vrids.clone()).unwrap_or_default(),
             });
@@ -683,7 +684,7 @@ mod tests {
         ClusterState {
             routes: Default::default(),
             groups: objects(
-                "metadata: {name: edge}\nspec: {interface: eth0, addressPools: [198.51.100.0/28], advertInterval: 10ms, remoteMode: dsr, default: true, allowedExternalIPs: [203.0.113.0/24], nodeSelector: {lb: 'yes'}}",
+                "metadata: {name: edge}\nspec: {interface: eth0, addressPools: [198.51.100.0/28], advertInterval: 10ms, remoteMode: dsr, default: true, allowedExternalIPs: [203.0.113.0/24], nodeSelector: {lb: 'yes'}, authentication: {keyFile: /etc/lb-agent-vrrp-keys/edge}}",
             ),
             nodes: objects(
                 "metadata: {name: n2, labels: {lb: 'yes'}}\nstatus: {addresses: [{type: InternalIP, address: 192.0.2.12}]}\n---\n\
@@ -715,6 +716,7 @@ node: n0
 groups:
   - name: edge
     advertInterval: 10ms
+    authentication: {keyFile: /etc/lb-agent-vrrp-keys/edge}
     nodes:
       - {name: n0, address: 192.0.2.10}
       - {name: n1, address: 192.0.2.11}

@@ -163,8 +163,28 @@ impl Advertisement {
 }
 
 /// Decodes a whole IPv4 datagram as a raw socket delivers it: header checks (protocol, TTL 255,
-/// no fragments) then the VRRP message.
+/// no fragments) then the VRRP message, with nothing after it.
 pub fn decode_ipv4(datagram: &[u8], mode: ChecksumMode) -> Result<Received, DecodeError> {
+    let (source, destination, payload) = ipv4_payload(datagram)?;
+    let advert = Advertisement::decode(payload, source, destination, mode)?;
+    Ok(Received { source, destination, advert })
+}
+
+/// As [`decode_ipv4`], for a group that authenticates: the advertisement, the message bytes the
+/// tag covers, and what follows them (the [`super::auth`] trailer, or nothing).
+pub fn decode_ipv4_with_trailer(
+    datagram: &[u8],
+    mode: ChecksumMode,
+) -> Result<(Received, &[u8], &[u8]), DecodeError> {
+    let (source, destination, payload) = ipv4_payload(datagram)?;
+    let count = usize::from(*payload.get(3).ok_or(DecodeError::Truncated(payload.len()))?);
+    let (message, trailer) = payload.split_at(payload.len().min(HEADER_LEN + 4 * count));
+    let advert = Advertisement::decode(message, source, destination, mode)?;
+    Ok((Received { source, destination, advert }, message, trailer))
+}
+
+/// The IPv4 header's checks; its source, destination and payload.
+fn ipv4_payload(datagram: &[u8]) -> Result<(Ipv4Addr, Ipv4Addr, &[u8]), DecodeError> {
     if datagram.len() < 20 {
         return Err(DecodeError::Truncated(datagram.len()));
     }
@@ -187,8 +207,7 @@ pub fn decode_ipv4(datagram: &[u8], mode: ChecksumMode) -> Result<Received, Deco
     }
     let source = Ipv4Addr::new(datagram[12], datagram[13], datagram[14], datagram[15]);
     let destination = Ipv4Addr::new(datagram[16], datagram[17], datagram[18], datagram[19]);
-    let advert = Advertisement::decode(&datagram[header_len..total_len], source, destination, mode)?;
-    Ok(Received { source, destination, advert })
+    Ok((source, destination, &datagram[header_len..total_len]))
 }
 
 /// The Internet checksum (RFC 1071) over the message and, per `mode`, the IPv4 pseudo-header.

@@ -7,15 +7,20 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
-    time::{Duration, Instant},
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
 };
 
 use tracing::{debug, info, warn};
 
 use super::{
+    auth::{FRESHNESS, Keyring},
     instance::{Action, Ignored, Instance, InstanceConfig, PRIORITY_RESIGN, State},
     metrics::VrrpMetrics,
-    packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V4, decode_ipv4},
+    packet::{
+        Advertisement, ChecksumMode, DecodeError, Received, VRRP_MULTICAST_V4, decode_ipv4,
+        decode_ipv4_with_trailer,
+    },
 };
 
 /// Multicast to 224.0.0.18, or unicast to each peer.
@@ -43,6 +48,9 @@ pub struct InstanceSpec {
     pub peers: BTreeSet<Ipv4Addr>,
     pub transport: Transport,
     pub checksum: ChecksumMode,
+    /// The group's keys when it authenticates (see [`super::auth`]): adverts are signed, and
+    /// those without a valid tag are dropped.
+    pub keys: Option<Arc<Keyring>>,
 }
 
 /// One VRID's VIPs as this node claims them, and until when the data plane may go on claiming
@@ -76,6 +84,9 @@ pub mod drop_reason {
     pub const LOWER_PRIORITY: &str = "lower_priority";
     pub const WE_ARE_OWNER: &str = "we_are_owner";
     pub const NOT_RUNNING: &str = "not_running";
+    /// Authenticated, but not newer than the last one accepted from that sender (or, from a
+    /// sender not heard yet, older than [`super::super::auth::FRESHNESS`]).
+    pub const REPLAYED: &str = "replayed";
 }
 
 struct Running {
@@ -116,6 +127,13 @@ pub struct Router {
     /// VRIDs whose claim deadline moved without an ownership change (see
     /// [`Router::take_renewed`]).
     renewed: BTreeSet<u8>,
+    /// Maps instants to the wall clock for authentication sequences, fixed at start so that a
+    /// clock step later never makes this node's sequences go backwards.
+    wall_clock: (Instant, u64),
+    /// The last sequence this node signed with.
+    last_sequence: u64,
+    /// The last authenticated sequence accepted, by (VRID, sender).
+    sequences: BTreeMap<(u8, Ipv4Addr), u64>,
 }
 
 /// A router outside the group that advertises one of its VRIDs.
@@ -160,6 +178,9 @@ impl Router {
             reannounce: BTreeSet::new(),
             foreign: BTreeMap::new(),
             renewed: BTreeSet::new(),
+            wall_clock: (Instant::now(), unix_micros(SystemTime::now())),
+            last_sequence: 0,
+            sequences: BTreeMap::new(),
         }
     }
 
@@ -195,7 +216,8 @@ impl Router {
                 // Nothing will take over this VRID: the VIPs moved to other instances.
                 for action in actions {
                     if let Action::SendAdvert { priority } = action {
-                        encode_adverts(self.local, &running.spec, priority, &mut out);
+                        let sequence = self.next_sequence(now);
+                        encode_adverts(self.local, &running.spec, priority, sequence, &mut out);
                     }
                 }
             }
@@ -234,23 +256,30 @@ impl Router {
     /// Handles one datagram from the raw socket (IPv4 header included).
     pub fn on_datagram(&mut self, now: Instant, datagram: &[u8]) -> Vec<Outgoing> {
         let mut out = Vec::new();
-        // The checksum mode is per instance, so find the VRID before verifying.
-        let checksum = peek_vrid(datagram)
-            .and_then(|vrid| self.instances.get(&vrid))
-            .map_or(ChecksumMode::Rfc, |r| r.spec.checksum);
-        let received = match decode_ipv4(datagram, checksum) {
-            Ok(r) => r,
-            Err(e) => {
-                debug!(error = %e, "VRRP datagram dropped");
-                self.metrics.dropped(peek_vrid(datagram), e.label());
+        // The checksum mode and keys are per instance, so find the VRID before verifying.
+        let spec = peek_vrid(datagram).and_then(|vrid| self.instances.get(&vrid)).map(|r| &r.spec);
+        let (checksum, keys) = spec.map_or((ChecksumMode::Rfc, None), |s| (s.checksum, s.keys.clone()));
+        let received = match decode_authenticated(datagram, checksum, keys.as_deref()) {
+            Ok((received, sequence)) => {
+                if received.source == self.local {
+                    self.metrics.dropped(Some(received.advert.vrid), drop_reason::OWN);
+                    return out;
+                }
+                if let Some(sequence) = sequence
+                    && !self.fresh(now, received.advert.vrid, received.source, sequence)
+                {
+                    self.metrics.dropped(Some(received.advert.vrid), drop_reason::REPLAYED);
+                    return out;
+                }
+                received
+            }
+            Err((error, label)) => {
+                debug!(%error, "VRRP datagram dropped");
+                self.metrics.dropped(peek_vrid(datagram), label);
                 return out;
             }
         };
         let vrid = received.advert.vrid;
-        if received.source == self.local {
-            self.metrics.dropped(Some(vrid), drop_reason::OWN);
-            return out;
-        }
         if let Some(handover) = self.handovers.get_mut(&vrid)
             && handover.peers.contains(&received.source)
             && received.advert.priority != PRIORITY_RESIGN
@@ -364,7 +393,8 @@ impl Router {
             // The Release is deferred to the handover; only the resignation goes out now.
             for action in actions {
                 if let Action::SendAdvert { priority } = action {
-                    encode_adverts(self.local, &self.instances[&vrid].spec, priority, &mut out);
+                    let sequence = self.next_sequence(now);
+                    encode_adverts(self.local, &self.instances[&vrid].spec, priority, sequence, &mut out);
                     self.metrics.sent(&self.instances[&vrid].spec.group, vrid);
                 }
             }
@@ -446,6 +476,34 @@ impl Router {
         masters.chain(handovers).chain(lingering)
     }
 
+    /// The sequence for the adverts sent now: the wall clock in microseconds as it was at start
+    /// plus the time since, and always past the last one.
+    fn next_sequence(&mut self, now: Instant) -> u64 {
+        let (at, micros) = self.wall_clock;
+        let clock = micros + now.saturating_duration_since(at).as_micros() as u64;
+        self.last_sequence = clock.max(self.last_sequence + 1);
+        self.last_sequence
+    }
+
+    /// Whether an authenticated advert's sequence is new: past the last accepted from the same
+    /// sender for the VRID, or, from a sender not heard yet, signed within [`FRESHNESS`].
+    /// Remembered when it is.
+    fn fresh(&mut self, now: Instant, vrid: u8, source: Ipv4Addr, sequence: u64) -> bool {
+        let (at, micros) = self.wall_clock;
+        let clock = micros + now.saturating_duration_since(at).as_micros() as u64;
+        let fresh = match self.sequences.get(&(vrid, source)) {
+            Some(&last) => sequence > last,
+            None => sequence.saturating_add(FRESHNESS.as_micros() as u64) >= clock,
+        };
+        if fresh {
+            self.sequences.insert((vrid, source), sequence);
+        } else {
+            let age = Duration::from_micros(clock.saturating_sub(sequence));
+            debug!(vrid, %source, ?age, "authenticated advert replayed, or the sender's clock is behind");
+        }
+        fresh
+    }
+
     /// A router outside the group advertises one of our VRIDs: logged once per
     /// [`FOREIGN_LOG_EVERY`] per (VRID, source), with how many went unlogged, and remembered
     /// for [`Router::foreign_routers`].
@@ -493,18 +551,18 @@ impl Router {
     }
 
     fn carry_out(&mut self, now: Instant, vrid: u8, actions: Vec<Action>, out: &mut Vec<Outgoing>) {
-        if actions.iter().any(|a| matches!(a, Action::SendAdvert { .. }))
-            && let Some(r) = self.instances.get_mut(&vrid)
-        {
+        let advertises = actions.iter().any(|a| matches!(a, Action::SendAdvert { .. }));
+        if advertises && let Some(r) = self.instances.get_mut(&vrid) {
             r.last_advert = Some(now);
             r.last_sent = Some(now);
             self.renewed.insert(vrid);
         }
+        let sequence = if advertises { self.next_sequence(now) } else { self.last_sequence };
         let Some(running) = self.instances.get(&vrid) else { return };
         for action in actions {
             match action {
                 Action::SendAdvert { priority } => {
-                    encode_adverts(self.local, &running.spec, priority, out);
+                    encode_adverts(self.local, &running.spec, priority, sequence, out);
                     self.metrics.sent(&running.spec.group, vrid);
                 }
                 // Ownership is derived from the states (see `owned_vips`), not tracked twice.
@@ -546,23 +604,54 @@ impl Router {
     }
 }
 
-fn encode_adverts(local: Ipv4Addr, spec: &InstanceSpec, priority: u8, out: &mut Vec<Outgoing>) {
+/// The advertisement for each destination; signed with `sequence` when the group
+/// authenticates.
+fn encode_adverts(
+    local: Ipv4Addr,
+    spec: &InstanceSpec,
+    priority: u8,
+    sequence: u64,
+    out: &mut Vec<Outgoing>,
+) {
     let advert = Advertisement {
         vrid: spec.vrid,
         priority,
         max_adver_int_cs: (spec.advert_interval.as_millis() / 10) as u16,
         addresses: spec.vips.iter().copied().collect(),
     };
-    match spec.transport {
-        Transport::Multicast => out.push(Outgoing {
-            destination: VRRP_MULTICAST_V4,
-            payload: advert.encode(local, VRRP_MULTICAST_V4, spec.checksum),
-        }),
-        Transport::Unicast => {
-            for &peer in &spec.peers {
-                out.push(Outgoing { destination: peer, payload: advert.encode(local, peer, spec.checksum) });
-            }
+    let encode = |destination: Ipv4Addr| {
+        let mut payload = advert.encode(local, destination, spec.checksum);
+        if let Some(keys) = &spec.keys {
+            let trailer = keys.sign(local, destination, &payload, sequence);
+            payload.extend_from_slice(&trailer);
         }
+        Outgoing { destination, payload }
+    };
+    match spec.transport {
+        Transport::Multicast => out.push(encode(VRRP_MULTICAST_V4)),
+        Transport::Unicast => out.extend(spec.peers.iter().map(|&peer| encode(peer))),
+    }
+}
+
+fn unix_micros(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Decodes, and for a group with keys authenticates: the advert and its sequence, or the error
+/// and its drop label.
+fn decode_authenticated(
+    datagram: &[u8],
+    checksum: ChecksumMode,
+    keys: Option<&Keyring>,
+) -> Result<(Received, Option<u64>), (String, &'static str)> {
+    let decode_error = |e: DecodeError| (e.to_string(), e.label());
+    let Some(keys) = keys else {
+        return decode_ipv4(datagram, checksum).map(|r| (r, None)).map_err(decode_error);
+    };
+    let (received, message, trailer) = decode_ipv4_with_trailer(datagram, checksum).map_err(decode_error)?;
+    match keys.verify(received.source, received.destination, message, trailer) {
+        Ok(sequence) => Ok((received, Some(sequence))),
+        Err(e) => Err((format!("from {}: {e}", received.source), e.label())),
     }
 }
 
@@ -606,6 +695,7 @@ mod tests {
             peers: peers.iter().copied().collect(),
             transport,
             checksum: ChecksumMode::Rfc,
+            keys: None,
         }
     }
 
@@ -742,6 +832,82 @@ mod tests {
         // The rogue's priority 254 did not keep B from taking over on schedule.
         b.on_timer(t0 + ms(361));
         assert_eq!(b.owned_vips(), [VIP].into());
+    }
+
+    fn keyed(spec: InstanceSpec, key: &str) -> InstanceSpec {
+        InstanceSpec { keys: Some(Arc::new(Keyring::parse(key).unwrap())), ..spec }
+    }
+
+    const KEY: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn with_authentication_only_signed_fresh_adverts_count() {
+        let t0 = Instant::now();
+        let (mut a, _) = router(A, keyed(spec(200, &[B], Transport::Multicast), KEY));
+        let (mut b, registry) = router(B, keyed(spec(100, &[A], Transport::Multicast), KEY));
+        a.start(t0);
+        b.start(t0);
+        let first = a.on_timer(t0 + ms(322));
+        assert_eq!(first[0].payload.len(), 12 + super::super::auth::TRAILER_LEN, "signed");
+        b.on_datagram(t0 + ms(322), &on_wire(A, &first[0], 255));
+        let second = a.on_timer(t0 + ms(422));
+        b.on_datagram(t0 + ms(422), &on_wire(A, &second[0], 255));
+
+        // A spoofer with a member's address, unsigned: B's state machine never sees it.
+        let spoof = |payload: Vec<u8>| Outgoing { destination: VRRP_MULTICAST_V4, payload };
+        let unsigned = Advertisement { vrid: 9, priority: 254, max_adver_int_cs: 10, addresses: vec![VIP] }
+            .encode(A, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
+        b.on_datagram(t0 + ms(430), &on_wire(A, &spoof(unsigned), 255));
+        // Signed with another key, or tampered with (priority raised after signing).
+        let (mut other, _) = router(A, keyed(spec(200, &[B], Transport::Multicast), &"x".repeat(32)));
+        other.start(t0);
+        let foreign_key = other.on_timer(t0 + ms(322));
+        b.on_datagram(t0 + ms(430), &on_wire(A, &foreign_key[0], 255));
+        let mut tampered = second[0].clone();
+        tampered.payload[2] = 254;
+        // The checksum fixed up, as a careful attacker would (it covers the message alone).
+        tampered.payload[6..8].copy_from_slice(&[0, 0]);
+        let sum =
+            crate::vrrp::packet::checksum(&tampered.payload[..12], A, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
+        tampered.payload[6..8].copy_from_slice(&sum.to_be_bytes());
+        b.on_datagram(t0 + ms(430), &on_wire(A, &tampered, 255));
+        // The master's own advert, captured and sent again.
+        b.on_datagram(t0 + ms(440), &on_wire(A, &first[0], 255));
+
+        let metrics = text(&registry);
+        for sample in [
+            r#"vrrp_adverts_dropped_total{vrid="9",reason="unauthenticated"} 1"#,
+            r#"vrrp_adverts_dropped_total{vrid="9",reason="unknown_key"} 1"#,
+            r#"vrrp_adverts_dropped_total{vrid="9",reason="bad_tag"} 1"#,
+            r#"vrrp_adverts_dropped_total{vrid="9",reason="replayed"} 1"#,
+            r#"vrrp_adverts_received_total{group="g",vrid="9"} 2"#,
+        ] {
+            assert!(metrics.contains(sample), "{sample} missing from\n{metrics}");
+        }
+        // B still follows A's schedule: down 360.9 ms after A's last genuine advert (422 ms).
+        b.on_timer(t0 + ms(782));
+        assert!(b.owned_vips().is_empty());
+        b.on_timer(t0 + ms(783));
+        assert_eq!(b.owned_vips(), [VIP].into());
+
+        // A router restarted later hears the captured advert first: too old to be news.
+        let (mut c, registry) = router(B, keyed(spec(100, &[A], Transport::Multicast), KEY));
+        c.wall_clock.1 += FRESHNESS.as_micros() as u64 + 1_000_000;
+        c.on_datagram(t0 + ms(450), &on_wire(A, &second[0], 255));
+        assert!(text(&registry).contains(r#"reason="replayed"} 1"#));
+        // An unauthenticated router drops a signed advert: its length disagrees with the count.
+        let (mut plain, registry) = router(B, spec(100, &[A], Transport::Multicast));
+        plain.on_datagram(t0 + ms(450), &on_wire(A, &second[0], 255));
+        assert!(text(&registry).contains(r#"reason="bad_count"} 1"#));
+    }
+
+    #[test]
+    fn signed_sequences_always_increase() {
+        let t0 = Instant::now();
+        let (mut a, _) = router(A, keyed(spec(200, &[B], Transport::Unicast), KEY));
+        let sequences: Vec<u64> =
+            [t0, t0, t0 + ms(5), t0 - ms(5)].iter().map(|&t| a.next_sequence(t)).collect();
+        assert!(sequences.windows(2).all(|w| w[0] < w[1]), "{sequences:?}");
     }
 
     #[test]

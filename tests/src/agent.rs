@@ -49,8 +49,9 @@ impl Agent {
         Self::spawn_under(ns, config, log, pin_path, &[], &[], &[])
     }
 
-    /// As [`Agent::spawn`], with extra `run` arguments and environment, run through `wrapper`
-    /// (e.g. `setpriv` with fewer capabilities; empty for none).
+    /// As [`Agent::spawn`], with extra `run` arguments and environment, started by `command`:
+    /// the argv up to and including the agent's program (e.g. `setpriv … -- <agent>`); empty
+    /// for the agent built in this workspace, run directly.
     pub fn spawn_under(
         ns: &Netns,
         config: PathBuf,
@@ -58,15 +59,16 @@ impl Agent {
         pin_path: PathBuf,
         args: &[&str],
         env: &[(&str, &str)],
-        wrapper: &[&str],
+        command: &[&str],
     ) -> Agent {
         let log_file =
             std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("creating the agent log");
         let bin = agent_binary();
         let admin_socket = config.with_extension("admin.sock");
-        // `ip netns exec` execs the agent in place, so the child's pid is the agent's.
-        let mut argv = wrapper.to_vec();
-        argv.extend([bin.to_str().unwrap(), "run", "--config", config.to_str().unwrap()]);
+        // `ip netns exec` execs the agent in place (wrappers exec too), so the child's pid is
+        // the agent's.
+        let mut argv = if command.is_empty() { vec![bin.to_str().unwrap()] } else { command.to_vec() };
+        argv.extend(["run", "--config", config.to_str().unwrap()]);
         argv.extend_from_slice(args);
         let child = ns
             .command(&argv)

@@ -254,14 +254,14 @@ impl Lab {
         self.start_agent_under(node, config, args, env, &[])
     }
 
-    /// As [`Lab::start_agent_with`], run through `wrapper` (e.g. `setpriv`).
+    /// As [`Lab::start_agent_with`], started by `command` (see [`Agent::spawn_under`]).
     pub fn start_agent_under(
         &self,
         node: usize,
         config: &str,
         args: &[&str],
         env: &[(&str, &str)],
-        wrapper: &[&str],
+        command: &[&str],
     ) -> Agent {
         let host = &self.nodes[node];
         let path = self.dir.join(format!("{}.yaml", host.name));
@@ -273,7 +273,7 @@ impl Lab {
             self.pin_path(node),
             args,
             env,
-            wrapper,
+            command,
         )
     }
 

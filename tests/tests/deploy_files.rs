@@ -63,6 +63,23 @@ fn every_manifest_parses_into_its_kubernetes_type() {
                     let caps = c.security_context.as_ref().unwrap().capabilities.as_ref().unwrap();
                     assert!(!caps.add.as_ref().unwrap().contains(&"SYS_ADMIN".to_owned()), "no SYS_ADMIN");
                     assert!(c.liveness_probe.is_some() && c.readiness_probe.is_some());
+                    let security = c.security_context.as_ref().unwrap();
+                    let seccomp = security.seccomp_profile.as_ref().expect("a seccomp profile");
+                    assert_eq!(seccomp.type_, "RuntimeDefault");
+                    assert_eq!(security.allow_privilege_escalation, Some(false));
+                    assert_eq!(security.read_only_root_filesystem, Some(true));
+                    // Memory bounded; CPU not, on purpose (see the manifest's comment).
+                    let resources = c.resources.as_ref().unwrap();
+                    let limits = resources.limits.as_ref().unwrap();
+                    assert!(limits.contains_key("memory") && !limits.contains_key("cpu"), "{limits:?}");
+                    // The VRRP keys: a Secret mounted if it exists, readable by root only.
+                    let keys = pod.volumes.iter().flatten().find(|v| v.name == "vrrp-keys").unwrap();
+                    let secret = keys.secret.as_ref().unwrap();
+                    assert_eq!(secret.optional, Some(true));
+                    assert_eq!(secret.default_mode, Some(0o400));
+                    assert!(c.volume_mounts.iter().flatten().any(|m| m.name == "vrrp-keys"
+                        && m.read_only == Some(true)
+                        && m.mount_path == "/etc/lb-agent-vrrp-keys"));
                     // The admin socket's directory is the host's, where an operator reaches it.
                     let socket_dir =
                         std::path::Path::new(lb_agent::config::DEFAULT_ADMIN_SOCKET).parent().unwrap();

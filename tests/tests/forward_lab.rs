@@ -451,21 +451,32 @@ fn daemonset_capabilities() -> Vec<String> {
     capabilities.add.unwrap()
 }
 
-#[test]
-fn the_daemonsets_capabilities_are_enough() {
-    // Root with exactly the DaemonSet's capabilities (bounding set, hence permitted and
-    // effective; none inheritable or ambient) and no_new_privs, as the container runs it.
-    let capabilities = daemonset_capabilities();
+/// Root with exactly the DaemonSet's capabilities (bounding set, hence permitted and
+/// effective; none inheritable or ambient) and no_new_privs, as the container runs it: the
+/// `setpriv` argv, up to its `--`.
+fn daemonset_privileges(capabilities: &[String]) -> Vec<String> {
     let bounding = std::iter::once("-all".to_owned())
         .chain(capabilities.iter().map(|c| format!("+{}", c.to_lowercase())))
         .collect::<Vec<_>>()
         .join(",");
-    let wrapper = ["setpriv", "--bounding-set", &bounding, "--inh-caps", "-all", "--no-new-privs", "--"];
+    ["setpriv", "--bounding-set", &bounding, "--inh-caps", "-all", "--no-new-privs", "--"]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+/// Two nodes whose agents `command` starts (see `Agent::spawn_under`): each runs with exactly
+/// `capabilities`, attaches XDP natively, wins VRRP, forwards DSR with the client's address,
+/// and an upgrade under the same command takes the pinned data plane over mid-connection.
+fn runs_and_forwards_under(command: &[String], capabilities: &[String]) {
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
     let mut c = cluster(&[0, 1]);
     let services = service(&c.lab, "dsr", 82, "dsr", &[0]);
-    c.start_under(&services, &wrapper);
+    c.start_under(&services, &command);
 
-    // It really runs without the others.
+    // It is the program meant (wrappers exec'd into it), and really runs without the others.
+    let program = command[command.iter().rposition(|a| *a == "--").map_or(0, |i| i + 1)];
+    let exe = std::fs::read_link(format!("/proc/{}/exe", c.agents[0].pid())).unwrap();
+    assert_eq!(exe, std::path::Path::new(program));
     let status = std::fs::read_to_string(format!("/proc/{}/status", c.agents[0].pid())).unwrap();
     let effective = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim().to_owned();
     let mask = u64::from_str_radix(&effective, 16).unwrap();
@@ -482,15 +493,131 @@ fn the_daemonsets_capabilities_are_enough() {
         assert!(log.contains("mode=\"native\"") && !log.contains("ERROR"), "{log}");
     }
 
-    // An upgrade under the same capabilities: the new agent takes the pinned program and maps
+    // An upgrade under the same command: the new agent takes the pinned program and maps
     // over, and the connection carries on.
     c.agents[0].signal(libc::SIGTERM);
     assert!(c.agents[0].wait_exit(Duration::from_secs(5)).success());
-    let mut agent = c.lab.start_agent_under(0, &config(&c.lab, 0, &services), &[], &[], &wrapper);
+    let mut agent = c.lab.start_agent_under(0, &config(&c.lab, 0, &services), &[], &[], &command);
     agent.wait_ready();
     agent.wait_metric("lbagent_owned_vips", 1.0);
     let log = agent.log_text();
     assert!(log.contains("resumed=true") && !log.contains("ERROR"), "{log}");
     c.agents[0] = agent;
     assert_eq!(s.echo("upgraded", ECHO_WAIT).as_deref(), Some("n1p0 upgraded"), "{}", c.logs());
+}
+
+#[test]
+fn the_daemonsets_capabilities_are_enough() {
+    let capabilities = daemonset_capabilities();
+    let mut command = daemonset_privileges(&capabilities);
+    command.push(lb_lab::agent::agent_binary().display().to_string());
+    runs_and_forwards_under(&command, &capabilities);
+}
+
+/// The image `cargo xtask image` built (`cargo xtask test` builds it first), mounted from
+/// podman's store while this lives.
+struct ImageRoot {
+    reference: String,
+    path: std::path::PathBuf,
+}
+
+impl ImageRoot {
+    /// None, with the reason printed, where the test command skipped the image because podman
+    /// cannot run on this machine.
+    fn mount() -> Option<Self> {
+        let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        if let Ok(reason) = std::fs::read_to_string(workspace.join("target/image/skipped")) {
+            eprintln!("SKIPPED: the image was not built here: {reason}");
+            return None;
+        }
+        let reference = format!("lb-agent:{}", env!("CARGO_PKG_VERSION"));
+        let out = std::process::Command::new("podman").args(["image", "mount", &reference]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "podman image mount {reference}: {} (build it with `cargo xtask image`)",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let path = String::from_utf8(out.stdout).unwrap().trim().into();
+        Some(Self { reference, path })
+    }
+
+    /// The argv that runs the image's agent with the image's own loader and libraries (no
+    /// chroot: that would need a capability the DaemonSet does not grant).
+    fn agent_command(&self) -> Vec<String> {
+        let loader = self.path.join("lib64/ld-linux-x86-64.so.2");
+        let libraries = self.path.join("lib/x86_64-linux-gnu");
+        let agent = self.path.join("usr/local/bin/lb-agent");
+        // Everything the agent loads resolves inside the image, never to the host's copies.
+        let listing = std::process::Command::new(&loader)
+            .args(["--inhibit-cache", "--library-path"])
+            .arg(&libraries)
+            .arg("--list")
+            .arg(&agent)
+            .output()
+            .unwrap();
+        let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
+        let resolved: Vec<&str> = listing.lines().filter_map(|l| l.split("=> ").nth(1)).collect();
+        assert!(!resolved.is_empty(), "{listing}");
+        for library in resolved {
+            assert!(
+                library.starts_with(self.path.to_str().unwrap()),
+                "{library} is not the image's:\n{listing}"
+            );
+        }
+        [loader.display().to_string(), "--inhibit-cache".into(), "--library-path".into()]
+            .into_iter()
+            .chain([libraries.display().to_string(), agent.display().to_string()])
+            .collect()
+    }
+}
+
+impl Drop for ImageRoot {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("podman").args(["image", "unmount", &self.reference]).output();
+    }
+}
+
+/// seccomp as a container runtime applies it for the DaemonSet's capabilities, from an OCI
+/// profile: the argv of `tests/tools/oci-seccomp-exec.py`, up to its `--`.
+fn seccomp_profile(profile: &str, capabilities: &[String], gate_bpf_on_cap_bpf: bool) -> Vec<String> {
+    let tool = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/oci-seccomp-exec.py");
+    let caps = capabilities.iter().map(|c| format!("CAP_{c}")).collect::<Vec<_>>().join(",");
+    let mut argv =
+        vec![tool.display().to_string(), "--profile".into(), profile.into(), "--caps".into(), caps];
+    if gate_bpf_on_cap_bpf {
+        argv.push("--gate-bpf-on-cap-bpf".into());
+    }
+    argv.push("--".into());
+    argv
+}
+
+/// podman's and CRI-O's default seccomp profile (containers-common, as Debian ships it).
+const CONTAINERS_SECCOMP: &str = "/usr/share/containers/seccomp.json";
+
+/// The image's binary and libraries, run in a lab node with exactly the DaemonSet's
+/// capabilities and under `RuntimeDefault` seccomp as containerd 1.7+ defines it (podman's
+/// profile plus bpf(2) with CAP_BPF and perf_event_open(2) with CAP_PERFMON): it attaches,
+/// wins VRRP, forwards and upgrades. Under podman's own profile, which allows bpf(2) only with
+/// CAP_SYS_ADMIN, it cannot start: what the DaemonSet's comment warns about.
+#[test]
+fn the_images_binary_runs_with_the_daemonsets_capabilities_and_seccomp() {
+    let Some(image) = ImageRoot::mount() else { return };
+    let capabilities = daemonset_capabilities();
+    let agent = image.agent_command();
+
+    let lab = Lab::new(1);
+    let mut refused = seccomp_profile(CONTAINERS_SECCOMP, &capabilities, false);
+    refused.extend(daemonset_privileges(&capabilities));
+    refused.extend(agent.iter().cloned());
+    let refused: Vec<&str> = refused.iter().map(String::as_str).collect();
+    let config = format!("interface: eth0\nlisten: {}\n", lb_lab::agent::AGENT_LISTEN);
+    let mut agent_refused = lab.start_agent_under(0, &config, &[], &[], &refused);
+    let status = agent_refused.wait_exit(Duration::from_secs(10));
+    let log = agent_refused.log_text();
+    assert!(!status.success() && log.contains("Operation not permitted"), "{status}: {log}");
+
+    let mut command = seccomp_profile(CONTAINERS_SECCOMP, &capabilities, true);
+    command.extend(daemonset_privileges(&capabilities));
+    command.extend(agent);
+    runs_and_forwards_under(&command, &capabilities);
 }

@@ -5,9 +5,11 @@
 //! - `build-ebpf`: builds the XDP object that `lb-agent` embeds.
 //! - `test`: setup, BPF build, then every test (unit, BPF fixtures, netns labs).
 //! - `demo`: a lab in which the agent answers ARP for a VIP from XDP.
+//! - `image`: the container image, built offline from scratch with podman.
 
 mod demo;
 mod ebpf;
+mod image;
 mod setup;
 
 use std::{
@@ -39,6 +41,8 @@ enum Task {
     },
     /// Build a lab and show a VIP answered by XDP, with the counters.
     Demo,
+    /// Build the container image offline (`FROM scratch`, podman), tagged with the version.
+    Image,
     /// Benchmarks against the peer measured in the same run; prints the README's tables.
     Bench {
         #[command(subcommand)]
@@ -87,6 +91,11 @@ fn main() -> Result<()> {
             ebpf::build()
         }
         Task::Test { cargo_test_args } => test(&cargo_test_args),
+        Task::Image => {
+            setup::run()?;
+            ebpf::build()?;
+            image::build().map(|_| ())
+        }
         Task::Demo => {
             setup::run()?;
             ebpf::build()?;
@@ -153,6 +162,8 @@ fn test(extra: &[String]) -> Result<()> {
     ebpf::build()?;
     // The lab tests start the agent binary, so build it before the tests need it.
     cargo(&["build", "--package", "lb-agent", "--bin", "lb-agent"])?;
+    // The image test runs the binary taken out of the image.
+    image::build_or_skip()?;
     cargo(&["fmt", "--all", "--check"])?;
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
     let mut args = vec!["test", "--no-fail-fast"];

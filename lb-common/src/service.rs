@@ -49,7 +49,8 @@ const BPF_F_MMAPABLE: u32 = 1 << 10;
 ///
 /// - 2: rings are `BPF_F_MMAPABLE` arrays of slot pairs (the inner-map template changed);
 ///   owned VIPs carry a lease slot.
-pub const LAYOUT_VERSION: u32 = 2;
+/// - 3: flows cache their next hop (`Flow` is 32 bytes).
+pub const LAYOUT_VERSION: u32 = 3;
 
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
@@ -149,14 +150,28 @@ impl FlowKey {
     }
 }
 
+/// A flow's backend, and the next hop towards it as the FIB gave it: established flows skip
+/// `bpf_fib_lookup` until [`HOP_REFRESH_NS`] has passed, so a neighbour or route change is
+/// followed within that long, never trusted forever.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Flow {
     pub backend: u32,
     /// Full-NAT only: the source port this flow uses towards the backend.
     pub snat_port: [u8; 2],
-    pub _pad: [u8; 2],
+    /// The largest IP packet the hop takes (the FIB's MTU); a bigger one is looked up again,
+    /// so the FIB reports it.
+    pub hop_mtu: u16,
+    pub hop_smac: [u8; 6],
+    pub hop_dmac: [u8; 6],
+    /// Zero: no hop cached.
+    pub hop_ifindex: u32,
+    /// `bpf_ktime_get_coarse_ns` when the hop was looked up.
+    pub hop_checked_ns: u64,
 }
+
+/// How long a flow's cached next hop is used before the FIB is asked again.
+pub const HOP_REFRESH_NS: u64 = 500_000_000;
 
 /// The addresses a packet must carry after translation (also the rewrite target on the
 /// forward path).
@@ -232,7 +247,7 @@ mod tests {
         assert_eq!(size_of::<Service>(), 16);
         assert_eq!(size_of::<Backend>(), 12);
         assert_eq!(size_of::<FlowKey>(), 16);
-        assert_eq!(size_of::<Flow>(), 8);
+        assert_eq!(size_of::<Flow>(), 32);
         assert_eq!(size_of::<ReplyNat>(), 20);
         assert_eq!(size_of::<LocalEndpointKey>(), 12);
         assert_eq!(size_of::<LocalEndpoint>(), 4);

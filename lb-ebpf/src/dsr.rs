@@ -14,13 +14,13 @@ use aya_ebpf::{
 use lb_common::{
     counters::Reason,
     csum,
-    service::{Backend, FlowKey, LocalEndpointKey, PROTO_IPIP, ReplyNat, ServiceKey},
+    service::{FlowKey, LocalEndpointKey, PROTO_IPIP, ReplyNat, ServiceKey},
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
     fib,
-    forward::{remember_reply, route_out},
+    forward::{Picked, remember_reply, route_out},
     maps::{LOCAL_ENDPOINTS, SETTINGS},
     nat,
     packet::{self, ETH_LEN, ETHERTYPE_IPV4, IPV4_LEN, Ports, header, l4_layout},
@@ -32,9 +32,15 @@ use crate::{
 const DONT_FRAGMENT: [u8; 2] = [0x40, 0x00];
 const OUTER_TTL: u8 = 64;
 
-/// Wraps the packet for `backend` and sends it towards the backend's node.
+/// Wraps the packet for the picked backend and sends it towards the backend's node.
 #[inline(always)]
-pub fn encapsulate(ctx: &XdpContext, backend: &Backend, tot_len: u16) -> (u32, Reason) {
+pub fn encapsulate(
+    ctx: &XdpContext,
+    flow: &FlowKey,
+    picked: &mut Picked,
+    tot_len: u16,
+    now: u64,
+) -> (u32, Reason) {
     let Some(settings) = SETTINGS.get(0).copied() else {
         return (XDP_PASS, Reason::NoRoute);
     };
@@ -42,11 +48,20 @@ pub fn encapsulate(ctx: &XdpContext, backend: &Backend, tot_len: u16) -> (u32, R
     if outer_len > u16::MAX as u32 {
         return (XDP_DROP, Reason::TooBig);
     }
-    let hop = match fib::lookup(ctx, settings.node_addr, backend.addr, outer_len as u16) {
+    let backend = picked.backend;
+    let hop = match fib::cached_lookup(
+        ctx,
+        picked.entry(),
+        settings.node_addr,
+        backend.addr,
+        outer_len as u16,
+        now,
+    ) {
         Ok(hop) => hop,
         Err(Reason::TooBig) => return (XDP_DROP, Reason::TooBig),
         Err(reason) => return (XDP_PASS, reason),
     };
+    picked.remember(flow, [0; 2], &hop, now);
     let Some(inner) = header::<Ipv4Hdr>(ctx, ETH_LEN) else {
         return (XDP_DROP, Reason::MalformedIpv4);
     };

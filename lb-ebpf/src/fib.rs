@@ -8,7 +8,10 @@ use aya_ebpf::{
     helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect},
     programs::XdpContext,
 };
-use lb_common::counters::Reason;
+use lb_common::{
+    counters::Reason,
+    service::{Flow, HOP_REFRESH_NS},
+};
 use network_types::eth::EthHdr;
 
 use crate::packet::header;
@@ -20,6 +23,43 @@ pub struct NextHop {
     pub ifindex: u32,
     pub smac: [u8; 6],
     pub dmac: [u8; 6],
+    /// The largest IP packet the route takes; zero where unknown (not cached then).
+    pub mtu: u16,
+}
+
+/// The next hop from `src` to `dst` for a packet of `len` IP bytes: the flow's cached one
+/// while it is fresh and the packet fits, else the FIB's, which is then cached in `flow`.
+#[inline(always)]
+pub fn cached_lookup(
+    ctx: &XdpContext,
+    flow: Option<&mut Flow>,
+    src: [u8; 4],
+    dst: [u8; 4],
+    len: u16,
+    now: u64,
+) -> Result<NextHop, Reason> {
+    if let Some(f) = &flow
+        && f.hop_ifindex != 0
+        && now.wrapping_sub(f.hop_checked_ns) < HOP_REFRESH_NS
+        && len <= f.hop_mtu
+    {
+        return Ok(NextHop { ifindex: f.hop_ifindex, smac: f.hop_smac, dmac: f.hop_dmac, mtu: f.hop_mtu });
+    }
+    let hop = lookup(ctx, src, dst, len)?;
+    if let Some(f) = flow {
+        cache(f, &hop, now);
+    }
+    Ok(hop)
+}
+
+/// Writes `hop` into a flow's cache.
+#[inline(always)]
+pub fn cache(flow: &mut Flow, hop: &NextHop, now: u64) {
+    flow.hop_ifindex = hop.ifindex;
+    flow.hop_smac = hop.smac;
+    flow.hop_dmac = hop.dmac;
+    flow.hop_mtu = hop.mtu;
+    flow.hop_checked_ns = now;
 }
 
 /// Looks up the route from `src` to `dst` for a packet of `tot_len` IP bytes. Errors name the
@@ -39,9 +79,13 @@ pub fn lookup(ctx: &XdpContext, src: [u8; 4], dst: [u8; 4], tot_len: u16) -> Res
         fib_lookup(ctx.ctx as *mut _, &mut params, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
     };
     match rc as u32 {
-        BPF_FIB_LKUP_RET_SUCCESS => {
-            Ok(NextHop { ifindex: params.ifindex, smac: params.smac, dmac: params.dmac })
-        }
+        BPF_FIB_LKUP_RET_SUCCESS => Ok(NextHop {
+            ifindex: params.ifindex,
+            smac: params.smac,
+            dmac: params.dmac,
+            // SAFETY: on success the kernel wrote the route's MTU over `tot_len` (a u16 either way).
+            mtu: unsafe { params.__bindgen_anon_1.mtu_result },
+        }),
         BPF_FIB_LKUP_RET_NO_NEIGH => Err(Reason::NoNeighbor),
         BPF_FIB_LKUP_RET_FRAG_NEEDED => Err(Reason::TooBig),
         _ => Err(Reason::NoRoute),

@@ -6,6 +6,7 @@ use aya_ebpf::{
         BPF_NOEXIST,
         xdp_action::{XDP_DROP, XDP_PASS},
     },
+    helpers::bpf_ktime_get_coarse_ns,
     programs::XdpContext,
 };
 use lb_common::{
@@ -63,7 +64,7 @@ pub fn transport(ctx: &XdpContext, proto: u8, tot_len: u16) -> u32 {
 #[inline(always)]
 fn to_service(ctx: &XdpContext, layout: L4Layout, flow: &FlowKey, service: &Service, tot_len: u16) -> u32 {
     let bytes = packet::len(ctx);
-    let Some((id, backend, known)) = pick_backend(flow, service) else {
+    let Some(mut picked) = pick_backend(flow, service) else {
         return stats::verdict(Reason::NoBackend, bytes, XDP_DROP);
     };
     let Some(ttl) = header::<Ipv4Hdr>(ctx, ETH_LEN).map(|ip| unsafe { (*ip).ttl }) else {
@@ -72,31 +73,66 @@ fn to_service(ctx: &XdpContext, layout: L4Layout, flow: &FlowKey, service: &Serv
     if ttl <= 1 {
         return stats::verdict(Reason::TtlExpired, bytes, XDP_PASS);
     }
-    let (action, reason) = match Delivery::from_u8(backend.delivery) {
-        Some(Delivery::Local) => local(ctx, layout, flow, &backend, known.is_some(), tot_len),
-        Some(Delivery::FullNat) => full_nat(ctx, layout, flow, id, &backend, known, tot_len),
-        Some(Delivery::Dsr) => dsr::encapsulate(ctx, &backend, tot_len),
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let (action, reason) = match Delivery::from_u8(picked.backend.delivery) {
+        Some(Delivery::Local) => local(ctx, layout, flow, &mut picked, tot_len, now),
+        Some(Delivery::FullNat) => full_nat(ctx, layout, flow, &mut picked, tot_len, now),
+        Some(Delivery::Dsr) => dsr::encapsulate(ctx, flow, &mut picked, tot_len, now),
         None => (XDP_DROP, Reason::NoBackend),
     };
     if action != XDP_PASS && action != XDP_DROP {
-        if known.is_none() && reason != Reason::ForwardedFullNat {
-            let _ = FLOWS.insert(flow, &Flow { backend: id, snat_port: [0; 2], _pad: [0; 2] }, 0);
-        }
-        stats::count_backend(id, bytes);
+        stats::count_backend(picked.id, bytes);
     }
     stats::verdict(reason, bytes, action)
 }
 
+/// The backend a packet goes to, and its flow's entry when the flow had one.
+pub struct Picked {
+    pub id: u32,
+    pub backend: Backend,
+    /// The flow's entry in [`FLOWS`] (its cached next hop is refreshed in place); none for a
+    /// new flow, which [`Picked::remember`] then records.
+    entry: Option<*mut Flow>,
+}
+
+impl Picked {
+    /// The flow's entry, for [`fib::cached_lookup`].
+    #[inline(always)]
+    pub fn entry(&mut self) -> Option<&mut Flow> {
+        // SAFETY: a map value, valid while the program runs; LRU eviction only recycles it
+        // after an RCU grace period.
+        self.entry.map(|f| unsafe { &mut *f })
+    }
+
+    /// Records a new flow with its backend, SNAT port and next hop; a known flow has its entry.
+    #[inline(always)]
+    pub fn remember(&self, flow: &FlowKey, snat_port: [u8; 2], hop: &fib::NextHop, now: u64) {
+        if self.entry.is_some() {
+            return;
+        }
+        let mut entry = Flow { backend: self.id, snat_port, ..Flow::default() };
+        fib::cache(&mut entry, hop, now);
+        let _ = FLOWS.insert(flow, &entry, 0);
+    }
+
+    fn snat_port(&self) -> Option<[u8; 2]> {
+        // SAFETY: as in `entry`; copied out.
+        self.entry.map(|f| unsafe { (*f).snat_port }).filter(|port| *port != [0, 0])
+    }
+}
+
 /// The flow's backend: the one it already has if that still exists, else the Maglev choice.
-/// Also returns the flow's entry, if it had one.
 #[inline(always)]
-fn pick_backend(flow: &FlowKey, service: &Service) -> Option<(u32, Backend, Option<Flow>)> {
-    // SAFETY: copied out at once.
-    if let Some(known) = unsafe { FLOWS.get(flow) }.copied()
-        && let Some(backend) = BACKENDS.get(known.backend).copied()
-        && Delivery::from_u8(backend.delivery).is_some()
-    {
-        return Some((known.backend, backend, Some(known)));
+fn pick_backend(flow: &FlowKey, service: &Service) -> Option<Picked> {
+    if let Some(entry) = FLOWS.get_ptr_mut(flow) {
+        // SAFETY: a map value, read at once.
+        let id = unsafe { (*entry).backend };
+        if let Some(backend) = BACKENDS.get(id).copied()
+            && Delivery::from_u8(backend.delivery).is_some()
+        {
+            return Some(Picked { id, backend, entry: Some(entry) });
+        }
     }
     if service.backend_count == 0 || service.ring_size == 0 {
         return None;
@@ -110,7 +146,7 @@ fn pick_backend(flow: &FlowKey, service: &Service) -> Option<(u32, Backend, Opti
     let id = (packed >> ((slot & 1) * 32)) as u32;
     let backend = BACKENDS.get(id).copied()?;
     Delivery::from_u8(backend.delivery)?;
-    Some((id, backend, None))
+    Some(Picked { id, backend, entry: None })
 }
 
 /// An endpoint on this node: DNAT to it and redirect to its interface. The reply is
@@ -120,18 +156,20 @@ fn local(
     ctx: &XdpContext,
     layout: L4Layout,
     flow: &FlowKey,
-    backend: &Backend,
-    known: bool,
+    picked: &mut Picked,
     tot_len: u16,
+    now: u64,
 ) -> (u32, Reason) {
-    let hop = match fib::lookup(ctx, flow.src, backend.addr, tot_len) {
+    let backend = picked.backend;
+    let hop = match fib::cached_lookup(ctx, picked.entry(), flow.src, backend.addr, tot_len, now) {
         Ok(hop) => hop,
         Err(reason) => return (XDP_PASS, reason),
     };
     // A known flow's reply entry was written with its first packet and is kept recent by the
     // replies themselves.
-    if !known {
+    if picked.entry.is_none() {
         remember_reply(backend.addr, backend.port, flow);
+        picked.remember(flow, [0; 2], &hop, now);
     }
     let to = ReplyNat::new(flow.src, backend.addr, flow.sport, backend.port);
     route_out(ctx, layout, &to, &hop, Reason::ForwardedLocal)
@@ -144,27 +182,30 @@ fn full_nat(
     ctx: &XdpContext,
     layout: L4Layout,
     flow: &FlowKey,
-    id: u32,
-    backend: &Backend,
-    known: Option<Flow>,
+    picked: &mut Picked,
     tot_len: u16,
+    now: u64,
 ) -> (u32, Reason) {
     let Some(settings) = SETTINGS.get(0).copied() else {
         return (XDP_PASS, Reason::NoRoute);
     };
-    let hop = match fib::lookup(ctx, settings.node_addr, backend.addr, tot_len) {
+    let backend = picked.backend;
+    let hop = match fib::cached_lookup(ctx, picked.entry(), settings.node_addr, backend.addr, tot_len, now) {
         Ok(hop) => hop,
         Err(reason) => return (XDP_PASS, reason),
     };
-    let snat_port = match known.map(|f| f.snat_port) {
-        Some(port) if port != [0, 0] => port,
-        _ => {
+    let snat_port = match picked.snat_port() {
+        Some(port) => port,
+        None => {
             // SAFETY: bounds-checked by `header`; copied out.
             let peer_mac = header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).src_addr }).unwrap_or_default();
-            let Some(port) = claim_snat_port(flow, backend, &settings, peer_mac) else {
+            let Some(port) = claim_snat_port(flow, &backend, &settings, peer_mac) else {
                 return (XDP_DROP, Reason::SnatPortsExhausted);
             };
-            let _ = FLOWS.insert(flow, &Flow { backend: id, snat_port: port, _pad: [0; 2] }, 0);
+            // A known flow without a port changed to full NAT: its entry is rewritten whole.
+            let mut entry = Flow { backend: picked.id, snat_port: port, ..Flow::default() };
+            fib::cache(&mut entry, &hop, now);
+            let _ = FLOWS.insert(flow, &entry, 0);
             port
         }
     };
@@ -261,7 +302,7 @@ fn translate_reply(ctx: &XdpContext, layout: L4Layout, flow: &FlowKey) -> Option
         Err(Reason::NoNeighbor) if to.peer_mac != [0; 6] => {
             // SAFETY: bounds-checked by `header`; copied out.
             let own_mac = header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).dst_addr })?;
-            fib::NextHop { ifindex: ctx.ingress_ifindex() as u32, smac: own_mac, dmac: to.peer_mac }
+            fib::NextHop { ifindex: ctx.ingress_ifindex() as u32, smac: own_mac, dmac: to.peer_mac, mtu: 0 }
         }
         Err(reason) => return Some(stats::verdict(reason, bytes, XDP_PASS)),
     };

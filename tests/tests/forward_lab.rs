@@ -219,6 +219,42 @@ fn dsr_connections_survive_the_load_balancer_failing() {
     assert!(c.reason(1, "forwarded_dsr") + c.reason(1, "forwarded_local") > 0.0);
 }
 
+/// The endpoint's node changes its MAC and the load balancer's neighbour entry is replaced:
+/// an established full-NAT connection, whose next hop the program caches, follows within one
+/// refresh interval (`HOP_REFRESH_NS`) instead of sending to the old MAC for ever.
+#[test]
+fn established_flows_follow_a_replaced_neighbour() {
+    let mut c = cluster(&[0, 1]);
+    let services = service(&c.lab, "full-nat", 81, "fullNat", &[0]);
+    c.start(&services);
+    let mut s = c.session(81);
+    assert_eq!(s.echo("before", ECHO_WAIT).as_deref(), Some("n1p0 before"));
+
+    let moved = "02:1b:00:00:01:77";
+    c.lab.nodes[1].ns.run_cmd(&["ip", "link", "set", "dev", "eth0", "address", moved]);
+    let n1 = c.lab.nodes[1].ip.to_string();
+    c.lab.nodes[0].ns.run_cmd(&[
+        "ip",
+        "neigh",
+        "replace",
+        &n1,
+        "lladdr",
+        moved,
+        "dev",
+        "eth0",
+        "nud",
+        "reachable",
+    ]);
+    let changed = Instant::now();
+    let refresh = Duration::from_nanos(lb_common::service::HOP_REFRESH_NS);
+    // The connection's packets to the old MAC are dropped by n1 until the cache refreshes;
+    // TCP retransmits them, and the echo comes back once the hop is followed.
+    let answer = s.echo("after", refresh + Duration::from_secs(2));
+    assert_eq!(answer.as_deref(), Some("n1p0 after"), "{}", c.logs());
+    assert!(changed.elapsed() < refresh + Duration::from_secs(2));
+    assert!(c.reason(0, "forwarded_full_nat") > 0.0);
+}
+
 #[test]
 fn unexposed_ports_are_dropped_and_ping_is_answered() {
     let mut c = cluster(&[1]);

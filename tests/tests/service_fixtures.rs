@@ -315,3 +315,82 @@ fn check(f: &Fixture, name: &str, input: &[u8], action: u32, expected: &[u8]) {
     assert!(checksums_valid(&out), "{name}: checksums of {out:02x?}");
     assert_eq!(out, expected, "{name}: output frame");
 }
+
+/// A flow's next hop is cached in its entry and used without asking the FIB, but only for
+/// `HOP_REFRESH_NS`: after that a replaced neighbour is followed, a removed route is noticed,
+/// and a packet bigger than the cached MTU is always looked up again.
+#[test]
+fn cached_next_hops_are_refreshed_not_trusted_forever() {
+    let lab = Lab::new(2);
+    let node = &lab.nodes[0].ns;
+    for (ip, mac) in [(PEER, PEER_MAC), (CLIENT, CLIENT_MAC)] {
+        permanent_neighbour(node, ip, mac, "eth0");
+    }
+    let ifindex = ifindex_of(node, "eth0");
+    node.run(move || next_hop_fixtures(ifindex));
+}
+
+fn next_hop_fixtures(ifindex: u32) {
+    use lb_common::service::{FLOWS, Flow, HOP_REFRESH_NS};
+    const MOVED_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x99];
+    // Inside the node's namespace: commands run here act on its tables.
+    let ip = |args: &[&str]| {
+        let status = std::process::Command::new("ip").args(args).status().unwrap();
+        assert!(status.success(), "ip {args:?}");
+    };
+    let mut f = Fixture::load(ifindex);
+    let to_node = (CLIENT_MAC, NODE_MAC);
+    let input = segment_frame(to_node, CLIENT, VIP, 64, 17, (41_000, 81));
+    let port = snat_port(41_000, 81, 17);
+    let via = |mac: [u8; 6]| segment_frame((NODE_MAC, mac), NODE, REMOTE_POD, 63, 17, (port, 8080));
+    let key = FlowKey::new(CLIENT.octets(), VIP.octets(), 41_000u16.to_be_bytes(), 81u16.to_be_bytes(), 17);
+    let mut entry = |f: &mut Fixture, change: &dyn Fn(&mut Flow)| -> Flow {
+        let mut flows: HashMap<_, FlowKey, Flow> = HashMap::try_from(f.ebpf.map_mut(FLOWS).unwrap()).unwrap();
+        let mut flow = flows.get(&key, 0).expect("the flow's entry");
+        change(&mut flow);
+        flows.insert(key, flow, 0).unwrap();
+        flow
+    };
+    let age = |flow: &mut Flow| flow.hop_checked_ns = flow.hop_checked_ns.saturating_sub(HOP_REFRESH_NS);
+
+    check(&f, "first packet: the FIB's hop", &input, XDP_TX, &via(PEER_MAC));
+    let cached = entry(&mut f, &|_| {});
+    assert_eq!((cached.hop_dmac, cached.hop_smac), (PEER_MAC, NODE_MAC));
+    assert!(cached.hop_ifindex == ifindex && cached.hop_mtu == 1500, "{cached:?}");
+
+    // The peer's MAC changes: the flow keeps its cached hop until the refresh is due…
+    ip(&[
+        "neigh",
+        "replace",
+        &PEER.to_string(),
+        "lladdr",
+        "02:1b:00:00:00:99",
+        "dev",
+        "eth0",
+        "nud",
+        "permanent",
+    ]);
+    check(&f, "neighbour replaced, hop still cached", &input, XDP_TX, &via(PEER_MAC));
+    // …and a new flow sees the new MAC at once.
+    let other = segment_frame(to_node, CLIENT, VIP, 64, 17, (41_001, 81));
+    let (action, out) = f.run(&other);
+    assert_eq!((action, &out[..6]), (XDP_TX, &MOVED_MAC[..]), "a new flow asks the FIB");
+    // Once the refresh is due, the flow follows the neighbour.
+    entry(&mut f, &age);
+    check(&f, "refresh due: the new neighbour", &input, XDP_TX, &via(MOVED_MAC));
+    assert_eq!(entry(&mut f, &|_| {}).hop_dmac, MOVED_MAC, "the cache holds the new hop");
+
+    // A packet bigger than the cached MTU is looked up again (the FIB would report it too big).
+    entry(&mut f, &|flow| flow.hop_mtu = 20);
+    check(&f, "bigger than the cached MTU", &input, XDP_TX, &via(MOVED_MAC));
+    assert_eq!(entry(&mut f, &|_| {}).hop_mtu, 1500, "looked up again, cached again");
+
+    // The route goes away: noticed at the next refresh, and the packet is left to the kernel.
+    ip(&["route", "del", "10.244.1.0/24"]);
+    check(&f, "route gone, hop still cached", &input, XDP_TX, &via(MOVED_MAC));
+    entry(&mut f, &age);
+    let before = f.reason(Reason::NoRoute);
+    let (action, out) = f.run(&input);
+    assert_eq!((action, out), (XDP_PASS, input.clone()), "no route: passed untouched");
+    assert_eq!(f.reason(Reason::NoRoute), before + 1);
+}

@@ -353,6 +353,18 @@ impl Bench {
             ipv4_frame(self.lab.client.mac, self.lab.nodes[0].mac, CLIENT, VIP, 64, 17, &udp)
         };
         let client_if = ifindex(&self.lab.client.ns, "eth0");
+        // LB_BENCH_PERF=<dir>: a kernel profile of the forwarder thread per mode, for finding
+        // where a mode's time goes (`perf report -i <dir>/<mode>.data`).
+        let profile = std::env::var("LB_BENCH_PERF").ok().map(|dir| {
+            let name = active.map_or("kernel", Active::name);
+            Command::new("perf")
+                .args(["record", "-q", "-F", "2999", "-g", "-t", &self.napi_thread.to_string(), "-o"])
+                .arg(format!("{dir}/{name}.data"))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("perf")
+        });
         let (before_rx, before_cpu) = (received(), schedstat(self.napi_thread));
         let elapsed = self.lab.client.ns.run(move || {
             pin_self(GENERATOR_CPU);
@@ -379,6 +391,11 @@ impl Bench {
         std::thread::sleep(Duration::from_millis(100));
         let delivered = received() - before_rx;
         let cpu_ns = schedstat(self.napi_thread) - before_cpu;
+        if let Some(mut perf) = profile {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
+            let _ = perf.wait();
+        }
         let rate = delivered as f64 / elapsed.as_secs_f64();
         (rate, cpu_ns as f64 / delivered.max(1) as f64)
     }
@@ -450,6 +467,17 @@ impl Bench {
         let mut agent = self.lab.start_agent(0, &config);
         agent.wait_ready();
         Some(Active::Agent(agent))
+    }
+}
+
+impl Active {
+    fn name(&self) -> &'static str {
+        match self {
+            Active::Agent(_) => "lb-agent",
+            Active::Program { .. } => "xdp-dnat",
+            Active::Sink(_) => "xdp-drop",
+            Active::Rules => "rules",
+        }
     }
 }
 

@@ -344,7 +344,7 @@ fn next_hop_fixtures(ifindex: u32) {
     let port = snat_port(41_000, 81, 17);
     let via = |mac: [u8; 6]| segment_frame((NODE_MAC, mac), NODE, REMOTE_POD, 63, 17, (port, 8080));
     let key = FlowKey::new(CLIENT.octets(), VIP.octets(), 41_000u16.to_be_bytes(), 81u16.to_be_bytes(), 17);
-    let mut entry = |f: &mut Fixture, change: &dyn Fn(&mut Flow)| -> Flow {
+    let entry = |f: &mut Fixture, change: &dyn Fn(&mut Flow)| -> Flow {
         let mut flows: HashMap<_, FlowKey, Flow> = HashMap::try_from(f.ebpf.map_mut(FLOWS).unwrap()).unwrap();
         let mut flow = flows.get(&key, 0).expect("the flow's entry");
         change(&mut flow);

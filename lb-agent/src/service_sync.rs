@@ -68,6 +68,9 @@ pub struct ServiceSync {
     refused_names: watch::Sender<BTreeMap<String, String>>,
     /// The generation of the last request applied (or failed: it was tried).
     applied: watch::Sender<u64>,
+    /// Whether the counters know the slots yet: a restarted agent adopts pinned backends and
+    /// VIP slots without adding any, and its first sync must still tell the counters.
+    counters_mapped: bool,
 }
 
 impl ServiceSync {
@@ -88,6 +91,7 @@ impl ServiceSync {
             next_hops: NextHops::default(),
             refused: Vec::new(),
             applied: watch::channel(0).0,
+            counters_mapped: false,
         }
     }
 
@@ -125,10 +129,15 @@ impl ServiceSync {
         let elapsed = started.elapsed();
         self.metrics.services.set(self.maps.service_count() as i64);
         self.metrics.backends.set(self.maps.backends().len() as i64);
-        if report.backends_added + report.backends_removed > 0
+        let slots_moved =
+            report.backends_added + report.backends_removed + report.services_added + report.services_removed
+                > 0;
+        if (slots_moved || !self.counters_mapped)
             && let Ok(mut counters) = self.counters.lock()
         {
             counters.set_backends(self.maps.backends().clone());
+            counters.set_vip_slots(self.maps.vip_slots());
+            self.counters_mapped = true;
         }
         let counts = SyncCounts::from(&report);
         if report.is_empty() {

@@ -8,8 +8,12 @@ pub const OWNED_VIPS: &str = "OWNED_VIPS";
 /// `Array<u64>` indexed by lease slot: until when (`bpf_ktime_get_ns`, CLOCK_MONOTONIC) the
 /// VIPs holding that lease may be claimed. See [`OwnedVip::lease`].
 pub const VIP_LEASES: &str = "VIP_LEASES";
-/// `PerCpuHashMap<VipKey, VipStats>`: per-VIP counters, kept while the VIP is configured.
+/// `PerCpuHashMap<VipKey, VipStats>`: per-VIP ARP counters, kept while the VIP is configured.
 pub const VIP_STATS: &str = "VIP_STATS";
+/// `PerCpuArray<PacketCounter>` indexed by a VIP's slot (`Service::vip_slot`, the same for all
+/// of a VIP's services): packets and bytes to the VIP's services. An array, so the hot path
+/// counts without a hash lookup; the agent maps slots back to VIPs.
+pub const VIP_TRAFFIC: &str = "VIP_TRAFFIC";
 /// `PerCpuArray<PacketCounter>` indexed by the XDP action code (`XDP_ABORTED` = 0 … `XDP_REDIRECT` = 4).
 pub const ACTION_STATS: &str = "ACTION_STATS";
 /// `PerCpuArray<PacketCounter>` indexed by [`crate::counters::Reason`].
@@ -22,7 +26,7 @@ pub const VRRP_SPEAKERS: &str = "VRRP_SPEAKERS";
 /// Capacity of [`VRRP_SPEAKERS`]: spoofed sources only evict the least recently heard.
 pub const MAX_VRRP_SPEAKERS: u32 = 1024;
 
-/// Capacity of [`OWNED_VIPS`] and [`VIP_STATS`]. A group holds at most 10,000 VIPs; this leaves
+/// Capacity of [`OWNED_VIPS`], [`VIP_STATS`] and [`VIP_TRAFFIC`]. A group holds at most 10,000 VIPs; this leaves
 /// room for several groups on one uplink.
 pub const MAX_VIPS: u32 = 65_536;
 
@@ -85,14 +89,12 @@ impl OwnedVip {
     }
 }
 
-/// Per-VIP counters (one copy per CPU; userspace sums them).
+/// Per-VIP counters of the ARP path (one copy per CPU; userspace sums them). Traffic to the
+/// VIP's services is in [`VIP_TRAFFIC`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VipStats {
     pub arp_replies: u64,
-    /// Packets and bytes forwarded to the VIP's services (before any rewrite).
-    pub packets: u64,
-    pub bytes: u64,
 }
 
 /// Packets and bytes, one copy per CPU.
@@ -142,7 +144,7 @@ mod tests {
         assert_eq!(size_of::<VipKey>(), 4);
         assert_eq!(size_of::<OwnedVip>(), 10);
         assert_eq!(align_of::<OwnedVip>(), 2);
-        assert_eq!(size_of::<VipStats>(), 24);
+        assert_eq!(size_of::<VipStats>(), 8);
         assert_eq!(size_of::<PacketCounter>(), 16);
         assert_eq!(size_of::<VrrpSpeaker>(), 32);
         assert_eq!(align_of::<VrrpSpeaker>(), 8);

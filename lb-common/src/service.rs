@@ -49,7 +49,8 @@ const BPF_F_MMAPABLE: u32 = 1 << 10;
 ///
 /// - 2: rings are `BPF_F_MMAPABLE` arrays of slot pairs (the inner-map template changed);
 ///   owned VIPs carry a lease slot.
-/// - 3: flows cache their next hop (`Flow` is 32 bytes).
+/// - 3: flows cache their next hop (`Flow` is 32 bytes); traffic per VIP is counted in the
+///   `VIP_TRAFFIC` array, at the slot the service entry names.
 pub const LAYOUT_VERSION: u32 = 3;
 
 pub const PROTO_TCP: u8 = 6;
@@ -86,6 +87,8 @@ pub struct Service {
     /// A digest of the ring's content, so a restarted agent can tell whether a pinned ring is
     /// current without reading it back.
     pub ring_digest: u32,
+    /// The VIP's counter slot in `VIP_TRAFFIC`, shared by every service of the VIP.
+    pub vip_slot: u32,
 }
 
 /// How a backend is reached from this node. Zero is no delivery: an unused [`BACKENDS`] slot
@@ -244,7 +247,7 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<ServiceKey>(), 8);
-        assert_eq!(size_of::<Service>(), 16);
+        assert_eq!(size_of::<Service>(), 20);
         assert_eq!(size_of::<Backend>(), 12);
         assert_eq!(size_of::<FlowKey>(), 16);
         assert_eq!(size_of::<Flow>(), 32);

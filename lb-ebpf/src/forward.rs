@@ -49,7 +49,7 @@ pub fn transport(ctx: &XdpContext, proto: u8, tot_len: u16) -> u32 {
         if truncated {
             return stats::verdict(Reason::MalformedL4, bytes, XDP_DROP);
         }
-        stats::count_vip_packet(&dst, bytes);
+        stats::count_vip_traffic(service.vip_slot, bytes);
         return to_service(ctx, layout, &flow, &service, tot_len);
     }
     if !truncated && let Some(action) = translate_reply(ctx, layout, &flow) {

@@ -26,6 +26,9 @@ pub static VIP_LEASES: Array<u64> = Array::with_max_entries(MAX_LEASES, 0);
 pub static VIP_STATS: PerCpuHashMap<VipKey, VipStats> = PerCpuHashMap::with_max_entries(MAX_VIPS, 0);
 
 #[map]
+pub static VIP_TRAFFIC: PerCpuArray<PacketCounter> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
+
+#[map]
 pub static ACTION_STATS: PerCpuArray<PacketCounter> = PerCpuArray::with_max_entries(XDP_ACTION_COUNT, 0);
 
 #[map]

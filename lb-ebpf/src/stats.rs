@@ -6,7 +6,7 @@ use lb_common::{
     maps::{PacketCounter, VipKey, VipStats},
 };
 
-use crate::maps::{ACTION_STATS, BACKEND_STATS, REASON_STATS, VIP_STATS};
+use crate::maps::{ACTION_STATS, BACKEND_STATS, REASON_STATS, VIP_STATS, VIP_TRAFFIC};
 
 #[inline(always)]
 pub fn count_action(action: u32, bytes: usize) {
@@ -38,11 +38,7 @@ pub fn count_arp_reply(vip: &VipKey) {
             // First reply for this VIP: create it. Losing a race with another CPU only loses
             // that CPU's first count, and a full map only loses per-VIP detail; the reason
             // counter still counts every reply.
-            let _ = VIP_STATS.insert(
-                vip,
-                &VipStats { arp_replies: 1, ..VipStats::default() },
-                BPF_NOEXIST as u64,
-            );
+            let _ = VIP_STATS.insert(vip, &VipStats { arp_replies: 1 }, BPF_NOEXIST as u64);
         }
     }
 }
@@ -59,18 +55,8 @@ pub fn count_backend(id: u32, bytes: usize) {
     add(&BACKEND_STATS, id, bytes);
 }
 
+/// Traffic to a VIP's services, at the VIP's slot (an array: no hash lookup per packet).
 #[inline(always)]
-pub fn count_vip_packet(vip: &[u8; 4], bytes: usize) {
-    let key = VipKey::new(*vip);
-    match VIP_STATS.get_ptr_mut(&key) {
-        // SAFETY: this CPU's copy of the value.
-        Some(stats) => unsafe {
-            (*stats).packets += 1;
-            (*stats).bytes += bytes as u64;
-        },
-        None => {
-            let first = VipStats { arp_replies: 0, packets: 1, bytes: bytes as u64 };
-            let _ = VIP_STATS.insert(&key, &first, BPF_NOEXIST as u64);
-        }
-    }
+pub fn count_vip_traffic(slot: u32, bytes: usize) {
+    add(&VIP_TRAFFIC, slot, bytes);
 }

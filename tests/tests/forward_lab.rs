@@ -455,6 +455,10 @@ fn restarting_the_masters_agent_loses_no_packet() {
     c.start(&services);
     let mut session = c.session(82);
     assert!(c.lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]));
+    let vip_packets = format!("lbagent_vip_packets_total{{vip=\"{VIP}\"}}");
+    let backend_packets = "lbagent_backend_packets_total{backend=\"10.244.1.2:8080\",delivery=\"dsr\"}";
+    let before = (c.agents[0].metric(&vip_packets), c.agents[0].metric(backend_packets));
+    assert!(before.0 > 0.0 && before.1 > 0.0, "{}", c.agents[0].metrics());
 
     let ping = c.lab.client.ping_every_5ms(VIP, 700);
     std::thread::sleep(Duration::from_millis(500));
@@ -472,6 +476,10 @@ fn restarting_the_masters_agent_loses_no_packet() {
     let summary = String::from_utf8_lossy(&out.stdout);
     assert!(summary.contains("700 packets transmitted, 700 received"), "{summary}\n{}", c.logs());
     assert_eq!(session.echo("after the upgrade", ECHO_WAIT).as_deref(), Some("n1p0 after the upgrade"));
+    // The new agent reads the pinned counters where the old one left them: per VIP and per
+    // backend, they go on counting (no reset, nothing missing).
+    let after = (c.agents[0].metric(&vip_packets), c.agents[0].metric(backend_packets));
+    assert!(after.0 > before.0 && after.1 > before.1, "{before:?} then {after:?}\n{}", c.agents[0].metrics());
 }
 
 /// The capabilities the DaemonSet gives the agent (`securityContext.capabilities.add`).

@@ -84,6 +84,8 @@ fn config(endpoints: &[u8], extra: u16) -> Config {
 
 struct Fixture {
     ebpf: Ebpf,
+    /// A second handle on `VIP_TRAFFIC`, which `maps` owns.
+    vip_traffic: MapData,
     maps: ServiceMaps,
     planner: IncrementalPlanner,
     ifindex: u32,
@@ -102,6 +104,11 @@ impl Fixture {
         let mut owned: HashMap<_, VipKey, OwnedVip> =
             HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
         owned.insert(VipKey::new(VIP.octets()), OwnedVip::new(NODE_MAC), 0).unwrap();
+        let vip_traffic = {
+            let map = ebpf.map(lb_common::maps::VIP_TRAFFIC).unwrap();
+            let array: aya::maps::PerCpuArray<_, lb_common::maps::PacketCounter> = map.try_into().unwrap();
+            MapData::from_id(array.map().info().unwrap().id()).unwrap()
+        };
         let mut maps = ServiceMaps::take(&mut ebpf, None).expect("the service maps");
         maps.set_settings(Settings {
             node_addr: NODE.octets(),
@@ -109,7 +116,7 @@ impl Fixture {
             snat_port_max: 65_535,
         })
         .unwrap();
-        Fixture { ebpf, maps, planner: IncrementalPlanner::default(), ifindex }
+        Fixture { ebpf, vip_traffic, maps, planner: IncrementalPlanner::default(), ifindex }
     }
 
     fn sync(&mut self, config: &Config) -> lb_agent::dataplane::services::SyncReport {
@@ -239,4 +246,68 @@ fn services_beyond_capacity_are_refused_and_the_rest_keeps_forwarding() {
             matches!(outer, Some(a) if a == Ipv4Addr::new(10, 244, 1, 2) || a == Ipv4Addr::new(10, 244, 1, 3))
         );
     });
+}
+
+/// Traffic to a VIP's services is counted at the VIP's slot in `VIP_TRAFFIC` (an array, no
+/// hash lookup per packet), shared by all its services; a VIP whose services are gone frees
+/// its slot, and the next VIP to take it starts from zero.
+#[test]
+fn traffic_per_vip_is_counted_at_its_slot_and_a_reused_slot_starts_from_zero() {
+    use aya::maps::PerCpuArray;
+    use lb_common::maps::{PacketCounter, VIP_TRAFFIC};
+    in_lab_node(|ifindex| {
+        // Two slots: one per VIP here, so the third VIP can only reuse a freed one.
+        let mut f = Fixture::load(ifindex, &[(SERVICES, 2), (VIP_TRAFFIC, 2)]);
+        let vips_config = |vips: &[u8]| {
+            let mut yaml = String::from("interface: eth0\nnode: n0\nvips:\n");
+            for v in vips {
+                yaml.push_str(&format!("  - address: 198.51.100.{v}\n"));
+            }
+            yaml.push_str("services:\n");
+            for v in vips {
+                yaml.push_str(&format!(
+                    "  - name: s{v}\n    vip: 198.51.100.{v}\n    remoteMode: dsr\n    ports: [{{port: 80, targetPort: 8080}}]\n    endpoints: [{{address: 10.244.1.2, node: n1}}]\n"
+                ));
+            }
+            Config::parse(&yaml).unwrap()
+        };
+        let send_to = |f: &Fixture, vip: u8, count: u16| {
+            for sport in 0..count {
+                let mut tcp = vec![0u8; 20];
+                tcp[0..2].copy_from_slice(&(40_000 + sport).to_be_bytes());
+                tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
+                tcp[12] = 5 << 4;
+                let input =
+                    ipv4_frame(CLIENT_MAC, NODE_MAC, CLIENT, Ipv4Addr::new(198, 51, 100, vip), 64, 6, &tcp);
+                assert_eq!(run_uplink(&f.ebpf, &input, f.ifindex).0, XDP_TX);
+            }
+        };
+        let counted = |f: &Fixture, vip: u8| -> (u64, u32) {
+            let slot = f.maps.vip_slots()[&Ipv4Addr::new(198, 51, 100, vip)];
+            let array: PerCpuArray<_, PacketCounter> =
+                PerCpuArray::try_from(aya::maps::Map::PerCpuArray(clone(&f.vip_traffic))).unwrap();
+            (array.get(&slot, 0).unwrap().iter().map(|c| c.packets).sum(), slot)
+        };
+
+        f.sync(&vips_config(&[10, 11]));
+        send_to(&f, 10, 3);
+        send_to(&f, 11, 2);
+        let ((ten, ten_slot), (eleven, eleven_slot)) = (counted(&f, 10), counted(&f, 11));
+        assert_eq!((ten, eleven), (3, 2));
+        assert_ne!(ten_slot, eleven_slot);
+
+        // .10 leaves and .12 arrives in one sync: .12 takes the freed slot, from zero.
+        let report = f.sync(&vips_config(&[11, 12]));
+        assert_eq!((report.services_added, report.services_removed), (1, 1), "{report:?}");
+        assert!(!f.maps.vip_slots().contains_key(&Ipv4Addr::new(198, 51, 100, 10)));
+        assert_eq!(counted(&f, 12), (0, ten_slot), "the reused slot starts from zero");
+        send_to(&f, 12, 1);
+        assert_eq!(counted(&f, 12).0, 1);
+        assert_eq!(counted(&f, 11), (2, eleven_slot), ".11 kept its slot and its count");
+    });
+}
+
+/// Another handle on the same map.
+fn clone(map: &MapData) -> MapData {
+    MapData::from_id(map.info().unwrap().id()).unwrap()
 }

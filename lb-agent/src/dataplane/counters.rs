@@ -9,7 +9,7 @@ use aya::{
 };
 use lb_common::{
     counters::{Reason, XDP_ACTION_COUNT},
-    maps::{ACTION_STATS, PacketCounter, REASON_STATS, VIP_STATS, VipKey, VipStats},
+    maps::{ACTION_STATS, PacketCounter, REASON_STATS, VIP_STATS, VIP_TRAFFIC, VipKey, VipStats},
     service::{BACKEND_STATS, Backend},
 };
 
@@ -20,9 +20,20 @@ pub struct XdpCounters {
     actions: PerCpuArray<MapData, PacketCounter>,
     reasons: PerCpuArray<MapData, PacketCounter>,
     vips: PerCpuHashMap<MapData, VipKey, VipStats>,
+    vip_traffic: PerCpuArray<MapData, PacketCounter>,
     backend_stats: PerCpuArray<MapData, PacketCounter>,
     /// The backend in each slot, as the last service sync left them.
     backends: BTreeMap<Backend, u32>,
+    /// Each VIP's slot in `VIP_TRAFFIC`, as the last service sync left them.
+    vip_slots: BTreeMap<Ipv4Addr, u32>,
+}
+
+/// A VIP's counters, summed over CPUs: its ARP replies and the traffic to its services.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipCounters {
+    pub arp_replies: u64,
+    pub packets: u64,
+    pub bytes: u64,
 }
 
 impl std::fmt::Debug for XdpCounters {
@@ -38,7 +49,7 @@ pub struct CounterSnapshot {
     pub actions: Vec<PacketCounter>,
     /// Indexed by [`Reason`].
     pub reasons: Vec<PacketCounter>,
-    pub vips: BTreeMap<Ipv4Addr, VipStats>,
+    pub vips: BTreeMap<Ipv4Addr, VipCounters>,
     pub backends: BTreeMap<Backend, PacketCounter>,
 }
 
@@ -56,10 +67,18 @@ impl XdpCounters {
             reasons: PerCpuArray::try_from(super::take_map(ebpf, REASON_STATS)?)
                 .map_err(err(REASON_STATS))?,
             vips: PerCpuHashMap::try_from(super::take_map(ebpf, VIP_STATS)?).map_err(err(VIP_STATS))?,
+            vip_traffic: PerCpuArray::try_from(super::take_map(ebpf, VIP_TRAFFIC)?)
+                .map_err(err(VIP_TRAFFIC))?,
             backend_stats: PerCpuArray::try_from(super::take_map(ebpf, BACKEND_STATS)?)
                 .map_err(err(BACKEND_STATS))?,
             backends: BTreeMap::new(),
+            vip_slots: BTreeMap::new(),
         })
+    }
+
+    /// Records which VIP counts in which `VIP_TRAFFIC` slot, after a service sync.
+    pub fn set_vip_slots(&mut self, slots: BTreeMap<Ipv4Addr, u32>) {
+        self.vip_slots = slots;
     }
 
     /// Records which backend sits in which slot, after a service sync.
@@ -73,15 +92,16 @@ impl XdpCounters {
                 .map(|i| array.get(&i, 0).map(|v| sum_counters(&v)).map_err(err(name)))
                 .collect::<Result<Vec<_>>>()
         };
-        let mut vips = BTreeMap::new();
+        let mut vips: BTreeMap<Ipv4Addr, VipCounters> = BTreeMap::new();
         for entry in self.vips.iter() {
             let (key, per_cpu) = entry.map_err(err(VIP_STATS))?;
-            let summed = per_cpu.iter().fold(VipStats::default(), |acc, s| VipStats {
-                arp_replies: acc.arp_replies + s.arp_replies,
-                packets: acc.packets + s.packets,
-                bytes: acc.bytes + s.bytes,
-            });
-            vips.insert(Ipv4Addr::from(key.addr), summed);
+            let arp_replies = per_cpu.iter().map(|s| s.arp_replies).sum();
+            vips.entry(Ipv4Addr::from(key.addr)).or_default().arp_replies = arp_replies;
+        }
+        for (vip, slot) in &self.vip_slots {
+            let traffic = sum_counters(&self.vip_traffic.get(slot, 0).map_err(err(VIP_TRAFFIC))?);
+            let counters = vips.entry(*vip).or_default();
+            (counters.packets, counters.bytes) = (traffic.packets, traffic.bytes);
         }
         let mut backends = BTreeMap::new();
         for (backend, slot) in &self.backends {

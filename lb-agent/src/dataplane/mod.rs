@@ -42,7 +42,10 @@ use aya::{
     },
 };
 use lb_common::{
-    maps::{ACTION_STATS, OWNED_VIPS, OwnedVip, REASON_STATS, VIP_LEASES, VIP_STATS, VRRP_SPEAKERS, VipKey},
+    maps::{
+        ACTION_STATS, OWNED_VIPS, OwnedVip, REASON_STATS, VIP_LEASES, VIP_STATS, VIP_TRAFFIC, VRRP_SPEAKERS,
+        VipKey,
+    },
     service::{
         BACKEND_STATS, BACKENDS, FLOWS, LAYOUT_VERSION, LOCAL_ENDPOINTS, MAGLEV_RINGS, REPLY_NAT, SERVICES,
         SETTINGS,
@@ -70,10 +73,11 @@ pub const PASS_PROGRAM: &str = "lb_pass";
 pub const REPLY_PROGRAM: &str = "lb_reply";
 
 /// Every map, pinned by name.
-pub const PINNED_MAPS: [&str; 14] = [
+pub const PINNED_MAPS: [&str; 15] = [
     OWNED_VIPS,
     VIP_LEASES,
     VIP_STATS,
+    VIP_TRAFFIC,
     ACTION_STATS,
     REASON_STATS,
     SERVICES,
@@ -250,9 +254,11 @@ impl Dataplane {
 
 /// The maps whose size `dataplane.capacity` sets. `MAGLEV_RINGS` holds twice the services:
 /// a replaced ring stays registered until the sync has switched every service over.
-pub fn map_sizes(capacity: &Capacity) -> [(&'static str, u32); 7] {
+/// `VIP_TRAFFIC` has a slot per service entry, so VIPs never outnumber its slots.
+pub fn map_sizes(capacity: &Capacity) -> [(&'static str, u32); 8] {
     [
         (SERVICES, capacity.services),
+        (VIP_TRAFFIC, capacity.services),
         (MAGLEV_RINGS, capacity.services.saturating_mul(2)),
         (BACKENDS, capacity.backends),
         (BACKEND_STATS, capacity.backends),

@@ -29,7 +29,7 @@ use aya::{
     util::nr_cpus,
 };
 use lb_common::{
-    maps::PacketCounter,
+    maps::{PacketCounter, VIP_TRAFFIC},
     service::{
         BACKEND_STATS, BACKENDS, Backend, Delivery, INNER_MAP_FLAGS, LOCAL_ENDPOINTS, LocalEndpoint,
         LocalEndpointKey, MAGLEV_RINGS, RingEntry, SERVICES, SETTINGS, Service, ServiceKey, Settings,
@@ -88,6 +88,14 @@ pub struct ServiceMaps {
     /// Endpoint addresses of the backends added and removed since last taken (one per
     /// backend), for the next-hop resolver.
     address_changes: (Vec<std::net::Ipv4Addr>, Vec<std::net::Ipv4Addr>),
+    /// Traffic per VIP, written here only to zero a slot before a VIP takes it.
+    vip_traffic: PerCpuArray<MapData, PacketCounter>,
+    /// Each VIP's `VIP_TRAFFIC` slot and how many installed services use it.
+    vip_slots: HashMap<[u8; 4], (u32, u32)>,
+    /// Unused `VIP_TRAFFIC` slots.
+    free_vip_slots: VecDeque<u32>,
+    /// A slot was taken in this sync: free it at the end if no service of its VIP got in.
+    vip_slots_unused: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -157,13 +165,15 @@ impl ServiceMaps {
     /// metrics reader, so it passes `pin_dir` and this side opens its own handle through the
     /// pin; without one (fixture tests) the map itself is taken.
     pub fn take(ebpf: &mut aya::Ebpf, pin_dir: Option<&std::path::Path>) -> Result<Self> {
-        let stats = match pin_dir {
+        let mut shared = |name| match pin_dir {
             Some(dir) => {
-                let data = MapData::from_pin(dir.join(BACKEND_STATS)).map_err(err(BACKEND_STATS))?;
-                aya::maps::Map::from_map_data(data).map_err(err(BACKEND_STATS))?
+                let data = MapData::from_pin(dir.join(name)).map_err(err(name))?;
+                aya::maps::Map::from_map_data(data).map_err(err(name))
             }
-            None => super::take_map(ebpf, BACKEND_STATS)?,
+            None => super::take_map(ebpf, name),
         };
+        let stats = shared(BACKEND_STATS)?;
+        let vip_traffic = PerCpuArray::try_from(shared(VIP_TRAFFIC)?).map_err(err(VIP_TRAFFIC))?;
         let mut take = |name| super::take_map(ebpf, name);
         let services: BpfHashMap<MapData, ServiceKey, Service> =
             BpfHashMap::try_from(take(SERVICES)?).map_err(err(SERVICES))?;
@@ -211,6 +221,10 @@ impl ServiceMaps {
             retired: Vec::new(),
             refused: BTreeMap::new(),
             address_changes: Default::default(),
+            vip_traffic,
+            vip_slots: HashMap::new(),
+            free_vip_slots: VecDeque::new(),
+            vip_slots_unused: false,
         };
         maps.read_back()?;
         Ok(maps)
@@ -236,8 +250,11 @@ impl ServiceMaps {
 
         for entry in self.services.iter() {
             let (key, entry) = entry.map_err(err(SERVICES))?;
+            self.vip_slots.entry(key.vip).or_insert((entry.vip_slot, 0)).1 += 1;
             self.installed.insert(key, Installed { entry, name: String::new(), backends: Vec::new() });
         }
+        let used: HashSet<u32> = self.vip_slots.values().map(|(slot, _)| *slot).collect();
+        self.free_vip_slots = (0..self.vip_traffic.len()).filter(|s| !used.contains(s)).collect();
         self.ring_ids = self.installed.values().map(|s| s.entry.ring_id).filter(|&id| id != 0).collect();
         self.next_ring = self.ring_ids.iter().max().map_or(1, |m| m + 1);
         let stale: Vec<u32> =
@@ -285,6 +302,7 @@ impl ServiceMaps {
                 self.services.remove(&key).map_err(err(SERVICES))?;
                 self.retire_ring(old.entry.ring_id);
                 self.release(&old.backends, &mut released);
+                self.release_vip_slot(key.vip);
                 report.services_removed += 1;
             }
         }
@@ -306,6 +324,7 @@ impl ServiceMaps {
             released.extend(self.slots.keys().filter(|b| !self.refs.contains_key(b)).copied());
         }
         self.free_slots(released, &mut report)?;
+        self.free_vip_slots();
         report.refused = self
             .refused
             .iter()
@@ -403,6 +422,7 @@ impl ServiceMaps {
                 ring_size: ring.len() as u32,
                 backend_count: planned.backends.len() as u32,
                 ring_digest: digest(&ring),
+                vip_slot: self.vip_slot(key.vip)?,
             };
             if let Some(old) = self.installed.get(key).cloned()
                 && old.entry == (Service { ring_id: old.entry.ring_id, ..entry })
@@ -484,10 +504,66 @@ impl ServiceMaps {
                     }
                     self.release(&old.backends, released);
                 }
-                None => report.services_added += 1,
+                None => {
+                    report.services_added += 1;
+                    if let Some((_, services)) = self.vip_slots.get_mut(&key.vip) {
+                        *services += 1;
+                    }
+                }
             }
         }
         Ok(())
+    }
+
+    /// The VIP's `VIP_TRAFFIC` slot: its own while any of its services is installed, else a
+    /// free one, zeroed (its counters start from nothing) before any service entry names it.
+    fn vip_slot(&mut self, vip: [u8; 4]) -> Result<u32> {
+        if let Some((slot, _)) = self.vip_slots.get(&vip) {
+            return Ok(*slot);
+        }
+        // The map has a slot per service entry (`map_sizes`), so this cannot run out while
+        // services fit; should it, the sync fails and is retried, as for any map error.
+        let slot = self
+            .free_vip_slots
+            .pop_front()
+            .ok_or(Error::Capacity { what: "VIPs", limit: self.vip_traffic.len() })?;
+        batch::zero_per_cpu::<PacketCounter>(self.vip_traffic.map().fd(), &[slot], self.cpus)
+            .map_err(batch_err(VIP_TRAFFIC))?;
+        // Counted once its first service is installed; freed at the end of the sync if none is.
+        self.vip_slots.insert(vip, (slot, 0));
+        self.vip_slots_unused = true;
+        Ok(slot)
+    }
+
+    /// One service of the VIP fewer; the last one frees the slot at once, for a VIP that
+    /// arrives in the same sync.
+    fn release_vip_slot(&mut self, vip: [u8; 4]) {
+        if let Some((slot, services)) = self.vip_slots.get_mut(&vip) {
+            *services = services.saturating_sub(1);
+            if *services == 0 {
+                self.free_vip_slots.push_back(*slot);
+                self.vip_slots.remove(&vip);
+            }
+        }
+    }
+
+    /// Returns the slots taken in this sync by VIPs none of whose services got in.
+    fn free_vip_slots(&mut self) {
+        if !std::mem::take(&mut self.vip_slots_unused) {
+            return;
+        }
+        let free = &mut self.free_vip_slots;
+        self.vip_slots.retain(|_, (slot, services)| {
+            if *services == 0 {
+                free.push_back(*slot);
+            }
+            *services > 0
+        });
+    }
+
+    /// Each VIP's `VIP_TRAFFIC` slot, for the counters.
+    pub fn vip_slots(&self) -> BTreeMap<std::net::Ipv4Addr, u32> {
+        self.vip_slots.iter().map(|(vip, (slot, _))| ((*vip).into(), *slot)).collect()
     }
 
     /// Drops one reference to each backend; those nobody references go to `released`.

@@ -97,77 +97,118 @@ fn main() {
     let machine = machine();
     eprintln!("machine: {machine}");
 
-    let mut pps: Vec<(Mode, Vec<f64>)> = Mode::ALL.iter().map(|m| (*m, Vec::new())).collect();
-    let mut cpu: Vec<(Mode, Vec<f64>)> = Mode::ALL.iter().map(|m| (*m, Vec::new())).collect();
+    // Every run's sample, by mode; repetition r of each mode ran back to back.
+    let mut samples: Vec<(Mode, Vec<Sample>)> = Mode::ALL.iter().map(|m| (*m, Vec::new())).collect();
+    // The kernel times each BPF program run (`run_time_ns`), for the program-cost column.
+    std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").expect("enabling BPF run-time stats");
     for rep in 0..repetitions {
         for (i, &mode) in Mode::ALL.iter().enumerate() {
             let active = bench.activate(mode);
-            let (rate, ns_per_packet) = bench.measure(active.as_ref(), packets, flows);
+            let sample = bench.measure(active.as_ref(), packets, flows);
             drop(active);
             bench.deactivate(mode);
             eprintln!(
-                "rep {rep} {:<32} {:>8.0} kpps  {:>6.3} µs/packet on the forwarder",
+                "rep {rep} {:<32} {:>8.0} kpps  {:>6.3} µs/packet on the forwarder  {}",
                 mode.name(),
-                rate / 1e3,
-                ns_per_packet / 1e3
+                sample.pps / 1e3,
+                sample.cpu_ns / 1e3,
+                sample.program_ns.map_or("—".into(), |ns| format!("program {ns:.0} ns/packet")),
             );
-            pps[i].1.push(rate);
-            cpu[i].1.push(ns_per_packet);
+            samples[i].1.push(sample);
         }
     }
-
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let range = |v: &[f64]| {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(0.0, f64::max);
-        (lo, hi)
-    };
-    let ceiling = median(&pps[0].1);
-    let marginal = |rate: f64| (1.0 / rate - 1.0 / ceiling) * 1e6;
-    let of = |m: Mode| median(&pps.iter().find(|(x, _)| *x == m).unwrap().1);
-    let lb = of(Mode::LbAgent);
-
-    println!(
-        "Machine: {machine}. 64-byte UDP, {flows} flow(s), {packets} packets per run, {repetitions} runs per mode alternating; medians (range)."
-    );
-    println!();
-    let cpu_of = |m: Mode| median(&cpu.iter().find(|(x, _)| *x == m).unwrap().1);
-    let cpu_above = |m: Mode| cpu_of(m) - cpu_of(Mode::XdpDrop);
-    println!(
-        "| mode | delivered kpps | lb-agent ÷ mode | marginal µs/packet | ÷ lb-agent's | forwarder CPU µs/packet | above the ceiling | ÷ lb-agent's |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
-    for (mode, rates) in &pps {
-        let (lo, hi) = range(rates);
-        let m = median(rates);
-        let (marg, ratio, above, above_ratio) = if *mode == Mode::XdpDrop {
-            ("—".to_owned(), "—".to_owned(), "—".to_owned(), "—".to_owned())
-        } else {
-            (
-                format!("{:.3}", marginal(m)),
-                format!("{:.2}", marginal(m) / marginal(lb)),
-                format!("{:.3}", cpu_above(*mode) / 1e3),
-                format!("{:.2}", cpu_above(*mode) / cpu_above(Mode::LbAgent)),
-            )
-        };
-        println!(
-            "| {} | {:.0} ({:.0}–{:.0}) | {:.2} | {marg} | {ratio} | {:.3} | {above} | {above_ratio} |",
-            mode.name(),
-            m / 1e3,
-            lo / 1e3,
-            hi / 1e3,
-            lb / m,
-            cpu_of(*mode) / 1e3,
-        );
-    }
-
+    let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
+    print_tables(&machine, flows, packets, repetitions, &samples);
     if !args.iter().any(|a| a == "--no-tcp") {
         println!();
         bench.tcp(if quick { 2 } else { 5 }, repetitions);
+    }
+}
+
+/// One run of one mode.
+#[derive(Clone, Copy)]
+struct Sample {
+    /// Delivered packets per second.
+    pps: f64,
+    /// Forwarder thread CPU per delivered packet.
+    cpu_ns: f64,
+    /// The XDP program's own run time per packet on n0 (`run_time_ns / run_cnt`), for modes
+    /// that run one there.
+    program_ns: Option<f64>,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn range(v: &[f64]) -> (f64, f64) {
+    (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max))
+}
+
+/// The README's tables. Ratios between modes are taken per repetition (the runs of one
+/// repetition are back to back, so the host's drift mostly cancels) and their median reported.
+fn print_tables(
+    machine: &str,
+    flows: u32,
+    packets: u32,
+    repetitions: usize,
+    samples: &[(Mode, Vec<Sample>)],
+) {
+    let of = |m: Mode| &samples.iter().find(|(x, _)| *x == m).unwrap().1;
+    let drop = of(Mode::XdpDrop);
+    let lb = of(Mode::LbAgent);
+    // Per repetition: marginal µs/packet by pps, and forwarder CPU above the drop run's.
+    let marginal = |s: &Sample, r: usize| (1.0 / s.pps - 1.0 / drop[r].pps) * 1e6;
+    let above = |s: &Sample, r: usize| (s.cpu_ns - drop[r].cpu_ns) / 1e3;
+    let paired = |m: Mode, f: &dyn Fn(&Sample, usize) -> f64| -> Vec<f64> {
+        of(m).iter().enumerate().map(|(r, s)| f(s, r) / f(&lb[r], r)).collect()
+    };
+    let fmt_range = |v: &[f64], digits: usize| {
+        let (lo, hi) = range(v);
+        format!("{:.*} ({:.*}–{:.*})", digits, median(v), digits, lo, digits, hi)
+    };
+
+    println!(
+        "Machine: {machine}. 64-byte UDP, {flows} flow(s), {packets} packets per run, {repetitions} runs per mode alternating; medians (range); ratios taken within each repetition, then their median."
+    );
+    println!();
+    println!(
+        "| mode | delivered kpps | lb-agent ÷ mode | marginal µs/packet | ÷ lb-agent's | forwarder CPU above the ceiling, µs/packet | ÷ lb-agent's | XDP program ns/packet | ÷ lb-agent's |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (mode, runs) in samples {
+        let kpps: Vec<f64> = runs.iter().map(|s| s.pps / 1e3).collect();
+        let pps_ratio: Vec<f64> = runs.iter().zip(lb).map(|(s, l)| l.pps / s.pps).collect();
+        let (marg, marg_ratio, cpu, cpu_ratio) = if *mode == Mode::XdpDrop {
+            ("—".to_owned(), "—".to_owned(), "—".to_owned(), "—".to_owned())
+        } else {
+            let m: Vec<f64> = runs.iter().enumerate().map(|(r, s)| marginal(s, r)).collect();
+            let c: Vec<f64> = runs.iter().enumerate().map(|(r, s)| above(s, r)).collect();
+            (
+                fmt_range(&m, 3),
+                fmt_range(&paired(*mode, &marginal), 2),
+                fmt_range(&c, 3),
+                fmt_range(&paired(*mode, &above), 2),
+            )
+        };
+        let program: Vec<f64> = runs.iter().filter_map(|s| s.program_ns).collect();
+        let (prog, prog_ratio) = if program.len() == runs.len() && *mode != Mode::XdpDrop {
+            let ratios: Vec<f64> =
+                runs.iter().zip(lb).map(|(s, l)| s.program_ns.unwrap() / l.program_ns.unwrap()).collect();
+            (fmt_range(&program, 0), fmt_range(&ratios, 2))
+        } else if program.len() == runs.len() {
+            (fmt_range(&program, 0), "—".to_owned())
+        } else {
+            ("—".to_owned(), "—".to_owned())
+        };
+        println!(
+            "| {} | {} | {} | {marg} | {marg_ratio} | {cpu} | {cpu_ratio} | {prog} | {prog_ratio} |",
+            mode.name(),
+            fmt_range(&kpps, 0),
+            fmt_range(&pps_ratio, 2),
+        );
     }
 }
 
@@ -335,7 +376,7 @@ impl Bench {
 
     /// Sends `packets` frames and returns (delivered packets per second, forwarder ns/packet).
     /// Delivered means counted by the pods' sinks, or by the ceiling mode's sink on n0.
-    fn measure(&self, active: Option<&Active>, packets: u32, flows: u32) -> (f64, f64) {
+    fn measure(&self, active: Option<&Active>, packets: u32, flows: u32) -> Sample {
         let received = || -> u64 {
             match active {
                 Some(Active::Sink(ebpf)) => count(ebpf),
@@ -365,6 +406,8 @@ impl Bench {
                 .spawn()
                 .expect("perf")
         });
+        let program = self.uplink_program();
+        let before_program = program.map(program_stats);
         let (before_rx, before_cpu) = (received(), schedstat(self.napi_thread));
         let elapsed = self.lab.client.ns.run(move || {
             pin_self(GENERATOR_CPU);
@@ -396,8 +439,23 @@ impl Bench {
             unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
             let _ = perf.wait();
         }
-        let rate = delivered as f64 / elapsed.as_secs_f64();
-        (rate, cpu_ns as f64 / delivered.max(1) as f64)
+        let program_ns = program.zip(before_program).and_then(|(id, (time0, runs0))| {
+            let (time, runs) = program_stats(id);
+            (runs > runs0).then(|| (time - time0) as f64 / (runs - runs0) as f64)
+        });
+        Sample {
+            pps: delivered as f64 / elapsed.as_secs_f64(),
+            cpu_ns: cpu_ns as f64 / delivered.max(1) as f64,
+            program_ns,
+        }
+    }
+
+    /// The id of the XDP program on n0's uplink, if one is attached.
+    fn uplink_program(&self) -> Option<u32> {
+        let out = self.node().run_cmd(&["ip", "-j", "-d", "link", "show", "dev", "eth0"]);
+        let links: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let id = links.get(0)?.get("xdp")?.get("prog")?.get("id")?.as_u64()?;
+        Some(id as u32)
     }
 
     /// TCP requests per second and p99 latency through the VIP, with wrk.
@@ -488,6 +546,14 @@ impl Drop for Active {
             let _ = agent.wait_exit(Duration::from_secs(10));
         }
     }
+}
+
+/// A program's (run time ns, runs) so far, from the kernel's BPF stats.
+fn program_stats(id: u32) -> (u64, u64) {
+    let out = Command::new("bpftool").args(["-j", "prog", "show", "id", &id.to_string()]).output().unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let field = |name: &str| info.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
+    (field("run_time_ns"), field("run_cnt"))
 }
 
 fn count(ebpf: &Ebpf) -> u64 {

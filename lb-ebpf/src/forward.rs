@@ -165,12 +165,12 @@ fn local(
         Ok(hop) => hop,
         Err(reason) => return (XDP_PASS, reason),
     };
-    // A known flow's reply entry was written with its first packet and is kept recent by the
-    // replies themselves.
-    if picked.entry.is_none() {
-        remember_reply(backend.addr, backend.port, flow);
-        picked.remember(flow, [0; 2], &hop, now);
-    }
+    // Every packet makes sure the reply entry is there: under a flood of new flows the reply
+    // table's LRU can evict an established flow's entry while its flow entry stays, and its
+    // pod's next reply would then leave untranslated and the client would reset the
+    // connection (the flood lab test caught that). A lookup per packet is the price.
+    remember_reply(backend.addr, backend.port, flow);
+    picked.remember(flow, [0; 2], &hop, now);
     let to = ReplyNat::new(flow.src, backend.addr, flow.sport, backend.port);
     route_out(ctx, layout, &to, &hop, Reason::ForwardedLocal)
 }
@@ -194,12 +194,16 @@ fn full_nat(
         Ok(hop) => hop,
         Err(reason) => return (XDP_PASS, reason),
     };
+    // SAFETY: bounds-checked by `header`; copied out.
+    let peer_mac = || header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).src_addr }).unwrap_or_default();
     let snat_port = match picked.snat_port() {
-        Some(port) => port,
+        Some(port) => {
+            // As for local delivery: the reply entry may have been evicted under a flood.
+            keep_snat_reply(flow, &backend, &settings, port, peer_mac);
+            port
+        }
         None => {
-            // SAFETY: bounds-checked by `header`; copied out.
-            let peer_mac = header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).src_addr }).unwrap_or_default();
-            let Some(port) = claim_snat_port(flow, &backend, &settings, peer_mac) else {
+            let Some(port) = claim_snat_port(flow, &backend, &settings, peer_mac()) else {
                 return (XDP_DROP, Reason::SnatPortsExhausted);
             };
             // A known flow without a port changed to full NAT: its entry is rewritten whole.
@@ -238,6 +242,28 @@ fn claim_snat_port(
         }
     }
     None
+}
+
+/// Writes a known full-NAT flow's reply entry again if it was evicted. Only if the port is
+/// still free: should another flow have claimed it meanwhile, this one's replies are lost, as
+/// they were from the eviction on (kube-proxy's conntrack never evicts an established flow; an
+/// LRU can, under a flood bigger than the table).
+#[inline(always)]
+fn keep_snat_reply(
+    flow: &FlowKey,
+    backend: &Backend,
+    settings: &Settings,
+    port: [u8; 2],
+    peer_mac: impl FnOnce() -> [u8; 6],
+) {
+    let key = FlowKey::new(backend.addr, settings.node_addr, backend.port, port, flow.proto);
+    // SAFETY: only tested for presence.
+    if unsafe { REPLY_NAT.get(&key) }.is_some() {
+        return;
+    }
+    let mut reply = ReplyNat::new(flow.dst, flow.src, flow.dport, flow.sport);
+    reply.peer_mac = peer_mac();
+    let _ = REPLY_NAT.insert(&key, &reply, BPF_NOEXIST as u64);
 }
 
 /// Records how the backend's replies to `flow` are translated back (local and DSR delivery:

@@ -132,6 +132,24 @@ pub fn send_and_capture(ns: &str, interface: &str, frames: Vec<Vec<u8>>, window:
     })
 }
 
+/// Sends `frames` on `interface` in namespace `ns` from a thread pinned to `cpu`: the receiving
+/// veth processes them on that CPU, so per-CPU state there (an LRU's lists) is what they touch.
+pub fn send_from_cpu(ns: &str, interface: &str, frames: Vec<Vec<u8>>, cpu: usize) {
+    let interface = interface.to_owned();
+    run_in(ns, move || {
+        // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+        let socket = RawSocket::bind(&interface);
+        for frame in &frames {
+            socket.send(frame);
+        }
+    })
+}
+
 /// The ARP replies among `frames`, as (sender MAC, sender IP, target MAC, target IP).
 pub fn arp_replies(frames: &[Vec<u8>]) -> Vec<([u8; 6], Ipv4Addr, [u8; 6], Ipv4Addr)> {
     frames

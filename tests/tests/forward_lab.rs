@@ -202,6 +202,60 @@ fn connections_keep_their_endpoint_when_one_is_added() {
     assert!(reached, "no new DSR flow reached the added endpoint {new_pod}:\n{}", c.logs());
 }
 
+/// The TCP flows to the VIP in n0's pinned connection table.
+fn tcp_flow_entries(c: &Cluster) -> usize {
+    use lb_common::service::{FLOWS, Flow, FlowKey, LAYOUT_VERSION};
+    let pin = c.lab.pin_path(0).join(format!("v{LAYOUT_VERSION}")).join(FLOWS);
+    let map = aya::maps::Map::LruHashMap(aya::maps::MapData::from_pin(&pin).unwrap());
+    let flows: aya::maps::HashMap<_, FlowKey, Flow> = aya::maps::HashMap::try_from(&map).unwrap();
+    flows.keys().filter_map(Result::ok).filter(|k| k.proto == 6 && k.dst == VIP.octets()).count()
+}
+
+/// A flood of new 5-tuples, from both CPUs, through a small connection table and reply table:
+/// most established flows' entries are evicted, yet each connection carries on with the pod it
+/// had, since Maglev gives an evicted flow the same backend while the backends are unchanged,
+/// and its next packet writes its entries again.
+#[test]
+fn a_flood_of_new_flows_evicts_established_ones_and_they_keep_their_pod() {
+    // Pods on the load balancer's node (local delivery), then on another one (full NAT).
+    flood_through(&[2]);
+    flood_through(&[0, 2]);
+}
+
+fn flood_through(layout: &[usize]) {
+    let mut c = cluster(layout);
+    let services = service(&c.lab, "web", 81, "fullNat", &[0, 1]);
+    // 512 entries each (256 per CPU's LRU list in FLOWS); the flood is 16 times that.
+    c.start(&format!("{services}dataplane:\n  capacity: {{flows: 512, replyNat: 512}}\n"));
+    let mut sessions = open_sessions(&c, 81, 24);
+    let pods: std::collections::BTreeSet<&str> = sessions.iter().map(|s| s.pod()).collect();
+    assert_eq!(pods.len(), 2, "Maglev spreads flows over both pods: {pods:?}");
+    let established = tcp_flow_entries(&c);
+    assert!(established >= 24, "{established}");
+
+    let client = &c.lab.client;
+    let flood = |first_port: u16| -> Vec<Vec<u8>> {
+        (0..4096u16)
+            .map(|i| {
+                let udp = lb_lab::packet::transport(17, CLIENT, VIP, first_port + i, 81, b"flood");
+                lb_lab::packet::ipv4_frame(client.mac, c.lab.nodes[0].mac, CLIENT, VIP, 64, 17, &udp)
+            })
+            .collect()
+    };
+    for (cpu, first_port) in [(0, 20_000), (1, 30_000)] {
+        lb_lab::packet::send_from_cpu(client.ns.name(), "eth0", flood(first_port), cpu);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // The LRU keeps recently used entries longest, so some survive a single pass; many go.
+    let left = tcp_flow_entries(&c);
+    assert!(established - left >= 4, "the flood evicted established flows: {left} of {established} left");
+    // The flood took the service path (a burst this size also overflows the veth's ring, so
+    // not every frame arrives).
+    let reason = if layout[0] == 2 { "forwarded_local" } else { "forwarded_full_nat" };
+    assert!(c.reason(0, reason) > 2048.0, "{}", c.agents[0].metrics());
+    assert_sessions_stay(&c, &mut sessions, "after a flood evicted their entries");
+}
+
 #[test]
 fn dsr_connections_survive_the_load_balancer_failing() {
     let mut c = cluster(&[0, 1, 1]);

@@ -57,7 +57,7 @@ pub fn encapsulate(
         outer_len as u16,
         now,
     ) {
-        Ok(hop) => hop,
+        Ok((hop, _)) => hop,
         Err(Reason::TooBig) => return (XDP_DROP, Reason::TooBig),
         Err(reason) => return (XDP_PASS, reason),
     };

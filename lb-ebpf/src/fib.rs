@@ -29,6 +29,7 @@ pub struct NextHop {
 
 /// The next hop from `src` to `dst` for a packet of `len` IP bytes: the flow's cached one
 /// while it is fresh and the packet fits, else the FIB's, which is then cached in `flow`.
+/// Also says whether the FIB was asked (the flow's periodic refresh, or a new flow).
 #[inline(always)]
 pub fn cached_lookup(
     ctx: &XdpContext,
@@ -37,19 +38,20 @@ pub fn cached_lookup(
     dst: [u8; 4],
     len: u16,
     now: u64,
-) -> Result<NextHop, Reason> {
+) -> Result<(NextHop, bool), Reason> {
     if let Some(f) = &flow
         && f.hop_ifindex != 0
         && now.wrapping_sub(f.hop_checked_ns) < HOP_REFRESH_NS
         && len <= f.hop_mtu
     {
-        return Ok(NextHop { ifindex: f.hop_ifindex, smac: f.hop_smac, dmac: f.hop_dmac, mtu: f.hop_mtu });
+        let hop = NextHop { ifindex: f.hop_ifindex, smac: f.hop_smac, dmac: f.hop_dmac, mtu: f.hop_mtu };
+        return Ok((hop, false));
     }
     let hop = lookup(ctx, src, dst, len)?;
     if let Some(f) = flow {
         cache(f, &hop, now);
     }
-    Ok(hop)
+    Ok((hop, true))
 }
 
 /// Writes `hop` into a flow's cache.

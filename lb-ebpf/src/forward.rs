@@ -12,7 +12,7 @@ use aya_ebpf::{
 use lb_common::{
     counters::Reason,
     hash::flow_hash,
-    service::{Backend, Delivery, Flow, FlowKey, ReplyNat, Service, ServiceKey, Settings},
+    service::{Backend, Delivery, Flow, FlowKey, PROTO_TCP, ReplyNat, Service, ServiceKey, Settings},
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
@@ -161,15 +161,14 @@ fn local(
     now: u64,
 ) -> (u32, Reason) {
     let backend = picked.backend;
-    let hop = match fib::cached_lookup(ctx, picked.entry(), flow.src, backend.addr, tot_len, now) {
+    let (hop, refreshed) = match fib::cached_lookup(ctx, picked.entry(), flow.src, backend.addr, tot_len, now)
+    {
         Ok(hop) => hop,
         Err(reason) => return (XDP_PASS, reason),
     };
-    // Every packet makes sure the reply entry is there: under a flood of new flows the reply
-    // table's LRU can evict an established flow's entry while its flow entry stays, and its
-    // pod's next reply would then leave untranslated and the client would reset the
-    // connection (the flood lab test caught that). A lookup per packet is the price.
-    remember_reply(backend.addr, backend.port, flow);
+    if must_check_reply(flow, refreshed) {
+        remember_reply(backend.addr, backend.port, flow);
+    }
     picked.remember(flow, [0; 2], &hop, now);
     let to = ReplyNat::new(flow.src, backend.addr, flow.sport, backend.port);
     route_out(ctx, layout, &to, &hop, Reason::ForwardedLocal)
@@ -190,16 +189,18 @@ fn full_nat(
         return (XDP_PASS, Reason::NoRoute);
     };
     let backend = picked.backend;
-    let hop = match fib::cached_lookup(ctx, picked.entry(), settings.node_addr, backend.addr, tot_len, now) {
-        Ok(hop) => hop,
-        Err(reason) => return (XDP_PASS, reason),
-    };
+    let (hop, refreshed) =
+        match fib::cached_lookup(ctx, picked.entry(), settings.node_addr, backend.addr, tot_len, now) {
+            Ok(hop) => hop,
+            Err(reason) => return (XDP_PASS, reason),
+        };
     // SAFETY: bounds-checked by `header`; copied out.
     let peer_mac = || header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).src_addr }).unwrap_or_default();
     let snat_port = match picked.snat_port() {
         Some(port) => {
-            // As for local delivery: the reply entry may have been evicted under a flood.
-            keep_snat_reply(flow, &backend, &settings, port, peer_mac);
+            if must_check_reply(flow, refreshed) {
+                keep_snat_reply(flow, &backend, &settings, port, peer_mac);
+            }
             port
         }
         None => {
@@ -242,6 +243,17 @@ fn claim_snat_port(
         }
     }
     None
+}
+
+/// Whether this packet makes sure its flow's reply entry is there. Under a flood of new flows
+/// the reply table's LRU can evict an established flow's entry while its flow entry stays (the
+/// flood lab test caught it): the backend's next reply then leaves untranslated. For TCP the
+/// client answers that with a reset, which ends the connection, so every TCP packet checks
+/// (a lookup). Other protocols check when the flow's next hop is refreshed: at most
+/// `HOP_REFRESH_NS` of replies are lost, and nothing is reset.
+#[inline(always)]
+fn must_check_reply(flow: &FlowKey, refreshed: bool) -> bool {
+    refreshed || flow.proto == PROTO_TCP
 }
 
 /// Writes a known full-NAT flow's reply entry again if it was evicted. Only if the port is

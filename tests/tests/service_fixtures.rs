@@ -394,3 +394,55 @@ fn next_hop_fixtures(ifindex: u32) {
     assert_eq!((action, out), (XDP_PASS, input.clone()), "no route: passed untouched");
     assert_eq!(f.reason(Reason::NoRoute), before + 1);
 }
+
+/// A reply entry evicted while its flow's entry stays (a flood can do that to an LRU) is
+/// written again: by the next packet for TCP, whose client would otherwise reset the
+/// connection on an untranslated reply; at the flow's next-hop refresh for UDP.
+#[test]
+fn an_evicted_reply_entry_is_written_again() {
+    let mut lab = Lab::new(2);
+    lab.add_pod(0);
+    let node = &lab.nodes[0].ns;
+    let pod_mac = mac_of(&lab.pods[0].ns, "eth0");
+    permanent_neighbour(node, CLIENT, CLIENT_MAC, "eth0");
+    permanent_neighbour(node, LOCAL_POD, pod_mac, "pv0");
+    let ifindex = ifindex_of(node, "eth0");
+    node.run(move || reply_entry_fixtures(ifindex));
+}
+
+fn reply_entry_fixtures(ifindex: u32) {
+    use lb_common::service::{FLOWS, Flow, HOP_REFRESH_NS, REPLY_NAT, ReplyNat};
+    fn replies(f: &mut Fixture) -> HashMap<&mut aya::maps::MapData, FlowKey, ReplyNat> {
+        HashMap::try_from(f.ebpf.map_mut(REPLY_NAT).unwrap()).unwrap()
+    }
+    let mut f = Fixture::load(ifindex);
+    for (proto, sport) in [(6u8, 42_000u16), (17, 42_001)] {
+        let input = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, proto, (sport, 80));
+        let reply_key = FlowKey::new(
+            LOCAL_POD.octets(),
+            CLIENT.octets(),
+            8080u16.to_be_bytes(),
+            sport.to_be_bytes(),
+            proto,
+        );
+        let flow_key =
+            FlowKey::new(CLIENT.octets(), VIP.octets(), sport.to_be_bytes(), 80u16.to_be_bytes(), proto);
+        assert_eq!(f.run(&input).0, XDP_REDIRECT);
+        assert!(replies(&mut f).get(&reply_key, 0).is_ok(), "proto {proto}: written with the first packet");
+
+        replies(&mut f).remove(&reply_key).unwrap();
+        assert_eq!(f.run(&input).0, XDP_REDIRECT);
+        let again = replies(&mut f).get(&reply_key, 0).is_ok();
+        assert_eq!(again, proto == 6, "proto {proto}: written again by the next packet only for TCP");
+        if proto == 17 {
+            // UDP: at the next refresh of the flow's hop.
+            let mut flows: HashMap<_, FlowKey, Flow> =
+                HashMap::try_from(f.ebpf.map_mut(FLOWS).unwrap()).unwrap();
+            let mut flow = flows.get(&flow_key, 0).unwrap();
+            flow.hop_checked_ns = flow.hop_checked_ns.saturating_sub(HOP_REFRESH_NS);
+            flows.insert(flow_key, flow, 0).unwrap();
+            assert_eq!(f.run(&input).0, XDP_REDIRECT);
+            assert!(replies(&mut f).get(&reply_key, 0).is_ok(), "UDP: written again at the refresh");
+        }
+    }
+}

@@ -334,7 +334,8 @@ impl Bench {
                 );
                 let path = self.lab.path("iptables.rules");
                 std::fs::write(&path, rules).unwrap();
-                self.node().run_cmd(&["sh", "-c", &format!("iptables-restore < {}", path.display())]);
+                let restore = format!("{}-restore < {}", iptables(), path.display());
+                self.node().run_cmd(&["sh", "-c", &restore]);
                 Some(Active::Rules)
             }
             Mode::Nftables => {
@@ -363,8 +364,8 @@ impl Bench {
     fn deactivate(&self, mode: Mode) {
         match mode {
             Mode::Iptables => {
-                self.node().run_cmd(&["iptables", "-t", "nat", "-F"]);
-                self.node().run_cmd(&["iptables", "-t", "nat", "-X"]);
+                self.node().run_cmd(&[&iptables(), "-t", "nat", "-F"]);
+                self.node().run_cmd(&[&iptables(), "-t", "nat", "-X"]);
             }
             Mode::Nftables => {
                 self.node().run_cmd(&["nft", "delete", "table", "ip", "kube-proxy"]);
@@ -546,6 +547,13 @@ impl Drop for Active {
             let _ = agent.wait_exit(Duration::from_secs(10));
         }
     }
+}
+
+/// The iptables command the iptables mode uses: Debian's `iptables` (the nf_tables backend,
+/// as kube-proxy's image picks on a host without legacy rules), or `LB_BENCH_IPTABLES` (e.g.
+/// `iptables-legacy`, the x_tables backend older hosts run).
+fn iptables() -> String {
+    std::env::var("LB_BENCH_IPTABLES").unwrap_or_else(|_| "iptables".into())
 }
 
 /// A program's (run time ns, runs) so far, from the kernel's BPF stats.

@@ -24,10 +24,11 @@ const APT_PACKAGES: &[&str] = &[
     "iptables", // kube-proxy baselines
     "nftables",
     "curl",
-    "prometheus",    // promtool, for the alerting rules' tests
-    "kubectl",       // `kubectl kustomize deploy/`, rendered in the deploy test
-    "python3-scapy", // hostile VRRP advertisements crafted by a tool that is not ours
-    "podman",        // builds the FROM-scratch image whose binary the image test runs
+    "prometheus",      // promtool, for the alerting rules' tests
+    "kubectl",         // `kubectl kustomize deploy/`, rendered in the deploy test
+    "python3-scapy",   // hostile VRRP advertisements crafted by a tool that is not ours
+    "podman",          // builds the FROM-scratch image whose binary the image test runs
+    "python3-seccomp", // applies the containers' seccomp profile to that binary in the lab
 ];
 
 pub fn run() -> Result<()> {

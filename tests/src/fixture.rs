@@ -64,3 +64,16 @@ pub fn permanent_neighbour(ns: &Netns, ip: Ipv4Addr, mac: [u8; 6], dev: &str) {
     let mac = crate::format_mac(&mac);
     ns.run_cmd(&["ip", "neigh", "replace", &ip.to_string(), "lladdr", &mac, "dev", dev, "nud", "permanent"]);
 }
+
+/// Runs `f` (given eth0's ifindex) inside node n0 of a two-node lab, whose FIB reaches n1's
+/// pods through the peer, with the peer and the client as permanent neighbours: the fixtures'
+/// next hops are then fixed.
+pub fn in_lab_node(f: impl FnOnce(u32) + Send + 'static) {
+    let lab = crate::Lab::new(2);
+    let node = &lab.nodes[0].ns;
+    for (ip, mac) in [(PEER, PEER_MAC), (CLIENT, CLIENT_MAC)] {
+        permanent_neighbour(node, ip, mac, "eth0");
+    }
+    let ifindex = ifindex_of(node, "eth0");
+    node.run(move || f(ifindex));
+}

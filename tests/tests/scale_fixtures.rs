@@ -25,11 +25,7 @@ use lb_common::{
     },
 };
 use lb_lab::{
-    Lab,
-    fixture::{
-        CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, VIP, XDP_DROP, XDP_TX, ifindex_of,
-        permanent_neighbour, run_uplink,
-    },
+    fixture::{CLIENT, CLIENT_MAC, NODE, NODE_MAC, VIP, XDP_DROP, XDP_TX, in_lab_node, run_uplink},
     packet::ipv4_frame,
 };
 
@@ -147,17 +143,6 @@ fn planned_backend(config: &Config, sport: u16) -> Ipv4Addr {
     let flow = FlowKey::new(CLIENT.octets(), VIP.octets(), sport.to_be_bytes(), 80u16.to_be_bytes(), 6);
     let slot = flow_hash(&flow) % service.ring.len() as u32;
     Ipv4Addr::from(service.backends[service.ring[slot as usize] as usize].addr)
-}
-
-/// Runs `f` in node n0 of a two-node lab whose FIB reaches n1's pods through the peer.
-fn in_lab_node(f: impl FnOnce(u32) + Send + 'static) {
-    let lab = Lab::new(2);
-    let node = &lab.nodes[0].ns;
-    for (ip, mac) in [(PEER, PEER_MAC), (CLIENT, CLIENT_MAC)] {
-        permanent_neighbour(node, ip, mac, "eth0");
-    }
-    let ifindex = ifindex_of(node, "eth0");
-    node.run(move || f(ifindex));
 }
 
 #[test]

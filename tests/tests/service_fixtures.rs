@@ -158,6 +158,12 @@ fn snat_port(sport: u16, dport: u16, proto: u8) -> u16 {
 /// at 10.244.0.2), with permanent neighbours so next hops are fixed.
 #[test]
 fn service_paths_produce_the_exact_frames() {
+    in_node_with_local_pod(fixtures);
+}
+
+/// Runs `f` (given eth0's ifindex and the local pod's MACs) inside lab node n0 with its local
+/// pod, the peer, the client and the pod as permanent neighbours.
+fn in_node_with_local_pod(f: impl FnOnce(u32, LocalMacs) + Send + 'static) {
     let mut lab = Lab::new(2);
     lab.add_pod(0);
     let node = &lab.nodes[0].ns;
@@ -169,7 +175,7 @@ fn service_paths_produce_the_exact_frames() {
     }
     let ifindex = ifindex_of(node, "eth0");
     let macs = LocalMacs { pod: pod_mac, host: host_mac };
-    node.run(move || fixtures(ifindex, macs));
+    node.run(move || f(ifindex, macs));
 }
 
 fn fixtures(ifindex: u32, local: LocalMacs) {
@@ -321,13 +327,7 @@ fn check(f: &Fixture, name: &str, input: &[u8], action: u32, expected: &[u8]) {
 /// and a packet bigger than the cached MTU is always looked up again.
 #[test]
 fn cached_next_hops_are_refreshed_not_trusted_forever() {
-    let lab = Lab::new(2);
-    let node = &lab.nodes[0].ns;
-    for (ip, mac) in [(PEER, PEER_MAC), (CLIENT, CLIENT_MAC)] {
-        permanent_neighbour(node, ip, mac, "eth0");
-    }
-    let ifindex = ifindex_of(node, "eth0");
-    node.run(move || next_hop_fixtures(ifindex));
+    lb_lab::fixture::in_lab_node(next_hop_fixtures);
 }
 
 fn next_hop_fixtures(ifindex: u32) {
@@ -400,14 +400,7 @@ fn next_hop_fixtures(ifindex: u32) {
 /// connection on an untranslated reply; at the flow's next-hop refresh for UDP.
 #[test]
 fn an_evicted_reply_entry_is_written_again() {
-    let mut lab = Lab::new(2);
-    lab.add_pod(0);
-    let node = &lab.nodes[0].ns;
-    let pod_mac = mac_of(&lab.pods[0].ns, "eth0");
-    permanent_neighbour(node, CLIENT, CLIENT_MAC, "eth0");
-    permanent_neighbour(node, LOCAL_POD, pod_mac, "pv0");
-    let ifindex = ifindex_of(node, "eth0");
-    node.run(move || reply_entry_fixtures(ifindex));
+    in_node_with_local_pod(|ifindex, _| reply_entry_fixtures(ifindex));
 }
 
 fn reply_entry_fixtures(ifindex: u32) {

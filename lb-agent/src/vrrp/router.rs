@@ -724,6 +724,13 @@ mod tests {
         s
     }
 
+    fn assert_counted(registry: &Registry, samples: &[&str]) {
+        let metrics = text(registry);
+        for sample in samples {
+            assert!(metrics.contains(sample), "{sample} missing from\n{metrics}");
+        }
+    }
+
     #[test]
     fn the_backup_takes_over_when_the_master_goes_silent() {
         let t0 = Instant::now();
@@ -818,17 +825,17 @@ mod tests {
         };
         b.on_datagram(t0 + ms(400), &on_wire(A, &foreign, 255));
         b.on_datagram(t0 + ms(400), &on_wire(A, &foreign, 255)[..27]);
-        let metrics = text(&registry);
-        for sample in [
-            r#"vrrp_adverts_dropped_total{vrid="9",reason="not_member"} 1"#,
-            r#"vrrp_adverts_dropped_total{vrid="9",reason="bad_ttl"} 1"#,
-            r#"vrrp_adverts_dropped_total{vrid="78",reason="unknown_vrid"} 1"#,
-            r#"vrrp_adverts_dropped_total{vrid="78",reason="truncated"} 1"#,
-            r#"vrrp_adverts_dropped_total{vrid="9",reason="own_advert"} 1"#,
-            r#"vrrp_adverts_dropped_total{vrid="77",reason="bad_checksum"} 1"#,
-        ] {
-            assert!(metrics.contains(sample), "{sample} missing from\n{metrics}");
-        }
+        assert_counted(
+            &registry,
+            &[
+                r#"vrrp_adverts_dropped_total{vrid="9",reason="not_member"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="9",reason="bad_ttl"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="78",reason="unknown_vrid"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="78",reason="truncated"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="9",reason="own_advert"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="77",reason="bad_checksum"} 1"#,
+            ],
+        );
         // The rogue's priority 254 did not keep B from taking over on schedule.
         b.on_timer(t0 + ms(361));
         assert_eq!(b.owned_vips(), [VIP].into());
@@ -874,16 +881,16 @@ mod tests {
         // The master's own advert, captured and sent again.
         b.on_datagram(t0 + ms(440), &on_wire(A, &first[0], 255));
 
-        let metrics = text(&registry);
-        for sample in [
-            r#"vrrp_adverts_dropped_total{vrid="9",reason="unauthenticated"} 1"#,
-            r#"vrrp_adverts_dropped_total{vrid="9",reason="unknown_key"} 1"#,
-            r#"vrrp_adverts_dropped_total{vrid="9",reason="bad_tag"} 1"#,
-            r#"vrrp_adverts_dropped_total{vrid="9",reason="replayed"} 1"#,
-            r#"vrrp_adverts_received_total{group="g",vrid="9"} 2"#,
-        ] {
-            assert!(metrics.contains(sample), "{sample} missing from\n{metrics}");
-        }
+        assert_counted(
+            &registry,
+            &[
+                r#"vrrp_adverts_dropped_total{vrid="9",reason="unauthenticated"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="9",reason="unknown_key"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="9",reason="bad_tag"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="9",reason="replayed"} 1"#,
+                r#"vrrp_adverts_received_total{group="g",vrid="9"} 2"#,
+            ],
+        );
         // B still follows A's schedule: down 360.9 ms after A's last genuine advert (422 ms).
         b.on_timer(t0 + ms(782));
         assert!(b.owned_vips().is_empty());

@@ -3,16 +3,21 @@
 //!
 //! - `bench_gen`: run through BPF_PROG_TEST_RUN in live-frames mode on the client, it sends
 //!   its input frame out with `XDP_TX`, cycling the UDP source port over `flows` values.
-//! - `bench_sink`: counts and drops, at the receiver.
+//! - `bench_sink`: counts and drops (XDP): the ceiling's sink on the LB node.
+//! - `bench_sink_tc`: counts and drops at the pod's TC ingress, after the kernel has built the
+//!   packet's skb as for any pod traffic, whichever mode forwarded it.
 //! - `bench_dnat`: the smallest useful XDP load balancer, a fixed UDP DNAT and redirect, the
 //!   yardstick for the full program's cost.
 
 use aya_ebpf::{
-    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    bindings::{
+        TC_ACT_OK, TC_ACT_SHOT,
+        xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    },
     helpers::bpf_redirect,
-    macros::{map, xdp},
+    macros::{classifier, map, xdp},
     maps::{Array, PerCpuArray},
-    programs::XdpContext,
+    programs::{TcContext, XdpContext},
 };
 use lb_common::{
     csum,
@@ -76,6 +81,21 @@ pub fn bench_sink(ctx: XdpContext) -> u32 {
         unsafe { *counter += 1 };
     }
     XDP_DROP
+}
+
+#[classifier]
+pub fn bench_sink_tc(ctx: TcContext) -> i32 {
+    // Only the generated UDP (IPv4, protocol byte at offset 23) is counted and dropped.
+    let is_udp = ctx.load::<u16>(12).is_ok_and(|t| t == ETHERTYPE_IPV4.to_be())
+        && ctx.load::<u8>(ETH_LEN + 9).is_ok_and(|p| p == PROTO_UDP);
+    if !is_udp {
+        return TC_ACT_OK;
+    }
+    if let Some(counter) = BENCH_COUNT.get_ptr_mut(0) {
+        // SAFETY: this CPU's counter.
+        unsafe { *counter += 1 };
+    }
+    TC_ACT_SHOT
 }
 
 #[xdp]

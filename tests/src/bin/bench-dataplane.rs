@@ -6,7 +6,8 @@
 //!   thread pinned to CPU 0; it cycles the source port over `--flows` values.
 //! - Forwarder: n0's eth0 runs NAPI in a kernel thread (`threaded`), pinned to CPU 1; its CPU
 //!   time comes from that thread's schedstat.
-//! - Receiver: `bench_sink` on the pod's eth0 counts what arrives.
+//! - Receiver: `bench_sink_tc` at the pod's TC ingress counts what arrives, once the kernel has
+//!   built its skb (GRO on, no XDP on the pod's side), as it does for any traffic to a pod.
 //! - Modes: `xdp-drop` (the ceiling: a sink on n0 itself), `lb-agent` (the full program: Maglev,
 //!   connection table, counters), `xdp-dnat` (a bare DNAT and redirect), `iptables` and
 //!   `nftables` (kube-proxy's rule shapes, with conntrack).
@@ -249,7 +250,9 @@ impl Bench {
         let mut host_ifs = Vec::new();
         for (k, &p) in pods.iter().enumerate() {
             let pod = &lab.pods[p];
-            pod_sinks.push(pod.ns.run(|| attach("bench_sink", "eth0")));
+            // GRO lets the pod's veth take redirected frames without an XDP program there.
+            pod.ns.run_cmd(&["ethtool", "-K", "eth0", "gro", "on"]);
+            pod_sinks.push(pod.ns.run(|| attach_tc_ingress("bench_sink_tc", "eth0")));
             pod_macs.push(mac(&pod.ns, "eth0"));
             let host_if = format!("pv{k}");
             host_ifs.push((host_if.clone(), mac(&node.ns, &host_if), ifindex(&node.ns, &host_if)));
@@ -574,6 +577,15 @@ fn attach(program: &str, interface: &str) -> Ebpf {
     let xdp: &mut Xdp = ebpf.program_mut(program).unwrap().try_into().unwrap();
     xdp.load().unwrap_or_else(|e| panic!("loading {program}: {e}"));
     xdp.attach(interface, XdpMode::Driver)
+        .unwrap_or_else(|e| panic!("attaching {program} to {interface}: {e}"));
+    ebpf
+}
+
+fn attach_tc_ingress(program: &str, interface: &str) -> Ebpf {
+    let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).expect("loading the BPF object");
+    let tc: &mut aya::programs::SchedClassifier = ebpf.program_mut(program).unwrap().try_into().unwrap();
+    tc.load().unwrap_or_else(|e| panic!("loading {program}: {e}"));
+    tc.attach(interface, aya::programs::TcAttachType::Ingress)
         .unwrap_or_else(|e| panic!("attaching {program} to {interface}: {e}"));
     ebpf
 }

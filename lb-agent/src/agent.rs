@@ -126,13 +126,13 @@ pub async fn run(
         )
     })?;
     let plan = node_plan(&config, &node);
-    let mut keys = KeyFiles::default();
-    keys.refresh(plan.key_files.values());
     if cluster_configs.is_none() {
         // A key file named in the config file is part of it: a mistake stops the start. From
         // the cluster, the group waits for its Secret on this node instead (see key_files).
         check_key_files(&config, &node).map_err(|(field, expected)| config_error(&field, expected))?;
     }
+    let mut keys = KeyFiles::default();
+    keys.refresh(plan.key_files.values());
     let node_address = match config.node_address {
         Some(address) => address,
         None => netdev::primary_ipv4(&netlink, interface.index).await?.ok_or_else(|| {

@@ -30,8 +30,17 @@ struct KeyFile {
 
 /// Reads and parses one key file; the error says what was wrong with which line.
 pub fn read(path: &Path) -> Result<Keyring, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    Keyring::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    parse(path, &std::fs::read(path).map_err(|e| read_error(path, e))?)
+}
+
+fn read_error(path: &Path, e: std::io::Error) -> String {
+    format!("cannot read {}: {e}", path.display())
+}
+
+/// A key file's content as keys; the error names the file and, where one is at fault, the line.
+fn parse(path: &Path, text: &[u8]) -> Result<Keyring, String> {
+    let text = std::str::from_utf8(text).map_err(|_| format!("{}: not UTF-8 text", path.display()))?;
+    Keyring::parse(text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 impl KeyFiles {
@@ -65,7 +74,7 @@ impl KeyFile {
         let text = match std::fs::read(path) {
             Ok(text) => text,
             Err(e) => {
-                self.failed(format!("cannot read {}: {e}", path.display()));
+                self.failed(read_error(path, e));
                 self.text = None;
                 return false;
             }
@@ -73,9 +82,7 @@ impl KeyFile {
         if self.text.as_ref() == Some(&text) {
             return false;
         }
-        let parsed = std::str::from_utf8(&text)
-            .map_err(|_| "not UTF-8 text".to_owned())
-            .and_then(|t| Keyring::parse(t).map_err(|e| e.to_string()));
+        let parsed = parse(path, &text);
         self.text = Some(text);
         match parsed {
             Ok(keys) if self.keys.as_deref() == Some(&keys) => {
@@ -89,7 +96,7 @@ impl KeyFile {
                 true
             }
             Err(e) => {
-                self.failed(format!("{}: {e}", path.display()));
+                self.failed(e);
                 false
             }
         }

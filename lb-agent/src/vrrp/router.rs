@@ -479,18 +479,21 @@ impl Router {
     /// The sequence for the adverts sent now: the wall clock in microseconds as it was at start
     /// plus the time since, and always past the last one.
     fn next_sequence(&mut self, now: Instant) -> u64 {
-        let (at, micros) = self.wall_clock;
-        let clock = micros + now.saturating_duration_since(at).as_micros() as u64;
-        self.last_sequence = clock.max(self.last_sequence + 1);
+        self.last_sequence = self.wall_micros(now).max(self.last_sequence + 1);
         self.last_sequence
+    }
+
+    /// `now` on the wall clock, in microseconds, as mapped at start (see `wall_clock`).
+    fn wall_micros(&self, now: Instant) -> u64 {
+        let (at, micros) = self.wall_clock;
+        micros + now.saturating_duration_since(at).as_micros() as u64
     }
 
     /// Whether an authenticated advert's sequence is new: past the last accepted from the same
     /// sender for the VRID, or, from a sender not heard yet, signed within [`FRESHNESS`].
     /// Remembered when it is.
     fn fresh(&mut self, now: Instant, vrid: u8, source: Ipv4Addr, sequence: u64) -> bool {
-        let (at, micros) = self.wall_clock;
-        let clock = micros + now.saturating_duration_since(at).as_micros() as u64;
+        let clock = self.wall_micros(now);
         let fresh = match self.sequences.get(&(vrid, source)) {
             Some(&last) => sequence > last,
             None => sequence.saturating_add(FRESHNESS.as_micros() as u64) >= clock,

@@ -26,13 +26,14 @@ use crate::{
     config::{Config, ConfigError},
     dataplane::{Dataplane, XdpCounters, leases, vips::OwnedSet},
     error::{Error, Result},
-    http::{self, HttpState, InstanceSnapshot, StatusSource},
+    http::{self, HttpState, InstanceSnapshot, LoopSnapshot, StatusSource},
     k8s::controller::{ForeignRouters, FromAgent, Impersonations},
     key_files::{self, KeyFiles},
     metrics::{GroupLabels, MemberLabels, Metrics, ResultLabels, VridLabels, XdpLabels},
-    netdev::{self, Interface},
+    netdev,
     node_plan::{NodePlan, node_plan},
     service_sync::{ServiceSync, SyncMetrics, SyncRequest},
+    uplinks::{self, Uplinks},
     vrrp::{
         garp::{GarpSocket, announcement},
         metrics::VrrpMetrics,
@@ -119,12 +120,6 @@ pub async fn run(
         path: config_path.clone(),
         error: ConfigError::new(field, expected),
     };
-    let interface = netdev::find(&netlink, &config.interface).await?.ok_or_else(|| {
-        config_error(
-            "interface",
-            format!("an interface of this node, but {:?} does not exist here", config.interface),
-        )
-    })?;
     let plan = node_plan(&config, &node);
     if cluster_configs.is_none() {
         // A key file named in the config file is part of it: a mistake stops the start. From
@@ -133,15 +128,11 @@ pub async fn run(
     }
     let mut keys = KeyFiles::default();
     keys.refresh(plan.key_files.values());
-    let node_address = match config.node_address {
-        Some(address) => address,
-        None => netdev::primary_ipv4(&netlink, interface.index).await?.ok_or_else(|| {
-            config_error(
-                "nodeAddress",
-                format!("this node's address, since {} has no IPv4 address to default to", interface.name),
-            )
-        })?,
-    };
+    let mut uplinks = Uplinks::default();
+    uplinks.by_name = uplinks::resolve(&netlink, &config, &plan, &BTreeSet::new())
+        .await?
+        .map_err(|e| config_error(&e.field, e.expected))?;
+    let node_address = uplinks.by_name[&config.interface].node_address;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| Error::io(format!("listening on {} (listen)", config.listen), e))?;
@@ -150,37 +141,42 @@ pub async fn run(
     })?;
 
     let mut metrics = Metrics::new();
-    let vrrp = match plan.local {
-        Some(local) if !plan.instances.is_empty() => {
-            let socket = VrrpSocket::open(&interface.name, interface.index, local).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::AddrNotAvailable {
-                    // The config names an address this node does not have: a config mistake.
-                    config_error(
-                        &node_address_field(&config, &node),
-                        format!("an address of {} on this node, but {local} is not", interface.name),
-                    )
-                } else {
-                    Error::io(format!("opening the VRRP socket on {} from {local}", interface.name), e)
-                }
-            })?;
-            let router = Router::new(local, VrrpMetrics::register(&mut metrics.registry));
-            Some(Vrrp { socket, router })
-        }
-        _ => None,
+    let mut vrrp = Vrrp {
+        router: Router::new(plan.locals.clone(), VrrpMetrics::register(&mut metrics.registry)),
+        sockets: BTreeMap::new(),
     };
-    let garp =
-        GarpSocket::open(interface.index).map_err(|e| Error::io("opening the gratuitous-ARP socket", e))?;
+    let index = |name: &str| uplinks.get(name).map(|u| u.interface.index);
+    vrrp.sockets = vrrp.open_missing(&plan, index).map_err(|(interface, expected)| {
+        config_error(&node_address_field(&config, &node, &interface), expected)
+    })?;
 
-    let (dataplane, counters, service_maps) = Dataplane::attach(
-        &interface,
-        config.xdp_mode,
-        &config.dataplane.pin_path,
-        &config.dataplane.capacity,
-    )?;
+    let names: Vec<&str> = uplinks.by_name.keys().map(String::as_str).collect();
+    let (mut dataplane, counters, service_maps) =
+        Dataplane::load(&names, config.xdp_mode, &config.dataplane.pin_path, &config.dataplane.capacity)?;
+    for uplink in uplinks.by_name.values() {
+        let attached = dataplane.attach(&uplink.interface)?;
+        metrics
+            .xdp_attached
+            .get_or_create(&XdpLabels {
+                interface: uplink.interface.name.clone(),
+                mode: attached.mode.as_str(),
+            })
+            .set(1);
+    }
+    dataplane.detach_strays()?;
+    uplinks.slots.assign(names);
+    dataplane.set_uplinks(&uplinks.entries())?;
     let counters = Arc::new(Mutex::new(counters));
     // The first sync completes before anything is announced ready; later ones run beside VRRP.
     let config = Arc::new(config);
-    let request = SyncRequest { config: config.clone(), node: node.clone(), node_address, generation: 0 };
+    let vip_uplinks = uplinks.vip_slots(&config, &plan);
+    let request = SyncRequest {
+        config: config.clone(),
+        node: node.clone(),
+        node_address,
+        vip_uplinks: vip_uplinks.clone(),
+        generation: 0,
+    };
     let sync_metrics = SyncMetrics {
         syncs: metrics.service_syncs.clone(),
         seconds: metrics.service_sync_seconds.clone(),
@@ -197,21 +193,18 @@ pub async fn run(
     let (services, requests) = watch::channel(request);
     let sync_task = sync.spawn(requests);
     metrics.register_xdp(counters.clone());
-    metrics
-        .xdp_attached
-        .get_or_create(&XdpLabels { interface: interface.name.clone(), mode: dataplane.mode.as_str() })
-        .set(1);
     let (status_requests_tx, status_requests) = mpsc::channel(8);
+    let default_mode = dataplane.uplinks().get(&config.interface).map_or("none", |a| a.mode.as_str());
     let status = StatusSource {
         node: node.clone(),
-        interface: interface.name.clone(),
-        xdp_mode: dataplane.mode.as_str(),
+        interface: config.interface.clone(),
+        xdp_mode: default_mode,
         requests: status_requests_tx,
         counters: counters.clone(),
     };
     let state = Arc::new(HttpState { metrics, ready: Default::default(), status });
 
-    let carrier = netdev::watch_carrier(interface.index)?;
+    let carrier = netdev::watch_carrier()?;
     let mut agent = Agent {
         config_path,
         config,
@@ -219,18 +212,18 @@ pub async fn run(
         plan: Arc::new(plan),
         netlink,
         carrier,
-        interface,
+        uplinks,
         dataplane,
         counters,
         state: state.clone(),
-        vrrp,
-        garp: Arc::new(garp),
+        vrrp: Some(vrrp),
         announced: BTreeSet::new(),
         garp_refresh: BTreeMap::new(),
         kernel_vips: None,
         applied_epoch: None,
         leases_epoch: None,
         node_address,
+        vip_uplinks,
         services,
         services_applied,
         pending: None,
@@ -241,7 +234,6 @@ pub async fn run(
         impersonated,
         impersonations_seen: BTreeMap::new(),
         keys,
-        restart_requested: false,
         status_requests,
     };
     // Impersonations counted before this agent started (the map is pinned) are not news.
@@ -273,14 +265,10 @@ pub async fn run(
     agent.applied_epoch = None;
     agent.vrrp = None;
     agent.apply_ownership().await;
-    let restart = agent.restart_requested;
-    if agent.config.dataplane.keep_on_exit || restart {
+    if agent.config.dataplane.keep_on_exit {
         agent.dataplane.keep();
     } else {
         agent.dataplane.remove()?;
-    }
-    if restart {
-        return Err(Error::RestartNeeded);
     }
     result
 }
@@ -298,12 +286,13 @@ fn check_key_files(config: &Config, node: &str) -> std::result::Result<(), (Stri
     Ok(())
 }
 
-/// The config path of this node's address, e.g. `groups[0].nodes[2].address`.
-fn node_address_field(config: &Config, node: &str) -> String {
+/// The config path of this node's address on `interface`, e.g. `groups[0].nodes[2].address`.
+fn node_address_field(config: &Config, node: &str, interface: &str) -> String {
     config
         .groups
         .iter()
         .enumerate()
+        .filter(|(_, group)| config.group_interface(group) == interface)
         .find_map(|(g, group)| {
             let n = group.nodes.iter().position(|n| n.name == node)?;
             Some(format!("groups[{g}].nodes[{n}].address"))
@@ -319,18 +308,74 @@ fn node_name(config: &Config, node_override: Option<String>) -> String {
         .unwrap_or_default()
 }
 
+/// The VRRP driver: the router and a socket on each interface it runs instances on.
 struct Vrrp {
-    socket: VrrpSocket,
     router: Router,
+    sockets: BTreeMap<String, VrrpSocket>,
 }
 
 impl Vrrp {
     fn send(&self, out: &[Outgoing]) {
         for o in out {
-            if let Err(e) = self.socket.send_to(&o.payload, o.destination) {
-                warn!(destination = %o.destination, error = %e, "sending a VRRP advertisement failed");
+            let Some(socket) = self.sockets.get(&o.interface) else {
+                warn!(interface = %o.interface, "no VRRP socket on the interface: advertisement not sent");
+                continue;
+            };
+            if let Err(e) = socket.send_to(&o.payload, o.destination) {
+                warn!(interface = %o.interface, destination = %o.destination, error = %e, "sending a VRRP advertisement failed");
             }
         }
+    }
+
+    /// Opens a socket on each interface where the plan runs instances, from this node's
+    /// address there, where none is open from it yet (`ifindex` finds the interfaces), for
+    /// the caller to add. An address this node does not have is the config's mistake: the
+    /// error names the interface and what was expected.
+    fn open_missing(
+        &self,
+        plan: &NodePlan,
+        ifindex: impl Fn(&str) -> Option<u32>,
+    ) -> std::result::Result<BTreeMap<String, VrrpSocket>, (String, String)> {
+        let mut opened = BTreeMap::new();
+        let wanted: BTreeMap<&str, Ipv4Addr> = plan
+            .instances
+            .iter()
+            .filter_map(|i| Some((i.interface.as_str(), *plan.locals.get(&i.interface)?)))
+            .collect();
+        for (name, local) in wanted {
+            if self.sockets.get(name).is_some_and(|s| s.source() == local) {
+                continue;
+            }
+            let Some(index) = ifindex(name) else { continue };
+            let socket = VrrpSocket::open(name, index, local).map_err(|e| {
+                let expected = if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+                    format!("an address of {name} on this node, but {local} is not")
+                } else {
+                    format!("an address the VRRP socket on {name} can use ({local}: {e})")
+                };
+                (name.to_owned(), expected)
+            })?;
+            opened.insert(name.to_owned(), socket);
+        }
+        Ok(opened)
+    }
+
+    /// Closes the sockets of interfaces where the plan runs no instance any more: called once
+    /// the router has sent its last advertisements out of them.
+    fn close_unused_sockets(&mut self, plan: &NodePlan) {
+        self.sockets.retain(|name, _| plan.instances.iter().any(|i| i.interface == *name));
+    }
+
+    /// Handles the datagrams already waiting on the sockets, without waiting for more.
+    fn drain(&mut self, buf: &mut [u8]) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        for (name, socket) in &self.sockets {
+            for _ in 0..DRAIN_LIMIT {
+                let Ok(n) = socket.try_recv(buf) else { break };
+                out.extend(self.router.on_datagram(Instant::now().into_std(), name, &buf[..n]));
+            }
+        }
+        out
     }
 }
 
@@ -342,24 +387,28 @@ struct Agent {
     /// Shared with the pending config's, when that config changed no group.
     plan: Arc<NodePlan>,
     netlink: rtnetlink::Handle,
-    interface: Interface,
+    /// Every interface VIPs are served on, the default uplink first among equals.
+    uplinks: Uplinks,
     dataplane: Dataplane,
     counters: Arc<Mutex<XdpCounters>>,
     state: Arc<HttpState>,
+    /// `None` once stopping: nothing is claimed through VRRP any more.
     vrrp: Option<Vrrp>,
-    garp: Arc<GarpSocket>,
     /// VRRP VIPs owned at the last apply: the ones new since then get gratuitous ARPs.
     announced: BTreeSet<Ipv4Addr>,
     /// Owned VIPs by `garp.refresh` period, and when they are next announced again.
     garp_refresh: BTreeMap<Duration, (Instant, Vec<Ipv4Addr>)>,
-    /// The VIP addresses last put on the uplink; `None` forces a netlink sync.
-    kernel_vips: Option<BTreeSet<Ipv4Addr>>,
+    /// The VIP addresses last put on each uplink; `None` forces a netlink sync.
+    kernel_vips: Option<BTreeMap<String, BTreeSet<Ipv4Addr>>>,
     /// The router's ownership epoch last applied; `None` forces a full apply.
     applied_epoch: Option<u64>,
     /// The ownership epoch whose leases were last written whole; `None` forces that.
     leases_epoch: Option<Option<u64>>,
-    /// The source of full-NAT and IPIP traffic.
+    /// The source of full-NAT and IPIP traffic leaving by the default uplink (the others'
+    /// are in the uplink map).
     node_address: Ipv4Addr,
+    /// The uplink slot of each VIP, as the service maps were last told.
+    vip_uplinks: Arc<std::collections::HashMap<[u8; 4], u8>>,
     /// Hands each accepted config to the service-sync task.
     services: watch::Sender<SyncRequest>,
     /// The generation of the last config whose services the sync task has applied.
@@ -383,12 +432,10 @@ struct Agent {
     impersonations_seen: BTreeMap<Ipv4Addr, (u64, Option<Instant>, u64)>,
     /// The key files of the plan's authenticating groups, re-read every second.
     keys: KeyFiles,
-    /// The cluster changed this node's group membership: stop, for a restart.
-    restart_requested: bool,
     /// `/status` asking for the VRRP instances, answered between events.
-    status_requests: mpsc::Receiver<tokio::sync::oneshot::Sender<Vec<InstanceSnapshot>>>,
-    /// The uplink's carrier changes (true: link up).
-    carrier: mpsc::UnboundedReceiver<bool>,
+    status_requests: mpsc::Receiver<tokio::sync::oneshot::Sender<LoopSnapshot>>,
+    /// The interfaces' carrier changes: (ifindex, link up).
+    carrier: mpsc::UnboundedReceiver<(u32, bool)>,
 }
 
 impl Agent {
@@ -397,6 +444,8 @@ impl Agent {
         let (mut term, mut int, mut hup) =
             (sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?, sig(SignalKind::hangup())?);
         let mut buf = vec![0u8; 65_536];
+        // Which VRRP socket is read first next time (see `VrrpSocket::recv_any`).
+        let mut turn = 0;
         let mut stop_by: Option<Instant> = None;
         // XDP counts impersonating advertisements; they are read, reported and logged this
         // often, and key files re-read.
@@ -438,10 +487,6 @@ impl Agent {
                 }
                 Some(config) = next_cluster_config(&mut self.cluster_configs), if stop_by.is_none() => {
                     self.apply_config(config).await;
-                    if self.restart_requested {
-                        stop_by = Some(Instant::now() + STOP_BOUND);
-                        self.begin_stop().await;
-                    }
                 }
                 Ok(()) = self.services_applied.changed(), if self.pending.is_some() => {
                     let applied = *self.services_applied.borrow_and_update();
@@ -450,7 +495,7 @@ impl Agent {
                         self.commit_config(config, plan).await;
                     }
                 }
-                Some(up) = self.carrier.recv() => self.on_carrier(up),
+                Some((ifindex, up)) = self.carrier.recv() => self.on_carrier(ifindex, up),
                 _ = once_a_second.tick() => {
                     self.check_impersonations();
                     if self.keys.refresh(self.plan.key_files.values()) {
@@ -458,36 +503,33 @@ impl Agent {
                     }
                 }
                 Some(reply) = self.status_requests.recv() => {
-                    let _ = reply.send(self.instance_snapshot());
+                    let _ = reply.send(LoopSnapshot { instances: self.instance_snapshot(), uplinks: self.uplink_snapshot() });
                 }
                 _ = hup.recv() => {
                     let started = Instant::now();
                     self.reload().await;
                     debug!(elapsed = ?started.elapsed(), "SIGHUP handled");
                 }
-                received = recv(&self.vrrp, &mut buf) => {
+                (interface, received) = recv(&self.vrrp, &mut turn, &mut buf) => {
                     match received {
                         Ok(n) => {
                             let vrrp = self.vrrp.as_mut().expect("recv only completes with VRRP running");
-                            let out = vrrp.router.on_datagram(Instant::now().into_std(), &buf[..n]);
+                            let out = vrrp.router.on_datagram(Instant::now().into_std(), &interface, &buf[..n]);
                             vrrp.send(&out);
                             self.apply_ownership().await;
                         }
-                        Err(e) => warn!(error = %e, "receiving VRRP failed"),
+                        Err(e) => warn!(%interface, error = %e, "receiving VRRP failed"),
                     }
                 }
             }
         }
     }
 
-    /// Handles the datagrams already waiting on the VRRP socket, without waiting for more.
+    /// Handles the datagrams already waiting on the VRRP sockets, without waiting for more.
     fn drain_vrrp(&mut self, buf: &mut [u8]) {
         let Some(vrrp) = &mut self.vrrp else { return };
-        for _ in 0..DRAIN_LIMIT {
-            let Ok(n) = vrrp.socket.try_recv(buf) else { return };
-            let out = vrrp.router.on_datagram(Instant::now().into_std(), &buf[..n]);
-            vrrp.send(&out);
-        }
+        let out = vrrp.drain(buf);
+        vrrp.send(&out);
     }
 
     /// SIGTERM/SIGINT: masters resign and hand over; the loop ends when the handovers are done.
@@ -560,17 +602,15 @@ impl Agent {
                 warn!(field, "this only takes effect on restart; keeping the running value");
             }
         }
-        let vrrp_wanted = !new_plan.instances.is_empty();
-        if vrrp_wanted && self.vrrp.is_none() || new_plan.local != self.plan.local {
-            if self.cluster_configs.is_some() {
-                // The cluster moved this node into or out of a group. The VRRP socket is bound
-                // at start, so hand over and exit for the kubelet to restart the agent; the
-                // pinned data plane forwards meanwhile.
-                warn!("this node joined or left a LoadBalancerGroup: handing over and restarting");
-                self.restart_requested = true;
-                return;
+        for (interface, address) in &new.node_addresses {
+            if self.uplinks.get(interface).is_some_and(|u| u.node_address != *address) {
+                warn!(field = %format!("nodeAddresses.{interface}"), "this only takes effect on restart; keeping the running value");
             }
-            error!("joining or leaving VRRP groups needs a restart; keeping the running config");
+        }
+        // New uplinks are attached and their VRRP sockets opened now, so that a config this
+        // node cannot serve is refused whole; uplinks it leaves go once it has handed over.
+        if let Err(error) = self.add_uplinks(&new, &new_plan).await {
+            error!(%error, "config rejected, keeping the running config");
             self.count_reload("rejected");
             return;
         }
@@ -588,14 +628,86 @@ impl Agent {
             ..new
         });
         let generation = self.services.borrow().generation + 1;
+        self.vip_uplinks = self.uplinks.vip_slots(&config, &new_plan);
         self.services.send_replace(SyncRequest {
             config: config.clone(),
             node: self.node.clone(),
             node_address: self.node_address,
+            vip_uplinks: self.vip_uplinks.clone(),
             generation,
         });
         self.pending = Some((generation, config, new_plan));
         self.count_reload("applied");
+    }
+
+    /// Resolves and attaches the uplinks `plan` adds, opens the VRRP sockets it needs, and
+    /// gives the new uplinks slots. On an error nothing is left added.
+    async fn add_uplinks(&mut self, config: &Config, plan: &NodePlan) -> std::result::Result<(), String> {
+        let known: BTreeSet<String> = self.uplinks.by_name.keys().cloned().collect();
+        let found = uplinks::resolve(&self.netlink, config, plan, &known)
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let index =
+            |name: &str| found.get(name).or_else(|| self.uplinks.get(name)).map(|u| u.interface.index);
+        let sockets = match &self.vrrp {
+            Some(vrrp) => vrrp.open_missing(plan, index).map_err(|(interface, expected)| {
+                ConfigError::new(node_address_field(config, &self.node, &interface), expected).to_string()
+            })?,
+            None => BTreeMap::new(),
+        };
+        let mut attached = Vec::new();
+        for (name, uplink) in &found {
+            match self.dataplane.attach(&uplink.interface) {
+                Ok(a) => {
+                    self.state
+                        .metrics
+                        .xdp_attached
+                        .get_or_create(&XdpLabels { interface: name.clone(), mode: a.mode.as_str() })
+                        .set(1);
+                    attached.push(name.clone());
+                }
+                Err(e) => {
+                    for name in attached {
+                        let _ = self.dataplane.detach(&name);
+                    }
+                    return Err(format!("attaching XDP to {name}: {}", crate::error::with_causes(&e)));
+                }
+            }
+        }
+        if let Some(vrrp) = &mut self.vrrp {
+            vrrp.sockets.extend(sockets);
+        }
+        self.uplinks.by_name.extend(found);
+        let names: Vec<String> = self.uplinks.by_name.keys().cloned().collect();
+        self.uplinks.slots.assign(names.iter().map(String::as_str));
+        if let Err(e) = self.dataplane.set_uplinks(&self.uplinks.entries()) {
+            error!(error = %e, "writing the uplink map failed");
+        }
+        Ok(())
+    }
+
+    /// Detaches from the uplinks the plan no longer uses, once their VIPs are gone from them.
+    fn retire_uplinks(&mut self) {
+        let leaving: Vec<String> =
+            self.uplinks.by_name.keys().filter(|n| !self.plan.uplinks.contains(*n)).cloned().collect();
+        if leaving.is_empty() {
+            return;
+        }
+        for name in &leaving {
+            let mode = self.dataplane.mode_of(name);
+            self.state.metrics.xdp_attached.remove(&XdpLabels { interface: name.clone(), mode });
+            if let Err(e) = self.dataplane.detach(name) {
+                error!(interface = %name, error = %e, "detaching XDP failed");
+            }
+            self.uplinks.by_name.remove(name);
+        }
+        info!(interfaces = %leaving.join(", "), "no group uses these uplinks any more: detached");
+        let names: Vec<String> = self.uplinks.by_name.keys().cloned().collect();
+        self.uplinks.slots.assign(names.iter().map(String::as_str));
+        if let Err(e) = self.dataplane.set_uplinks(&self.uplinks.entries()) {
+            error!(error = %e, "writing the uplink map failed");
+        }
     }
 
     /// Brings the VRRP instances to the plan. Each instance's lease-expiry counter starts at
@@ -603,7 +715,7 @@ impl Agent {
     fn reconfigure_vrrp(&mut self) {
         for spec in &self.plan.instances {
             let _ = self.state.metrics.lease_expiries.get_or_create(&VridLabels { vrid: spec.vrid });
-            for member in spec.peers.iter().chain(self.plan.local.iter()) {
+            for member in spec.peers.iter().chain(self.plan.locals.values()) {
                 let _ = self
                     .state
                     .metrics
@@ -648,10 +760,17 @@ impl Agent {
         }
         self.plan = plan;
         self.log_plan();
+        if let Some(vrrp) = &mut self.vrrp {
+            vrrp.router.set_locals(self.plan.locals.clone());
+        }
         self.reconfigure_vrrp();
+        if let Some(vrrp) = &mut self.vrrp {
+            vrrp.close_unused_sockets(&self.plan);
+        }
         self.kernel_vips = None;
         self.applied_epoch = None;
         self.apply_ownership().await;
+        self.retire_uplinks();
     }
 
     /// Makes the data plane and the uplink's addresses match who owns what now. Cheap when
@@ -672,27 +791,34 @@ impl Agent {
         self.publish_owners();
         let claims = self.vrrp.as_ref().map(|v| v.router.claims()).unwrap_or_default();
         let vrrp_owned: BTreeSet<Ipv4Addr> = claims.values().flat_map(|c| c.vips.iter().copied()).collect();
+        let default = &self.uplinks.by_name[&self.config.interface];
+        let default_slot = self.uplinks.slots.for_vips(&self.config.interface);
         let mut xdp: OwnedSet = self
             .config
             .vips
             .iter()
-            .map(|v| (v.address, OwnedVip::new(v.mac.unwrap_or(self.interface.mac).0)))
+            .map(|v| {
+                (v.address, OwnedVip::new(v.mac.unwrap_or(default.interface.mac).0).on_uplink(default_slot))
+            })
             .collect();
-        let mut kernel = BTreeSet::new();
+        let mut kernel: BTreeMap<String, BTreeSet<Ipv4Addr>> =
+            self.uplinks.by_name.keys().map(|name| (name.clone(), BTreeSet::new())).collect();
         let claimed = claims.iter().flat_map(|(vrid, c)| c.vips.iter().map(move |vip| (*vrid, vip)));
         for (vrid, vip) in claimed {
             let Some(settings) = self.plan.vips.get(vip) else { continue };
+            let Some(uplink) = self.uplinks.get(&settings.interface) else { continue };
             if settings.mode.uses_xdp() {
-                let mac = self.interface.mac.0;
+                let mac = uplink.interface.mac.0;
                 let entry = if settings.mode.uses_netlink() {
                     OwnedVip::with_kernel(mac)
                 } else {
                     OwnedVip::new(mac)
                 };
-                xdp.insert(*vip, entry.with_lease(leases::ipv4_slot(vrid)));
+                let slot = self.uplinks.slots.for_vips(&settings.interface);
+                xdp.insert(*vip, entry.with_lease(leases::ipv4_slot(vrid)).on_uplink(slot));
             }
             if settings.mode.uses_netlink() {
-                kernel.insert(*vip);
+                kernel.entry(settings.interface.clone()).or_default().insert(*vip);
             }
         }
         match self.dataplane.set_owned_vips(&xdp) {
@@ -707,15 +833,25 @@ impl Agent {
         let newly_owned: Vec<Ipv4Addr> = vrrp_owned.difference(&self.announced).copied().collect();
         self.announced = vrrp_owned;
         if self.kernel_vips.as_ref() != Some(&kernel) {
-            match netdev::sync_vip_addresses(&self.netlink, self.interface.index, &kernel).await {
-                Ok((added, removed)) => {
-                    if !added.is_empty() || !removed.is_empty() {
-                        info!(?added, ?removed, interface = %self.interface.name, "VIP addresses updated");
-                    }
-                    self.kernel_vips = Some(kernel);
+            let mut synced = true;
+            for (name, vips) in &kernel {
+                if self.kernel_vips.as_ref().and_then(|k| k.get(name)) == Some(vips) {
+                    continue;
                 }
-                Err(e) => error!(error = %e, "updating VIP addresses on the uplink failed"),
+                let index = self.uplinks.by_name[name].interface.index;
+                match netdev::sync_vip_addresses(&self.netlink, index, vips).await {
+                    Ok((added, removed)) => {
+                        if !added.is_empty() || !removed.is_empty() {
+                            info!(?added, ?removed, interface = %name, "VIP addresses updated");
+                        }
+                    }
+                    Err(e) => {
+                        synced = false;
+                        error!(interface = %name, error = %e, "updating VIP addresses on the uplink failed");
+                    }
+                }
             }
+            self.kernel_vips = synced.then_some(kernel);
         }
         self.announce(newly_owned);
         self.schedule_garp_refresh(Instant::now());
@@ -787,6 +923,7 @@ impl Agent {
             .map(|(spec, instance)| InstanceSnapshot {
                 status: crate::status::InstanceStatus {
                     group: spec.group.clone(),
+                    interface: spec.interface.clone(),
                     vrid: spec.vrid,
                     state: instance.state().as_str().to_owned(),
                     priority: spec.priority,
@@ -799,6 +936,19 @@ impl Agent {
                     vips: spec.vips.iter().map(Ipv4Addr::to_string).collect(),
                 },
                 last_advert: adverts.get(&spec.vrid).copied().flatten(),
+            })
+            .collect()
+    }
+
+    /// The uplinks as `/status` shows them.
+    fn uplink_snapshot(&self) -> Vec<crate::status::UplinkStatus> {
+        self.uplinks
+            .by_name
+            .iter()
+            .map(|(name, uplink)| crate::status::UplinkStatus {
+                interface: name.clone(),
+                xdp_mode: self.dataplane.mode_of(name).to_owned(),
+                node_address: uplink.node_address.to_string(),
             })
             .collect()
     }
@@ -829,13 +979,17 @@ impl Agent {
     /// while it was cut off, a backup took over and the clients and switches followed it, and
     /// VRRP alone may not bring them back (when the backup hears this master first, it yields
     /// without this master ever hearing it).
-    fn on_carrier(&mut self, up: bool) {
+    fn on_carrier(&mut self, ifindex: u32, up: bool) {
+        let Some((name, _)) = self.uplinks.by_name.iter().find(|(_, u)| u.interface.index == ifindex) else {
+            return;
+        };
         if !up {
-            warn!(interface = %self.interface.name, "the uplink lost its link");
+            warn!(interface = %name, "the uplink lost its link");
             return;
         }
-        info!(interface = %self.interface.name, owned = self.announced.len(), "the uplink has its link again: announcing the owned VIPs");
-        let owned: Vec<Ipv4Addr> = self.announced.iter().copied().collect();
+        let on_it = |vip: &&Ipv4Addr| self.plan.vips.get(*vip).is_some_and(|s| s.interface == *name);
+        let owned: Vec<Ipv4Addr> = self.announced.iter().filter(on_it).copied().collect();
+        info!(interface = %name, owned = owned.len(), "the uplink has its link again: announcing the owned VIPs");
         self.announce(owned);
     }
 
@@ -862,7 +1016,7 @@ impl Agent {
         let now = Instant::now();
         let mut heard: Vec<(String, Ipv4Addr, String, u64)> = Vec::new();
         for seen in self.dataplane.impersonations() {
-            let own = self.plan.local == Some(seen.source);
+            let own = self.plan.locals.values().any(|local| *local == seen.source);
             let member_of = |i: &&crate::vrrp::router::InstanceSpec| own || i.peers.contains(&seen.source);
             let Some(group) = self.plan.instances.iter().find(member_of).map(|i| i.group.clone()) else {
                 continue;
@@ -954,20 +1108,27 @@ impl Agent {
         self.send_garps(due);
     }
 
-    /// Sends `count` gratuitous ARPs for each VIP, `pause` apart (the shortest), in the background.
+    /// Sends `count` gratuitous ARPs for each VIP, `pause` apart (the shortest), in the
+    /// background, out of the VIP's group's uplink.
     fn send_garps(&self, bursts: Vec<(Ipv4Addr, u32, Duration)>) {
+        let bursts: Vec<(Ipv4Addr, u32, Duration, Arc<GarpSocket>, crate::config::MacAddr)> = bursts
+            .into_iter()
+            .filter_map(|(vip, count, pause)| {
+                let interface = self.plan.vips.get(&vip).map_or(&self.config.interface, |s| &s.interface);
+                let uplink = self.uplinks.get(interface)?;
+                Some((vip, count, pause, uplink.garp.clone(), uplink.interface.mac))
+            })
+            .collect();
         if bursts.is_empty() {
             return;
         }
-        let socket = self.garp.clone();
-        let mac = self.interface.mac;
         tokio::spawn(async move {
             let rounds = bursts.iter().map(|b| b.1).max().unwrap_or(0);
             let pause = bursts.iter().map(|b| b.2).min().unwrap_or_default();
             for round in 0..rounds {
-                for (vip, count, _) in &bursts {
+                for (vip, count, _, socket, mac) in &bursts {
                     if round < *count
-                        && let Err(e) = socket.send(&announcement(mac, *vip))
+                        && let Err(e) = socket.send(&announcement(*mac, *vip))
                     {
                         warn!(%vip, error = %e, "gratuitous ARP failed");
                     }
@@ -978,11 +1139,11 @@ impl Agent {
     }
 
     fn log_plan(&self) {
-        if !self.config.groups.is_empty() && self.plan.local.is_none() {
+        if !self.config.groups.is_empty() && self.plan.locals.is_empty() {
             warn!(node = %self.node, "this node is in no group's nodes: it runs no VRRP (check `node` or --node)");
         }
         for spec in &self.plan.instances {
-            info!(group = %spec.group, vrid = spec.vrid, priority = spec.priority, vips = spec.vips.len(), "VRRP instance planned");
+            info!(group = %spec.group, interface = %spec.interface, vrid = spec.vrid, priority = spec.priority, vips = spec.vips.len(), "VRRP instance planned");
         }
         for (group, vip, reason) in &self.plan.unplaced {
             warn!(group, %vip, reason, "VIP could not be placed");
@@ -997,10 +1158,10 @@ async fn stop_signal(term: &mut Signal, int: &mut Signal) {
     }
 }
 
-async fn recv(vrrp: &Option<Vrrp>, buf: &mut [u8]) -> std::io::Result<usize> {
+async fn recv(vrrp: &Option<Vrrp>, turn: &mut usize, buf: &mut [u8]) -> (String, std::io::Result<usize>) {
     match vrrp {
-        Some(v) => v.socket.recv(buf).await,
-        None => std::future::pending().await,
+        Some(v) if !v.sockets.is_empty() => VrrpSocket::recv_any(&v.sockets, turn, buf).await,
+        _ => std::future::pending().await,
     }
 }
 

@@ -36,9 +36,6 @@ pub enum Error {
     #[error("pinning under {path}: {reason}")]
     Pin { path: PathBuf, reason: String },
 
-    #[error("this node's group membership changed; exiting so the agent is restarted with it")]
-    RestartNeeded,
-
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
 
@@ -55,8 +52,6 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::ConfigRead { .. } | Error::Config { .. } => 64,
-            // EX_TEMPFAIL: try again (the kubelet restarts the container).
-            Error::RestartNeeded => 75,
             _ => 1,
         }
     }
@@ -67,3 +62,18 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The error and each cause its message does not already include: aya's errors, for one,
+/// leave the system call's errno (often the whole story: EPERM, ENOMEM) to their sources.
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let text = e.to_string();
+        if !message.contains(&text) {
+            message = format!("{message}: {text}");
+        }
+        cause = e.source();
+    }
+    message
+}

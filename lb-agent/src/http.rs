@@ -32,9 +32,16 @@ pub struct StatusSource {
     pub node: String,
     pub interface: String,
     pub xdp_mode: &'static str,
-    /// Asks the agent loop for its VRRP instances.
-    pub requests: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Vec<InstanceSnapshot>>>,
+    /// Asks the agent loop for its VRRP instances and uplinks.
+    pub requests: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<LoopSnapshot>>,
     pub counters: Arc<std::sync::Mutex<crate::dataplane::XdpCounters>>,
+}
+
+/// What the agent loop answers `/status` with.
+#[derive(Clone, Debug, Default)]
+pub struct LoopSnapshot {
+    pub instances: Vec<InstanceSnapshot>,
+    pub uplinks: Vec<crate::status::UplinkStatus>,
 }
 
 /// One VRRP instance as the agent loop saw it.
@@ -119,9 +126,10 @@ async fn status(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
     let (reply, answer) = tokio::sync::oneshot::channel();
     let snapshot = match source.requests.send(reply).await {
         Ok(()) => answer.await.unwrap_or_default(),
-        Err(_) => Vec::new(),
+        Err(_) => LoopSnapshot::default(),
     };
     let instances = snapshot
+        .instances
         .iter()
         .map(|i| {
             let mut s = i.status.clone();
@@ -148,6 +156,7 @@ async fn status(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
         node: source.node.clone(),
         interface: source.interface.clone(),
         xdp_mode: source.xdp_mode.to_owned(),
+        uplinks: snapshot.uplinks,
         instances,
         backends,
     };

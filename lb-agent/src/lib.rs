@@ -17,6 +17,7 @@
 //! - [`service_plan`]: from the config's services to this node's forwarding maps (pure).
 //! - [`service_sync`]: applies service plans to the maps in a task of its own.
 //! - [`agent`]: the run loop and signal handling.
+//! - [`uplinks`]: the interfaces VIPs are served on, resolved and with their sockets.
 //! - [`maglev`]: Maglev lookup tables for the data plane.
 //! - [`hash`]: the fixed hash every agent ranks and places with.
 //! - [`error`]: the crate's error type.
@@ -39,4 +40,5 @@ pub mod planner;
 pub mod service_plan;
 pub mod service_sync;
 pub mod status;
+pub mod uplinks;
 pub mod vrrp;

@@ -149,25 +149,10 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error!("{}", with_causes(&e));
+            error!("{}", lb_agent::error::with_causes(&e));
             ExitCode::from(e.exit_code())
         }
     }
-}
-
-/// The error and each cause its message does not already include: aya's errors, for one,
-/// leave the system call's errno (often the whole story: EPERM, ENOMEM) to their sources.
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        let text = e.to_string();
-        if !message.contains(&text) {
-            message = format!("{message}: {text}");
-        }
-        cause = e.source();
-    }
-    message
 }
 
 fn init_logging(format: LogFormat, filter: &str) {

@@ -29,10 +29,10 @@ pub fn connect() -> Result<rtnetlink::Handle> {
     Ok(handle)
 }
 
-/// Carrier changes of interface `index` (true: it has a link), from the kernel's link
-/// notifications (`ip monitor link`). A master re-announces its VIPs when its uplink comes
+/// Carrier changes of every interface, as (ifindex, has a link), from the kernel's link
+/// notifications (`ip monitor link`). A master re-announces its VIPs when an uplink comes
 /// back: the clients followed whichever node answered while it was away.
-pub fn watch_carrier(index: u32) -> Result<tokio::sync::mpsc::UnboundedReceiver<bool>> {
+pub fn watch_carrier() -> Result<tokio::sync::mpsc::UnboundedReceiver<(u32, bool)>> {
     use futures::StreamExt;
     use rtnetlink::packet_core::NetlinkPayload;
     use rtnetlink::packet_route::{RouteNetlinkMessage, link::LinkFlags};
@@ -42,17 +42,15 @@ pub fn watch_carrier(index: u32) -> Result<tokio::sync::mpsc::UnboundedReceiver<
     tokio::spawn(connection);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
-        let mut last = None;
+        let mut last = std::collections::HashMap::new();
         while let Some((message, _)) = messages.next().await {
             let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) = message.payload else {
                 continue;
             };
             let up = link.header.flags.contains(LinkFlags::LowerUp);
-            if link.header.index == index && last != Some(up) {
-                last = Some(up);
-                if tx.send(up).is_err() {
-                    return;
-                }
+            let index = link.header.index;
+            if last.insert(index, up) != Some(up) && tx.send((index, up)).is_err() {
+                return;
             }
         }
     });

@@ -19,14 +19,19 @@ use crate::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VipSettings {
     pub group: String,
+    /// The group's interface: the only one the VIP is answered and served on.
+    pub interface: String,
     pub mode: VipMode,
     pub garp: GarpConfig,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodePlan {
-    /// This node's address on the uplink, when it is a member of any group.
-    pub local: Option<Ipv4Addr>,
+    /// This node's address on each interface where it is a member of a group: the source of
+    /// its advertisements there.
+    pub locals: BTreeMap<String, Ipv4Addr>,
+    /// The interfaces this node serves VIPs on: the default uplink and its groups'.
+    pub uplinks: BTreeSet<String>,
     pub instances: Vec<InstanceSpec>,
     /// Every group VIP, whether or not this node ever owns it.
     pub vips: BTreeMap<Ipv4Addr, VipSettings>,
@@ -40,18 +45,20 @@ pub struct NodePlan {
 }
 
 pub fn node_plan(config: &Config, me: &str) -> NodePlan {
-    let mut plan = NodePlan::default();
+    let mut plan = NodePlan { uplinks: BTreeSet::from([config.interface.clone()]), ..NodePlan::default() };
     let mut groups: Vec<&GroupConfig> = config.groups.iter().collect();
     groups.sort_by(|a, b| a.name.cmp(&b.name));
     // Manual VRIDs are reserved before the planner allocates any.
     let mut taken: BTreeSet<u8> = groups.iter().filter_map(|g| g.vrid).collect();
 
     for group in groups {
+        let interface = config.group_interface(group);
         let me_in_group = group.nodes.iter().find(|n| n.name == me);
         let peers: BTreeSet<Ipv4Addr> =
             group.nodes.iter().filter(|n| n.name != me).map(|n| n.address).collect();
         if let Some(node) = me_in_group {
-            plan.local = Some(node.address);
+            plan.locals.insert(interface.to_owned(), node.address);
+            plan.uplinks.insert(interface.to_owned());
             if let Some(auth) = &group.authentication {
                 plan.key_files.insert(group.name.clone(), auth.key_file.clone());
             }
@@ -59,11 +66,17 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
         for vip in group.vips.iter() {
             plan.vips.insert(
                 vip.address,
-                VipSettings { group: group.name.clone(), mode: group.vip_mode, garp: group.garp.clone() },
+                VipSettings {
+                    group: group.name.clone(),
+                    interface: interface.to_owned(),
+                    mode: group.vip_mode,
+                    garp: group.garp.clone(),
+                },
             );
         }
         let spec = |vrid: u8, priority: u8, vips: BTreeSet<Ipv4Addr>| InstanceSpec {
             group: group.name.clone(),
+            interface: interface.to_owned(),
             vrid,
             priority,
             advert_interval: group.advert_interval,

@@ -40,6 +40,8 @@ pub struct SyncRequest {
     pub config: Arc<Config>,
     pub node: String,
     pub node_address: Ipv4Addr,
+    /// The uplink slot each VIP is served on (absent: any), shared while it is unchanged.
+    pub vip_uplinks: Arc<std::collections::HashMap<[u8; 4], u8>>,
     /// Increases with every request; published once applied.
     pub generation: u64,
 }
@@ -125,6 +127,10 @@ impl ServiceSync {
             snat_port_min: ports.first,
             snat_port_max: ports.last,
         })?;
+        let moved = self.maps.set_vip_uplinks(request.vip_uplinks.clone())?;
+        if moved > 0 {
+            debug!(services = moved, "services moved to another uplink");
+        }
         let report = self.maps.apply_delta(&delta)?;
         let elapsed = started.elapsed();
         self.metrics.services.set(self.maps.service_count() as i64);

@@ -8,15 +8,32 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentStatus {
     pub node: String,
+    /// The default uplink, and how XDP is attached to it.
     pub interface: String,
     pub xdp_mode: String,
+    /// Every uplink, the default one included.
+    #[serde(default)]
+    pub uplinks: Vec<UplinkStatus>,
     pub instances: Vec<InstanceStatus>,
     pub backends: Vec<BackendStatus>,
+}
+
+/// An interface VIPs are served on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UplinkStatus {
+    pub interface: String,
+    /// `native` or `skb`.
+    pub xdp_mode: String,
+    /// This node's address there: the source of full NAT and IPIP leaving by it.
+    pub node_address: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceStatus {
     pub group: String,
+    /// The interface its advertisements use.
+    #[serde(default)]
+    pub interface: String,
     pub vrid: u8,
     /// `master`, `backup` or `initialize`.
     pub state: String,
@@ -51,22 +68,29 @@ pub fn fetch(socket: &std::path::Path) -> Result<AgentStatus, String> {
 
 /// The table `lb-agent status` prints.
 pub fn render(status: &AgentStatus) -> String {
-    let mut out =
-        format!("node {}  interface {} (XDP {})\n\n", status.node, status.interface, status.xdp_mode);
+    let mut out = format!("node {}\n", status.node);
+    if status.uplinks.is_empty() {
+        let _ = writeln!(out, "uplink {} (XDP {})", status.interface, status.xdp_mode);
+    }
+    for u in &status.uplinks {
+        let _ = writeln!(out, "uplink {} (XDP {}, address {})", u.interface, u.xdp_mode, u.node_address);
+    }
+    out.push('\n');
     if status.instances.is_empty() {
         out.push_str("no VRRP instances\n");
     } else {
         let _ = writeln!(
             out,
-            "{:<16} {:>4} {:<10} {:>8} {:<16} {:>10} {:>8}  VIPs",
-            "GROUP", "VRID", "STATE", "PRIORITY", "MASTER", "ADVERT AGE", "LEASE"
+            "{:<16} {:<10} {:>4} {:<10} {:>8} {:<16} {:>10} {:>8}  VIPs",
+            "GROUP", "INTERFACE", "VRID", "STATE", "PRIORITY", "MASTER", "ADVERT AGE", "LEASE"
         );
         let ms = |value: Option<u64>| value.map_or("-".to_owned(), |ms| format!("{ms} ms"));
         for i in &status.instances {
             let _ = writeln!(
                 out,
-                "{:<16} {:>4} {:<10} {:>8} {:<16} {:>10} {:>8}  {}",
+                "{:<16} {:<10} {:>4} {:<10} {:>8} {:<16} {:>10} {:>8}  {}",
                 i.group,
+                i.interface,
                 i.vrid,
                 i.state,
                 i.priority,
@@ -99,8 +123,21 @@ mod tests {
             node: "n0".into(),
             interface: "eth0".into(),
             xdp_mode: "native".into(),
+            uplinks: vec![
+                UplinkStatus {
+                    interface: "eth0".into(),
+                    xdp_mode: "native".into(),
+                    node_address: "192.0.2.10".into(),
+                },
+                UplinkStatus {
+                    interface: "eth0.30".into(),
+                    xdp_mode: "skb".into(),
+                    node_address: "10.30.0.10".into(),
+                },
+            ],
             instances: vec![InstanceStatus {
                 group: "web".into(),
+                interface: "eth0.30".into(),
                 vrid: 20,
                 state: "master".into(),
                 priority: 200,
@@ -119,7 +156,9 @@ mod tests {
         let table = render(&status);
         for needle in [
             "node n0",
+            "uplink eth0.30 (XDP skb, address 10.30.0.10)",
             "web",
+            "eth0.30",
             "20",
             "master",
             "200",

@@ -62,10 +62,14 @@ pub enum Reason {
     /// ARP or ICMP echo for an owned VIP whose lease has run out (its agent is dead or
     /// frozen): dropped, so that only the new master claims the VIP.
     LeaseExpired = 25,
+    /// To an owned VIP or a service, but on another interface than the VIP's group's: left
+    /// to the kernel, as for an address this node does not serve there (an ARP request for a
+    /// VIP the kernel holds too is dropped instead, or the kernel would answer it there).
+    WrongInterface = 26,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 26;
+    pub const COUNT: u32 = 27;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::MalformedEthernet,
         Reason::MalformedArp,
@@ -93,6 +97,7 @@ impl Reason {
         Reason::TooBig,
         Reason::BadDecapsulation,
         Reason::LeaseExpired,
+        Reason::WrongInterface,
     ];
 
     /// The metric label value.
@@ -124,6 +129,7 @@ impl Reason {
             Reason::TooBig => "too_big",
             Reason::BadDecapsulation => "bad_decapsulation",
             Reason::LeaseExpired => "lease_expired",
+            Reason::WrongInterface => "wrong_interface",
         }
     }
 }

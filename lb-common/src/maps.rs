@@ -19,6 +19,18 @@ pub const ACTION_STATS: &str = "ACTION_STATS";
 /// `PerCpuArray<PacketCounter>` indexed by [`crate::counters::Reason`].
 pub const REASON_STATS: &str = "REASON_STATS";
 
+/// `HashMap<UplinkKey, Uplink>`: the interfaces the program serves VIPs on, as a frame arrives
+/// (the attach point's ifindex and its 802.1Q tag) and as the FIB names an egress (the
+/// device's own ifindex, untagged): the uplink's slot and this node's address there.
+pub const UPLINKS: &str = "UPLINKS";
+
+/// Capacity of [`UPLINKS`]: two keys per uplink (arrival and egress) and room for many.
+pub const MAX_UPLINK_KEYS: u32 = 512;
+
+/// The uplink slot of an owned VIP or a service that is served on whatever interface the
+/// program runs on: written on a node with a single uplink, where the check would only cost.
+pub const ANY_UPLINK: u8 = 0;
+
 /// `LruHashMap<VipKey, VrrpSpeaker>`: each IPv4 source of VRRP advertisements on the uplink,
 /// with the MAC they came from.
 pub const VRRP_SPEAKERS: &str = "VRRP_SPEAKERS";
@@ -55,7 +67,9 @@ pub struct OwnedVip {
     pub mac: [u8; 6],
     /// [`OwnedVip::KERNEL_TOO`] or zero.
     pub flags: u8,
-    pub _pad: u8,
+    /// The uplink slot the VIP is answered on ([`UPLINKS`]); [`ANY_UPLINK`] answers on any
+    /// interface the program runs on (layout 3 wrote zero padding here, which reads so).
+    pub uplink: u8,
     /// The [`VIP_LEASES`] slot whose deadline bounds this claim (the VRRP instance's), or
     /// [`OwnedVip::NO_LEASE`] for a VIP owned without VRRP. Past the deadline the program
     /// stops answering ARP and ping for the VIP (a dead or frozen agent gives it up) but
@@ -72,11 +86,16 @@ impl OwnedVip {
     pub const NO_LEASE: u16 = 0;
 
     pub const fn new(mac: [u8; 6]) -> Self {
-        Self { mac, flags: 0, _pad: 0, lease: Self::NO_LEASE }
+        Self { mac, flags: 0, uplink: ANY_UPLINK, lease: Self::NO_LEASE }
     }
 
     pub const fn with_kernel(mac: [u8; 6]) -> Self {
-        Self { mac, flags: Self::KERNEL_TOO, _pad: 0, lease: Self::NO_LEASE }
+        Self { mac, flags: Self::KERNEL_TOO, uplink: ANY_UPLINK, lease: Self::NO_LEASE }
+    }
+
+    /// The same claim, answered only on uplink slot `uplink`.
+    pub const fn on_uplink(self, uplink: u8) -> Self {
+        Self { uplink, ..self }
     }
 
     /// The same claim, bounded by lease slot `lease`.
@@ -87,6 +106,36 @@ impl OwnedVip {
     pub const fn kernel_too(&self) -> bool {
         self.flags & Self::KERNEL_TOO != 0
     }
+}
+
+/// Where a frame arrived, or which device the FIB chose for one to leave by.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UplinkKey {
+    pub ifindex: u32,
+    /// The 802.1Q VLAN id the frame carried on `ifindex` (host byte order), zero untagged.
+    pub vlan: u16,
+    pub _pad: u16,
+}
+
+impl UplinkKey {
+    pub const fn new(ifindex: u32, vlan: u16) -> Self {
+        Self { ifindex, vlan, _pad: 0 }
+    }
+}
+
+/// An uplink as the program needs it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Uplink {
+    /// This node's address there: the full-NAT source and the IPIP outer source for traffic
+    /// leaving by it, and the address whose VRRP advertisements are this node's own.
+    pub source: [u8; 4],
+    /// The interface's MAC: the source of frames sent out of it without a FIB answer.
+    pub mac: [u8; 6],
+    /// The slot owned VIPs and services name (never [`ANY_UPLINK`]).
+    pub slot: u8,
+    pub _pad: u8,
 }
 
 /// Per-VIP counters of the ARP path (one copy per CPU; userspace sums them). Traffic to the
@@ -132,6 +181,8 @@ mod pod {
     unsafe impl aya::Pod for VipStats {}
     unsafe impl aya::Pod for PacketCounter {}
     unsafe impl aya::Pod for VrrpSpeaker {}
+    unsafe impl aya::Pod for UplinkKey {}
+    unsafe impl aya::Pod for Uplink {}
 }
 
 #[cfg(test)]
@@ -148,5 +199,7 @@ mod tests {
         assert_eq!(size_of::<PacketCounter>(), 16);
         assert_eq!(size_of::<VrrpSpeaker>(), 32);
         assert_eq!(align_of::<VrrpSpeaker>(), 8);
+        assert_eq!(size_of::<UplinkKey>(), 8);
+        assert_eq!(size_of::<Uplink>(), 12);
     }
 }

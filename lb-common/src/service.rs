@@ -87,8 +87,32 @@ pub struct Service {
     /// A digest of the ring's content, so a restarted agent can tell whether a pinned ring is
     /// current without reading it back.
     pub ring_digest: u32,
-    /// The VIP's counter slot in `VIP_TRAFFIC`, shared by every service of the VIP.
-    pub vip_slot: u32,
+    /// The VIP's counter slot in `VIP_TRAFFIC` (24 bits, little-endian), shared by every
+    /// service of the VIP: see [`Service::vip_slot`].
+    pub vip_slot_le: [u8; 3],
+    /// The uplink the VIP is served on (see [`crate::maps::UPLINKS`]); traffic arriving on
+    /// another is left to the kernel. [`crate::maps::ANY_UPLINK`] on a single-uplink node.
+    /// (Layout 3 held a little-endian `u32` slot in these four bytes, below 2^24: its top
+    /// byte was zero, which reads as any uplink, so its pinned entries stay valid.)
+    pub uplink: u8,
+}
+
+impl Service {
+    /// The largest VIP slot plus one.
+    pub const VIP_SLOTS: u32 = 1 << 24;
+
+    /// The VIP's counter slot.
+    #[inline(always)]
+    pub const fn vip_slot(&self) -> u32 {
+        let s = self.vip_slot_le;
+        u32::from_le_bytes([s[0], s[1], s[2], 0])
+    }
+
+    /// `slot`'s bytes for [`Service::vip_slot_le`] (below [`Service::VIP_SLOTS`]).
+    pub const fn vip_slot_bytes(slot: u32) -> [u8; 3] {
+        let b = slot.to_le_bytes();
+        [b[0], b[1], b[2]]
+    }
 }
 
 /// How a backend is reached from this node. Zero is no delivery: an unused [`BACKENDS`] slot

@@ -10,7 +10,7 @@ use lb_common::{
     maps::VipKey,
 };
 
-use crate::{lease, maps::OWNED_VIPS, packet, stats};
+use crate::{lease, maps::OWNED_VIPS, packet, stats, uplink};
 
 /// Called for frames whose EtherType is ARP.
 #[inline(always)]
@@ -39,6 +39,12 @@ pub fn answer_owned(ctx: &XdpContext) -> u32 {
         stats::count_reason(Reason::ArpNotOwned, bytes);
         return XDP_PASS;
     };
+    if !uplink::accepts(ctx, owned.uplink) {
+        stats::count_reason(Reason::WrongInterface, bytes);
+        // In VIP mode `both` the kernel holds the address and would answer on any interface
+        // (Linux's weak host model): the VIP would be bound to the wrong segment.
+        return if owned.kernel_too() { XDP_DROP } else { XDP_PASS };
+    }
     if !lease::live(&owned) {
         // Dropped, not passed: in VIP mode `both` the kernel still holds the address.
         stats::count_reason(Reason::LeaseExpired, bytes);

@@ -24,7 +24,7 @@ use crate::{
     maps::{LOCAL_ENDPOINTS, SETTINGS},
     nat,
     packet::{self, ETH_LEN, ETHERTYPE_IPV4, IPV4_LEN, Ports, header, l4_layout},
-    stats,
+    stats, uplink,
 };
 
 /// Don't Fragment: the outer header is never fragmented (RFC 6864 §4.1 then lets its
@@ -62,6 +62,7 @@ pub fn encapsulate(
         Err(reason) => return (XDP_PASS, reason),
     };
     picked.remember(flow, [0; 2], &hop, now);
+    let source = uplink::source(hop.ifindex).unwrap_or(settings.node_addr);
     let Some(inner) = header::<Ipv4Hdr>(ctx, ETH_LEN) else {
         return (XDP_DROP, Reason::MalformedIpv4);
     };
@@ -91,7 +92,7 @@ pub fn encapsulate(
     header_bytes[6..8].copy_from_slice(&DONT_FRAGMENT);
     header_bytes[8] = OUTER_TTL;
     header_bytes[9] = PROTO_IPIP;
-    header_bytes[12..16].copy_from_slice(&settings.node_addr);
+    header_bytes[12..16].copy_from_slice(&source);
     header_bytes[16..20].copy_from_slice(&backend.addr);
     let check = csum::ipv4_header(&header_bytes);
     header_bytes[10..12].copy_from_slice(&check.to_be_bytes());

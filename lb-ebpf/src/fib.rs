@@ -94,6 +94,24 @@ pub fn lookup(ctx: &XdpContext, src: [u8; 4], dst: [u8; 4], tot_len: u16) -> Res
     }
 }
 
+/// The interface the route from `src` to `dst` leaves by, whether or not its next hop's MAC
+/// is known (the kernel names the device before it looks for the neighbour).
+#[inline(always)]
+pub fn egress(ctx: &XdpContext, src: [u8; 4], dst: [u8; 4], tot_len: u16) -> Option<u32> {
+    // SAFETY: a plain C struct for which all-zero is a valid value.
+    let mut params: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    params.family = AF_INET;
+    params.ifindex = ctx.ingress_ifindex() as u32;
+    params.__bindgen_anon_1.tot_len = tot_len;
+    params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
+    params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
+    // SAFETY: `params` is a valid, writable struct of the size passed.
+    let rc = unsafe {
+        fib_lookup(ctx.ctx as *mut _, &mut params, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
+    };
+    matches!(rc as u32, BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH).then_some(params.ifindex)
+}
+
 /// Rewrites the Ethernet addresses for `hop` and transmits: back out of the uplink with
 /// `XDP_TX`, or to another interface with a redirect.
 #[inline(always)]

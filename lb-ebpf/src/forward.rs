@@ -21,7 +21,7 @@ use crate::{
     maps::{BACKENDS, FLOWS, MAGLEV_RINGS, REPLY_NAT, SERVICES, SETTINGS},
     nat,
     packet::{self, ETH_LEN, L4_OFFSET, L4Layout, Ports, header, l4_layout},
-    stats,
+    stats, uplink,
 };
 
 /// Full-NAT source-port candidates tried before giving up on a flow.
@@ -46,16 +46,19 @@ pub fn transport(ctx: &XdpContext, proto: u8, tot_len: u16) -> u32 {
     let service_key = ServiceKey { vip: dst, port: dport, proto, _pad: 0 };
     // SAFETY: the value is copied out before the map can change under it.
     if let Some(service) = unsafe { SERVICES.get(&service_key) }.copied() {
+        if !uplink::accepts(ctx, service.uplink) {
+            return stats::verdict(Reason::WrongInterface, bytes, XDP_PASS);
+        }
         if truncated {
             return stats::verdict(Reason::MalformedL4, bytes, XDP_DROP);
         }
-        stats::count_vip_traffic(service.vip_slot, bytes);
+        stats::count_vip_traffic(service.vip_slot(), bytes);
         return to_service(ctx, layout, &flow, &service, tot_len);
     }
     if !truncated && let Some(action) = translate_reply(ctx, layout, &flow) {
         return action;
     }
-    if ipv4::is_owned_exclusively(dst) {
+    if ipv4::is_owned_exclusively(ctx, dst) {
         return stats::verdict(Reason::UnexposedPort, bytes, XDP_DROP);
     }
     stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS)
@@ -194,17 +197,19 @@ fn full_nat(
             Ok(hop) => hop,
             Err(reason) => return (XDP_PASS, reason),
         };
+    // The address of the uplink the packet leaves by: the endpoint's replies come back there.
+    let source = uplink::source(hop.ifindex).unwrap_or(settings.node_addr);
     // SAFETY: bounds-checked by `header`; copied out.
     let peer_mac = || header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).src_addr }).unwrap_or_default();
     let snat_port = match picked.snat_port() {
         Some(port) => {
             if must_check_reply(flow, refreshed) {
-                keep_snat_reply(flow, &backend, &settings, port, peer_mac);
+                keep_snat_reply(flow, &backend, source, port, peer_mac);
             }
             port
         }
         None => {
-            let Some(port) = claim_snat_port(flow, &backend, &settings, peer_mac()) else {
+            let Some(port) = claim_snat_port(flow, &backend, source, &settings, peer_mac()) else {
                 return (XDP_DROP, Reason::SnatPortsExhausted);
             };
             // A known flow without a port changed to full NAT: its entry is rewritten whole.
@@ -214,7 +219,7 @@ fn full_nat(
             port
         }
     };
-    let to = ReplyNat::new(settings.node_addr, backend.addr, snat_port, backend.port);
+    let to = ReplyNat::new(source, backend.addr, snat_port, backend.port);
     route_out(ctx, layout, &to, &hop, Reason::ForwardedFullNat)
 }
 
@@ -224,10 +229,11 @@ fn full_nat(
 fn claim_snat_port(
     flow: &FlowKey,
     backend: &Backend,
+    node: [u8; 4],
     settings: &Settings,
     peer_mac: [u8; 6],
 ) -> Option<[u8; 2]> {
-    let (node, min, max) = (settings.node_addr, settings.snat_port_min, settings.snat_port_max);
+    let (min, max) = (settings.snat_port_min, settings.snat_port_max);
     if max < min {
         return None;
     }
@@ -264,11 +270,11 @@ fn must_check_reply(flow: &FlowKey, refreshed: bool) -> bool {
 fn keep_snat_reply(
     flow: &FlowKey,
     backend: &Backend,
-    settings: &Settings,
+    node: [u8; 4],
     port: [u8; 2],
     peer_mac: impl FnOnce() -> [u8; 6],
 ) {
-    let key = FlowKey::new(backend.addr, settings.node_addr, backend.port, port, flow.proto);
+    let key = FlowKey::new(backend.addr, node, backend.port, port, flow.proto);
     // SAFETY: only tested for presence.
     if unsafe { REPLY_NAT.get(&key) }.is_some() {
         return;
@@ -323,11 +329,12 @@ pub fn route_out(
 #[inline(always)]
 fn translate_reply(ctx: &XdpContext, layout: L4Layout, flow: &FlowKey) -> Option<u32> {
     let settings = SETTINGS.get(0)?;
-    if flow.dst != settings.node_addr {
-        return None;
-    }
     let port = u16::from_be_bytes(flow.dport);
     if port < settings.snat_port_min || port > settings.snat_port_max {
+        return None;
+    }
+    // To this node's address on the uplink it arrived by (where full NAT sent it from).
+    if flow.dst != settings.node_addr && uplink::source(ctx.ingress_ifindex() as u32) != Some(flow.dst) {
         return None;
     }
     // SAFETY: copied out at once.
@@ -336,11 +343,22 @@ fn translate_reply(ctx: &XdpContext, layout: L4Layout, flow: &FlowKey) -> Option
     let tot_len = header::<Ipv4Hdr>(ctx, ETH_LEN).map(|ip| unsafe { u16::from_be_bytes((*ip).tot_len) })?;
     let hop = match fib::lookup(ctx, to.src, to.dst, tot_len) {
         Ok(hop) => hop,
-        // Back the way the client's packets came.
+        // Back the way the client's packets came: to the MAC they came from, out of the
+        // interface the route to the client takes (with several uplinks, not necessarily the
+        // one the reply arrived by).
         Err(Reason::NoNeighbor) if to.peer_mac != [0; 6] => {
-            // SAFETY: bounds-checked by `header`; copied out.
-            let own_mac = header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).dst_addr })?;
-            fib::NextHop { ifindex: ctx.ingress_ifindex() as u32, smac: own_mac, dmac: to.peer_mac, mtu: 0 }
+            let ingress = ctx.ingress_ifindex() as u32;
+            let ifindex = fib::egress(ctx, to.src, to.dst, tot_len).unwrap_or(ingress);
+            let smac = if ifindex == ingress {
+                // SAFETY: bounds-checked by `header`; copied out.
+                header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).dst_addr })?
+            } else {
+                match uplink::mac(ifindex) {
+                    Some(mac) => mac,
+                    None => return Some(stats::verdict(Reason::NoNeighbor, bytes, XDP_PASS)),
+                }
+            };
+            fib::NextHop { ifindex, smac, dmac: to.peer_mac, mtu: 0 }
         }
         Err(reason) => return Some(stats::verdict(reason, bytes, XDP_PASS)),
     };

@@ -12,7 +12,7 @@ use crate::{
     lease,
     maps::OWNED_VIPS,
     packet::{self, ETH_LEN, L4_OFFSET, header},
-    stats,
+    stats, uplink,
 };
 
 const ECHO_REQUEST: u8 = 8;
@@ -45,6 +45,9 @@ pub fn answer_echo(ctx: &XdpContext) -> u32 {
     let Some(owned) = (unsafe { OWNED_VIPS.get(&VipKey::new(ip.dst_addr)) }).copied() else {
         return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
     };
+    if !uplink::accepts(ctx, owned.uplink) {
+        return stats::verdict(Reason::WrongInterface, bytes, XDP_PASS);
+    }
     if !lease::live(&owned) {
         // Not passed: in VIP mode `both` the kernel would answer for the agent that is gone.
         return stats::verdict(Reason::LeaseExpired, bytes, XDP_DROP);

@@ -15,7 +15,7 @@ use crate::{
     dsr, forward, icmp,
     maps::OWNED_VIPS,
     packet::{self, ETH_LEN, IPV4_LEN, header},
-    stats, vrrp,
+    stats, uplink, vrrp,
 };
 
 /// The MF flag and the fragment offset.
@@ -67,7 +67,7 @@ pub fn handle(ctx: &XdpContext) -> u32 {
         PROTO_ICMP => icmp::answer_echo(ctx),
         PROTO_IPIP => dsr::decapsulate(ctx),
         PROTO_VRRP => vrrp::observe(ctx, src),
-        _ if is_owned_exclusively(dst) => stats::verdict(Reason::UnexposedPort, bytes, XDP_DROP),
+        _ if is_owned_exclusively(ctx, dst) => stats::verdict(Reason::UnexposedPort, bytes, XDP_DROP),
         _ => stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS),
     }
 }
@@ -77,10 +77,11 @@ pub fn is_owned(addr: [u8; 4]) -> bool {
     OWNED_VIPS.get_ptr(&VipKey::new(addr)).is_some()
 }
 
-/// Owned, and only by us: traffic no service takes is dropped rather than left to the kernel
-/// (which holds the address too in VIP mode `both`).
+/// Owned, only by us, and on the interface the frame came in by: traffic no service takes
+/// is dropped rather than left to the kernel (which holds the address too in VIP mode `both`).
 #[inline(always)]
-pub fn is_owned_exclusively(addr: [u8; 4]) -> bool {
-    // SAFETY: the flags byte is copied out at once.
-    unsafe { OWNED_VIPS.get(&VipKey::new(addr)) }.is_some_and(|v| !v.kernel_too())
+pub fn is_owned_exclusively(ctx: &XdpContext, addr: [u8; 4]) -> bool {
+    // SAFETY: two bytes copied out at once.
+    let owned = unsafe { OWNED_VIPS.get(&VipKey::new(addr)) }.map(|v| (v.kernel_too(), v.uplink));
+    owned.is_some_and(|(kernel_too, slot)| !kernel_too && uplink::accepts(ctx, slot))
 }

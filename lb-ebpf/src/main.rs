@@ -8,6 +8,7 @@
 //! - `forward`: the service path: connection table, Maglev, local and full-NAT delivery.
 //! - `dsr`: IPIP encapsulation towards endpoints and decapsulation for local ones.
 //! - `icmp`: echo replies for owned VIPs.
+//! - `uplink`: which uplink a frame arrived on; this node's address on each.
 //! - `vrrp`: learns each advertisement source's MAC and counts impersonations.
 //! - `nat`, `fib`: header rewrites with incremental checksums; next hops and transmit.
 //! - `reply`: the TC egress program that translates local endpoints' replies.
@@ -28,6 +29,7 @@ mod nat;
 mod packet;
 mod reply;
 mod stats;
+mod uplink;
 mod vrrp;
 
 use aya_ebpf::{

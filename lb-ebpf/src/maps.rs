@@ -8,7 +8,10 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::{Reason, XDP_ACTION_COUNT},
-    maps::{MAX_LEASES, MAX_VIPS, MAX_VRRP_SPEAKERS, OwnedVip, PacketCounter, VipKey, VipStats, VrrpSpeaker},
+    maps::{
+        MAX_LEASES, MAX_UPLINK_KEYS, MAX_VIPS, MAX_VRRP_SPEAKERS, OwnedVip, PacketCounter, Uplink, UplinkKey,
+        VipKey, VipStats, VrrpSpeaker,
+    },
     service::{
         Backend, Flow, FlowKey, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKey, MAX_BACKENDS, MAX_FLOWS,
         MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE, MAX_SERVICES, ReplyNat, RingEntry, Service, ServiceKey, Settings,
@@ -60,6 +63,9 @@ pub static LOCAL_ENDPOINTS: HashMap<LocalEndpointKey, LocalEndpoint> =
 #[map]
 pub static VRRP_SPEAKERS: LruHashMap<VipKey, VrrpSpeaker> =
     LruHashMap::with_max_entries(MAX_VRRP_SPEAKERS, 0);
+
+#[map]
+pub static UPLINKS: HashMap<UplinkKey, Uplink> = HashMap::with_max_entries(MAX_UPLINK_KEYS, 0);
 
 #[map]
 pub static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);

@@ -14,7 +14,7 @@ use network_types::eth::EthHdr;
 use crate::{
     maps::{SETTINGS, VRRP_SPEAKERS},
     packet::{self, L4_OFFSET, header},
-    stats,
+    stats, uplink,
 };
 
 /// The VRRPv3 header's first eight bytes: version and type, VRID, priority, count, then
@@ -40,7 +40,8 @@ pub fn observe(ctx: &XdpContext, source: [u8; 4]) -> u32 {
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let key = VipKey::new(source);
-    let own = SETTINGS.get(0).is_some_and(|s| s.node_addr == source);
+    let own = SETTINGS.get(0).is_some_and(|s| s.node_addr == source)
+        || uplink::source(ctx.ingress_ifindex() as u32) == Some(source);
     if own {
         let counted = match VRRP_SPEAKERS.get_ptr_mut(&key) {
             // SAFETY: a valid map value; races between CPUs only blur the counts.

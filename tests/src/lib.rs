@@ -19,6 +19,7 @@ pub mod kube_api;
 mod netns;
 pub mod packet;
 pub mod scale;
+mod segments;
 
 use std::{
     net::Ipv4Addr,
@@ -237,6 +238,11 @@ impl Lab {
     /// node's switch port gets a pass-only program.
     pub fn enable_native_xdp(&mut self, node: usize) {
         let port = self.nodes[node].switch_port.clone();
+        self.pass_on_switch_port(port);
+    }
+
+    /// A pass-only program on the switch's `port`, for native XDP at its far end.
+    pub fn pass_on_switch_port(&mut self, port: String) {
         let ebpf = self.switch.run(move || attach_pass_program(&port));
         self.pass_programs.push(ebpf);
     }

@@ -392,6 +392,30 @@ fn an_agent_of_a_newer_layout_takes_over_an_older_ones_pins_without_a_gap() {
     assert!(!older.exists(), "the older layout's pins are removed");
 }
 
+/// An upgrade from the build before several uplinks: its pins have no uplink map and a
+/// reason-counter array one reason shorter. The new agent adds the first and replaces only the
+/// second (counts restart): every other map, flows and translations with them, is kept.
+#[test]
+fn an_upgrade_that_grows_a_counter_map_keeps_every_other_map() {
+    let (c, log, ()) = restart_the_endpoints_agent(|c| {
+        let pins = lb_agent::dataplane::pin_dir(&c.lab.pin_path(1));
+        std::fs::remove_file(pins.join(lb_common::maps::UPLINKS)).unwrap();
+        let reasons = pins.join(lb_common::maps::REASON_STATS);
+        std::fs::remove_file(&reasons).unwrap();
+        let shorter = (lb_common::counters::Reason::COUNT - 1).to_string();
+        let path = reasons.to_str().unwrap();
+        let created = std::process::Command::new("bpftool")
+            .args(["map", "create", path, "type", "percpu_array", "key", "4", "value", "16"])
+            .args(["entries", &shorter, "name", "REASON_STATS"])
+            .output()
+            .unwrap();
+        assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    });
+    assert!(log.contains("replacing it alone"), "{log}");
+    assert!(!log.contains("replacing them"), "no other map was replaced:\n{log}");
+    assert!(c.reason(1, "dsr_decapsulated") > 0.0, "counting again on the new array");
+}
+
 #[test]
 fn malformed_packets_are_counted_and_never_abort_or_crash() {
     use lb_lab::packet::{ipv4_frame, send_and_capture};

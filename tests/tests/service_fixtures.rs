@@ -72,6 +72,7 @@ struct LocalMacs {
 
 struct Fixture {
     ebpf: Ebpf,
+    maps: ServiceMaps,
     ifindex: u32,
 }
 
@@ -92,7 +93,7 @@ impl Fixture {
         })
         .unwrap();
         maps.apply(&service_plan::plan(&config, "n0")).expect("syncing the fixture services");
-        Fixture { ebpf, ifindex }
+        Fixture { ebpf, maps, ifindex }
     }
 
     fn run(&self, input: &[u8]) -> (u32, Vec<u8>) {
@@ -159,6 +160,51 @@ fn snat_port(sport: u16, dport: u16, proto: u8) -> u16 {
 #[test]
 fn service_paths_produce_the_exact_frames() {
     in_node_with_local_pod(fixtures);
+}
+
+/// With several uplinks: a service is served only on its VIP's uplink (elsewhere the packet
+/// goes to the kernel untouched, counted), and full NAT and DSR take their source from the
+/// uplink the packet leaves by.
+#[test]
+fn services_are_served_on_their_uplink_and_sourced_from_the_egress_one() {
+    in_node_with_local_pod(|ifindex, local| {
+        use lb_common::maps::{UPLINKS, Uplink, UplinkKey};
+        let mut f = Fixture::load(ifindex);
+        let egress_source = Ipv4Addr::new(192, 0, 2, 77);
+        let set_uplink = |f: &mut Fixture, slot: u8| {
+            let mut uplinks: HashMap<_, UplinkKey, Uplink> =
+                HashMap::try_from(f.ebpf.map_mut(UPLINKS).unwrap()).unwrap();
+            let entry = Uplink { source: egress_source.octets(), mac: NODE_MAC, slot, _pad: 0 };
+            uplinks.insert(UplinkKey::new(ifindex, 0), entry, 0).unwrap();
+        };
+        set_uplink(&mut f, 1);
+        let moved = f.maps.set_vip_uplinks(std::sync::Arc::new([(VIP.octets(), 2)].into())).unwrap();
+        assert_eq!(moved, 6, "every service entry of the VIP took its uplink");
+        let to_node = (CLIENT_MAC, NODE_MAC);
+
+        // The VIP's uplink is slot 2; eth0 is slot 1.
+        let input = segment_frame(to_node, CLIENT, VIP, 64, 6, (41_000, 80));
+        let before = f.reason(Reason::WrongInterface);
+        let (action, out) = f.run(&input);
+        assert_eq!((action, &out), (XDP_PASS, &input), "served on another uplink: passed untouched");
+        assert_eq!(f.reason(Reason::WrongInterface), before + 1);
+
+        // eth0 is the VIP's uplink now: served, and full NAT and DSR leave from eth0's address.
+        set_uplink(&mut f, 2);
+        let expected = segment_frame((local.host, local.pod), CLIENT, LOCAL_POD, 63, 6, (41_000, 8080));
+        check(&f, "local TCP on its uplink", &input, XDP_REDIRECT, &expected);
+        let port = snat_port(41_001, 81, 17);
+        let input = segment_frame(to_node, CLIENT, VIP, 64, 17, (41_001, 81));
+        let expected = segment_frame((NODE_MAC, PEER_MAC), egress_source, REMOTE_POD, 63, 17, (port, 8080));
+        check(&f, "full NAT from the egress uplink's address", &input, XDP_TX, &expected);
+        let input = segment_frame((PEER_MAC, NODE_MAC), REMOTE_POD, egress_source, 64, 17, (8080, port));
+        let expected = segment_frame((NODE_MAC, CLIENT_MAC), VIP, CLIENT, 63, 17, (81, 41_001));
+        check(&f, "full NAT reply to the egress uplink's address", &input, XDP_TX, &expected);
+        let input = segment_frame(to_node, CLIENT, VIP, 64, 6, (41_002, 82));
+        let inner = segment_frame(to_node, CLIENT, VIP, 63, 6, (41_002, 82));
+        let expected = encapsulated((NODE_MAC, PEER_MAC), egress_source, REMOTE_POD, &inner);
+        check(&f, "DSR from the egress uplink's address", &input, XDP_TX, &expected);
+    });
 }
 
 /// Runs `f` (given eth0's ifindex and the local pod's MACs) inside lab node n0 with its local

@@ -249,3 +249,52 @@ fn a_vrrp_source_heard_from_another_mac_is_counted() {
         lb_lab::packet::ipv4_frame(CLIENT_MAC, [0xff; 6], member, VRRP_MULTICAST_V4, 255, 112, &[0x31]);
     assert_eq!(program.run(&short).0, XDP_PASS);
 }
+
+/// With several uplinks, an owned VIP is answered (ARP and ping) only on its own uplink's
+/// interface; elsewhere the frame goes to the kernel untouched, counted. A table of (the
+/// VIP's uplink slot, the slot of the interface the frame arrives on, the verdict).
+#[test]
+fn an_owned_vip_is_answered_only_on_its_uplink() {
+    use lb_common::maps::{ANY_UPLINK, UPLINKS, Uplink, UplinkKey};
+    // The loopback device: an interface every test host has, to arrive on.
+    const ARRIVAL: u32 = 1;
+    let mut echo = vec![8, 0, 0xf7, 0xff, 0, 0, 0, 0];
+    echo.extend_from_slice(b"uplink");
+    let ping = lb_lab::packet::ipv4_frame(CLIENT_MAC, VIP_MAC, CLIENT_IP, VIP, 64, 1, &echo);
+    let arp = arp_request(CLIENT_MAC, CLIENT_IP, VIP);
+    let cases: [(&str, u8, Option<u8>, u32); 4] = [
+        ("a single uplink: any interface", ANY_UPLINK, None, XDP_TX),
+        ("arrived on its uplink", 2, Some(2), XDP_TX),
+        ("arrived on another uplink", 2, Some(1), XDP_PASS),
+        ("arrived on an interface that is no uplink", 2, None, XDP_PASS),
+    ];
+    for (what, vip_slot, arrival_slot, verdict) in cases {
+        let mut program = Program::load();
+        let mut owned: HashMap<_, VipKey, OwnedVip> =
+            HashMap::try_from(program.ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
+        owned.insert(VipKey::new(VIP.octets()), OwnedVip::new(VIP_MAC).on_uplink(vip_slot), 0).unwrap();
+        if let Some(slot) = arrival_slot {
+            let mut uplinks: HashMap<_, UplinkKey, Uplink> =
+                HashMap::try_from(program.ebpf.map_mut(UPLINKS).unwrap()).unwrap();
+            let uplink = Uplink { source: [192, 0, 2, 10], mac: VIP_MAC, slot, _pad: 0 };
+            uplinks.insert(UplinkKey::new(ARRIVAL, 0), uplink, 0).unwrap();
+        }
+        for (kind, frame) in [("ARP", &arp), ("ping", &ping)] {
+            let (action, out) = lb_lab::fixture::run_uplink(&program.ebpf, frame, ARRIVAL);
+            assert_eq!(action, verdict, "{kind}, {what}");
+            if verdict == XDP_PASS {
+                assert_eq!(&out, frame, "{kind}, {what}: passed unmodified");
+            }
+        }
+        let wrong = if verdict == XDP_PASS { 2 } else { 0 };
+        assert_eq!(program.reason(Reason::WrongInterface), wrong, "{what}");
+    }
+    // In VIP mode `both` the kernel would answer the ARP request on the wrong interface: it is
+    // dropped there instead.
+    let mut program = Program::load();
+    let mut owned: HashMap<_, VipKey, OwnedVip> =
+        HashMap::try_from(program.ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
+    owned.insert(VipKey::new(VIP.octets()), OwnedVip::with_kernel(VIP_MAC).on_uplink(2), 0).unwrap();
+    assert_eq!(lb_lab::fixture::run_uplink(&program.ebpf, &arp, ARRIVAL).0, XDP_DROP);
+    assert_eq!(program.reason(Reason::WrongInterface), 1);
+}

@@ -8,13 +8,17 @@ use std::{
 
 use serde::{Deserialize, Deserializer, de};
 
-use super::{ConfigError, check_unicast};
+use super::{ConfigError, check_interface_name, check_unicast};
 use crate::vrrp::{packet::ChecksumMode, router::Transport};
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GroupConfig {
     pub name: String,
+    /// The interface the group's VRRP and VIPs use on each of its nodes: its own uplink.
+    /// Defaults to the top-level `interface`.
+    #[serde(default)]
+    pub interface: Option<String>,
     pub nodes: Vec<GroupNode>,
     /// Shared, so that a config whose VIPs did not change (an endpoint change, from the
     /// Kubernetes source) costs no copy of them, and compares equal at a glance.
@@ -72,7 +76,7 @@ pub struct Authentication {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GroupNode {
     pub name: String,
-    /// The node's address on the uplink: the source of its advertisements.
+    /// The node's address on the group's interface: the source of its advertisements.
     pub address: Ipv4Addr,
 }
 
@@ -166,13 +170,20 @@ const MAX_ADVERT_INTERVAL: Duration = Duration::from_millis(40_950);
 
 pub(super) fn validate_groups(
     groups: &[GroupConfig],
+    default_interface: &str,
     vip_owner: &mut BTreeMap<Ipv4Addr, super::VipField>,
 ) -> Result<(), ConfigError> {
     let mut names = BTreeMap::new();
     let mut manual_vrids: BTreeMap<u8, usize> = BTreeMap::new();
-    let mut node_addresses: BTreeMap<String, (Ipv4Addr, String)> = BTreeMap::new();
+    // A node has one address on each interface, and a different one on each.
+    let mut node_addresses: BTreeMap<(&str, &str), (Ipv4Addr, String)> = BTreeMap::new();
+    let mut address_users: BTreeMap<(&str, Ipv4Addr), (&str, String)> = BTreeMap::new();
     for (g, group) in groups.iter().enumerate() {
         let at = |field: &str| format!("groups[{g}].{field}");
+        if let Some(interface) = &group.interface {
+            check_interface_name(&at("interface"), interface)?;
+        }
+        let interface = group.interface.as_deref().unwrap_or(default_interface);
         if group.name.is_empty() {
             return Err(ConfigError::new(at("name"), "a non-empty group name"));
         }
@@ -210,23 +221,43 @@ pub(super) fn validate_groups(
                     format!("a unique address, {} is listed twice", node.address),
                 ));
             }
-            // Every group runs on the one uplink, where a node has one source address.
-            match node_addresses.get(&node.name) {
+            // Groups on one interface share a node's address there.
+            match node_addresses.get(&(node.name.as_str(), interface)) {
                 Some((address, first)) if *address != node.address => {
                     return Err(ConfigError::new(
                         format!("{field}.address"),
-                        format!("{} as in {first}, since a node has one address on the uplink", address),
+                        format!(
+                            "{address} as in {first}, since a node has one address on {interface}, which both \
+                             groups use"
+                        ),
                     ));
                 }
                 Some(_) => {}
                 None => {
-                    node_addresses.insert(node.name.clone(), (node.address, format!("{field}.address")));
+                    node_addresses
+                        .insert((node.name.as_str(), interface), (node.address, format!("{field}.address")));
+                }
+            }
+            match address_users.get(&(node.name.as_str(), node.address)) {
+                Some((other, first)) if *other != interface => {
+                    return Err(ConfigError::new(
+                        format!("{field}.address"),
+                        format!(
+                            "an address of this node on {interface}, but {first} has {} on {other}",
+                            node.address
+                        ),
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    address_users
+                        .insert((node.name.as_str(), node.address), (interface, format!("{field}.address")));
                 }
             }
         }
         for (v, vip) in group.vips.iter().enumerate() {
             for (n, node) in vip.eligible_nodes.iter().flatten().enumerate() {
-                if !node_addresses.contains_key(node) {
+                if !members.contains(node.as_str()) {
                     return Err(ConfigError::new(
                         at(&format!("vips[{v}].eligibleNodes[{n}]")),
                         format!("a node of this group, but {node:?} is not in its nodes"),
@@ -407,7 +438,7 @@ mod tests {
         let moved = format!("{BASE}  - name: b\n    nodes:\n      - {{name: n0, address: 192.0.2.99}}\n");
         let e = Config::parse(&moved).unwrap_err();
         assert_eq!(e.field, "groups[1].nodes[0].address");
-        assert!(e.expected.contains("groups[0].nodes[0].address"), "{e}");
+        assert!(e.expected.contains("groups[0].nodes[0].address") && e.expected.contains("eth0"), "{e}");
         let shared_vip =
             format!("vips:\n  - address: 198.51.100.10\n{BASE}    vips:\n      - address: 198.51.100.10\n");
         let e = Config::parse(&shared_vip).unwrap_err();
@@ -415,6 +446,28 @@ mod tests {
         assert!(e.expected.contains("vips[0]"), "{e}");
         assert_eq!(err("    excludedVrids: [0]\n").0, "groups[0].excludedVrids[0]");
         assert_eq!(err("    transport: broadcast\n").0, "groups[0].transport");
+    }
+
+    #[test]
+    fn groups_on_other_interfaces_take_the_nodes_address_there() {
+        let two = format!(
+            "{BASE}  - name: b\n    interface: eth1.30\n    nodes:\n      - {{name: n0, address: 10.30.0.10}}\n"
+        );
+        let c = Config::parse(&two).unwrap();
+        assert_eq!(c.groups[1].interface.as_deref(), Some("eth1.30"));
+        assert_eq!(c.group_interface(&c.groups[0]), "eth0");
+        assert_eq!(c.group_interface(&c.groups[1]), "eth1.30");
+        // One address on two interfaces is a mistake, named with both places.
+        let same = format!(
+            "{BASE}  - name: b\n    interface: eth1\n    nodes:\n      - {{name: n0, address: 192.0.2.10}}\n"
+        );
+        let e = Config::parse(&same).unwrap_err();
+        assert_eq!(e.field, "groups[1].nodes[0].address");
+        assert!(e.expected.contains("groups[0].nodes[0].address") && e.expected.contains("eth0"), "{e}");
+        let bad = format!(
+            "{BASE}  - name: b\n    interface: 'no/slash'\n    nodes:\n      - {{name: n0, address: 10.0.0.1}}\n"
+        );
+        assert_eq!(Config::parse(&bad).unwrap_err().field, "groups[1].interface");
     }
 
     #[test]

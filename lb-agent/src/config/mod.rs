@@ -29,7 +29,8 @@ pub use service::{Endpoint, MAX_ENDPOINTS, Protocol, RemoteMode, ServiceConfig, 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Config {
-    /// The uplink: the interface on the VIPs' L2 segment, where XDP is attached.
+    /// The default uplink: the interface on the VIPs' L2 segment, where XDP is attached, for
+    /// `vips` and every group that names no `interface` of its own.
     pub interface: String,
     /// How XDP attaches to the uplink.
     #[serde(default)]
@@ -51,10 +52,14 @@ pub struct Config {
     /// Groups of nodes that share VIPs through VRRP.
     #[serde(default)]
     pub groups: Vec<GroupConfig>,
-    /// This node's address on the uplink: the source of full-NAT and IPIP traffic. Defaults
-    /// to the uplink's first IPv4 address.
+    /// This node's address on the default uplink: the source of full-NAT and IPIP traffic
+    /// leaving by it. Defaults to the uplink's first IPv4 address.
     #[serde(default)]
     pub node_address: Option<Ipv4Addr>,
+    /// The same for other uplinks, by interface name (each defaults to the interface's first
+    /// IPv4 address).
+    #[serde(default)]
+    pub node_addresses: BTreeMap<String, Ipv4Addr>,
     /// Services: what traffic to the VIPs is forwarded to.
     #[serde(default)]
     pub services: Vec<Arc<ServiceConfig>>,
@@ -135,17 +140,14 @@ impl Config {
         self.validate_vips_and_groups().map(drop)
     }
 
+    /// The interface `group` runs on: its own, else the default uplink.
+    pub fn group_interface<'a>(&'a self, group: &'a GroupConfig) -> &'a str {
+        group.interface.as_deref().unwrap_or(&self.interface)
+    }
+
     /// Every check but the services', and where each VIP is declared.
     fn validate_vips_and_groups(&self) -> Result<BTreeMap<Ipv4Addr, VipField>, ConfigError> {
-        if self.interface.is_empty() || self.interface.len() > 15 || self.interface.contains(['/', ' ']) {
-            return Err(ConfigError::new(
-                "interface",
-                format!(
-                    "a network interface name of 1 to 15 characters without '/' or spaces, got {:?}",
-                    self.interface
-                ),
-            ));
-        }
+        check_interface_name("interface", &self.interface)?;
         let mut seen: BTreeMap<Ipv4Addr, usize> = BTreeMap::new();
         for (i, vip) in self.vips.iter().enumerate() {
             let a = vip.address;
@@ -167,9 +169,22 @@ impl Config {
         }
         let mut vip_owner: BTreeMap<Ipv4Addr, VipField> =
             seen.into_iter().map(|(a, i)| (a, VipField::Node(i))).collect();
-        group::validate_groups(&self.groups, &mut vip_owner)?;
+        group::validate_groups(&self.groups, &self.interface, &mut vip_owner)?;
         if let Some(address) = self.node_address {
             check_unicast("nodeAddress", address)?;
+        }
+        for (interface, address) in &self.node_addresses {
+            let field = format!("nodeAddresses.{interface}");
+            check_interface_name(&field, interface)?;
+            check_unicast(&field, *address)?;
+            if *interface == self.interface && self.node_address.is_some_and(|a| a != *address) {
+                return Err(ConfigError::new(
+                    field,
+                    format!(
+                        "the same address as nodeAddress for the default uplink {interface}, or no entry"
+                    ),
+                ));
+            }
         }
         self.dataplane.validate()?;
         Ok(vip_owner)
@@ -193,6 +208,17 @@ impl fmt::Display for VipField {
             Self::Group(g, v) => write!(f, "groups[{g}].vips[{v}]"),
         }
     }
+}
+
+/// A Linux interface name: 1 to 15 bytes, no '/' or whitespace.
+pub(crate) fn check_interface_name(field: &str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() || name.len() > 15 || name.contains(['/', ' ', '\t', '\n']) {
+        return Err(ConfigError::new(
+            field,
+            format!("a network interface name of 1 to 15 characters without '/' or spaces, got {name:?}"),
+        ));
+    }
+    Ok(())
 }
 
 /// VIPs and node addresses must be unicast.

@@ -1,4 +1,4 @@
-//! The data plane: the embedded BPF object, attached to the uplink, and its maps.
+//! The data plane: the embedded BPF object, attached to each uplink, and its maps.
 //!
 //! Maps and program links are pinned under `<pinPath>/v<layout>/`. A starting agent reuses
 //! what it finds there: the maps keep their contents (flows, translations, rings), and the new
@@ -7,7 +7,12 @@
 //! reused: an agent of a newer layout moves the program links out of the older directory
 //! (its program replaces theirs in place, on fresh maps) and removes the rest. A pinned map
 //! whose shape differs from this build's (size, key, value, flags) replaces the pinned maps
-//! as a whole, so a program never runs with maps of mixed layouts.
+//! as a whole, so a program never runs with maps of mixed layouts; a counter map (which no
+//! other map refers to) is replaced alone.
+//!
+//! One object serves every uplink: its XDP program is attached to each (links pinned per
+//! interface), so all uplinks share the flows and services. `uplinks` gives each a slot,
+//! which owned VIPs and services name so that a VIP is served only on its group's uplink.
 //!
 //! - `vips`: the owned-VIP map, updated by difference.
 //! - `leases`: until when each VRRP instance's VIPs may be claimed without the agent.
@@ -16,6 +21,7 @@
 //! - `neighbors`: keeps next hops resolved, so the program can forward without the kernel.
 //! - `ring_memory`: Maglev rings written through a memory mapping.
 //! - `batch`: whole-batch map writes and reads.
+//! - `uplinks`: the uplink map (slots, and this node's address on each).
 
 pub mod batch;
 pub mod counters;
@@ -24,6 +30,7 @@ pub mod neighbors;
 pub mod ring_memory;
 pub mod services;
 pub mod speakers;
+pub mod uplinks;
 pub mod vips;
 
 use std::{
@@ -43,8 +50,8 @@ use aya::{
 };
 use lb_common::{
     maps::{
-        ACTION_STATS, OWNED_VIPS, OwnedVip, REASON_STATS, VIP_LEASES, VIP_STATS, VIP_TRAFFIC, VRRP_SPEAKERS,
-        VipKey,
+        ACTION_STATS, OWNED_VIPS, OwnedVip, REASON_STATS, UPLINKS, VIP_LEASES, VIP_STATS, VIP_TRAFFIC,
+        VRRP_SPEAKERS, VipKey,
     },
     service::{
         BACKEND_STATS, BACKENDS, FLOWS, LAYOUT_VERSION, LOCAL_ENDPOINTS, MAGLEV_RINGS, REPLY_NAT, SERVICES,
@@ -73,7 +80,7 @@ pub const PASS_PROGRAM: &str = "lb_pass";
 pub const REPLY_PROGRAM: &str = "lb_reply";
 
 /// Every map, pinned by name.
-pub const PINNED_MAPS: [&str; 15] = [
+pub const PINNED_MAPS: [&str; 16] = [
     OWNED_VIPS,
     VIP_LEASES,
     VIP_STATS,
@@ -89,7 +96,12 @@ pub const PINNED_MAPS: [&str; 15] = [
     LOCAL_ENDPOINTS,
     SETTINGS,
     VRRP_SPEAKERS,
+    UPLINKS,
 ];
+
+/// Maps no other map refers to, and whose loss costs only counts or what the agent writes
+/// again at once: when one differs from this build's, it alone is replaced.
+const STANDALONE_MAPS: [&str; 5] = [ACTION_STATS, REASON_STATS, VIP_STATS, VRRP_SPEAKERS, UPLINKS];
 
 /// bpffs's magic number (`statfs.f_type`).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -110,19 +122,28 @@ impl AttachedMode {
     }
 }
 
-/// The loaded object, attached to the uplink.
+/// The loaded object, attached to the uplinks.
 pub struct Dataplane {
-    _ebpf: Ebpf,
-    links: Vec<FdLink>,
+    ebpf: Ebpf,
     pin_dir: PathBuf,
-    pub interface: Interface,
-    pub mode: AttachedMode,
+    /// The attached uplinks, by interface name.
+    uplinks: BTreeMap<String, Attached>,
+    setting: XdpModeSetting,
     pub verified_instructions: Option<u32>,
-    /// True when a running data plane was taken over rather than attached fresh.
-    pub resumed: bool,
     owned_vips: HashMap<MapData, VipKey, OwnedVip>,
     leases: leases::Leases,
     speakers: speakers::Speakers,
+    uplink_map: uplinks::UplinkMap,
+}
+
+/// One uplink's programs.
+pub struct Attached {
+    pub interface: Interface,
+    pub mode: AttachedMode,
+    /// True when a running program was taken over rather than attached fresh.
+    pub resumed: bool,
+    /// XDP, then TC egress, held while attached (their pins keep them attached meanwhile).
+    _links: Vec<FdLink>,
 }
 
 /// The directory this build pins under.
@@ -131,20 +152,18 @@ pub fn pin_dir(pin_path: &Path) -> PathBuf {
 }
 
 impl Dataplane {
-    /// Loads the embedded object, with its maps pinned under `pin_path`, and attaches it to
-    /// `interface`: through the pinned links when a previous agent left them, else fresh.
-    ///
-    /// `Auto` tries native mode first and falls back to generic SKB mode with a warning, since
-    /// not every driver supports native XDP and a slow data plane beats none.
-    pub fn attach(
-        interface: &Interface,
+    /// Loads the embedded object, with its maps pinned under `pin_path`, ready for
+    /// [`Dataplane::attach`]. `interfaces` are the uplinks about to be attached: their links
+    /// pinned by an agent of another layout are taken over.
+    pub fn load(
+        interfaces: &[&str],
         setting: XdpModeSetting,
         pin_path: &Path,
         capacity: &Capacity,
     ) -> Result<(Self, XdpCounters, ServiceMaps)> {
         let pin_dir = pin_dir(pin_path);
         prepare_pin_dir(&pin_dir)?;
-        take_over_earlier_layouts(pin_path, &pin_dir, &interface.name)?;
+        take_over_earlier_layouts(pin_path, &pin_dir, interfaces)?;
         let sizes = map_sizes(capacity);
         replace_incompatible_maps(&pin_dir, &sizes)?;
         let mut loader = EbpfLoader::new();
@@ -156,11 +175,43 @@ impl Dataplane {
             loader.map_pin_path(name, path.as_path());
         }
         let mut ebpf = loader.load(EMBEDDED_OBJECT)?;
-
-        let xdp_pin = |mode: AttachedMode| pin_dir.join(xdp_pin_name(&interface.name, mode));
         let program = uplink_program(&mut ebpf)?;
         program.load().map_err(|source| Error::BpfProgram { program: UPLINK_PROGRAM, source })?;
         let verified_instructions = program.info().ok().and_then(|i| i.verified_instruction_count());
+        reply_program(&mut ebpf)?
+            .load()
+            .map_err(|source| Error::BpfProgram { program: REPLY_PROGRAM, source })?;
+
+        let owned_vips = HashMap::try_from(take_map(&mut ebpf, OWNED_VIPS)?)
+            .map_err(|source| Error::BpfMap { map: OWNED_VIPS, source })?;
+        let leases = leases::Leases::take(take_map(&mut ebpf, VIP_LEASES)?)?;
+        let speakers = speakers::Speakers::take(take_map(&mut ebpf, VRRP_SPEAKERS)?)?;
+        let uplink_map = uplinks::UplinkMap::take(take_map(&mut ebpf, UPLINKS)?)?;
+        let counters = XdpCounters::take(&mut ebpf)?;
+        let services = ServiceMaps::take(&mut ebpf, Some(&pin_dir))?;
+        let dataplane = Self {
+            ebpf,
+            pin_dir,
+            uplinks: BTreeMap::new(),
+            setting,
+            verified_instructions,
+            owned_vips,
+            leases,
+            speakers,
+            uplink_map,
+        };
+        Ok((dataplane, counters, services))
+    }
+
+    /// Attaches the programs to `interface`: through its pinned links when a previous agent
+    /// left them (the new programs replace the running ones in place), else fresh.
+    ///
+    /// `Auto` tries native mode first and falls back to generic SKB mode with a warning, since
+    /// not every driver supports native XDP and a slow data plane beats none.
+    pub fn attach(&mut self, interface: &Interface) -> Result<&Attached> {
+        let pin_dir = self.pin_dir.clone();
+        let xdp_pin = |mode: AttachedMode| pin_dir.join(xdp_pin_name(&interface.name, mode));
+        let program = uplink_program(&mut self.ebpf)?;
         let mut resumed_xdp = None;
         for mode in [AttachedMode::Native, AttachedMode::Skb] {
             let Ok(pinned) = PinnedLink::from_pin(xdp_pin(mode)) else { continue };
@@ -177,47 +228,69 @@ impl Dataplane {
         let (xdp_link, mode) = match resumed_xdp {
             Some(found) => found,
             None => {
-                let (link, mode) = attach_xdp(program, interface, setting)?;
+                let (link, mode) = attach_xdp(program, interface, self.setting)?;
                 (pin(link, &xdp_pin(mode))?, mode)
             }
         };
-
-        let tc_link = attach_reply(&mut ebpf, interface, &pin_dir.join(tc_pin_name(&interface.name)))?;
+        let tc_link = attach_reply(&mut self.ebpf, interface, &pin_dir.join(tc_pin_name(&interface.name)))?;
         info!(
             interface = %interface.name,
             mode = mode.as_str(),
-            verified_instructions,
+            verified_instructions = self.verified_instructions,
             resumed,
             pins = %pin_dir.display(),
             "XDP attached"
         );
+        let attached =
+            Attached { interface: interface.clone(), mode, resumed, _links: vec![xdp_link, tc_link] };
+        self.uplinks.insert(interface.name.clone(), attached);
+        Ok(&self.uplinks[&interface.name])
+    }
 
-        let owned_vips = HashMap::try_from(take_map(&mut ebpf, OWNED_VIPS)?)
-            .map_err(|source| Error::BpfMap { map: OWNED_VIPS, source })?;
-        let leases = leases::Leases::take(take_map(&mut ebpf, VIP_LEASES)?)?;
-        let speakers = speakers::Speakers::take(take_map(&mut ebpf, VRRP_SPEAKERS)?)?;
-        let counters = XdpCounters::take(&mut ebpf)?;
-        let services = ServiceMaps::take(&mut ebpf, Some(&pin_dir))?;
-        let dataplane = Self {
-            _ebpf: ebpf,
-            links: vec![xdp_link, tc_link],
-            pin_dir,
-            interface: interface.clone(),
-            mode,
-            verified_instructions,
-            resumed,
-            owned_vips,
-            leases,
-            speakers,
-        };
-        Ok((dataplane, counters, services))
+    /// Detaches the programs from `name` (an uplink no group uses any more) and removes its
+    /// link pins.
+    pub fn detach(&mut self, name: &str) -> Result<()> {
+        let Some(attached) = self.uplinks.remove(name) else { return Ok(()) };
+        drop(attached);
+        remove_link_pins(&self.pin_dir, |interface| interface == name)?;
+        info!(interface = name, "XDP detached");
+        Ok(())
+    }
+
+    /// Removes the link pins of interfaces that are not attached now: left by an earlier run
+    /// whose config had uplinks this one has not.
+    pub fn detach_strays(&self) -> Result<()> {
+        remove_link_pins(&self.pin_dir, |interface| {
+            let stray = !self.uplinks.contains_key(interface);
+            if stray {
+                warn!(
+                    interface,
+                    "an earlier run left XDP attached to an interface no group uses now: detaching"
+                );
+            }
+            stray
+        })
+    }
+
+    /// How `name` is attached, for labels ("none" when it is not).
+    pub fn mode_of(&self, name: &str) -> &'static str {
+        self.uplinks.get(name).map_or("none", |a| a.mode.as_str())
+    }
+
+    /// The attached uplinks, by interface name.
+    pub fn uplinks(&self) -> &BTreeMap<String, Attached> {
+        &self.uplinks
+    }
+
+    /// Makes the uplink map hold `wanted`, touching only entries that differ.
+    pub fn set_uplinks(&mut self, wanted: &uplinks::UplinkSet) -> Result<()> {
+        self.uplink_map.apply(wanted)
     }
 
     /// Makes the owned-VIP map equal `desired`, touching only entries that differ.
     pub fn set_owned_vips(&mut self, desired: &vips::OwnedSet) -> Result<vips::Applied> {
         vips::apply(&mut self.owned_vips, desired)
     }
-
     /// Makes the lease map hold `deadlines` (slot → CLOCK_MONOTONIC ns), writing what moved.
     pub fn set_leases(&mut self, deadlines: &BTreeMap<u16, u64>, now_ns: u64) -> Result<leases::Renewed> {
         self.leases.apply(deadlines, now_ns)
@@ -240,15 +313,17 @@ impl Dataplane {
 
     /// Detaches the programs and deletes every pin, so nothing of the data plane remains.
     pub fn remove(mut self) -> Result<()> {
-        self.links.clear();
+        let names: Vec<String> = self.uplinks.keys().cloned().collect();
+        self.uplinks.clear();
         remove_pins(&self.pin_dir)?;
-        info!(interface = %self.interface.name, "XDP detached");
+        info!(interfaces = %names.join(", "), "XDP detached");
         Ok(())
     }
 
     /// Leaves the programs attached and the maps pinned for the next agent.
     pub fn keep(self) {
-        info!(interface = %self.interface.name, pins = %self.pin_dir.display(), "leaving the data plane running");
+        let names: Vec<&str> = self.uplinks.keys().map(String::as_str).collect();
+        info!(interfaces = %names.join(", "), pins = %self.pin_dir.display(), "leaving the data plane running");
     }
 }
 
@@ -277,11 +352,37 @@ fn tc_pin_name(interface: &str) -> String {
     format!("tc-egress-{interface}")
 }
 
+/// The interface a link pin is for, from its name (see [`xdp_pin_name`], [`tc_pin_name`]).
+fn pinned_link_interface(pin: &str) -> Option<&str> {
+    if let Some(rest) = pin.strip_prefix("tc-egress-") {
+        return Some(rest);
+    }
+    let rest = pin.strip_prefix("xdp-")?;
+    [AttachedMode::Native, AttachedMode::Skb]
+        .iter()
+        .find_map(|mode| rest.strip_suffix(mode.as_str())?.strip_suffix('-'))
+}
+
+/// Removes the link pins in `pin_dir` whose interface `detach` picks: the last reference to
+/// a link, so its program leaves the interface.
+fn remove_link_pins(pin_dir: &Path, mut detach: impl FnMut(&str) -> bool) -> Result<()> {
+    let read_err = |e| Error::io(format!("reading {}", pin_dir.display()), e);
+    for entry in std::fs::read_dir(pin_dir).map_err(read_err)? {
+        let path = entry.map_err(read_err)?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+        if pinned_link_interface(name).is_some_and(&mut detach) {
+            std::fs::remove_file(&path)
+                .map_err(|e| Error::io(format!("removing the pinned link {}", path.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
 /// Pins that an agent of another layout left under `pin_path` (`v<N>` beside this build's
-/// directory): the links of `interface` move into `pin_dir`, so this build's programs replace
+/// directory): the links of `interfaces` move into `pin_dir`, so this build's programs replace
 /// theirs in place (forwarding does not stop), and the directory goes, with its maps. A
 /// directory still holding another interface's links is left alone, with a warning.
-fn take_over_earlier_layouts(pin_path: &Path, pin_dir: &Path, interface: &str) -> Result<()> {
+fn take_over_earlier_layouts(pin_path: &Path, pin_dir: &Path, interfaces: &[&str]) -> Result<()> {
     let read_err = |e| Error::io(format!("reading {}", pin_path.display()), e);
     for entry in std::fs::read_dir(pin_path).map_err(read_err)? {
         let old = entry.map_err(read_err)?.path();
@@ -290,11 +391,16 @@ fn take_over_earlier_layouts(pin_path: &Path, pin_dir: &Path, interface: &str) -
         if !is_layout || old == pin_dir {
             continue;
         }
-        let links = [
-            xdp_pin_name(interface, AttachedMode::Native),
-            xdp_pin_name(interface, AttachedMode::Skb),
-            tc_pin_name(interface),
-        ];
+        let links: Vec<String> = interfaces
+            .iter()
+            .flat_map(|interface| {
+                [
+                    xdp_pin_name(interface, AttachedMode::Native),
+                    xdp_pin_name(interface, AttachedMode::Skb),
+                    tc_pin_name(interface),
+                ]
+            })
+            .collect();
         for link in &links {
             let (from, to) = (old.join(link), pin_dir.join(link));
             if from.exists() && !to.exists() {
@@ -375,6 +481,7 @@ fn expected_shapes(sizes: &[(&'static str, u32)]) -> Result<Vec<(&'static str, M
 /// in place. Established flows are re-hashed.
 fn replace_incompatible_maps(pin_dir: &Path, sizes: &[(&'static str, u32)]) -> Result<()> {
     let mut differing = Vec::new();
+    let mut standalone = Vec::new();
     for (name, wanted) in expected_shapes(sizes)? {
         let path = pin_dir.join(name);
         let Ok(info) = aya::maps::MapInfo::from_pin(&path) else { continue };
@@ -385,8 +492,18 @@ fn replace_incompatible_maps(pin_dir: &Path, sizes: &[(&'static str, u32)]) -> R
             flags: info.map_flags(),
         };
         if pinned != wanted {
-            differing.push(format!("{} ({pinned} → {wanted})", path.display()));
+            let change = format!("{} ({pinned} → {wanted})", path.display());
+            if STANDALONE_MAPS.contains(&name) {
+                standalone.push((path, change))
+            } else {
+                differing.push(change)
+            }
         }
+    }
+    for (path, change) in standalone {
+        warn!(%change, "a pinned counter map differs from this build's: replacing it alone (its counts restart)");
+        std::fs::remove_file(&path)
+            .map_err(|e| Error::io(format!("removing the pinned map {}", path.display()), e))?;
     }
     if differing.is_empty() {
         return Ok(());
@@ -477,12 +594,7 @@ fn attach_xdp(
 fn attach_reply(ebpf: &mut Ebpf, interface: &Interface, pin_path: &Path) -> Result<FdLink> {
     let program_err = |source| Error::BpfProgram { program: REPLY_PROGRAM, source };
     let link_err = |source| Error::BpfLink { program: REPLY_PROGRAM, source };
-    let program: &mut SchedClassifier = ebpf
-        .program_mut(REPLY_PROGRAM)
-        .ok_or(Error::BpfProgram { program: REPLY_PROGRAM, source: aya::programs::ProgramError::NotLoaded })?
-        .try_into()
-        .map_err(program_err)?;
-    program.load().map_err(program_err)?;
+    let program = reply_program(ebpf)?;
     if let Ok(pinned) = PinnedLink::from_pin(pin_path) {
         let replaced = SchedClassifierLink::try_from(FdLink::from(pinned))
             .map_err(link_err)
@@ -505,6 +617,13 @@ fn attach_reply(ebpf: &mut Ebpf, interface: &Interface, pin_path: &Path) -> Resu
         .map_err(program_err)?;
     let link = program.take_link(id).map_err(program_err)?;
     pin(FdLink::try_from(link).map_err(link_err)?, pin_path)
+}
+
+fn reply_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier> {
+    ebpf.program_mut(REPLY_PROGRAM)
+        .ok_or(Error::BpfProgram { program: REPLY_PROGRAM, source: aya::programs::ProgramError::NotLoaded })?
+        .try_into()
+        .map_err(|source| Error::BpfProgram { program: REPLY_PROGRAM, source })
 }
 
 fn pin(link: FdLink, path: &Path) -> Result<FdLink> {

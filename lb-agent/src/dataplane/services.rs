@@ -22,6 +22,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
     os::fd::{AsFd, AsRawFd},
+    sync::Arc,
 };
 
 use aya::{
@@ -96,6 +97,8 @@ pub struct ServiceMaps {
     free_vip_slots: VecDeque<u32>,
     /// A slot was taken in this sync: free it at the end if no service of its VIP got in.
     vip_slots_unused: bool,
+    /// The uplink slot each VIP is served on; absent: any.
+    vip_uplinks: Arc<HashMap<[u8; 4], u8>>,
 }
 
 #[derive(Clone, Debug)]
@@ -225,6 +228,7 @@ impl ServiceMaps {
             vip_slots: HashMap::new(),
             free_vip_slots: VecDeque::new(),
             vip_slots_unused: false,
+            vip_uplinks: Arc::default(),
         };
         maps.read_back()?;
         Ok(maps)
@@ -250,7 +254,7 @@ impl ServiceMaps {
 
         for entry in self.services.iter() {
             let (key, entry) = entry.map_err(err(SERVICES))?;
-            self.vip_slots.entry(key.vip).or_insert((entry.vip_slot, 0)).1 += 1;
+            self.vip_slots.entry(key.vip).or_insert((entry.vip_slot(), 0)).1 += 1;
             self.installed.insert(key, Installed { entry, name: String::new(), backends: Vec::new() });
         }
         let used: HashSet<u32> = self.vip_slots.values().map(|(slot, _)| *slot).collect();
@@ -267,6 +271,34 @@ impl ServiceMaps {
             self.local.insert(key, value);
         }
         Ok(())
+    }
+
+    /// Serves each VIP on its uplink from now on: installed services whose uplink slot moved
+    /// are rewritten (only the slot changes), later ones are installed with theirs. Returns
+    /// how many entries were rewritten.
+    pub fn set_vip_uplinks(&mut self, uplinks: Arc<HashMap<[u8; 4], u8>>) -> Result<usize> {
+        if Arc::ptr_eq(&uplinks, &self.vip_uplinks) {
+            return Ok(0);
+        }
+        self.vip_uplinks = uplinks;
+        let moved: Vec<(ServiceKey, Service)> = self
+            .installed
+            .iter()
+            .filter(|(key, i)| i.entry.uplink != self.uplink_of(key.vip))
+            .map(|(key, i)| (*key, Service { uplink: self.uplink_of(key.vip), ..i.entry }))
+            .collect();
+        let (keys, entries): (Vec<ServiceKey>, Vec<Service>) = moved.into_iter().unzip();
+        batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(SERVICES))?;
+        for (key, entry) in keys.iter().zip(entries) {
+            if let Some(installed) = self.installed.get_mut(key) {
+                installed.entry = entry;
+            }
+        }
+        Ok(keys.len())
+    }
+
+    fn uplink_of(&self, vip: [u8; 4]) -> u8 {
+        self.vip_uplinks.get(&vip).copied().unwrap_or(lb_common::maps::ANY_UPLINK)
     }
 
     pub fn set_settings(&mut self, settings: Settings) -> Result<()> {
@@ -422,7 +454,8 @@ impl ServiceMaps {
                 ring_size: ring.len() as u32,
                 backend_count: planned.backends.len() as u32,
                 ring_digest: digest(&ring),
-                vip_slot: self.vip_slot(key.vip)?,
+                vip_slot_le: Service::vip_slot_bytes(self.vip_slot(key.vip)?),
+                uplink: self.uplink_of(key.vip),
             };
             if let Some(old) = self.installed.get(key).cloned()
                 && old.entry == (Service { ring_id: old.entry.ring_id, ..entry })

@@ -30,7 +30,7 @@ use super::{
     changes::{Pending, SliceIndex, Touch},
     crd::LoadBalancerGroup,
     lease::LeaseLock,
-    source::{Changed, ClusterState, ServiceObjects, Translator},
+    source::{self, Changed, ClusterState, ServiceObjects, Translator},
     status,
     writer::StatusWriter,
 };
@@ -141,6 +141,8 @@ impl Shell {
         let mut leading = false;
         let mut last: Option<Config> = None;
         let mut refusals = Vec::new();
+        // The group addresses last patched onto this node, until the watch shows them.
+        let mut published = None;
         let mut unserved = Vec::new();
         let mut translator = Translator::default();
         let mut index = SliceIndex::default();
@@ -216,14 +218,23 @@ impl Shell {
                     Err(e) => warn!(%ip, error = %e, "looking up the route for interfaceFromIP failed"),
                 }
             }
+            let mut missing_interfaces = std::collections::BTreeSet::new();
+            for name in groups_now.iter().filter_map(|g| g.spec.interface.as_ref()) {
+                if let Ok(None) = crate::netdev::find(&self.netlink, name).await {
+                    missing_interfaces.insert(name.clone());
+                }
+            }
+            let nodes_now = snapshot(&nodes);
+            self.publish_group_addresses(&groups_now, &nodes_now, &routes, &mut published).await;
             let changes = std::mem::take(&mut pending);
             status_due |= changes.all || changes.service_objects;
             let mut state = ClusterState {
                 groups: groups_now,
                 services: Vec::new(),
                 slices: Vec::new(),
-                nodes: snapshot(&nodes),
+                nodes: nodes_now,
                 routes,
+                missing_interfaces,
             };
             // A pass of only changed Services reads them from the stores, and nothing else.
             let whole = changes.all || leading && status_due || translator.needs_everything(&state);
@@ -306,6 +317,69 @@ impl Shell {
     }
 }
 
+impl Shell {
+    /// Publishes this node's address on each of its groups' interfaces other than the default
+    /// uplink ([`source::GROUP_ADDRESSES_ANNOTATION`]): the other members learn it from there
+    /// (a Node's InternalIP is its default uplink's). Patched only when the Node says
+    /// otherwise, and not again until the watch has shown the last patch.
+    async fn publish_group_addresses(
+        &self,
+        groups: &[std::sync::Arc<LoadBalancerGroup>],
+        nodes: &[std::sync::Arc<Node>],
+        routes: &BTreeMap<std::net::IpAddr, String>,
+        published: &mut Option<BTreeMap<String, Ipv4Addr>>,
+    ) {
+        let Some(me) = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(self.node.as_str())) else {
+            return;
+        };
+        let mut addresses = BTreeMap::new();
+        for group in groups.iter().filter(|g| source::selects(g, me)) {
+            let interface = match (&group.spec.interface, &group.spec.interface_from_ip) {
+                (Some(interface), _) => interface,
+                (None, Some(ip)) => match routes.get(ip) {
+                    Some(interface) => interface,
+                    None => continue,
+                },
+                (None, None) => continue,
+            };
+            if *interface == self.base.interface {
+                continue;
+            }
+            let Ok(Some(link)) = crate::netdev::find(&self.netlink, interface).await else { continue };
+            if let Ok(Some(address)) = crate::netdev::primary_ipv4(&self.netlink, link.index).await {
+                addresses.insert(group.metadata.name.clone().unwrap_or_default(), address);
+            }
+        }
+        if source::published_addresses(me) == addresses {
+            *published = None;
+            return;
+        }
+        if published.as_ref() == Some(&addresses) {
+            return;
+        }
+        let value = if addresses.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::Value::String(serde_json::to_string(&addresses).unwrap_or_default())
+        };
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {source::GROUP_ADDRESSES_ANNOTATION: value}}});
+        let api: Api<Node> = Api::all(self.client.clone());
+        match api
+            .patch(&self.node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                info!(?addresses, "published this node's addresses on its groups' interfaces");
+                *published = Some(addresses);
+            }
+            Err(e) => {
+                warn!(error = %e, "publishing this node's group addresses failed; retrying on the next change")
+            }
+        }
+    }
+}
+
 trait Ready {
     fn is_ready(&self) -> bool;
 }
@@ -340,7 +414,16 @@ mod tests {
 
     type Writes = Arc<Mutex<Vec<(String, String, Value)>>>;
 
-    async fn api_server(mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>, writes: Writes) {
+    /// The fixture group's spec.
+    fn edge_spec() -> Value {
+        json!({"interface": "eth0", "addressPools": ["198.51.100.0/29"], "default": true, "advertInterval": "10ms"})
+    }
+
+    async fn api_server(
+        mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+        writes: Writes,
+        edge: Value,
+    ) {
         let mut open_watches = Vec::new();
         let mut service_lists = 0;
         while let Some((request, send)) = handle.next_request().await {
@@ -364,7 +447,7 @@ mod tests {
                         "lb-agent.io/v1alpha1",
                         json!([{
                     "apiVersion": "lb-agent.io/v1alpha1", "kind": "LoadBalancerGroup", "metadata": {"name": "edge", "generation": 1},
-                    "spec": {"interface": "eth0", "addressPools": ["198.51.100.0/29"], "default": true, "advertInterval": "10ms"}}]),
+                    "spec": edge}]),
                     ),
                 ),
                 ("GET", "/api/v1/services") => {
@@ -450,7 +533,7 @@ mod tests {
     async fn the_cluster_becomes_a_config_and_the_leader_writes_status() {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let writes: Writes = Arc::default();
-        tokio::spawn(api_server(handle, writes.clone()));
+        tokio::spawn(api_server(handle, writes.clone(), edge_spec()));
         let base = Config::parse("interface: eth0\nnode: n0\n").unwrap();
         let shell = Shell {
             client: Client::new(service, "default"),
@@ -573,5 +656,56 @@ mod tests {
         );
         let note = event["note"].as_str().unwrap();
         assert!(note.contains("192.0.2.11") && note.contains(&how), "{note}");
+    }
+
+    /// A group on another interface than the default uplink: the config runs it there, and
+    /// this node publishes its address on that interface on its Node, once, for the others.
+    #[tokio::test]
+    async fn a_group_on_another_interface_publishes_this_nodes_address_there() {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let writes: Writes = Arc::default();
+        // `lo` is the one interface every test host has, with 127.0.0.1.
+        let mut edge = edge_spec();
+        edge["interface"] = json!("lo");
+        tokio::spawn(api_server(handle, writes.clone(), edge));
+        let shell = Shell {
+            client: Client::new(service, "default"),
+            netlink: crate::netdev::connect().unwrap(),
+            base: Config::parse("interface: eth0\nnode: n0\n").unwrap(),
+            node: "n0".into(),
+            namespace: "lb-agent".into(),
+        };
+        let (tx, mut rx) = mpsc::channel(4);
+        let (_owners_tx, owners) = watch::channel(BTreeMap::new());
+        let (_refused_tx, refused) = watch::channel(BTreeMap::new());
+        let (_foreign_tx, foreign) = watch::channel(ForeignRouters::new());
+        let (_impersonated_tx, impersonated) = watch::channel(Impersonations::new());
+        tokio::spawn(shell.run(tx, FromAgent { owners, refused, foreign, impersonated }));
+        let config =
+            tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.expect("a config").unwrap();
+        assert_eq!(config.groups[0].interface.as_deref(), Some("lo"));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let patches = loop {
+            let seen = writes.lock().unwrap().clone();
+            let patches: Vec<Value> = seen
+                .iter()
+                .filter(|(m, p, _)| m == "PATCH" && p == "/api/v1/nodes/n0")
+                .map(|(_, _, b)| b.clone())
+                .collect();
+            if !patches.is_empty() {
+                break patches;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no Node patch: {seen:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            patches[0],
+            json!({"metadata": {"annotations": {source::GROUP_ADDRESSES_ANNOTATION: "{\"edge\":\"127.0.0.1\"}"}}})
+        );
+        // Not patched again while the watch has not shown it (the mock never does).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let again =
+            writes.lock().unwrap().iter().filter(|(m, p, _)| m == "PATCH" && p == "/api/v1/nodes/n0").count();
+        assert_eq!(again, 1);
     }
 }

@@ -48,7 +48,8 @@ pub struct LoadBalancerGroupSpec {
     /// Nodes in the group: those whose labels match all of these. Empty: every node.
     #[serde(default)]
     pub node_selector: BTreeMap<String, String>,
-    /// The uplink's name on every member node.
+    /// The group's interface on every member node: any interface, not only the agent's default
+    /// uplink (a node serves each of its groups on that group's interface).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 15))]
     pub interface: Option<String>,

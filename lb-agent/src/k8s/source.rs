@@ -43,7 +43,15 @@ pub struct ClusterState {
     pub nodes: Vec<Arc<Node>>,
     /// This node's interface towards each group's `interfaceFromIP` (looked up by the shell).
     pub routes: BTreeMap<std::net::IpAddr, String>,
+    /// Groups' `interface` names this node has no interface of (looked up by the shell).
+    pub missing_interfaces: std::collections::BTreeSet<String>,
 }
+
+/// The Node annotation where each agent publishes its address on each of its groups'
+/// interfaces, as JSON (`{"edge": "10.30.0.10"}`): a group on another interface than the
+/// default uplink has its members' addresses from there (the InternalIP is the default
+/// uplink's), for the allow-list and unicast.
+pub const GROUP_ADDRESSES_ANNOTATION: &str = "lb-agent.io/group-addresses";
 
 /// Refusals about a group rather than a Service carry this prefix before the group's name.
 pub const GROUP_REFUSAL_PREFIX: &str = "LoadBalancerGroup/";
@@ -105,6 +113,7 @@ pub struct ServiceObjects {
 struct Frame {
     vrids: Vec<Option<BTreeMap<String, u8>>>,
     routes: BTreeMap<std::net::IpAddr, String>,
+    missing_interfaces: std::collections::BTreeSet<String>,
 }
 
 impl Frame {
@@ -112,6 +121,7 @@ impl Frame {
         Self {
             vrids: state.groups.iter().map(|g| g.status.as_ref().map(|s| s.vrids.clone())).collect(),
             routes: state.routes.clone(),
+            missing_interfaces: state.missing_interfaces.clone(),
         }
     }
 }
@@ -128,7 +138,7 @@ impl Context {
     fn of(state: &ClusterState) -> Self {
         Self {
             groups: state.groups.iter().map(|g| (g.metadata.name.clone(), g.spec.clone())).collect(),
-            members: state.groups.iter().map(|g| members(&state.nodes, &g.spec.node_selector)).collect(),
+            members: state.groups.iter().map(|g| members(&state.nodes, g)).collect(),
         }
     }
 }
@@ -440,10 +450,13 @@ impl Translator {
         let mut services = Vec::new();
         for group in groups_sorted {
             let name = group.metadata.name.clone().unwrap_or_default();
-            if let Some(refusal) = interface_refusal(group, state, base) {
-                refusals.push(Refusal { service: format!("{GROUP_REFUSAL_PREFIX}{name}"), ..refusal });
-                continue;
-            }
+            let interface = match group_interface(group, state) {
+                Ok(interface) => interface,
+                Err(refusal) => {
+                    refusals.push(Refusal { service: format!("{GROUP_REFUSAL_PREFIX}{name}"), ..refusal });
+                    continue;
+                }
+            };
             let spec = &group.spec;
             let members = groups_by_name.get(name.as_str()).map_or(&[][..], |(_, m)| m);
             let nodes: Vec<Value> = members
@@ -454,6 +467,7 @@ impl Translator {
             services.extend(mine);
             let document = json!({
                 "name": name,
+                "interface": interface,
                 "nodes": nodes,
                 "advertInterval": spec.advert_interval,
                 "garp": {"refresh": spec.garp_refresh.as_deref().unwrap_or("0s")},
@@ -485,25 +499,20 @@ impl Translator {
     }
 }
 
-/// Why `group` cannot be served on this node, if it cannot (its interface).
-fn interface_refusal(group: &LoadBalancerGroup, state: &ClusterState, base: &Config) -> Option<Refusal> {
+/// The interface `group` uses on this node, or why it cannot be served here.
+pub fn group_interface(group: &LoadBalancerGroup, state: &ClusterState) -> Result<String, Refusal> {
     let spec = &group.spec;
     let interface = match (&spec.interface, &spec.interface_from_ip) {
+        (Some(interface), _) if state.missing_interfaces.contains(interface) => {
+            Err(format!("this node has no interface {interface}"))
+        }
         (Some(interface), _) => Ok(interface.clone()),
         (None, Some(ip)) => {
             state.routes.get(ip).cloned().ok_or_else(|| format!("no route from this node to {ip}"))
         }
         (None, None) => Err("neither interface nor interfaceFromIP is set".to_owned()),
     };
-    let (reason, message) = match interface {
-        Err(message) => ("InterfaceNotFound", message),
-        Ok(interface) if interface != base.interface => (
-            "InterfaceMismatch",
-            format!("the group uses {interface} on this node, whose agent runs on {}", base.interface),
-        ),
-        Ok(_) => return None,
-    };
-    Some(Refusal { service: String::new(), reason, message })
+    interface.map_err(|message| Refusal { service: String::new(), reason: "InterfaceNotFound", message })
 }
 
 /// One Service's translation from its objects: how it is bound, its group VIPs and its
@@ -569,28 +578,46 @@ fn translate_service(
 }
 
 /// The names of the nodes in a group, in order.
-pub fn member_names<N: Borrow<Node>>(nodes: &[N], selector: &BTreeMap<String, String>) -> Vec<String> {
-    members(nodes, selector).into_iter().map(|(n, _)| n).collect()
+pub fn member_names<N: Borrow<Node>>(nodes: &[N], group: &LoadBalancerGroup) -> Vec<String> {
+    members(nodes, group).into_iter().map(|(n, _)| n).collect()
 }
 
-/// Nodes matching `selector`, with their IPv4 InternalIP, in name order.
-fn members<N: Borrow<Node>>(nodes: &[N], selector: &BTreeMap<String, String>) -> Vec<(String, Ipv4Addr)> {
+/// Whether `node` is one of `group`'s.
+pub fn selects(group: &LoadBalancerGroup, node: &Node) -> bool {
+    let labels = node.metadata.labels.as_ref();
+    group.spec.node_selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+}
+
+/// Nodes of `group`, with their address for it, in name order: the one the node published for
+/// the group ([`GROUP_ADDRESSES_ANNOTATION`]), else its IPv4 InternalIP.
+fn members<N: Borrow<Node>>(nodes: &[N], group: &LoadBalancerGroup) -> Vec<(String, Ipv4Addr)> {
+    let name = group.metadata.name.as_deref().unwrap_or_default();
     let mut out: Vec<(String, Ipv4Addr)> = nodes
         .iter()
         .map(Borrow::<Node>::borrow)
-        .filter(|n| {
-            let labels = n.metadata.labels.as_ref();
-            selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-        })
+        .filter(|n| selects(group, n))
         .filter_map(|n| {
-            let address = n.status.as_ref()?.addresses.as_ref()?.iter().find_map(|a| {
-                (a.type_ == "InternalIP").then(|| a.address.parse::<Ipv4Addr>().ok()).flatten()
+            let published = published_addresses(n).remove(name);
+            let address = published.or_else(|| {
+                n.status.as_ref()?.addresses.as_ref()?.iter().find_map(|a| {
+                    (a.type_ == "InternalIP").then(|| a.address.parse::<Ipv4Addr>().ok()).flatten()
+                })
             })?;
             Some((n.metadata.name.clone()?, address))
         })
         .collect();
     out.sort();
     out
+}
+
+/// The addresses `node`'s agent published for its groups; an unreadable annotation is none.
+pub fn published_addresses(node: &Node) -> BTreeMap<String, Ipv4Addr> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(GROUP_ADDRESSES_ANNOTATION))
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default()
 }
 
 /// Nodes with a ready endpoint in a Service's `slices`.
@@ -682,6 +709,7 @@ mod tests {
 
     fn cluster() -> ClusterState {
         ClusterState {
+            missing_interfaces: Default::default(),
             routes: Default::default(),
             groups: objects(
                 "metadata: {name: edge}\nspec: {interface: eth0, addressPools: [198.51.100.0/28], advertInterval: 10ms, remoteMode: dsr, default: true, allowedExternalIPs: [203.0.113.0/24], nodeSelector: {lb: 'yes'}, authentication: {keyFile: /etc/lb-agent-vrrp-keys/edge}}",
@@ -801,11 +829,49 @@ services:
         assert!(t.config.groups.is_empty());
         let refusal = t.refusals.iter().find(|r| r.reason == "InterfaceNotFound").expect("a refusal");
         assert_eq!(refusal.service, "LoadBalancerGroup/edge");
+        // Another interface than the agent's default uplink is served, on that interface.
         state.routes.insert("192.0.2.1".parse().unwrap(), "eth1".into());
         let t = translate(&state, &base).unwrap();
-        assert!(t.refusals.iter().any(|r| r.reason == "InterfaceMismatch"), "{:?}", t.refusals);
+        assert!(t.refusals.iter().all(|r| r.reason != "InterfaceNotFound"), "{:?}", t.refusals);
+        assert_eq!(t.config.groups[0].interface.as_deref(), Some("eth1"));
         state.routes.insert("192.0.2.1".parse().unwrap(), "eth0".into());
         assert_eq!(translate(&state, &base).unwrap().config.groups.len(), 1);
+    }
+
+    #[test]
+    fn a_group_on_a_missing_interface_is_refused_and_the_others_served() {
+        let base = Config::parse(BASE).unwrap();
+        let mut state = cluster();
+        let mut lan: LoadBalancerGroup = (*state.groups[0]).clone();
+        lan.metadata.name = Some("lan".into());
+        lan.spec.interface = Some("eth0.30".into());
+        lan.spec.default = false;
+        state.groups.push(Arc::new(lan));
+        state.missing_interfaces.insert("eth0.30".into());
+        let t = translate(&state, &base).unwrap();
+        assert_eq!(t.config.groups.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(), vec!["edge"]);
+        let refusal = t.refusals.iter().find(|r| r.reason == "InterfaceNotFound").expect("a refusal");
+        assert_eq!(refusal.service, "LoadBalancerGroup/lan");
+        assert!(refusal.message.contains("eth0.30"), "{}", refusal.message);
+    }
+
+    #[test]
+    fn members_of_a_group_on_another_interface_use_their_published_address() {
+        let base = Config::parse(BASE).unwrap();
+        let mut state = cluster();
+        let node = Arc::make_mut(&mut state.nodes[1]);
+        node.metadata.annotations =
+            Some([(GROUP_ADDRESSES_ANNOTATION.to_owned(), r#"{"edge": "10.30.0.11"}"#.to_owned())].into());
+        let name = node.metadata.name.clone().unwrap();
+        let t = translate(&state, &base).unwrap();
+        let address = |t: &Translation| {
+            t.config.groups[0].nodes.iter().find(|n| n.name == name).map(|n| n.address).unwrap()
+        };
+        assert_eq!(address(&t), "10.30.0.11".parse::<Ipv4Addr>().unwrap());
+        // Garbage there is no address: the InternalIP stands.
+        Arc::make_mut(&mut state.nodes[1]).metadata.annotations =
+            Some([(GROUP_ADDRESSES_ANNOTATION.to_owned(), "not json".to_owned())].into());
+        assert_ne!(address(&translate(&state, &base).unwrap()), "10.30.0.11".parse::<Ipv4Addr>().unwrap());
     }
 
     proptest::proptest! {

@@ -191,7 +191,7 @@ pub fn plan(
 
     for group in &state.groups {
         let Some(name) = group.metadata.name.clone() else { continue };
-        let members = super::source::member_names(&state.nodes, &group.spec.node_selector);
+        let members = super::source::member_names(&state.nodes, group);
         let mut vips = Vec::new();
         for (service, ips) in &allocation.addresses {
             if by_name[service].1 == name {
@@ -296,6 +296,7 @@ mod tests {
 
     fn state(services: &str) -> ClusterState {
         ClusterState {
+            missing_interfaces: Default::default(),
             routes: Default::default(),
             groups: vec![
                 test_group("edge", "{interface: eth0, addressPools: [198.51.100.0/30], default: true}")

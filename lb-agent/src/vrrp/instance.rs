@@ -116,6 +116,11 @@ impl Instance {
         &self.config
     }
 
+    /// The address this router advertises from (§6.1 Primary_IP_Address).
+    pub fn primary_address(&self) -> Ipv4Addr {
+        self.config.primary_address
+    }
+
     pub fn state(&self) -> State {
         self.state
     }

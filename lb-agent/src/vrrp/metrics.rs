@@ -39,6 +39,13 @@ pub struct DropLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InterfaceLabels {
+    pub group: String,
+    pub vrid: u8,
+    pub interface: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MasterLabels {
     pub group: String,
     pub vrid: u8,
@@ -57,6 +64,8 @@ pub struct VrrpMetrics {
     address_mismatch: Family<InstanceLabels, Counter>,
     reasserted: Family<InstanceLabels, Counter>,
     master: Family<MasterLabels, Gauge>,
+    interface: Family<InterfaceLabels, Gauge>,
+    last_interface: BTreeMap<(String, u8), String>,
     last_state: BTreeMap<(String, u8), State>,
     last_master: BTreeMap<(String, u8), Ipv4Addr>,
 }
@@ -90,6 +99,11 @@ impl VrrpMetrics {
             m.reasserted.clone(),
         );
         registry.register("vrrp_master", "1 for the current master of each VRRP instance", m.master.clone());
+        registry.register(
+            "vrrp_instance_interface",
+            "1 for the interface each VRRP instance advertises on",
+            m.interface.clone(),
+        );
         m
     }
 
@@ -158,10 +172,22 @@ impl VrrpMetrics {
     }
 
     /// Counters a new instance exports at zero from the start, so the first increment is an
-    /// increase Prometheus can see (the foreign-VRID alert rests on this one).
-    pub fn prepare(&self, vrid: u8) {
+    /// increase Prometheus can see (the foreign-VRID alert rests on this one), and the
+    /// interface it runs on.
+    pub fn prepare(&mut self, group: &str, vrid: u8, interface: &str) {
         let labels = DropLabels { vrid: vrid.to_string(), reason: super::router::drop_reason::NOT_MEMBER };
         let _ = self.dropped.get_or_create(&labels);
+        let key = (group.to_owned(), vrid);
+        if let Some(old) = self.last_interface.insert(key, interface.to_owned()) {
+            self.interface.remove(&InterfaceLabels { group: group.to_owned(), vrid, interface: old });
+        }
+        self.interface
+            .get_or_create(&InterfaceLabels {
+                group: group.to_owned(),
+                vrid,
+                interface: interface.to_owned(),
+            })
+            .set(1);
     }
 
     /// Drops the label sets of an instance that no longer exists.
@@ -170,6 +196,9 @@ impl VrrpMetrics {
             self.state.remove(&StateLabels { group: group.to_owned(), vrid, state: s.as_str() });
         }
         self.last_state.remove(&(group.to_owned(), vrid));
+        if let Some(interface) = self.last_interface.remove(&(group.to_owned(), vrid)) {
+            self.interface.remove(&InterfaceLabels { group: group.to_owned(), vrid, interface });
+        }
         self.master(group, vrid, None);
     }
 }

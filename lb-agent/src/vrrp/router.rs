@@ -1,5 +1,7 @@
-//! All of this node's virtual routers on one interface: the §7.1 receive checks, dispatch by
-//! VRID, advertisement encoding, and the graceful handover on shutdown.
+//! All of this node's virtual routers, on each of its interfaces: the §7.1 receive checks
+//! (the arrival interface among them), dispatch by VRID, advertisement encoding, and the
+//! graceful handover on shutdown. VRIDs are unique across the node's interfaces (the planner
+//! allocates them so), which keeps one lease slot per VRID.
 //!
 //! Still sans-IO: datagrams and time go in, [`Outgoing`] datagrams and the owned-VIP set come
 //! out. The agent's shell owns the socket and the data plane.
@@ -38,6 +40,8 @@ pub enum Transport {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceSpec {
     pub group: String,
+    /// The interface its adverts leave and must arrive by.
+    pub interface: String,
     pub vrid: u8,
     pub priority: u8,
     pub advert_interval: Duration,
@@ -69,9 +73,10 @@ pub fn master_lease(last_advert: Instant, advert_interval: Duration) -> Instant 
     last_advert + advert_interval * 3
 }
 
-/// A datagram for the shell to send.
+/// A datagram for the shell to send, out of `interface`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outgoing {
+    pub interface: String,
     pub destination: Ipv4Addr,
     pub payload: Vec<u8>,
 }
@@ -87,6 +92,8 @@ pub mod drop_reason {
     /// Authenticated, but not newer than the last one accepted from that sender (or, from a
     /// sender not heard yet, older than [`super::super::auth::FRESHNESS`]).
     pub const REPLAYED: &str = "replayed";
+    /// For a VRID of this node's, but arrived by another interface than its group's.
+    pub const WRONG_INTERFACE: &str = "wrong_interface";
 }
 
 struct Running {
@@ -109,7 +116,8 @@ struct Handover {
 }
 
 pub struct Router {
-    local: Ipv4Addr,
+    /// This node's address on each interface it runs instances on.
+    locals: BTreeMap<String, Ipv4Addr>,
     instances: BTreeMap<u8, Running>,
     /// VIPs of a master just preempted, still answered until the given time: the new master's
     /// gratuitous ARPs are on their way, and traffic still sent here is served meanwhile.
@@ -166,9 +174,9 @@ const FOREIGN_MAX: usize = 256;
 const HANDOVER_GRACE: Duration = Duration::from_millis(150);
 
 impl Router {
-    pub fn new(local: Ipv4Addr, metrics: VrrpMetrics) -> Self {
+    pub fn new(locals: BTreeMap<String, Ipv4Addr>, metrics: VrrpMetrics) -> Self {
         Self {
-            local,
+            locals,
             instances: BTreeMap::new(),
             lingering: BTreeMap::new(),
             handovers: BTreeMap::new(),
@@ -184,8 +192,14 @@ impl Router {
         }
     }
 
-    pub fn local_address(&self) -> Ipv4Addr {
-        self.local
+    /// This node's addresses by interface, for the instances of the next
+    /// [`Router::reconfigure`] (an instance whose interface or address changes restarts).
+    pub fn set_locals(&mut self, locals: BTreeMap<String, Ipv4Addr>) {
+        self.locals = locals;
+    }
+
+    fn local(&self, interface: &str) -> Ipv4Addr {
+        self.locals.get(interface).copied().unwrap_or(Ipv4Addr::UNSPECIFIED)
     }
 
     /// Starts every instance (§6.4.1 Startup).
@@ -206,7 +220,18 @@ impl Router {
         self.ownership_epoch += 1;
         let mut out = Vec::new();
         let wanted: BTreeMap<u8, InstanceSpec> = specs.into_iter().map(|s| (s.vrid, s)).collect();
-        let gone: Vec<u8> = self.instances.keys().filter(|v| !wanted.contains_key(v)).copied().collect();
+        // An instance that moves to another interface (or address) restarts there: its
+        // primary address, the tie-breaker, is the new one.
+        let gone: Vec<u8> = self
+            .instances
+            .iter()
+            .filter(|(vrid, r)| {
+                wanted.get(vrid).is_none_or(|w| {
+                    w.interface != r.spec.interface || self.local(&w.interface) != r.machine.primary_address()
+                })
+            })
+            .map(|(vrid, _)| *vrid)
+            .collect();
         for vrid in gone {
             self.lingering.remove(&vrid);
             if let Some(mut running) = self.instances.remove(&vrid) {
@@ -217,7 +242,8 @@ impl Router {
                 for action in actions {
                     if let Action::SendAdvert { priority } = action {
                         let sequence = self.next_sequence(now);
-                        encode_adverts(self.local, &running.spec, priority, sequence, &mut out);
+                        let local = running_local(&self.locals, &running.spec);
+                        encode_adverts(local, &running.spec, priority, sequence, &mut out);
                     }
                 }
             }
@@ -237,10 +263,10 @@ impl Router {
                         advert_interval: spec.advert_interval,
                         preempt: spec.preempt,
                         preempt_delay: spec.preempt_delay,
-                        primary_address: self.local,
+                        primary_address: self.local(&spec.interface),
                     });
                     self.record_state(vrid, &spec.group, State::Initialize);
-                    self.metrics.prepare(vrid);
+                    self.metrics.prepare(&spec.group, vrid, &spec.interface);
                     self.instances
                         .insert(vrid, Running { spec, machine, last_advert: None, last_sent: None });
                     if self.started {
@@ -253,15 +279,15 @@ impl Router {
         out
     }
 
-    /// Handles one datagram from the raw socket (IPv4 header included).
-    pub fn on_datagram(&mut self, now: Instant, datagram: &[u8]) -> Vec<Outgoing> {
+    /// Handles one datagram from the raw socket on `interface` (IPv4 header included).
+    pub fn on_datagram(&mut self, now: Instant, interface: &str, datagram: &[u8]) -> Vec<Outgoing> {
         let mut out = Vec::new();
         // The checksum mode and keys are per instance, so find the VRID before verifying.
         let spec = peek_vrid(datagram).and_then(|vrid| self.instances.get(&vrid)).map(|r| &r.spec);
         let (checksum, keys) = spec.map_or((ChecksumMode::Rfc, None), |s| (s.checksum, s.keys.clone()));
         let received = match decode_authenticated(datagram, checksum, keys.as_deref()) {
             Ok((received, sequence)) => {
-                if received.source == self.local {
+                if self.locals.values().any(|local| *local == received.source) {
                     self.metrics.dropped(Some(received.advert.vrid), drop_reason::OWN);
                     return out;
                 }
@@ -297,6 +323,11 @@ impl Router {
             self.metrics.dropped(Some(vrid), drop_reason::UNKNOWN_VRID);
             return out;
         };
+        // Another segment's router with the same VRID, or a frame bridged across: never ours.
+        if running.spec.interface != interface {
+            self.metrics.dropped(Some(vrid), drop_reason::WRONG_INTERFACE);
+            return out;
+        }
         // VRRPv3 has no authentication: only the group's members may speak for its VRIDs.
         if !running.spec.peers.contains(&received.source) {
             self.metrics.dropped(Some(vrid), drop_reason::NOT_MEMBER);
@@ -394,7 +425,8 @@ impl Router {
             for action in actions {
                 if let Action::SendAdvert { priority } = action {
                     let sequence = self.next_sequence(now);
-                    encode_adverts(self.local, &self.instances[&vrid].spec, priority, sequence, &mut out);
+                    let spec = &self.instances[&vrid].spec;
+                    encode_adverts(running_local(&self.locals, spec), spec, priority, sequence, &mut out);
                     self.metrics.sent(&self.instances[&vrid].spec.group, vrid);
                 }
             }
@@ -565,7 +597,13 @@ impl Router {
         for action in actions {
             match action {
                 Action::SendAdvert { priority } => {
-                    encode_adverts(self.local, &running.spec, priority, sequence, out);
+                    encode_adverts(
+                        running_local(&self.locals, &running.spec),
+                        &running.spec,
+                        priority,
+                        sequence,
+                        out,
+                    );
                     self.metrics.sent(&running.spec.group, vrid);
                 }
                 // Ownership is derived from the states (see `owned_vips`), not tracked twice.
@@ -607,6 +645,11 @@ impl Router {
     }
 }
 
+/// This node's address on `spec`'s interface.
+fn running_local(locals: &BTreeMap<String, Ipv4Addr>, spec: &InstanceSpec) -> Ipv4Addr {
+    locals.get(&spec.interface).copied().unwrap_or(Ipv4Addr::UNSPECIFIED)
+}
+
 /// The advertisement for each destination; signed with `sequence` when the group
 /// authenticates.
 fn encode_adverts(
@@ -628,7 +671,7 @@ fn encode_adverts(
             let trailer = keys.sign(local, destination, &payload, sequence);
             payload.extend_from_slice(&trailer);
         }
-        Outgoing { destination, payload }
+        Outgoing { interface: spec.interface.clone(), destination, payload }
     };
     match spec.transport {
         Transport::Multicast => out.push(encode(VRRP_MULTICAST_V4)),
@@ -689,6 +732,7 @@ mod tests {
     fn spec(priority: u8, peers: &[Ipv4Addr], transport: Transport) -> InstanceSpec {
         InstanceSpec {
             group: "g".into(),
+            interface: "eth0".into(),
             vrid: 9,
             priority,
             advert_interval: ms(100),
@@ -705,7 +749,7 @@ mod tests {
     fn router(local: Ipv4Addr, spec: InstanceSpec) -> (Router, Registry) {
         let mut registry = Registry::default();
         let metrics = VrrpMetrics::register(&mut registry);
-        let mut r = Router::new(local, metrics);
+        let mut r = Router::new([("eth0".to_owned(), local)].into(), metrics);
         r.reconfigure(Instant::now(), vec![spec]);
         (r, registry)
     }
@@ -746,7 +790,7 @@ mod tests {
         assert_eq!(a.owned_vips(), [VIP].into());
         assert_eq!(adverts.len(), 1);
         assert_eq!(adverts[0].destination, VRRP_MULTICAST_V4);
-        assert!(b.on_datagram(t0 + ms(322), &on_wire(A, &adverts[0], 255)).is_empty());
+        assert!(b.on_datagram(t0 + ms(322), "eth0", &on_wire(A, &adverts[0], 255)).is_empty());
         assert!(b.owned_vips().is_empty());
         // A dies. B's down timer, reset at 322 ms: 300 ms + 156/256 × 100 ms = 360.9 ms later.
         assert!(b.on_timer(t0 + ms(682)).is_empty());
@@ -777,7 +821,7 @@ mod tests {
         for priority in [1, 100, 199] {
             let (mut b, _) = router(B, spec(priority, &[A], Transport::Multicast));
             b.start(t0);
-            b.on_datagram(t0 + ms(422), &on_wire(A, &last[0], 255));
+            b.on_datagram(t0 + ms(422), "eth0", &on_wire(A, &last[0], 255));
             let mut t = t0 + ms(422);
             while b.owned_vips().is_empty() {
                 t += ms(1);
@@ -788,11 +832,57 @@ mod tests {
         // A master that steps down claims nothing.
         let preempting = Advertisement { vrid: 9, priority: 250, max_adver_int_cs: 10, addresses: vec![VIP] };
         let out = Outgoing {
+            interface: "eth0".into(),
             destination: VRRP_MULTICAST_V4,
             payload: preempting.encode(B, VRRP_MULTICAST_V4, ChecksumMode::Rfc),
         };
-        a.on_datagram(t0 + ms(450), &on_wire(B, &out, 255));
+        a.on_datagram(t0 + ms(450), "eth0", &on_wire(B, &out, 255));
         assert!(a.claims().values().all(|c| c.until <= t0 + ms(450) + HANDOVER_GRACE), "{:?}", a.claims());
+    }
+
+    #[test]
+    fn an_advert_on_another_interface_than_its_groups_is_dropped_and_counted() {
+        let t0 = Instant::now();
+        let (mut a, _) = router(A, spec(200, &[B], Transport::Multicast));
+        let (mut b, registry) = router(B, spec(100, &[A], Transport::Multicast));
+        a.start(t0);
+        b.start(t0);
+        let adverts = a.on_timer(t0 + ms(322));
+        // The member's own advert, but heard on another segment: it must not hold B back.
+        b.on_datagram(t0 + ms(322), "eth1", &on_wire(A, &adverts[0], 255));
+        assert_counted(&registry, &[r#"vrrp_adverts_dropped_total{vrid="9",reason="wrong_interface"} 1"#]);
+        assert_eq!(b.on_timer(t0 + ms(400)).len(), 1, "B took over: it never heard A on eth0");
+        assert_eq!(b.owned_vips(), [VIP].into());
+    }
+
+    #[test]
+    fn instances_on_two_interfaces_advertise_out_of_each_from_the_address_there() {
+        let t0 = Instant::now();
+        let mut registry = Registry::default();
+        let lan = Ipv4Addr::new(10, 30, 0, 10);
+        let mut r = Router::new(
+            [("eth0".to_owned(), A), ("eth0.30".to_owned(), lan)].into(),
+            VrrpMetrics::register(&mut registry),
+        );
+        let other =
+            InstanceSpec { vrid: 10, interface: "eth0.30".into(), ..spec(200, &[B], Transport::Unicast) };
+        r.reconfigure(t0, vec![spec(200, &[B], Transport::Multicast), other]);
+        r.start(t0);
+        let out = r.on_timer(t0 + ms(400));
+        let sent: Vec<(&str, Ipv4Addr)> = out.iter().map(|o| (o.interface.as_str(), o.destination)).collect();
+        assert_eq!(sent, vec![("eth0", VRRP_MULTICAST_V4), ("eth0.30", B)]);
+        let source = |o: &Outgoing| decode_ipv4(&on_wire(Ipv4Addr::UNSPECIFIED, o, 255), ChecksumMode::Rfc);
+        // The checksum covers the source address: each advert verifies only from its own.
+        assert!(decode_ipv4(&on_wire(A, &out[0], 255), ChecksumMode::Rfc).is_ok());
+        assert!(decode_ipv4(&on_wire(lan, &out[1], 255), ChecksumMode::Rfc).is_ok());
+        assert!(source(&out[1]).is_err());
+        // Moved to the other interface, the instance restarts there.
+        let moved = InstanceSpec { interface: "eth0.30".into(), ..spec(200, &[B], Transport::Multicast) };
+        let other =
+            InstanceSpec { vrid: 10, interface: "eth0.30".into(), ..spec(200, &[B], Transport::Unicast) };
+        let resigned = r.reconfigure(t0 + ms(500), vec![moved, other]);
+        assert_eq!(resigned.iter().map(|o| o.interface.as_str()).collect::<Vec<_>>(), vec!["eth0"]);
+        assert!(r.instances().any(|(s, i)| s.vrid == 9 && i.primary_address() == lan));
     }
 
     #[test]
@@ -803,31 +893,33 @@ mod tests {
         let adverts = rogue.on_timer(t0 + ms(400));
         let (mut b, registry) = router(B, spec(100, &[A], Transport::Multicast));
         b.start(t0);
-        b.on_datagram(t0 + ms(400), &on_wire(ROGUE, &adverts[0], 255));
+        b.on_datagram(t0 + ms(400), "eth0", &on_wire(ROGUE, &adverts[0], 255));
         assert_eq!(
             b.foreign_routers().collect::<Vec<_>>(),
             vec![("g", 9, ROGUE)],
             "remembered for the Event"
         );
-        b.on_datagram(t0 + ms(400), &on_wire(A, &adverts[0], 64));
+        b.on_datagram(t0 + ms(400), "eth0", &on_wire(A, &adverts[0], 64));
         // Our own advert looped back.
         let own = Advertisement { vrid: 9, priority: 100, max_adver_int_cs: 10, addresses: vec![VIP] };
         let own = Outgoing {
+            interface: "eth0".into(),
             destination: VRRP_MULTICAST_V4,
             payload: own.encode(B, VRRP_MULTICAST_V4, ChecksumMode::Rfc),
         };
-        b.on_datagram(t0 + ms(400), &on_wire(B, &own, 255));
+        b.on_datagram(t0 + ms(400), "eth0", &on_wire(B, &own, 255));
         // A VRID nobody configured.
         let mut corrupted = adverts[0].clone();
         corrupted.payload[1] = 77;
-        b.on_datagram(t0 + ms(400), &on_wire(A, &corrupted, 255));
+        b.on_datagram(t0 + ms(400), "eth0", &on_wire(A, &corrupted, 255));
         let foreign = Advertisement { vrid: 78, priority: 100, max_adver_int_cs: 10, addresses: vec![] };
         let foreign = Outgoing {
+            interface: "eth0".into(),
             destination: VRRP_MULTICAST_V4,
             payload: foreign.encode(A, VRRP_MULTICAST_V4, ChecksumMode::Rfc),
         };
-        b.on_datagram(t0 + ms(400), &on_wire(A, &foreign, 255));
-        b.on_datagram(t0 + ms(400), &on_wire(A, &foreign, 255)[..27]);
+        b.on_datagram(t0 + ms(400), "eth0", &on_wire(A, &foreign, 255));
+        b.on_datagram(t0 + ms(400), "eth0", &on_wire(A, &foreign, 255)[..27]);
         assert_counted(
             &registry,
             &[
@@ -859,20 +951,21 @@ mod tests {
         b.start(t0);
         let first = a.on_timer(t0 + ms(322));
         assert_eq!(first[0].payload.len(), 12 + super::super::auth::TRAILER_LEN, "signed");
-        b.on_datagram(t0 + ms(322), &on_wire(A, &first[0], 255));
+        b.on_datagram(t0 + ms(322), "eth0", &on_wire(A, &first[0], 255));
         let second = a.on_timer(t0 + ms(422));
-        b.on_datagram(t0 + ms(422), &on_wire(A, &second[0], 255));
+        b.on_datagram(t0 + ms(422), "eth0", &on_wire(A, &second[0], 255));
 
         // A spoofer with a member's address, unsigned: B's state machine never sees it.
-        let spoof = |payload: Vec<u8>| Outgoing { destination: VRRP_MULTICAST_V4, payload };
+        let spoof =
+            |payload: Vec<u8>| Outgoing { interface: "eth0".into(), destination: VRRP_MULTICAST_V4, payload };
         let unsigned = Advertisement { vrid: 9, priority: 254, max_adver_int_cs: 10, addresses: vec![VIP] }
             .encode(A, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
-        b.on_datagram(t0 + ms(430), &on_wire(A, &spoof(unsigned), 255));
+        b.on_datagram(t0 + ms(430), "eth0", &on_wire(A, &spoof(unsigned), 255));
         // Signed with another key, or tampered with (priority raised after signing).
         let (mut other, _) = router(A, keyed(spec(200, &[B], Transport::Multicast), &"x".repeat(32)));
         other.start(t0);
         let foreign_key = other.on_timer(t0 + ms(322));
-        b.on_datagram(t0 + ms(430), &on_wire(A, &foreign_key[0], 255));
+        b.on_datagram(t0 + ms(430), "eth0", &on_wire(A, &foreign_key[0], 255));
         let mut tampered = second[0].clone();
         tampered.payload[2] = 254;
         // The checksum fixed up, as a careful attacker would (it covers the message alone).
@@ -880,9 +973,9 @@ mod tests {
         let sum =
             crate::vrrp::packet::checksum(&tampered.payload[..12], A, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
         tampered.payload[6..8].copy_from_slice(&sum.to_be_bytes());
-        b.on_datagram(t0 + ms(430), &on_wire(A, &tampered, 255));
+        b.on_datagram(t0 + ms(430), "eth0", &on_wire(A, &tampered, 255));
         // The master's own advert, captured and sent again.
-        b.on_datagram(t0 + ms(440), &on_wire(A, &first[0], 255));
+        b.on_datagram(t0 + ms(440), "eth0", &on_wire(A, &first[0], 255));
 
         assert_counted(
             &registry,
@@ -903,11 +996,11 @@ mod tests {
         // A router restarted later hears the captured advert first: too old to be news.
         let (mut c, registry) = router(B, keyed(spec(100, &[A], Transport::Multicast), KEY));
         c.wall_clock.1 += FRESHNESS.as_micros() as u64 + 1_000_000;
-        c.on_datagram(t0 + ms(450), &on_wire(A, &second[0], 255));
+        c.on_datagram(t0 + ms(450), "eth0", &on_wire(A, &second[0], 255));
         assert!(text(&registry).contains(r#"reason="replayed"} 1"#));
         // An unauthenticated router drops a signed advert: its length disagrees with the count.
         let (mut plain, registry) = router(B, spec(100, &[A], Transport::Multicast));
-        plain.on_datagram(t0 + ms(450), &on_wire(A, &second[0], 255));
+        plain.on_datagram(t0 + ms(450), "eth0", &on_wire(A, &second[0], 255));
         assert!(text(&registry).contains(r#"reason="bad_count"} 1"#));
     }
 
@@ -936,7 +1029,7 @@ mod tests {
         }
         let b_takes = b.on_timer(t0 + ms(900));
         assert_eq!(b.owned_vips(), [VIP].into());
-        a.on_datagram(t0 + ms(900), &on_wire(B, &b_takes[0], 255));
+        a.on_datagram(t0 + ms(900), "eth0", &on_wire(B, &b_takes[0], 255));
         assert_eq!(a.owned_vips(), [VIP].into(), "A still answers while B's gratuitous ARPs land");
         assert!(a.next_deadline().is_some_and(|d| d <= t0 + ms(900) + HANDOVER_GRACE));
         a.on_timer(t0 + ms(900) + HANDOVER_GRACE - ms(1));
@@ -953,7 +1046,7 @@ mod tests {
         a.start(t0);
         b.start(t0);
         let advert = a.on_timer(t0 + ms(322));
-        b.on_datagram(t0 + ms(322), &on_wire(A, &advert[0], 255));
+        b.on_datagram(t0 + ms(322), "eth0", &on_wire(A, &advert[0], 255));
 
         let resign = a.shutdown(t0 + ms(400));
         assert_eq!(resign.len(), 1);
@@ -961,11 +1054,11 @@ mod tests {
         assert!(a.handing_over());
         assert_eq!(a.owned_vips(), [VIP].into(), "still serving while B takes over");
 
-        b.on_datagram(t0 + ms(400), &on_wire(A, &resign[0], 255));
+        b.on_datagram(t0 + ms(400), "eth0", &on_wire(A, &resign[0], 255));
         // B waits only Skew_Time: 156/256 × 100 ms = 60.9 ms.
         let takeover = b.on_timer(t0 + ms(461));
         assert_eq!(b.owned_vips(), [VIP].into());
-        a.on_datagram(t0 + ms(461), &on_wire(B, &takeover[0], 255));
+        a.on_datagram(t0 + ms(461), "eth0", &on_wire(B, &takeover[0], 255));
         assert_eq!(a.next_deadline(), Some(t0 + ms(461) + HANDOVER_GRACE));
         a.on_timer(t0 + ms(461) + HANDOVER_GRACE);
         assert!(!a.handing_over());

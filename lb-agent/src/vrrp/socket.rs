@@ -1,9 +1,11 @@
 //! The raw IP socket for protocol 112: the only part of VRRP that touches the network.
 
 use std::{
+    collections::BTreeMap,
     io,
     mem::MaybeUninit,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    task::Poll,
 };
 
 use socket2::{Domain, InterfaceIndexOrAddress, Protocol, SockAddr, Socket, Type};
@@ -21,6 +23,7 @@ pub struct VrrpSocket {
     /// Bound to our address, so adverts carry the source the peers expect and the checksum
     /// was computed with.
     send: Socket,
+    source: Ipv4Addr,
 }
 
 impl VrrpSocket {
@@ -51,25 +54,54 @@ impl VrrpSocket {
         // SAFETY: the Socket owns its fd, which stays open until the AsyncFd drops it.
         let receive = unsafe { AsyncFd::register_with_interest(receive, Interest::READABLE) }
             .map_err(|e| io::Error::other(e.to_string()))?;
-        Ok(Self { receive, send })
+        Ok(Self { receive, send, source })
+    }
+
+    /// The address adverts leave from.
+    pub fn source(&self) -> Ipv4Addr {
+        self.source
     }
 
     /// Receives one datagram, IPv4 header included.
     pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.receive
-            .async_io(Interest::READABLE, |socket| {
-                // SAFETY: recv only writes initialised bytes into the prefix it reports.
-                let uninit = unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) };
-                socket.recv(uninit)
-            })
-            .await
+        self.receive.async_io(Interest::READABLE, |socket| socket.recv(uninit(buf))).await
     }
 
     /// Receives one datagram if one is already queued; `WouldBlock` otherwise.
     pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        // SAFETY: as in `recv`.
-        let uninit = unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) };
-        self.receive.get_ref().recv(uninit)
+        self.receive.get_ref().recv(uninit(buf))
+    }
+
+    /// Receives one datagram from whichever of `sockets` has one, and names its interface.
+    /// The search starts after the socket `*turn` last named, so a flood on one interface
+    /// cannot starve the others.
+    pub async fn recv_any(
+        sockets: &BTreeMap<String, VrrpSocket>,
+        turn: &mut usize,
+        buf: &mut [u8],
+    ) -> (String, io::Result<usize>) {
+        std::future::poll_fn(|cx| {
+            let count = sockets.len();
+            for step in 0..count {
+                let index = (*turn + step) % count;
+                let Some((name, socket)) = sockets.iter().nth(index) else { continue };
+                loop {
+                    match socket.receive.poll_read_ready(cx) {
+                        Poll::Pending => break,
+                        Poll::Ready(Err(e)) => return Poll::Ready((name.clone(), Err(e))),
+                        Poll::Ready(Ok(mut ready)) => {
+                            if let Ok(result) = ready.try_io(|fd| fd.get_ref().recv(uninit(buf))) {
+                                *turn = index + 1;
+                                return Poll::Ready((name.clone(), result));
+                            }
+                            // Not readable after all: readiness was cleared, poll again.
+                        }
+                    }
+                }
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     pub fn send_to(&self, msg: &[u8], destination: Ipv4Addr) -> io::Result<()> {
@@ -78,4 +110,10 @@ impl VrrpSocket {
         // reported rather than awaited so the state machine never stalls behind the network.
         self.send.send_to(msg, &addr).map(|_| ())
     }
+}
+
+/// `buf` as `recv` takes it.
+fn uninit(buf: &mut [u8]) -> &mut [MaybeUninit<u8>] {
+    // SAFETY: recv only writes initialised bytes into the prefix it reports.
+    unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) }
 }

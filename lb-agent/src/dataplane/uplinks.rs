@@ -1,0 +1,115 @@
+//! The uplink map: each uplink's slot and this node's address there, as the program looks
+//! them up by arrival interface and by the FIB's egress. Slots are handed out here and kept
+//! while an uplink stays, so a reload never renumbers the VIPs of an untouched group.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aya::maps::{HashMap, MapData, MapError};
+use lb_common::maps::{ANY_UPLINK, UPLINKS, Uplink, UplinkKey};
+
+use crate::error::{Error, Result};
+
+/// What the uplink map must hold.
+pub type UplinkSet = BTreeMap<UplinkKey, Uplink>;
+
+/// Slots by interface name: stable while an interface stays an uplink, the lowest free one
+/// for a new uplink.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Slots(BTreeMap<String, u8>);
+
+impl Slots {
+    /// Keeps the slots of `names` already here, gives the others the lowest free ones and
+    /// forgets the rest. At most 255 uplinks (slot 0 is [`ANY_UPLINK`]).
+    pub fn assign<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
+        let names: BTreeSet<&str> = names.into_iter().collect();
+        self.0.retain(|name, _| names.contains(name.as_str()));
+        for name in names {
+            if self.0.contains_key(name) {
+                continue;
+            }
+            let taken: BTreeSet<u8> = self.0.values().copied().collect();
+            if let Some(free) = (1..=u8::MAX).find(|s| !taken.contains(s)) {
+                self.0.insert(name.to_owned(), free);
+            }
+        }
+    }
+
+    /// The slot owned VIPs and services on `name` carry: [`ANY_UPLINK`] while there is only
+    /// one uplink (the check would only cost), and for an interface that is no uplink.
+    pub fn for_vips(&self, name: &str) -> u8 {
+        if self.0.len() <= 1 { ANY_UPLINK } else { self.0.get(name).copied().unwrap_or(ANY_UPLINK) }
+    }
+
+    /// The slot written for `name` in the uplink map (never [`ANY_UPLINK`]).
+    pub fn get(&self, name: &str) -> Option<u8> {
+        self.0.get(name).copied()
+    }
+}
+
+pub struct UplinkMap {
+    map: HashMap<MapData, UplinkKey, Uplink>,
+}
+
+impl UplinkMap {
+    pub fn take(map: aya::maps::Map) -> Result<Self> {
+        let map = HashMap::try_from(map).map_err(|source| Error::BpfMap { map: UPLINKS, source })?;
+        Ok(Self { map })
+    }
+
+    /// Writes the entries of `wanted` that differ and removes the others. New entries go in
+    /// before stale ones leave, so an uplink being re-keyed is never missing.
+    pub fn apply(&mut self, wanted: &UplinkSet) -> Result<()> {
+        let map_err = |source: MapError| Error::BpfMap { map: UPLINKS, source };
+        let current: UplinkSet = self.map.iter().collect::<std::result::Result<_, _>>().map_err(map_err)?;
+        let (write, remove) = diff(&current, wanted);
+        for key in write {
+            self.map.insert(key, wanted[&key], 0).map_err(map_err)?;
+        }
+        for key in remove {
+            self.map.remove(&key).map_err(map_err)?;
+        }
+        Ok(())
+    }
+}
+
+/// The keys to write and the keys to remove.
+fn diff(current: &UplinkSet, wanted: &UplinkSet) -> (Vec<UplinkKey>, Vec<UplinkKey>) {
+    let write = wanted.iter().filter(|(k, v)| current.get(k) != Some(v)).map(|(k, _)| *k).collect();
+    let remove = current.keys().filter(|k| !wanted.contains_key(k)).copied().collect();
+    (write, remove)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_stay_with_their_interface_and_a_lone_uplink_serves_any() {
+        let mut slots = Slots::default();
+        slots.assign(["eth0"]);
+        assert_eq!((slots.get("eth0"), slots.for_vips("eth0")), (Some(1), ANY_UPLINK));
+        slots.assign(["eth0", "eth1", "eth0.30"]);
+        assert_eq!([slots.for_vips("eth0"), slots.for_vips("eth0.30"), slots.for_vips("eth1")], [1, 2, 3]);
+        slots.assign(["eth0.30", "eth1", "bond0"]);
+        // eth0 left: its slot is the lowest free one for the newcomer; the others keep theirs.
+        assert_eq!([slots.for_vips("bond0"), slots.for_vips("eth0.30"), slots.for_vips("eth1")], [1, 2, 3]);
+        assert_eq!(slots.for_vips("eth9"), ANY_UPLINK);
+    }
+
+    #[test]
+    fn the_diff_writes_what_differs_and_removes_the_rest() {
+        let entry = |slot| Uplink { source: [192, 0, 2, 10], mac: [2, 0, 0, 0, 0, 1], slot, _pad: 0 };
+        let current: UplinkSet = [(UplinkKey::new(2, 0), entry(1)), (UplinkKey::new(3, 0), entry(2))].into();
+        let wanted: UplinkSet = [
+            (UplinkKey::new(2, 0), entry(1)),
+            (UplinkKey::new(3, 0), entry(3)),
+            (UplinkKey::new(4, 30), entry(2)),
+        ]
+        .into();
+        let (write, remove) = diff(&current, &wanted);
+        assert_eq!(write, vec![UplinkKey::new(3, 0), UplinkKey::new(4, 30)]);
+        assert!(remove.is_empty());
+        let (write, remove) = diff(&wanted, &current);
+        assert_eq!((write.len(), remove), (1, vec![UplinkKey::new(4, 30)]));
+    }
+}

@@ -1,0 +1,138 @@
+//! The agent's uplinks: every interface it serves VIPs on (the default one and each of its
+//! groups'), with what the agent holds there: the interface, this node's address on it (the
+//! source of full NAT and IPIP leaving by it), and the socket gratuitous ARPs go out of.
+//!
+//! The shell around [`crate::node_plan::NodePlan::uplinks`]: resolving names through netlink,
+//! opening sockets. Attaching XDP is the data plane's (see [`crate::dataplane::Dataplane`]).
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::Ipv4Addr,
+    sync::Arc,
+};
+
+use lb_common::maps::{Uplink as UplinkEntry, UplinkKey};
+
+use crate::{
+    config::{Config, ConfigError},
+    dataplane::uplinks::{Slots, UplinkSet},
+    error::{Error, Result},
+    netdev::{self, Interface},
+    node_plan::NodePlan,
+    vrrp::garp::GarpSocket,
+};
+
+/// One interface the agent serves VIPs on.
+pub struct Uplink {
+    pub interface: Interface,
+    /// This node's address there: the full-NAT and IPIP source for traffic leaving by it.
+    pub node_address: Ipv4Addr,
+    pub garp: Arc<GarpSocket>,
+}
+
+/// Every uplink, by interface name, and the slots the data plane knows them by.
+#[derive(Default)]
+pub struct Uplinks {
+    pub by_name: BTreeMap<String, Uplink>,
+    pub slots: Slots,
+}
+
+impl Uplinks {
+    /// The uplink `name`, if the agent has it.
+    pub fn get(&self, name: &str) -> Option<&Uplink> {
+        self.by_name.get(name)
+    }
+
+    /// The uplink map's entries: each uplink under its own ifindex, with its slot and address.
+    pub fn entries(&self) -> UplinkSet {
+        self.by_name
+            .iter()
+            .filter_map(|(name, uplink)| {
+                let slot = self.slots.get(name)?;
+                let entry = UplinkEntry {
+                    source: uplink.node_address.octets(),
+                    mac: uplink.interface.mac.0,
+                    slot,
+                    _pad: 0,
+                };
+                Some((UplinkKey::new(uplink.interface.index, 0), entry))
+            })
+            .collect()
+    }
+
+    /// The uplink slot each of the config's VIPs is served on: a group's VIPs on its
+    /// interface's, `vips` on the default uplink's.
+    pub fn vip_slots(&self, config: &Config, plan: &NodePlan) -> Arc<HashMap<[u8; 4], u8>> {
+        let default = self.slots.for_vips(&config.interface);
+        let slots = config
+            .vips
+            .iter()
+            .map(|v| (v.address.octets(), default))
+            .chain(plan.vips.iter().map(|(vip, s)| (vip.octets(), self.slots.for_vips(&s.interface))));
+        Arc::new(slots.collect())
+    }
+}
+
+/// Where a config names an uplink, for errors: `interface`, else the first group that names it.
+pub fn interface_field(config: &Config, name: &str) -> String {
+    if name == config.interface {
+        return "interface".into();
+    }
+    config
+        .groups
+        .iter()
+        .position(|g| g.interface.as_deref() == Some(name))
+        .map_or_else(|| "interface".into(), |g| format!("groups[{g}].interface"))
+}
+
+/// Looks up the plan's uplinks that `known` lacks: each interface, this node's address there,
+/// a gratuitous-ARP socket. An interface that does not exist, or has no address to default
+/// to, is the config's mistake and named by its field.
+pub async fn resolve(
+    netlink: &rtnetlink::Handle,
+    config: &Config,
+    plan: &NodePlan,
+    known: &BTreeSet<String>,
+) -> Result<std::result::Result<BTreeMap<String, Uplink>, ConfigError>> {
+    let mut found = BTreeMap::new();
+    for name in plan.uplinks.iter().filter(|n| !known.contains(*n)) {
+        let Some(interface) = netdev::find(netlink, name).await? else {
+            return Ok(Err(ConfigError::new(
+                interface_field(config, name),
+                format!("an interface of this node, but {name:?} does not exist here"),
+            )));
+        };
+        let configured = config
+            .node_addresses
+            .get(name)
+            .copied()
+            .or(config.node_address.filter(|_| *name == config.interface));
+        let node_address = match configured {
+            Some(address) => address,
+            None => match netdev::primary_ipv4(netlink, interface.index).await? {
+                Some(address) => address,
+                // A group's own address there serves as well.
+                None => match plan.locals.get(name) {
+                    Some(address) => *address,
+                    None => {
+                        let field = if *name == config.interface {
+                            "nodeAddress".to_owned()
+                        } else {
+                            format!("nodeAddresses.{name}")
+                        };
+                        return Ok(Err(ConfigError::new(
+                            field,
+                            format!(
+                                "this node's address on {name}, since it has no IPv4 address to default to"
+                            ),
+                        )));
+                    }
+                },
+            },
+        };
+        let garp = GarpSocket::open(interface.index)
+            .map_err(|e| Error::io(format!("opening the gratuitous-ARP socket on {name}"), e))?;
+        found.insert(name.clone(), Uplink { interface, node_address, garp: Arc::new(garp) });
+    }
+    Ok(Ok(found))
+}

@@ -1,0 +1,36 @@
+//! Uplinks: which one a frame arrived on, and this node's address on the one it leaves by.
+//!
+//! A node may serve groups on several interfaces; each owned VIP and service names the uplink
+//! slot it is served on, and a frame for it that arrives elsewhere is left to the kernel.
+
+use aya_ebpf::programs::XdpContext;
+use lb_common::maps::{ANY_UPLINK, UplinkKey};
+
+use crate::maps::UPLINKS;
+
+/// Whether a VIP served on uplink `slot` is served for this frame (untagged, as received).
+#[inline(always)]
+pub fn accepts(ctx: &XdpContext, slot: u8) -> bool {
+    slot == ANY_UPLINK || arrived_on(ctx) == Some(slot)
+}
+
+/// The slot of the uplink this frame arrived on, if it is one.
+#[inline(always)]
+fn arrived_on(ctx: &XdpContext) -> Option<u8> {
+    // SAFETY: copied out at once.
+    unsafe { UPLINKS.get(&UplinkKey::new(ctx.ingress_ifindex() as u32, 0)) }.map(|u| u.slot)
+}
+
+/// This node's address on interface `ifindex`, when that is an uplink.
+#[inline(always)]
+pub fn source(ifindex: u32) -> Option<[u8; 4]> {
+    // SAFETY: copied out at once.
+    unsafe { UPLINKS.get(&UplinkKey::new(ifindex, 0)) }.map(|u| u.source)
+}
+
+/// The MAC of interface `ifindex`, when that is an uplink.
+#[inline(always)]
+pub fn mac(ifindex: u32) -> Option<[u8; 6]> {
+    // SAFETY: copied out at once.
+    unsafe { UPLINKS.get(&UplinkKey::new(ifindex, 0)) }.map(|u| u.mac)
+}

@@ -26,8 +26,8 @@ use lb_common::{
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    nat,
     packet::{ETH_LEN, ETHERTYPE_IPV4, L4_OFFSET},
+    rewrite,
 };
 
 #[map]
@@ -126,7 +126,7 @@ pub fn bench_dnat(ctx: XdpContext) -> u32 {
     ip.check = ip_check.to_be_bytes();
     udp[2..4].copy_from_slice(&config.target_port);
     udp[6..8].copy_from_slice(&l4.to_be_bytes());
-    if !nat::decrement_ttl(ip) {
+    if !rewrite::decrement_ttl(ip) {
         return XDP_PASS;
     }
     eth.src_addr = config.smac;

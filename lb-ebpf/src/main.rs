@@ -1,33 +1,34 @@
 //! lb-agent's BPF programs. Built for `bpfel-unknown-none` by `cargo xtask build-ebpf`.
 //!
-//! - `maps`: every map, with the layouts from `lb_common`.
-//! - `packet`: bounds-checked access to packet bytes, header offsets.
-//! - `stats`: action, reason, VIP and backend counters.
-//! - `arp`: answers ARP requests for owned VIPs.
-//! - `ipv4`: validates IPv4 and dispatches by protocol.
-//! - `forward`: the service path: connection table, Maglev, local and full-NAT delivery.
-//! - `dsr`: IPIP encapsulation towards endpoints and decapsulation for local ones.
-//! - `icmp`: echo replies for owned VIPs.
-//! - `uplink`: which uplink a frame arrived on; this node's address on each.
+//! Imports go one way, down this list (a layer uses those below it, never one above):
+//! - `eth`: the frame's EtherType picks the layer that handles it.
+//! - `l2`: ARP answered for owned VIPs.
+//! - `l3`: IPv4 validated and dispatched by protocol; ICMP echo answered.
+//! - `services`: the service path: `flow` (connection table, Maglev), `nat` (local DNAT, full
+//!   NAT and its replies), `encap` (IPIP for DSR, both ends).
 //! - `vrrp`: learns each advertisement source's MAC and counts impersonations.
-//! - `nat`, `fib`: header rewrites with incremental checksums; next hops and transmit.
+//! - `route`: next hops (FIB, neighbours), sending, and the memory of how replies are
+//!   translated back.
+//! - `rewrite`: header rewrites with incremental checksums.
+//! - `owned`: owned VIPs and their leases; `uplink`: which uplink a frame came by, and this
+//!   node's address on each.
+//! - `packet`, `stats`, `maps`: bounds-checked access, counters, the maps.
 //! - `reply`: the TC egress program that translates local endpoints' replies.
 //! - `bench`: instruments for `cargo xtask bench dataplane`, never attached by the agent.
 #![no_std]
 #![no_main]
 
-mod arp;
 mod bench;
-mod dsr;
-mod fib;
-mod forward;
-mod icmp;
-mod ipv4;
-mod lease;
+mod eth;
+mod l2;
+mod l3;
 mod maps;
-mod nat;
+mod owned;
 mod packet;
 mod reply;
+mod rewrite;
+mod route;
+mod services;
 mod stats;
 mod uplink;
 mod vrrp;
@@ -37,18 +38,13 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use lb_common::counters::Reason;
-use network_types::eth::EthHdr;
-use packet::ETHERTYPE_IPV4;
-
-const ETHERTYPE_ARP: u16 = 0x0806;
 
 /// The uplink program. It never returns `XDP_ABORTED`: anything it cannot parse is passed to
 /// the kernel untouched and counted.
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
     let bytes = packet::len(&ctx);
-    let action = handle_frame(&ctx);
+    let action = eth::handle_frame(&ctx);
     stats::count_action(action, bytes);
     action
 }
@@ -66,19 +62,6 @@ pub fn lb_pass(_ctx: XdpContext) -> u32 {
 pub fn lb_reply(ctx: TcContext) -> i32 {
     let _ = reply::translate(&ctx);
     TC_ACT_OK
-}
-
-#[inline(always)]
-fn handle_frame(ctx: &XdpContext) -> u32 {
-    let Some(eth) = packet::header::<EthHdr>(ctx, 0) else {
-        return stats::verdict(Reason::MalformedEthernet, packet::len(ctx), XDP_PASS);
-    };
-    // SAFETY: `header` checked that the Ethernet header lies inside the packet.
-    match u16::from_be(unsafe { (*eth).ether_type }) {
-        ETHERTYPE_ARP => arp::answer_owned(ctx),
-        ETHERTYPE_IPV4 => ipv4::handle(ctx),
-        _ => stats::verdict(Reason::NotIpv4, packet::len(ctx), XDP_PASS),
-    }
 }
 
 #[cfg(not(test))]

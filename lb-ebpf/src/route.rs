@@ -1,20 +1,25 @@
-//! Next hops from the kernel's FIB and neighbour table, and sending the frame there.
+//! Routing: next hops from the kernel's FIB and neighbour table, sending the frame there after
+//! its rewrite, and remembering how a delivered flow's replies are translated back.
 
 use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup,
-        xdp_action::XDP_TX,
+        xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
     },
     helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect},
     programs::XdpContext,
 };
 use lb_common::{
     counters::Reason,
-    service::{Flow, HOP_REFRESH_NS},
+    service::{Flow, FlowKey, HOP_REFRESH_NS, ReplyNat},
 };
-use network_types::eth::EthHdr;
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
-use crate::packet::header;
+use crate::{
+    maps::REPLY_NAT,
+    packet::{ETH_LEN, L4Layout, header},
+    rewrite,
+};
 
 const AF_INET: u8 = 2;
 
@@ -126,4 +131,44 @@ pub fn send(ctx: &XdpContext, hop: &NextHop) -> Option<u32> {
     }
     // SAFETY: a helper call with plain integer arguments.
     Some(unsafe { bpf_redirect(hop.ifindex, 0) } as u32)
+}
+
+/// Records how the backend's replies to `flow` are translated back (local and DSR delivery:
+/// only the source changes, back to the VIP and service port).
+#[inline(always)]
+pub fn remember_reply(backend_addr: [u8; 4], backend_port: [u8; 2], flow: &FlowKey) {
+    let key = FlowKey::new(backend_addr, flow.src, backend_port, flow.sport, flow.proto);
+    let reply = ReplyNat::new(flow.dst, flow.src, flow.dport, flow.sport);
+    // A lookup is much cheaper than an LRU update, and most packets belong to flows whose
+    // entry is already right; the lookup also keeps that entry recent.
+    // SAFETY: compared at once.
+    if unsafe { REPLY_NAT.get(&key) }.is_some_and(|current| *current == reply) {
+        return;
+    }
+    let _ = REPLY_NAT.insert(&key, &reply, 0);
+}
+
+/// Rewrites the packet to `to`, decrements the TTL and sends it to `hop`.
+#[inline(always)]
+pub fn route_out(
+    ctx: &XdpContext,
+    layout: L4Layout,
+    to: &ReplyNat,
+    hop: &NextHop,
+    reason: Reason,
+) -> (u32, Reason) {
+    if rewrite::rewrite(ctx, layout, to).is_none() {
+        return (XDP_DROP, Reason::MalformedL4);
+    }
+    let Some(ip) = header::<Ipv4Hdr>(ctx, ETH_LEN) else {
+        return (XDP_DROP, Reason::MalformedIpv4);
+    };
+    // SAFETY: bounds-checked by `header`.
+    if !rewrite::decrement_ttl(unsafe { &mut *ip }) {
+        return (XDP_PASS, Reason::TtlExpired);
+    }
+    match send(ctx, hop) {
+        Some(action) => (action, reason),
+        None => (XDP_DROP, Reason::MalformedEthernet),
+    }
 }

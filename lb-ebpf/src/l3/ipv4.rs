@@ -6,16 +6,16 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::Reason,
-    maps::VipKey,
     service::{PROTO_ICMP, PROTO_IPIP, PROTO_TCP, PROTO_UDP, PROTO_VRRP},
 };
 use network_types::ip::Ipv4Hdr;
 
+use super::icmp;
 use crate::{
-    dsr, forward, icmp,
-    maps::OWNED_VIPS,
+    owned::{is_owned, is_owned_exclusively},
     packet::{self, ETH_LEN, IPV4_LEN, header},
-    stats, uplink, vrrp,
+    services::{self, encap},
+    stats, vrrp,
 };
 
 /// The MF flag and the fragment offset.
@@ -63,25 +63,11 @@ pub fn handle(ctx: &XdpContext) -> u32 {
         );
     }
     match proto {
-        PROTO_TCP | PROTO_UDP => forward::transport(ctx, proto, tot_len),
+        PROTO_TCP | PROTO_UDP => services::transport(ctx, proto, tot_len),
         PROTO_ICMP => icmp::answer_echo(ctx),
-        PROTO_IPIP => dsr::decapsulate(ctx),
+        PROTO_IPIP => encap::decapsulate(ctx),
         PROTO_VRRP => vrrp::observe(ctx, src),
         _ if is_owned_exclusively(ctx, dst) => stats::verdict(Reason::UnexposedPort, bytes, XDP_DROP),
         _ => stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS),
     }
-}
-
-#[inline(always)]
-pub fn is_owned(addr: [u8; 4]) -> bool {
-    OWNED_VIPS.get_ptr(&VipKey::new(addr)).is_some()
-}
-
-/// Owned, only by us, and on the interface the frame came in by: traffic no service takes
-/// is dropped rather than left to the kernel (which holds the address too in VIP mode `both`).
-#[inline(always)]
-pub fn is_owned_exclusively(ctx: &XdpContext, addr: [u8; 4]) -> bool {
-    // SAFETY: two bytes copied out at once.
-    let owned = unsafe { OWNED_VIPS.get(&VipKey::new(addr)) }.map(|v| (v.kernel_too(), v.uplink));
-    owned.is_some_and(|(kernel_too, slot)| !kernel_too && uplink::accepts(ctx, slot))
 }

@@ -10,7 +10,7 @@ use lb_common::{
     maps::VipKey,
 };
 
-use crate::{lease, maps::OWNED_VIPS, packet, stats, uplink};
+use crate::{maps::OWNED_VIPS, owned, packet, stats, uplink};
 
 /// Called for frames whose EtherType is ARP.
 #[inline(always)]
@@ -45,7 +45,7 @@ pub fn answer_owned(ctx: &XdpContext) -> u32 {
         // (Linux's weak host model): the VIP would be bound to the wrong segment.
         return if owned.kernel_too() { XDP_DROP } else { XDP_PASS };
     }
-    if !lease::live(&owned) {
+    if !owned::live(&owned) {
         // Dropped, not passed: in VIP mode `both` the kernel still holds the address.
         stats::count_reason(Reason::LeaseExpired, bytes);
         return XDP_DROP;

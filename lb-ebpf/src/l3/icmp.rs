@@ -9,8 +9,8 @@ use lb_common::{counters::Reason, csum, maps::VipKey};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
-    lease,
     maps::OWNED_VIPS,
+    owned,
     packet::{self, ETH_LEN, L4_OFFSET, header},
     stats, uplink,
 };
@@ -48,7 +48,7 @@ pub fn answer_echo(ctx: &XdpContext) -> u32 {
     if !uplink::accepts(ctx, owned.uplink) {
         return stats::verdict(Reason::WrongInterface, bytes, XDP_PASS);
     }
-    if !lease::live(&owned) {
+    if !owned::live(&owned) {
         // Not passed: in VIP mode `both` the kernel would answer for the agent that is gone.
         return stats::verdict(Reason::LeaseExpired, bytes, XDP_DROP);
     }

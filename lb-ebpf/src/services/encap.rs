@@ -18,12 +18,12 @@ use lb_common::{
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
+use super::flow::Picked;
 use crate::{
-    fib,
-    forward::{Picked, remember_reply, route_out},
     maps::{LOCAL_ENDPOINTS, SETTINGS},
-    nat,
     packet::{self, ETH_LEN, ETHERTYPE_IPV4, IPV4_LEN, Ports, header, l4_layout},
+    rewrite,
+    route::{self, remember_reply, route_out},
     stats, uplink,
 };
 
@@ -49,7 +49,7 @@ pub fn encapsulate(
         return (XDP_DROP, Reason::TooBig);
     }
     let backend = picked.backend;
-    let hop = match fib::cached_lookup(
+    let hop = match route::cached_lookup(
         ctx,
         picked.entry(),
         settings.node_addr,
@@ -68,7 +68,7 @@ pub fn encapsulate(
     };
     // SAFETY: bounds-checked by `header`; the last use before the head moves.
     let inner = unsafe { &mut *inner };
-    if !nat::decrement_ttl(inner) {
+    if !rewrite::decrement_ttl(inner) {
         return (XDP_PASS, Reason::TtlExpired);
     }
     let tos = inner.tos;
@@ -98,7 +98,7 @@ pub fn encapsulate(
     header_bytes[10..12].copy_from_slice(&check.to_be_bytes());
     // SAFETY: `Ipv4Hdr` is 20 bytes of plain data, `repr(C)`, alignment 1.
     *outer = unsafe { core::mem::transmute::<[u8; IPV4_LEN], Ipv4Hdr>(header_bytes) };
-    match fib::send(ctx, &hop) {
+    match route::send(ctx, &hop) {
         Some(action) => (action, Reason::ForwardedDsr),
         None => (XDP_DROP, Reason::MalformedEthernet),
     }
@@ -145,7 +145,7 @@ pub fn decapsulate(ctx: &XdpContext) -> u32 {
     if inner.ttl <= 1 {
         return stats::verdict(Reason::TtlExpired, bytes, XDP_PASS);
     }
-    let hop = match fib::lookup(ctx, flow.src, endpoint, inner_len) {
+    let hop = match route::lookup(ctx, flow.src, endpoint, inner_len) {
         Ok(hop) => hop,
         Err(reason) => return stats::verdict(reason, bytes, XDP_PASS),
     };

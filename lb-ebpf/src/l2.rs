@@ -1,0 +1,3 @@
+//! Link layer: what the program answers for the segment.
+
+pub mod arp;

@@ -1,0 +1,4 @@
+//! Network layer: IPv4 validated and dispatched, ICMP echo answered.
+
+pub mod icmp;
+pub mod ipv4;

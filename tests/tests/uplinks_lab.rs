@@ -239,8 +239,12 @@ fn groups_on_three_networks_elect_answer_and_fail_over_apart() {
 
     // front's VRID at priority 254 from its backup's address, but on br1: not front's
     // interface, so dropped before it can move front's master.
-    let advert =
-        Advertisement { vrid: FRONT_GROUP.vrid, priority: 254, max_adver_int_cs: 5, addresses: vec![FRONT] };
+    let advert = Advertisement {
+        vrid: FRONT_GROUP.vrid,
+        priority: 254,
+        max_adver_int_cs: 5,
+        addresses: vec![FRONT.into()],
+    };
     let member = lab.nodes[1].ip;
     let payload = advert.encode(member, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
     let frame = ipv4_frame(

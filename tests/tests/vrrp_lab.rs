@@ -427,7 +427,7 @@ fn hostile_advertisements_are_dropped_and_counted() {
         vrid,
         priority,
         max_adver_int_cs: 100,
-        addresses: vec![VIP],
+        addresses: vec![VIP.into()],
     };
     let frame = |src: Ipv4Addr, ttl: u8, payload: &[u8]| advert_from_client(&lab, src, ttl, payload);
     let good = |src: Ipv4Addr, vrid: u8, priority: u8| {
@@ -502,8 +502,12 @@ fn an_impersonated_member_is_counted_and_logged() {
     let (lab, agents) = two_nodes_n0_owning();
     let client = &lab.client;
     let master = lab.nodes[0].ip;
-    let spoofed = Advertisement { vrid: VRID, priority: 254, max_adver_int_cs: 5, addresses: vec![VIP] }
-        .encode(master, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
+    let spoofed =
+        Advertisement { vrid: VRID, priority: 254, max_adver_int_cs: 5, addresses: vec![VIP.into()] }.encode(
+            master,
+            VRRP_MULTICAST_V4,
+            ChecksumMode::Rfc,
+        );
     let frame = advert_from_client(&lab, master, 255, &spoofed);
     for _ in 0..10 {
         send_and_capture(client.ns.name(), "eth0", vec![frame.clone(); 2], Duration::from_millis(20));

@@ -206,11 +206,10 @@ fn a_vrrp_source_heard_from_another_mac_is_counted() {
     let program = Program::load();
     let member = Ipv4Addr::new(192, 0, 2, 11);
     let member_mac = [0x02, 0, 0, 0, 0, 0x11];
-    let advert =
-        |interval_cs: u16| {
-            Advertisement { vrid: 20, priority: 100, max_adver_int_cs: interval_cs, addresses: vec![VIP] }
-                .encode(member, VRRP_MULTICAST_V4, ChecksumMode::Rfc)
-        };
+    let advert = |interval_cs: u16| {
+        Advertisement { vrid: 20, priority: 100, max_adver_int_cs: interval_cs, addresses: vec![VIP.into()] }
+            .encode(member, VRRP_MULTICAST_V4, ChecksumMode::Rfc)
+    };
     let frame = |mac: [u8; 6], interval_cs: u16| {
         lb_lab::packet::ipv4_frame(
             mac,

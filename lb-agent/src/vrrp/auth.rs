@@ -23,7 +23,7 @@
 //! A keepalived peer never sees the trailer: authentication is per group, and a group that
 //! needs it is one of lb-agents only.
 
-use std::{fmt, net::Ipv4Addr, time::Duration};
+use std::{fmt, net::IpAddr, time::Duration};
 
 use ring::{digest, hmac};
 
@@ -122,12 +122,18 @@ impl Keyring {
     }
 
     /// The trailer for `message` sent from `source` to `destination`, signed by the first key.
-    pub fn sign(&self, source: Ipv4Addr, destination: Ipv4Addr, message: &[u8], sequence: u64) -> Vec<u8> {
+    pub fn sign(
+        &self,
+        source: impl Into<IpAddr>,
+        destination: impl Into<IpAddr>,
+        message: &[u8],
+        sequence: u64,
+    ) -> Vec<u8> {
         let key = &self.keys[0];
         let mut trailer = Vec::with_capacity(TRAILER_LEN);
         trailer.extend_from_slice(&key.id);
         trailer.extend_from_slice(&sequence.to_be_bytes());
-        let tag = hmac::sign(&key.hmac, &signed_input(source, destination, message, &trailer));
+        let tag = hmac::sign(&key.hmac, &signed_input(source.into(), destination.into(), message, &trailer));
         trailer.extend_from_slice(tag.as_ref());
         trailer
     }
@@ -135,11 +141,12 @@ impl Keyring {
     /// Checks `trailer` against `message`; the sender's sequence when it is genuine.
     pub fn verify(
         &self,
-        source: Ipv4Addr,
-        destination: Ipv4Addr,
+        source: impl Into<IpAddr>,
+        destination: impl Into<IpAddr>,
         message: &[u8],
         trailer: &[u8],
     ) -> Result<u64, AuthError> {
+        let (source, destination) = (source.into(), destination.into());
         if trailer.is_empty() {
             return Err(AuthError::Missing);
         }
@@ -174,12 +181,16 @@ impl Key {
     }
 }
 
-/// What the tag covers, in order.
-fn signed_input(source: Ipv4Addr, destination: Ipv4Addr, message: &[u8], signed: &[u8]) -> Vec<u8> {
-    let mut input = Vec::with_capacity(TAG_LABEL.len() + 8 + message.len() + signed.len());
+/// What the tag covers, in order: the addresses as they are on the wire (4 or 16 bytes each).
+fn signed_input(source: IpAddr, destination: IpAddr, message: &[u8], signed: &[u8]) -> Vec<u8> {
+    let mut input = Vec::with_capacity(TAG_LABEL.len() + 32 + message.len() + signed.len());
     input.extend_from_slice(TAG_LABEL);
-    input.extend_from_slice(&source.octets());
-    input.extend_from_slice(&destination.octets());
+    for address in [source, destination] {
+        match address {
+            IpAddr::V4(v4) => input.extend_from_slice(&v4.octets()),
+            IpAddr::V6(v6) => input.extend_from_slice(&v6.octets()),
+        }
+    }
     input.extend_from_slice(message);
     input.extend_from_slice(signed);
     input
@@ -203,6 +214,8 @@ impl fmt::Debug for Keyring {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     const OLD: &str = "0123456789abcdef0123456789abcdef";

@@ -1,4 +1,7 @@
-//! VRRPv3 advertisements on the wire (RFC 5798 §5, RFC 9568 §5), IPv4.
+//! VRRPv3 advertisements (RFC 5798 §5, RFC 9568 §5), the same message for both families: the
+//! address family of its source decides how long its addresses are and which pseudo-header
+//! its checksum covers. What carried it is each family's: [`super::ipv4`] (the raw socket
+//! hands over the IPv4 header) and [`super::ipv6`] (the header's fields come as ancillary data).
 //!
 //! ```text
 //!  0                   1                   2                   3
@@ -11,13 +14,16 @@
 //! Decoding never panics: every way a datagram can be wrong is a [`DecodeError`], which the
 //! caller counts as a drop reason.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// IANA protocol number for VRRP.
 pub const IPPROTO_VRRP: u8 = 112;
 /// RFC 5798 §5.1.1.2: the IPv4 multicast group.
 pub const VRRP_MULTICAST_V4: Ipv4Addr = Ipv4Addr::new(224, 0, 0, 18);
-/// RFC 5798 §5.1.1.3: VRRP packets are sent with TTL 255 and received only with TTL 255.
+/// RFC 5798 §5.1.2.2: the IPv6 multicast group.
+pub const VRRP_MULTICAST_V6: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 0x12);
+/// RFC 5798 §5.1.1.3, §5.1.2.3: VRRP packets are sent with TTL (hop limit) 255 and received
+/// only with 255.
 pub const VRRP_TTL: u8 = 255;
 
 const VERSION_3: u8 = 3;
@@ -41,8 +47,8 @@ pub enum ChecksumMode {
     /// RFC 5798: pseudo-header with the real destination. keepalived 2.2.7's default.
     #[default]
     Rfc,
-    /// Pseudo-header with 224.0.0.18 as destination whatever the real one (keepalived's
-    /// `old_unicast_checksum`).
+    /// Pseudo-header with the family's multicast group (224.0.0.18, ff02::12) as destination
+    /// whatever the real one (keepalived's `old_unicast_checksum`).
     MulticastDestination,
     /// The VRRP message alone, as in VRRPv2.
     NoPseudoHeader,
@@ -55,14 +61,15 @@ pub struct Advertisement {
     pub priority: u8,
     /// Centiseconds, 1..=4095.
     pub max_adver_int_cs: u16,
-    pub addresses: Vec<Ipv4Addr>,
+    /// Of the family the advertisement is sent in; others are left out of the encoding.
+    pub addresses: Vec<IpAddr>,
 }
 
-/// An advertisement with what the IPv4 header said about it.
+/// An advertisement with what its IP header said about it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Received {
-    pub source: Ipv4Addr,
-    pub destination: Ipv4Addr,
+    pub source: IpAddr,
+    pub destination: IpAddr,
     pub advert: Advertisement,
 }
 
@@ -71,11 +78,11 @@ pub struct Received {
 pub enum DecodeError {
     #[error("truncated: {0} bytes")]
     Truncated(usize),
-    #[error("not an IPv4 VRRP datagram")]
+    #[error("not a VRRP datagram (another protocol, or source and destination of two families)")]
     NotVrrp,
     #[error("IPv4 fragment")]
     Fragment,
-    #[error("TTL {0}, expected 255 (RFC 5798 §7.1)")]
+    #[error("TTL (hop limit) {0}, expected 255 (RFC 5798 §7.1)")]
     BadTtl(u8),
     #[error("VRRP version {0}, expected 3")]
     BadVersion(u8),
@@ -106,10 +113,22 @@ impl DecodeError {
 }
 
 impl Advertisement {
-    /// The VRRP message (no IP header), checksummed for `source` → `destination`.
-    pub fn encode(&self, source: Ipv4Addr, destination: Ipv4Addr, mode: ChecksumMode) -> Vec<u8> {
-        let addresses = &self.addresses[..self.addresses.len().min(MAX_ADVERTISED_ADDRS)];
-        let mut buf = Vec::with_capacity(HEADER_LEN + 4 * addresses.len());
+    /// The VRRP message (no IP header), checksummed for `source` → `destination`, whose family
+    /// is the message's.
+    pub fn encode(
+        &self,
+        source: impl Into<IpAddr>,
+        destination: impl Into<IpAddr>,
+        mode: ChecksumMode,
+    ) -> Vec<u8> {
+        let (source, destination) = (source.into(), destination.into());
+        let addresses: Vec<&IpAddr> = self
+            .addresses
+            .iter()
+            .filter(|a| a.is_ipv4() == source.is_ipv4())
+            .take(MAX_ADVERTISED_ADDRS)
+            .collect();
+        let mut buf = Vec::with_capacity(HEADER_LEN + address_len(source) * addresses.len());
         buf.push(VERSION_3 << 4 | TYPE_ADVERTISEMENT);
         buf.push(self.vrid);
         buf.push(self.priority);
@@ -117,7 +136,10 @@ impl Advertisement {
         buf.extend_from_slice(&(self.max_adver_int_cs & MAX_ADVER_INT_CS).to_be_bytes());
         buf.extend_from_slice(&[0, 0]);
         for a in addresses {
-            buf.extend_from_slice(&a.octets());
+            match a {
+                IpAddr::V4(v4) => buf.extend_from_slice(&v4.octets()),
+                IpAddr::V6(v6) => buf.extend_from_slice(&v6.octets()),
+            }
         }
         let sum = checksum(&buf, source, destination, mode);
         buf[6..8].copy_from_slice(&sum.to_be_bytes());
@@ -128,10 +150,14 @@ impl Advertisement {
     /// need only the packet: version, type, completeness, checksum.
     pub fn decode(
         msg: &[u8],
-        source: Ipv4Addr,
-        destination: Ipv4Addr,
+        source: impl Into<IpAddr>,
+        destination: impl Into<IpAddr>,
         mode: ChecksumMode,
     ) -> Result<Self, DecodeError> {
+        let (source, destination) = (source.into(), destination.into());
+        if source.is_ipv4() != destination.is_ipv4() {
+            return Err(DecodeError::NotVrrp);
+        }
         if msg.len() < HEADER_LEN {
             return Err(DecodeError::Truncated(msg.len()));
         }
@@ -145,9 +171,10 @@ impl Advertisement {
         }
         let count = msg[3];
         let body = &msg[HEADER_LEN..];
+        let size = address_len(source);
         // Trailing bytes beyond the addresses would be padding from a sloppy sender; a short body
         // is an incomplete packet. Both are rejected: the checksum could not be trusted.
-        if body.len() != 4 * count as usize {
+        if body.len() != size * count as usize {
             return Err(DecodeError::BadCount { count, len: body.len() });
         }
         if checksum(msg, source, destination, mode) != 0 {
@@ -157,62 +184,44 @@ impl Advertisement {
         if max_adver_int_cs == 0 {
             return Err(DecodeError::ZeroInterval);
         }
-        let addresses = body.chunks_exact(4).map(|a| Ipv4Addr::new(a[0], a[1], a[2], a[3])).collect();
+        let addresses = body
+            .chunks_exact(size)
+            .map(|a| match <[u8; 4]>::try_from(a) {
+                Ok(v4) => IpAddr::from(v4),
+                Err(_) => IpAddr::from(<[u8; 16]>::try_from(a).expect("16-byte chunks")),
+            })
+            .collect();
         Ok(Advertisement { vrid: msg[1], priority: msg[2], max_adver_int_cs, addresses })
     }
+
+    /// The message's length on the wire with `count` addresses of `source`'s family.
+    pub fn message_len(source: IpAddr, count: usize) -> usize {
+        HEADER_LEN + address_len(source) * count
+    }
 }
 
-/// Decodes a whole IPv4 datagram as a raw socket delivers it: header checks (protocol, TTL 255,
-/// no fragments) then the VRRP message, with nothing after it.
-pub fn decode_ipv4(datagram: &[u8], mode: ChecksumMode) -> Result<Received, DecodeError> {
-    let (source, destination, payload) = ipv4_payload(datagram)?;
-    let advert = Advertisement::decode(payload, source, destination, mode)?;
-    Ok(Received { source, destination, advert })
+/// Bytes per address in `family`'s advertisements.
+fn address_len(family: IpAddr) -> usize {
+    if family.is_ipv4() { 4 } else { 16 }
 }
 
-/// As [`decode_ipv4`], for a group that authenticates: the advertisement, the message bytes the
-/// tag covers, and what follows them (the [`super::auth`] trailer, or nothing).
-pub fn decode_ipv4_with_trailer(
-    datagram: &[u8],
-    mode: ChecksumMode,
-) -> Result<(Received, &[u8], &[u8]), DecodeError> {
-    let (source, destination, payload) = ipv4_payload(datagram)?;
+/// Splits what follows the IP header into the VRRP message (as its address count says) and
+/// whatever follows it (an authentication trailer, or nothing).
+pub fn split_trailer(payload: &[u8], source: IpAddr) -> Result<(&[u8], &[u8]), DecodeError> {
     let count = usize::from(*payload.get(3).ok_or(DecodeError::Truncated(payload.len()))?);
-    let (message, trailer) = payload.split_at(payload.len().min(HEADER_LEN + 4 * count));
-    let advert = Advertisement::decode(message, source, destination, mode)?;
-    Ok((Received { source, destination, advert }, message, trailer))
+    Ok(payload.split_at(payload.len().min(Advertisement::message_len(source, count))))
 }
 
-/// The IPv4 header's checks; its source, destination and payload.
-fn ipv4_payload(datagram: &[u8]) -> Result<(Ipv4Addr, Ipv4Addr, &[u8]), DecodeError> {
-    if datagram.len() < 20 {
-        return Err(DecodeError::Truncated(datagram.len()));
-    }
-    if datagram[0] >> 4 != 4 || datagram[9] != IPPROTO_VRRP {
-        return Err(DecodeError::NotVrrp);
-    }
-    let header_len = usize::from(datagram[0] & 0x0f) * 4;
-    let total_len = usize::from(u16::from_be_bytes([datagram[2], datagram[3]]));
-    if header_len < 20 || total_len < header_len || datagram.len() < total_len {
-        return Err(DecodeError::Truncated(datagram.len()));
-    }
-    let flags_fragment = u16::from_be_bytes([datagram[6], datagram[7]]);
-    if flags_fragment & 0x3fff != 0 {
-        // More-fragments set or a non-zero offset: VRRP adverts are never fragmented.
-        return Err(DecodeError::Fragment);
-    }
-    let ttl = datagram[8];
-    if ttl != VRRP_TTL {
-        return Err(DecodeError::BadTtl(ttl));
-    }
-    let source = Ipv4Addr::new(datagram[12], datagram[13], datagram[14], datagram[15]);
-    let destination = Ipv4Addr::new(datagram[16], datagram[17], datagram[18], datagram[19]);
-    Ok((source, destination, &datagram[header_len..total_len]))
-}
-
-/// The Internet checksum (RFC 1071) over the message and, per `mode`, the IPv4 pseudo-header.
+/// The Internet checksum (RFC 1071) over the message and, per `mode`, the pseudo-header of
+/// the addresses' family: IPv4's (RFC 5798 §5.2.8), or IPv6's (RFC 8200 §8.1, as ICMPv6).
 /// Over a message that already carries its checksum the result is 0.
-pub fn checksum(msg: &[u8], source: Ipv4Addr, destination: Ipv4Addr, mode: ChecksumMode) -> u16 {
+pub fn checksum(
+    msg: &[u8],
+    source: impl Into<IpAddr>,
+    destination: impl Into<IpAddr>,
+    mode: ChecksumMode,
+) -> u16 {
+    let (source, destination) = (source.into(), destination.into());
     let mut sum: u32 = 0;
     let mut add = |bytes: &[u8]| {
         let mut chunks = bytes.chunks_exact(2);
@@ -223,16 +232,29 @@ pub fn checksum(msg: &[u8], source: Ipv4Addr, destination: Ipv4Addr, mode: Check
             sum += u32::from(*last) << 8;
         }
     };
+    let group = match source {
+        IpAddr::V4(_) => IpAddr::V4(VRRP_MULTICAST_V4),
+        IpAddr::V6(_) => IpAddr::V6(VRRP_MULTICAST_V6),
+    };
     let destination = match mode {
         ChecksumMode::Rfc => Some(destination),
-        ChecksumMode::MulticastDestination => Some(VRRP_MULTICAST_V4),
+        ChecksumMode::MulticastDestination => Some(group),
         ChecksumMode::NoPseudoHeader => None,
     };
-    if let Some(destination) = destination {
-        add(&source.octets());
-        add(&destination.octets());
-        add(&[0, IPPROTO_VRRP]);
-        add(&(msg.len() as u16).to_be_bytes());
+    match (source, destination) {
+        (IpAddr::V4(source), Some(IpAddr::V4(destination))) => {
+            add(&source.octets());
+            add(&destination.octets());
+            add(&[0, IPPROTO_VRRP]);
+            add(&(msg.len() as u16).to_be_bytes());
+        }
+        (IpAddr::V6(source), Some(IpAddr::V6(destination))) => {
+            add(&source.octets());
+            add(&destination.octets());
+            add(&(msg.len() as u32).to_be_bytes());
+            add(&[0, 0, 0, IPPROTO_VRRP]);
+        }
+        _ => {}
     }
     add(msg);
     while sum > 0xffff {
@@ -244,6 +266,7 @@ pub fn checksum(msg: &[u8], source: Ipv4Addr, destination: Ipv4Addr, mode: Check
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vrrp::ipv4::decode_ipv4;
 
     const SRC: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 
@@ -252,7 +275,7 @@ mod tests {
             vrid: 51,
             priority: 150,
             max_adver_int_cs: 100,
-            addresses: vec![Ipv4Addr::new(198, 51, 100, 10), Ipv4Addr::new(198, 51, 100, 11)],
+            addresses: vec![Ipv4Addr::new(198, 51, 100, 10).into(), Ipv4Addr::new(198, 51, 100, 11).into()],
         }
     }
 
@@ -281,7 +304,10 @@ mod tests {
     #[test]
     fn decodes_what_keepalived_sends() {
         let got = decode_ipv4(&KEEPALIVED_DATAGRAM, ChecksumMode::Rfc).unwrap();
-        assert_eq!(got, Received { source: SRC, destination: VRRP_MULTICAST_V4, advert: advert() });
+        assert_eq!(
+            got,
+            Received { source: SRC.into(), destination: VRRP_MULTICAST_V4.into(), advert: advert() }
+        );
     }
 
     #[test]
@@ -297,7 +323,7 @@ mod tests {
             let msg = advert().encode(SRC, dst, mode);
             let got = decode_ipv4(&datagram(&msg, 255, dst), mode).unwrap();
             assert_eq!(got.advert, advert(), "{mode:?}");
-            assert_eq!((got.source, got.destination), (SRC, dst));
+            assert_eq!((got.source, got.destination), (SRC.into(), dst.into()));
         }
     }
 
@@ -381,7 +407,7 @@ mod tests {
     #[test]
     fn large_instances_list_their_first_addresses() {
         let a = Advertisement {
-            addresses: (0..300u32).map(|i| Ipv4Addr::from(0xc633_6400 + i)).collect(),
+            addresses: (0..300u32).map(|i| Ipv4Addr::from(0xc633_6400 + i).into()).collect(),
             ..advert()
         };
         let msg = a.encode(SRC, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
@@ -397,13 +423,14 @@ mod fuzz {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::vrrp::ipv4::decode_ipv4;
 
     fn valid_datagram(vrid: u8, priority: u8, count: usize) -> Vec<u8> {
         let advert = Advertisement {
             vrid,
             priority,
             max_adver_int_cs: 100,
-            addresses: (0..count as u32).map(|i| Ipv4Addr::from(0xc633_6400 + i)).collect(),
+            addresses: (0..count as u32).map(|i| Ipv4Addr::from(0xc633_6400 + i).into()).collect(),
         };
         let src = Ipv4Addr::new(192, 0, 2, 10);
         let msg = advert.encode(src, VRRP_MULTICAST_V4, ChecksumMode::Rfc);

@@ -18,11 +18,9 @@ use tracing::{debug, info, warn};
 use super::{
     auth::{FRESHNESS, Keyring},
     instance::{Action, Ignored, Instance, InstanceConfig, PRIORITY_RESIGN, State},
+    ipv4::{decode_ipv4, decode_ipv4_with_trailer},
     metrics::VrrpMetrics,
-    packet::{
-        Advertisement, ChecksumMode, DecodeError, Received, VRRP_MULTICAST_V4, decode_ipv4,
-        decode_ipv4_with_trailer,
-    },
+    packet::{Advertisement, ChecksumMode, DecodeError, VRRP_MULTICAST_V4},
 };
 
 /// Multicast to 224.0.0.18, or unicast to each peer.
@@ -663,7 +661,7 @@ fn encode_adverts(
         vrid: spec.vrid,
         priority,
         max_adver_int_cs: (spec.advert_interval.as_millis() / 10) as u16,
-        addresses: spec.vips.iter().copied().collect(),
+        addresses: spec.vips.iter().map(|v| (*v).into()).collect(),
     };
     let encode = |destination: Ipv4Addr| {
         let mut payload = advert.encode(local, destination, spec.checksum);
@@ -683,20 +681,33 @@ fn unix_micros(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
-/// Decodes, and for a group with keys authenticates: the advert and its sequence, or the error
-/// and its drop label.
+/// An IPv4 advertisement, as this router handles them.
+struct Received4 {
+    source: Ipv4Addr,
+    advert: Advertisement,
+}
+
+/// Decodes, and for a group with keys authenticates: the sender, the advert and its sequence,
+/// or the error and its drop label.
 fn decode_authenticated(
     datagram: &[u8],
     checksum: ChecksumMode,
     keys: Option<&Keyring>,
-) -> Result<(Received, Option<u64>), (String, &'static str)> {
+) -> Result<(Received4, Option<u64>), (String, &'static str)> {
     let decode_error = |e: DecodeError| (e.to_string(), e.label());
+    let v4 = |source: std::net::IpAddr| match source {
+        std::net::IpAddr::V4(v4) => Ok(v4),
+        std::net::IpAddr::V6(_) => Err(decode_error(DecodeError::NotVrrp)),
+    };
     let Some(keys) = keys else {
-        return decode_ipv4(datagram, checksum).map(|r| (r, None)).map_err(decode_error);
+        let received = decode_ipv4(datagram, checksum).map_err(decode_error)?;
+        return Ok((Received4 { source: v4(received.source)?, advert: received.advert }, None));
     };
     let (received, message, trailer) = decode_ipv4_with_trailer(datagram, checksum).map_err(decode_error)?;
     match keys.verify(received.source, received.destination, message, trailer) {
-        Ok(sequence) => Ok((received, Some(sequence))),
+        Ok(sequence) => {
+            Ok((Received4 { source: v4(received.source)?, advert: received.advert }, Some(sequence)))
+        }
         Err(e) => Err((format!("from {}: {e}", received.source), e.label())),
     }
 }
@@ -708,10 +719,10 @@ fn peek_vrid(datagram: &[u8]) -> Option<u8> {
 }
 
 fn same_addresses(advert: &Advertisement, ours: &BTreeSet<Ipv4Addr>) -> bool {
-    let listed: BTreeSet<Ipv4Addr> = advert.addresses.iter().copied().collect();
+    let listed: BTreeSet<std::net::IpAddr> = advert.addresses.iter().copied().collect();
     // Large instances advertise only the first addresses (see packet::MAX_ADVERTISED_ADDRS).
     listed.len() == advert.addresses.len()
-        && listed.iter().all(|a| ours.contains(a))
+        && listed.iter().all(|a| matches!(a, std::net::IpAddr::V4(v4) if ours.contains(v4)))
         && (listed.len() == ours.len() || listed.len() == super::packet::MAX_ADVERTISED_ADDRS)
 }
 
@@ -830,7 +841,8 @@ mod tests {
             assert!(t > until, "a backup of priority {priority} takes over at {:?}, after the claim", t - t0);
         }
         // A master that steps down claims nothing.
-        let preempting = Advertisement { vrid: 9, priority: 250, max_adver_int_cs: 10, addresses: vec![VIP] };
+        let preempting =
+            Advertisement { vrid: 9, priority: 250, max_adver_int_cs: 10, addresses: vec![VIP.into()] };
         let out = Outgoing {
             interface: "eth0".into(),
             destination: VRRP_MULTICAST_V4,
@@ -901,7 +913,7 @@ mod tests {
         );
         b.on_datagram(t0 + ms(400), "eth0", &on_wire(A, &adverts[0], 64));
         // Our own advert looped back.
-        let own = Advertisement { vrid: 9, priority: 100, max_adver_int_cs: 10, addresses: vec![VIP] };
+        let own = Advertisement { vrid: 9, priority: 100, max_adver_int_cs: 10, addresses: vec![VIP.into()] };
         let own = Outgoing {
             interface: "eth0".into(),
             destination: VRRP_MULTICAST_V4,
@@ -958,8 +970,9 @@ mod tests {
         // A spoofer with a member's address, unsigned: B's state machine never sees it.
         let spoof =
             |payload: Vec<u8>| Outgoing { interface: "eth0".into(), destination: VRRP_MULTICAST_V4, payload };
-        let unsigned = Advertisement { vrid: 9, priority: 254, max_adver_int_cs: 10, addresses: vec![VIP] }
-            .encode(A, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
+        let unsigned =
+            Advertisement { vrid: 9, priority: 254, max_adver_int_cs: 10, addresses: vec![VIP.into()] }
+                .encode(A, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
         b.on_datagram(t0 + ms(430), "eth0", &on_wire(A, &spoof(unsigned), 255));
         // Signed with another key, or tampered with (priority raised after signing).
         let (mut other, _) = router(A, keyed(spec(200, &[B], Transport::Multicast), &"x".repeat(32)));
@@ -1087,8 +1100,8 @@ mod tests {
         let out = a.on_timer(t0 + ms(322));
         assert_eq!(out.iter().map(|o| o.destination).collect::<Vec<_>>(), vec![B, c]);
         for o in &out {
-            let received = crate::vrrp::packet::decode_ipv4(&on_wire(A, o, 255), ChecksumMode::Rfc).unwrap();
-            assert_eq!(received.advert.addresses, vec![VIP]);
+            let received = decode_ipv4(&on_wire(A, o, 255), ChecksumMode::Rfc).unwrap();
+            assert_eq!(received.advert.addresses, vec![std::net::IpAddr::V4(VIP)]);
         }
     }
 

@@ -184,6 +184,8 @@ pub async fn run(
         backends: metrics.backends.clone(),
         refused: metrics.services_refused.clone(),
         map_bytes: metrics.map_bytes.clone(),
+        snat_ports: metrics.snat_ports.clone(),
+        snat_expired: metrics.snat_expired.clone(),
     };
     let mut sync =
         ServiceSync::new(service_maps, netlink.clone(), counters.clone(), sync_metrics, refused_tx);

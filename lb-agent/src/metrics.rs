@@ -71,6 +71,8 @@ pub struct Metrics {
     pub backends: Gauge,
     pub services_refused: Family<LimitLabels, Gauge>,
     pub map_bytes: Family<MapLabels, Gauge>,
+    pub snat_ports: Gauge,
+    pub snat_expired: Counter,
     pub lease_expiries: Family<VridLabels, Counter>,
     pub impersonations: Family<MemberLabels, Counter>,
     pub authentication_keys: Family<GroupLabels, Gauge>,
@@ -124,6 +126,14 @@ impl Metrics {
             "Service entries left out of the data plane because a map is full, by the capacity setting that was reached",
             services_refused.clone(),
         );
+        let snat_ports = Gauge::default();
+        registry.register(
+            "snat_ports",
+            "Full-NAT source ports held by flows (never evicted; released when idle past dataplane.snatIdleTimeout)",
+            snat_ports.clone(),
+        );
+        let snat_expired = Counter::default();
+        registry.register("snat_expired", "Full-NAT source ports released as idle", snat_expired.clone());
         let map_bytes = Family::<MapLabels, Gauge>::default();
         registry.register(
             "bpf_map_bytes",
@@ -159,6 +169,8 @@ impl Metrics {
             backends,
             services_refused,
             map_bytes,
+            snat_ports,
+            snat_expired,
             lease_expiries,
             impersonations,
             authentication_keys,

@@ -30,6 +30,9 @@ use crate::{
     service_plan::IncrementalPlanner,
 };
 
+/// How often full NAT's idle source ports are looked for.
+const SNAT_EXPIRY_EVERY: Duration = Duration::from_secs(10);
+
 /// How often endpoints' next hops are re-resolved: well inside the kernel's neighbour
 /// garbage-collection time (`gc_stale_time`, 60 s by default).
 const NEIGHBOR_REFRESH: Duration = Duration::from_secs(20);
@@ -55,6 +58,8 @@ pub struct SyncMetrics {
     pub backends: Gauge,
     pub refused: Family<LimitLabels, Gauge>,
     pub map_bytes: Family<MapLabels, Gauge>,
+    pub snat_ports: Gauge,
+    pub snat_expired: prometheus_client::metrics::counter::Counter,
 }
 
 pub struct ServiceSync {
@@ -185,6 +190,24 @@ impl ServiceSync {
         });
     }
 
+    /// Removes full NAT's source ports idle past `idle`, and exports how many are held.
+    pub fn expire_snat(&mut self, idle: Duration) {
+        match self.maps.expire_snat(crate::dataplane::leases::monotonic_ns(), idle) {
+            Ok(expiry) => {
+                self.metrics.snat_ports.set(expiry.kept as i64);
+                self.metrics.snat_expired.inc_by(expiry.removed as u64);
+                if expiry.removed > 0 {
+                    debug!(
+                        removed = expiry.removed,
+                        kept = expiry.kept,
+                        "idle full-NAT source ports released"
+                    );
+                }
+            }
+            Err(e) => warn!(error = %e, "releasing idle full-NAT source ports failed; retried shortly"),
+        }
+    }
+
     async fn resolve_next_hops(&mut self) {
         let (added, removed) = self.maps.take_address_changes();
         if added.is_empty() && removed.is_empty() {
@@ -202,6 +225,8 @@ impl ServiceSync {
             // Start-up already resolved them: the first refresh is one period away.
             let mut refresh = tokio::time::interval_at(Instant::now() + NEIGHBOR_REFRESH, NEIGHBOR_REFRESH);
             refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut expiry = tokio::time::interval(SNAT_EXPIRY_EVERY);
+            expiry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     changed = requests.changed() => {
@@ -217,6 +242,10 @@ impl ServiceSync {
                         if let Err(e) = self.next_hops.refresh(&self.netlink).await {
                             warn!(error = %e, "refreshing endpoints' next hops failed");
                         }
+                    }
+                    _ = expiry.tick() => {
+                        let idle = requests.borrow().config.dataplane.snat_idle_timeout;
+                        self.expire_snat(idle);
                     }
                 }
             }

@@ -15,8 +15,14 @@ pub const BACKENDS: &str = "BACKENDS";
 pub const MAGLEV_RINGS: &str = "MAGLEV_RINGS";
 /// `LruHashMap<FlowKey, Flow>`: client flow → chosen backend.
 pub const FLOWS: &str = "FLOWS";
-/// `LruHashMap<FlowKey, ReplyNat>`: reply flow (as it leaves the backend) → rewritten addresses.
+/// `LruHashMap<FlowKey, ReplyNat>`: reply flow (as it leaves the backend) → rewritten addresses,
+/// for local and DSR delivery (and, from before `SNAT_REPLIES`, full NAT's).
 pub const REPLY_NAT: &str = "REPLY_NAT";
+/// `HashMap<FlowKey, SnatEntry>`: full NAT's reply flow (backend → this node's source port) →
+/// rewritten addresses. Not an LRU: a flood of new flows fills it and is then refused source
+/// ports, where an LRU would evict an established flow's entry and hand its port to a new flow.
+/// The agent removes entries idle past `dataplane.snatIdleTimeout`.
+pub const SNAT_REPLIES: &str = "SNAT_REPLIES";
 /// `HashMap<LocalEndpointKey, LocalEndpoint>`: this node's endpoints, for DSR decapsulation.
 pub const LOCAL_ENDPOINTS: &str = "LOCAL_ENDPOINTS";
 /// `PerCpuArray<PacketCounter>` indexed by backend id.
@@ -216,6 +222,24 @@ pub struct ReplyNat {
     pub _pad: [u8; 2],
 }
 
+/// A full-NAT source port's owner: how its replies are translated, and when its flow last
+/// refreshed it (`bpf_ktime_get_coarse_ns`, at the flow's next-hop refreshes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnatEntry {
+    pub reply: ReplyNat,
+    pub _pad: [u8; 4],
+    pub last_seen_ns: u64,
+}
+
+impl SnatEntry {
+    /// Whether this entry is `flow`'s: its replies go back to `flow`'s client from its VIP.
+    pub fn belongs_to(&self, flow: &FlowKey) -> bool {
+        let r = &self.reply;
+        r.src == flow.dst && r.dst == flow.src && r.sport == flow.dport && r.dport == flow.sport
+    }
+}
+
 impl ReplyNat {
     pub const fn new(src: [u8; 4], dst: [u8; 4], sport: [u8; 2], dport: [u8; 2]) -> Self {
         Self { src, dst, sport, dport, peer_mac: [0; 6], _pad: [0; 2] }
@@ -258,6 +282,7 @@ mod pod {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for Flow {}
     unsafe impl aya::Pod for ReplyNat {}
+    unsafe impl aya::Pod for SnatEntry {}
     unsafe impl aya::Pod for LocalEndpointKey {}
     unsafe impl aya::Pod for LocalEndpoint {}
     unsafe impl aya::Pod for Settings {}
@@ -276,6 +301,7 @@ mod tests {
         assert_eq!(size_of::<FlowKey>(), 16);
         assert_eq!(size_of::<Flow>(), 32);
         assert_eq!(size_of::<ReplyNat>(), 20);
+        assert_eq!((size_of::<SnatEntry>(), core::mem::align_of::<SnatEntry>()), (32, 8));
         assert_eq!(size_of::<LocalEndpointKey>(), 12);
         assert_eq!(size_of::<LocalEndpoint>(), 4);
         assert_eq!(size_of::<Settings>(), 8);

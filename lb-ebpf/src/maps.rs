@@ -15,7 +15,7 @@ use lb_common::{
     service::{
         Backend, Flow, FlowKey, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKey, MAX_BACKENDS, MAX_FLOWS,
         MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE, MAX_SERVICES, ReplyNat, RingEntry, Service, ServiceKey, Settings,
-        ring_entries,
+        SnatEntry, ring_entries,
     },
 };
 
@@ -55,6 +55,11 @@ pub static FLOWS: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(MAX_F
 
 #[map]
 pub static REPLY_NAT: LruHashMap<FlowKey, ReplyNat> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+
+/// Not an LRU on purpose (see `lb_common::service::SNAT_REPLIES`); `BPF_F_NO_PREALLOC` off, so
+/// an insert never allocates in the packet path.
+#[map]
+pub static SNAT_REPLIES: HashMap<FlowKey, SnatEntry> = HashMap::with_max_entries(MAX_FLOWS, 0);
 
 #[map]
 pub static LOCAL_ENDPOINTS: HashMap<LocalEndpointKey, LocalEndpoint> =

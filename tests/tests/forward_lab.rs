@@ -214,21 +214,35 @@ fn tcp_flow_entries(c: &Cluster) -> usize {
 /// A flood of new 5-tuples, from both CPUs, through a small connection table and reply table:
 /// most established flows' entries are evicted, yet each connection carries on with the pod it
 /// had, since Maglev gives an evicted flow the same backend while the backends are unchanged,
-/// and its next packet writes its entries again.
-///
-/// Local delivery only: with full NAT, a flood that evicts an established flow's reply entry
-/// can hand its source port to a new flow, and that connection breaks (README, "Under a flood
-/// of new flows"); it needs a reply table that never evicts established flows.
+/// and its next packet writes its entries again. Local delivery: the pods are on the load
+/// balancer's node.
 #[test]
 fn a_flood_of_new_flows_evicts_established_ones_and_they_keep_their_pod() {
     let mut c = cluster(&[2]);
+    flood_past_established_sessions(&mut c, "forwarded_local");
+}
+
+/// The same flood with full NAT, the pods on another node: the flood's new flows fill the
+/// source-port table and are then refused ports (`snat_ports_exhausted`), where an evicting
+/// table would have handed an established connection's port to one of them; flows whose
+/// connection-table entry was evicted find their own port again.
+#[test]
+fn a_flood_of_new_flows_never_takes_an_established_full_nat_flows_port() {
+    let mut c = cluster(&[0, 2]);
+    flood_past_established_sessions(&mut c, "forwarded_full_nat");
+    assert!(c.reason(0, "snat_ports_exhausted") > 0.0, "the flood filled the table:\n{}", c.logs());
+}
+
+/// Opens 24 connections through a full-NAT service with 512-entry tables, floods new tuples
+/// until established flows' entries are evicted, and checks every connection carries on.
+fn flood_past_established_sessions(c: &mut Cluster, forwarded: &str) {
     let services = service(&c.lab, "web", 81, "fullNat", &[0, 1]);
     // 512 entries each (256 per CPU's LRU list in FLOWS); the flood is 16 times that.
     c.start(&format!("{services}dataplane:\n  capacity: {{flows: 512, replyNat: 512}}\n"));
-    let mut sessions = open_sessions(&c, 81, 24);
+    let mut sessions = open_sessions(c, 81, 24);
     let pods: std::collections::BTreeSet<&str> = sessions.iter().map(|s| s.pod()).collect();
     assert_eq!(pods.len(), 2, "Maglev spreads flows over both pods: {pods:?}");
-    let established = tcp_flow_entries(&c);
+    let established = tcp_flow_entries(c);
     assert!(established >= 24, "{established}");
 
     let client = &c.lab.client;
@@ -249,20 +263,19 @@ fn a_flood_of_new_flows_evicts_established_ones_and_they_keep_their_pod() {
             }
         }
         std::thread::sleep(Duration::from_millis(100));
-        left = tcp_flow_entries(&c);
+        left = tcp_flow_entries(c);
         if established - left >= 4 {
             break;
         }
     }
     // The LRU keeps recently used entries longest, so some survive; many go.
-    let reason = "forwarded_local";
     assert!(
         established - left >= 4,
         "the flood evicted established flows: {left} of {established} left after {} new tuples, {} forwarded",
         next_port - 10_000,
-        c.reason(0, reason)
+        c.reason(0, forwarded)
     );
-    assert_sessions_stay(&c, &mut sessions, "after a flood evicted their entries");
+    assert_sessions_stay(c, &mut sessions, "after a flood evicted their entries");
 }
 
 #[test]

@@ -485,3 +485,64 @@ fn reply_entry_fixtures(ifindex: u32) {
         }
     }
 }
+
+/// Full NAT's source ports are never evicted: a flow whose connection-table entry is gone finds
+/// its own port again, a port another flow holds is skipped, a reply whose entry an earlier
+/// build left in `REPLY_NAT` is still translated, and the agent releases ports idle past the
+/// timeout, only those.
+#[test]
+fn full_nat_ports_stay_with_their_flows() {
+    in_node_with_local_pod(|ifindex, _| {
+        use lb_common::service::{FLOWS, Flow, REPLY_NAT, ReplyNat, SnatEntry};
+        let mut f = Fixture::load(ifindex);
+        let to_node = (CLIENT_MAC, NODE_MAC);
+        let forward = |sport: u16, port: u16| {
+            let input = segment_frame(to_node, CLIENT, VIP, 64, 17, (sport, 81));
+            let expected = segment_frame((NODE_MAC, PEER_MAC), NODE, REMOTE_POD, 63, 17, (port, 8080));
+            (input, expected)
+        };
+        let flow = |sport: u16| {
+            FlowKey::new(CLIENT.octets(), VIP.octets(), sport.to_be_bytes(), 81u16.to_be_bytes(), 17)
+        };
+        let reply_key = |port: u16| {
+            FlowKey::new(REMOTE_POD.octets(), NODE.octets(), 8080u16.to_be_bytes(), port.to_be_bytes(), 17)
+        };
+
+        // A flow's entry evicted from the connection table: its next packet keeps the port.
+        let port = snat_port(41_100, 81, 17);
+        let (input, expected) = forward(41_100, port);
+        check(&f, "full NAT, first packet", &input, XDP_TX, &expected);
+        let mut flows: HashMap<_, FlowKey, Flow> = HashMap::try_from(f.ebpf.map_mut(FLOWS).unwrap()).unwrap();
+        flows.remove(&flow(41_100)).unwrap();
+        check(&f, "full NAT, flow entry evicted", &input, XDP_TX, &expected);
+
+        // The first candidate port of a new flow is held by another client's flow: the next one.
+        let first = snat_port(41_101, 81, 17);
+        let mut other =
+            ReplyNat::new(VIP.octets(), [192, 0, 2, 99], 81u16.to_be_bytes(), 41_101u16.to_be_bytes());
+        other.peer_mac = PEER_MAC;
+        let held = SnatEntry { reply: other, _pad: [0; 4], last_seen_ns: 0 };
+        f.maps.snat().map_mut().insert(reply_key(first), held, 0).unwrap();
+        let next = SNAT_FIRST + ((first - SNAT_FIRST) as u32 + 1).rem_euclid(SNAT_SPAN) as u16;
+        let (input, expected) = forward(41_101, next);
+        check(&f, "full NAT, a held port skipped", &input, XDP_TX, &expected);
+
+        // An entry left in REPLY_NAT by an earlier build still translates its replies.
+        let snat = f.maps.snat().map_mut();
+        let mine = snat.get(&reply_key(port), 0).unwrap();
+        snat.remove(&reply_key(port)).unwrap();
+        let mut old: HashMap<_, FlowKey, ReplyNat> =
+            HashMap::try_from(f.ebpf.map_mut(REPLY_NAT).unwrap()).unwrap();
+        old.insert(reply_key(port), mine.reply, 0).unwrap();
+        let input = segment_frame((PEER_MAC, NODE_MAC), REMOTE_POD, NODE, 64, 17, (8080, port));
+        let expected = segment_frame((NODE_MAC, CLIENT_MAC), VIP, CLIENT, 63, 17, (81, 41_100));
+        check(&f, "full NAT reply from an earlier build's entry", &input, XDP_TX, &expected);
+
+        // Idle past the timeout: the held port (seen at boot) goes, the live flow's stays.
+        let now = lb_agent::dataplane::leases::monotonic_ns();
+        let expiry = f.maps.expire_snat(now, std::time::Duration::from_secs(10)).unwrap();
+        assert_eq!((expiry.removed, expiry.kept), (1, 1));
+        let snat = f.maps.snat().map_mut();
+        assert!(snat.get(&reply_key(first), 0).is_err() && snat.get(&reply_key(next), 0).is_ok());
+    });
+}

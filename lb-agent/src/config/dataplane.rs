@@ -22,6 +22,10 @@ pub struct DataplaneConfig {
     /// `net.ipv4.ip_local_port_range`, so translated flows never collide with local sockets.
     #[serde(default)]
     pub snat_ports: PortRange,
+    /// How long a full-NAT flow keeps its source port without a packet (`10m` by default), as
+    /// conntrack lets an idle flow go. Ports are never taken from a flow for anything else.
+    #[serde(default = "default_snat_idle_timeout", deserialize_with = "super::group::duration")]
+    pub snat_idle_timeout: std::time::Duration,
     /// How much the maps hold. Fixed when the maps are created: a change takes a restart,
     /// and replaces the pinned maps.
     #[serde(default)]
@@ -39,7 +43,8 @@ pub struct Capacity {
     pub backends: u32,
     /// The connection table (LRU): established flows keep their backend while they are in it.
     pub flows: u32,
-    /// Reply translations (LRU): one per local, DSR-decapsulated or full-NAT flow.
+    /// Reply translations: one per local or DSR-decapsulated flow (an LRU), and as many for
+    /// full NAT's source ports (never evicted; see `snatIdleTimeout`).
     pub reply_nat: u32,
     /// This node's endpoints, one per (service entry, endpoint).
     pub local_endpoints: u32,
@@ -70,6 +75,7 @@ impl Default for DataplaneConfig {
             pin_path: default_pin_path(),
             keep_on_exit: true,
             snat_ports: PortRange::default(),
+            snat_idle_timeout: default_snat_idle_timeout(),
             capacity: Capacity::default(),
         }
     }
@@ -78,6 +84,13 @@ impl Default for DataplaneConfig {
 pub fn default_pin_path() -> PathBuf {
     PathBuf::from("/sys/fs/bpf/lb-agent")
 }
+
+fn default_snat_idle_timeout() -> std::time::Duration {
+    std::time::Duration::from_secs(600)
+}
+
+/// The shortest `snatIdleTimeout`: a flow refreshes its port twice a second while it sends.
+pub const MIN_SNAT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn yes() -> bool {
     true
@@ -89,6 +102,12 @@ impl DataplaneConfig {
             return Err(ConfigError::new(
                 "dataplane.pinPath",
                 format!("an absolute path on bpffs, got {:?}", self.pin_path),
+            ));
+        }
+        if self.snat_idle_timeout < MIN_SNAT_IDLE_TIMEOUT {
+            return Err(ConfigError::new(
+                "dataplane.snatIdleTimeout",
+                format!("at least {MIN_SNAT_IDLE_TIMEOUT:?}, got {:?}", self.snat_idle_timeout),
             ));
         }
         self.capacity.validate()
@@ -169,6 +188,18 @@ impl<'de> Deserialize<'de> for PortRange {
 #[cfg(test)]
 mod tests {
     use crate::config::Config;
+
+    #[test]
+    fn the_snat_idle_timeout_defaults_to_ten_minutes_and_has_a_floor() {
+        let idle = |yaml: &str| {
+            Config::parse(&format!("interface: eth0\n{yaml}")).map(|c| c.dataplane.snat_idle_timeout)
+        };
+        assert_eq!(idle("").unwrap(), std::time::Duration::from_secs(600));
+        assert_eq!(idle("dataplane: {snatIdleTimeout: 30s}\n").unwrap(), std::time::Duration::from_secs(30));
+        let e = idle("dataplane: {snatIdleTimeout: 1s}\n").unwrap_err();
+        assert_eq!(e.field, "dataplane.snatIdleTimeout");
+        assert!(e.expected.contains("at least 10s"), "{e}");
+    }
 
     #[test]
     fn defaults_and_overrides() {

@@ -160,7 +160,7 @@ fn yes() -> bool {
 }
 
 /// Durations are written as `10ms`, `1s`, `1m`.
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
     humantime::parse_duration(&text)
         .map_err(|e| de::Error::custom(format!("a duration like 100ms or 1s, got {text:?} ({e})")))

@@ -57,12 +57,20 @@ fn update_raw(map: &impl AsFd, keys: *const u8, values: *const u8, count: usize)
 
 /// Reads every element of an array map, in batches of up to 4,096.
 pub fn read_array<V: Pod, M: IterableMap<u32, V>>(map: &M) -> std::io::Result<Vec<V>> {
+    read_all::<u32, V>(map.map().fd()).map(|all| all.into_iter().map(|(_, v)| v).collect())
+}
+
+/// Reads every key and value of a map (array or hash), in batches of up to 4,096. A hash map
+/// changing meanwhile may be read partly before and partly after the change.
+pub fn read_all<K: Pod, V: Pod>(map: &impl AsFd) -> std::io::Result<Vec<(K, V)>> {
     const CHUNK: usize = 4096;
-    let fd = map.map().fd().as_fd().as_raw_fd() as u32;
-    let mut out: Vec<V> = Vec::new();
-    let mut keys = vec![0u32; CHUNK];
-    // SAFETY: `V: Pod`, so all-zero bytes are a valid value.
+    let fd = map.as_fd().as_raw_fd() as u32;
+    let mut out = Vec::new();
+    // SAFETY: `K` and `V` are `Pod`, so all-zero bytes are valid values.
+    let mut keys: Vec<K> = vec![unsafe { std::mem::zeroed() }; CHUNK];
+    // SAFETY: as above.
     let mut values: Vec<V> = vec![unsafe { std::mem::zeroed() }; CHUNK];
+    // Arrays and hash tables both take a 32-bit position as the batch token.
     let mut token = 0u32;
     let mut first = true;
     loop {
@@ -79,7 +87,7 @@ pub fn read_array<V: Pod, M: IterableMap<u32, V>>(map: &M) -> std::io::Result<Ve
         let result = sys_bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
         // SAFETY: the kernel wrote back how many elements it returned.
         let got = unsafe { attr.batch.count } as usize;
-        out.extend_from_slice(&values[..got]);
+        out.extend(keys[..got].iter().copied().zip(values[..got].iter().copied()));
         match result {
             Ok(()) => {}
             // ENOENT: the last batch (possibly partial) has been returned.

@@ -20,6 +20,7 @@
 //! - `counters`: the per-CPU counters, summed for metrics.
 //! - `neighbors`: keeps next hops resolved, so the program can forward without the kernel.
 //! - `ring_memory`: Maglev rings written through a memory mapping.
+//! - `snat`: full NAT's source ports, expired when idle.
 //! - `batch`: whole-batch map writes and reads.
 //! - `uplinks`: the uplink map (slots, and this node's address on each).
 
@@ -29,6 +30,7 @@ pub mod leases;
 pub mod neighbors;
 pub mod ring_memory;
 pub mod services;
+pub mod snat;
 pub mod speakers;
 pub mod uplinks;
 pub mod vips;
@@ -55,7 +57,7 @@ use lb_common::{
     },
     service::{
         BACKEND_STATS, BACKENDS, FLOWS, LAYOUT_VERSION, LOCAL_ENDPOINTS, MAGLEV_RINGS, REPLY_NAT, SERVICES,
-        SETTINGS,
+        SETTINGS, SNAT_REPLIES,
     },
 };
 use tracing::{info, warn};
@@ -80,7 +82,7 @@ pub const PASS_PROGRAM: &str = "lb_pass";
 pub const REPLY_PROGRAM: &str = "lb_reply";
 
 /// Every map, pinned by name.
-pub const PINNED_MAPS: [&str; 16] = [
+pub const PINNED_MAPS: [&str; 17] = [
     OWNED_VIPS,
     VIP_LEASES,
     VIP_STATS,
@@ -97,6 +99,7 @@ pub const PINNED_MAPS: [&str; 16] = [
     SETTINGS,
     VRRP_SPEAKERS,
     UPLINKS,
+    SNAT_REPLIES,
 ];
 
 /// Maps no other map refers to, and whose loss costs only counts or what the agent writes
@@ -330,7 +333,8 @@ impl Dataplane {
 /// The maps whose size `dataplane.capacity` sets. `MAGLEV_RINGS` holds twice the services:
 /// a replaced ring stays registered until the sync has switched every service over.
 /// `VIP_TRAFFIC` has a slot per service entry, so VIPs never outnumber its slots.
-pub fn map_sizes(capacity: &Capacity) -> [(&'static str, u32); 8] {
+/// `SNAT_REPLIES` holds as many reply translations as `REPLY_NAT`.
+pub fn map_sizes(capacity: &Capacity) -> [(&'static str, u32); 9] {
     [
         (SERVICES, capacity.services),
         (VIP_TRAFFIC, capacity.services),
@@ -339,6 +343,7 @@ pub fn map_sizes(capacity: &Capacity) -> [(&'static str, u32); 8] {
         (BACKEND_STATS, capacity.backends),
         (FLOWS, capacity.flows),
         (REPLY_NAT, capacity.reply_nat),
+        (SNAT_REPLIES, capacity.reply_nat),
         (LOCAL_ENDPOINTS, capacity.local_endpoints),
     ]
 }

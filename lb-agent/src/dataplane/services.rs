@@ -99,6 +99,8 @@ pub struct ServiceMaps {
     vip_slots_unused: bool,
     /// The uplink slot each VIP is served on; absent: any.
     vip_uplinks: Arc<HashMap<[u8; 4], u8>>,
+    /// Full NAT's source ports.
+    snat: super::snat::SnatTable,
 }
 
 #[derive(Clone, Debug)]
@@ -183,6 +185,7 @@ impl ServiceMaps {
         let local_endpoints: BpfHashMap<MapData, LocalEndpointKey, LocalEndpoint> =
             BpfHashMap::try_from(take(LOCAL_ENDPOINTS)?).map_err(err(LOCAL_ENDPOINTS))?;
         let backends: Array<MapData, Backend> = Array::try_from(take(BACKENDS)?).map_err(err(BACKENDS))?;
+        let snat = super::snat::SnatTable::take(take(lb_common::service::SNAT_REPLIES)?)?;
         let max_entries = |map: &MapData, name| map.info().map(|i| i.max_entries()).map_err(err(name));
         let limits = Limits {
             services: max_entries(services.map(), SERVICES)?,
@@ -229,6 +232,7 @@ impl ServiceMaps {
             free_vip_slots: VecDeque::new(),
             vip_slots_unused: false,
             vip_uplinks: Arc::default(),
+            snat,
         };
         maps.read_back()?;
         Ok(maps)
@@ -741,6 +745,16 @@ impl ServiceMaps {
     /// Endpoint addresses added and removed (one per backend) since the last call.
     pub fn take_address_changes(&mut self) -> (Vec<std::net::Ipv4Addr>, Vec<std::net::Ipv4Addr>) {
         std::mem::take(&mut self.address_changes)
+    }
+
+    /// Full NAT's source ports (see [`super::snat`]).
+    pub fn snat(&mut self) -> &mut super::snat::SnatTable {
+        &mut self.snat
+    }
+
+    /// Removes full-NAT source ports idle for `idle` (see [`super::snat`]).
+    pub fn expire_snat(&mut self, now_ns: u64, idle: std::time::Duration) -> Result<super::snat::Expiry> {
+        self.snat.expire(now_ns, idle)
     }
 
     /// Service entries in the maps.

@@ -11,13 +11,13 @@ use aya_ebpf::{
 use lb_common::{
     counters::Reason,
     hash::flow_hash,
-    service::{Backend, Flow, FlowKey, PROTO_TCP, ReplyNat, Settings},
+    service::{Backend, Flow, FlowKey, PROTO_TCP, ReplyNat, Settings, SnatEntry},
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use super::flow::Picked;
 use crate::{
-    maps::{FLOWS, REPLY_NAT, SETTINGS},
+    maps::{FLOWS, REPLY_NAT, SETTINGS, SNAT_REPLIES},
     packet::{self, ETH_LEN, L4Layout, header},
     route::{self, remember_reply, route_out},
     stats, uplink,
@@ -77,13 +77,13 @@ pub(super) fn full_nat(
     let peer_mac = || header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).src_addr }).unwrap_or_default();
     let snat_port = match picked.snat_port() {
         Some(port) => {
-            if must_check_reply(flow, refreshed) {
-                keep_snat_reply(flow, &backend, source, port, peer_mac);
+            if refreshed {
+                keep_snat_reply(flow, &backend, source, port, peer_mac, now);
             }
             port
         }
         None => {
-            let Some(port) = claim_snat_port(flow, &backend, source, &settings, peer_mac()) else {
+            let Some(port) = claim_snat_port(flow, &backend, source, &settings, peer_mac(), now) else {
                 return (XDP_DROP, Reason::SnatPortsExhausted);
             };
             // A known flow without a port changed to full NAT: its entry is rewritten whole.
@@ -97,8 +97,10 @@ pub(super) fn full_nat(
     route_out(ctx, layout, &to, &hop, Reason::ForwardedFullNat)
 }
 
-/// Finds a free source port towards `backend` and records how to translate its replies.
-/// Candidates start at a hash of the flow, so concurrent flows rarely contend.
+/// Finds a free source port towards `backend` and records how to translate its replies, or
+/// finds the port this flow already holds (its flow entry was evicted; its port never is).
+/// Candidates start at a hash of the flow, so concurrent flows rarely contend and a flow
+/// meets its own port first.
 #[inline(always)]
 fn claim_snat_port(
     flow: &FlowKey,
@@ -106,6 +108,7 @@ fn claim_snat_port(
     node: [u8; 4],
     settings: &Settings,
     peer_mac: [u8; 6],
+    now: u64,
 ) -> Option<[u8; 2]> {
     let (min, max) = (settings.snat_port_min, settings.snat_port_max);
     if max < min {
@@ -113,33 +116,44 @@ fn claim_snat_port(
     }
     let span = (max - min) as u32 + 1;
     let start = flow_hash(flow);
-    let mut reply = ReplyNat::new(flow.dst, flow.src, flow.dport, flow.sport);
-    reply.peer_mac = peer_mac;
+    let entry = snat_entry(flow, peer_mac, now);
     for attempt in 0..SNAT_ATTEMPTS {
         let port = (min as u32 + (start.wrapping_add(attempt) % span)) as u16;
         let key = FlowKey::new(backend.addr, node, backend.port, port.to_be_bytes(), flow.proto);
-        if REPLY_NAT.insert(&key, &reply, BPF_NOEXIST as u64).is_ok() {
+        if SNAT_REPLIES.insert(&key, &entry, BPF_NOEXIST as u64).is_ok() {
+            return Some(port.to_be_bytes());
+        }
+        // SAFETY: compared at once.
+        if unsafe { SNAT_REPLIES.get(&key) }.is_some_and(|held| held.belongs_to(flow)) {
             return Some(port.to_be_bytes());
         }
     }
     None
 }
 
-/// Whether this packet makes sure its flow's reply entry is there. Under a flood of new flows
-/// the reply table's LRU can evict an established flow's entry while its flow entry stays (the
-/// flood lab test caught it): the backend's next reply then leaves untranslated. For TCP the
-/// client answers that with a reset, which ends the connection, so every TCP packet checks
-/// (a lookup). Other protocols check when the flow's next hop is refreshed: at most
-/// `HOP_REFRESH_NS` of replies are lost, and nothing is reset.
+/// `flow`'s reply translation, seen `now`.
+#[inline(always)]
+fn snat_entry(flow: &FlowKey, peer_mac: [u8; 6], now: u64) -> SnatEntry {
+    let mut reply = ReplyNat::new(flow.dst, flow.src, flow.dport, flow.sport);
+    reply.peer_mac = peer_mac;
+    SnatEntry { reply, _pad: [0; 4], last_seen_ns: now }
+}
+
+/// Whether this packet makes sure its local flow's reply entry is there. Under a flood of new
+/// flows the reply table's LRU can evict an established flow's entry while its flow entry
+/// stays (the flood lab test caught it): the endpoint's next reply then leaves untranslated.
+/// For TCP the client answers that with a reset, which ends the connection, so every TCP
+/// packet checks (a lookup). Other protocols check when the flow's next hop is refreshed: at
+/// most `HOP_REFRESH_NS` of replies are lost, and nothing is reset.
 #[inline(always)]
 fn must_check_reply(flow: &FlowKey, refreshed: bool) -> bool {
     refreshed || flow.proto == PROTO_TCP
 }
 
-/// Writes a known full-NAT flow's reply entry again if it was evicted. Only if the port is
-/// still free: should another flow have claimed it meanwhile, this one's replies are lost, as
-/// they were from the eviction on (kube-proxy's conntrack never evicts an established flow; an
-/// LRU can, under a flood bigger than the table).
+/// At each next-hop refresh of a full-NAT flow: marks its port's entry as seen, so the agent
+/// keeps it; writes it again if the agent removed it as idle meanwhile and nobody took the port.
+/// (Should another flow hold it by then, this flow idled past the timeout and lost it, as a
+/// conntrack entry would.)
 #[inline(always)]
 fn keep_snat_reply(
     flow: &FlowKey,
@@ -147,15 +161,20 @@ fn keep_snat_reply(
     node: [u8; 4],
     port: [u8; 2],
     peer_mac: impl FnOnce() -> [u8; 6],
+    now: u64,
 ) {
     let key = FlowKey::new(backend.addr, node, backend.port, port, flow.proto);
-    // SAFETY: only tested for presence.
-    if unsafe { REPLY_NAT.get(&key) }.is_some() {
-        return;
+    match SNAT_REPLIES.get_ptr_mut(&key) {
+        // SAFETY: a map value, valid while the program runs; a racing write only moves a time.
+        Some(held) => unsafe {
+            if (*held).belongs_to(flow) {
+                (*held).last_seen_ns = now;
+            }
+        },
+        None => {
+            let _ = SNAT_REPLIES.insert(&key, &snat_entry(flow, peer_mac(), now), BPF_NOEXIST as u64);
+        }
     }
-    let mut reply = ReplyNat::new(flow.dst, flow.src, flow.dport, flow.sport);
-    reply.peer_mac = peer_mac();
-    let _ = REPLY_NAT.insert(&key, &reply, BPF_NOEXIST as u64);
 }
 
 /// A reply from a full-NAT backend to this node's translated source port: restore the VIP as
@@ -171,8 +190,12 @@ pub(super) fn translate_reply(ctx: &XdpContext, layout: L4Layout, flow: &FlowKey
     if flow.dst != settings.node_addr && uplink::source(ctx.ingress_ifindex() as u32) != Some(flow.dst) {
         return None;
     }
-    // SAFETY: copied out at once.
-    let to = unsafe { REPLY_NAT.get(flow) }.copied()?;
+    // SAFETY: copied out at once. REPLY_NAT held full NAT's entries before SNAT_REPLIES did:
+    // flows from before an upgrade are found there.
+    let to = match unsafe { SNAT_REPLIES.get(flow) } {
+        Some(entry) => entry.reply,
+        None => unsafe { REPLY_NAT.get(flow) }.copied()?,
+    };
     let bytes = packet::len(ctx);
     let tot_len = header::<Ipv4Hdr>(ctx, ETH_LEN).map(|ip| unsafe { u16::from_be_bytes((*ip).tot_len) })?;
     let hop = match route::lookup(ctx, to.src, to.dst, tot_len) {

@@ -93,14 +93,13 @@ pub struct Service {
     /// A digest of the ring's content, so a restarted agent can tell whether a pinned ring is
     /// current without reading it back.
     pub ring_digest: u32,
-    /// The VIP's counter slot in `VIP_TRAFFIC` (24 bits, little-endian), shared by every
-    /// service of the VIP: see [`Service::vip_slot`].
-    pub vip_slot_le: [u8; 3],
-    /// The uplink the VIP is served on (see [`crate::maps::UPLINKS`]); traffic arriving on
-    /// another is left to the kernel. [`crate::maps::ANY_UPLINK`] on a single-uplink node.
-    /// (Layout 3 held a little-endian `u32` slot in these four bytes, below 2^24: its top
-    /// byte was zero, which reads as any uplink, so its pinned entries stay valid.)
-    pub uplink: u8,
+    /// The VIP's counter slot in `VIP_TRAFFIC` (the low 24 bits), shared by every service of
+    /// the VIP, and the uplink the VIP is served on (the high 8 bits; see
+    /// [`crate::maps::UPLINKS`]): traffic arriving on another uplink is left to the kernel.
+    /// [`crate::maps::ANY_UPLINK`] on a single-uplink node. One word, read with one load on
+    /// the hot path. (Layout 3 held the slot alone here, below 2^24: its entries read as any
+    /// uplink.)
+    pub vip_slot_uplink: u32,
 }
 
 impl Service {
@@ -110,14 +109,18 @@ impl Service {
     /// The VIP's counter slot.
     #[inline(always)]
     pub const fn vip_slot(&self) -> u32 {
-        let s = self.vip_slot_le;
-        u32::from_le_bytes([s[0], s[1], s[2], 0])
+        self.vip_slot_uplink & (Self::VIP_SLOTS - 1)
     }
 
-    /// `slot`'s bytes for [`Service::vip_slot_le`] (below [`Service::VIP_SLOTS`]).
-    pub const fn vip_slot_bytes(slot: u32) -> [u8; 3] {
-        let b = slot.to_le_bytes();
-        [b[0], b[1], b[2]]
+    /// The uplink the VIP is served on.
+    #[inline(always)]
+    pub const fn uplink(&self) -> u8 {
+        (self.vip_slot_uplink >> 24) as u8
+    }
+
+    /// [`Service::vip_slot_uplink`] for `slot` (below [`Service::VIP_SLOTS`]) and `uplink`.
+    pub const fn pack_vip_slot(slot: u32, uplink: u8) -> u32 {
+        (slot & (Self::VIP_SLOTS - 1)) | ((uplink as u32) << 24)
     }
 }
 

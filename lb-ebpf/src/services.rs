@@ -46,7 +46,7 @@ pub fn transport(ctx: &XdpContext, proto: u8, tot_len: u16) -> u32 {
     let service_key = ServiceKey { vip: dst, port: dport, proto, _pad: 0 };
     // SAFETY: the value is copied out before the map can change under it.
     if let Some(service) = unsafe { SERVICES.get(&service_key) }.copied() {
-        if !uplink::accepts(ctx, service.uplink) {
+        if !uplink::accepts(ctx, service.uplink()) {
             return stats::verdict(Reason::WrongInterface, bytes, XDP_PASS);
         }
         if truncated {

@@ -288,8 +288,11 @@ impl ServiceMaps {
         let moved: Vec<(ServiceKey, Service)> = self
             .installed
             .iter()
-            .filter(|(key, i)| i.entry.uplink != self.uplink_of(key.vip))
-            .map(|(key, i)| (*key, Service { uplink: self.uplink_of(key.vip), ..i.entry }))
+            .filter(|(key, i)| i.entry.uplink() != self.uplink_of(key.vip))
+            .map(|(key, i)| {
+                let packed = Service::pack_vip_slot(i.entry.vip_slot(), self.uplink_of(key.vip));
+                (*key, Service { vip_slot_uplink: packed, ..i.entry })
+            })
             .collect();
         let (keys, entries): (Vec<ServiceKey>, Vec<Service>) = moved.into_iter().unzip();
         batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(SERVICES))?;
@@ -458,8 +461,7 @@ impl ServiceMaps {
                 ring_size: ring.len() as u32,
                 backend_count: planned.backends.len() as u32,
                 ring_digest: digest(&ring),
-                vip_slot_le: Service::vip_slot_bytes(self.vip_slot(key.vip)?),
-                uplink: self.uplink_of(key.vip),
+                vip_slot_uplink: Service::pack_vip_slot(self.vip_slot(key.vip)?, self.uplink_of(key.vip)),
             };
             if let Some(old) = self.installed.get(key).cloned()
                 && old.entry == (Service { ring_id: old.entry.ring_id, ..entry })

@@ -584,11 +584,8 @@ impl Agent {
         // plan is kept, and nothing VRRP runs is touched.
         let (latest, latest_plan) =
             self.pending.as_ref().map_or((&self.config, &self.plan), |(_, config, plan)| (config, plan));
-        let new_plan = if new.groups == latest.groups && new.vips == latest.vips {
-            latest_plan.clone()
-        } else {
-            Arc::new(node_plan(&new, &self.node))
-        };
+        let plan_kept = new.groups == latest.groups && new.vips == latest.vips;
+        let new_plan = if plan_kept { latest_plan.clone() } else { Arc::new(node_plan(&new, &self.node)) };
         let restart_needed = [
             ("interface", new.interface != self.config.interface),
             ("xdpMode", new.xdp_mode != self.config.xdp_mode),
@@ -611,6 +608,7 @@ impl Agent {
         }
         // New uplinks are attached and their VRRP sockets opened now, so that a config this
         // node cannot serve is refused whole; uplinks it leaves go once it has handed over.
+        let slots_before = self.uplinks.slots.clone();
         if let Err(error) = self.add_uplinks(&new, &new_plan).await {
             error!(%error, "config rejected, keeping the running config");
             self.count_reload("rejected");
@@ -630,7 +628,11 @@ impl Agent {
             ..new
         });
         let generation = self.services.borrow().generation + 1;
-        self.vip_uplinks = self.uplinks.vip_slots(&config, &new_plan);
+        // An endpoint change (most cluster events) keeps the VIPs and their uplinks: the map
+        // of 10,000 VIPs is not rebuilt, and the sync task sees the same one.
+        if !plan_kept || self.uplinks.slots != slots_before {
+            self.vip_uplinks = self.uplinks.vip_slots(&config, &new_plan);
+        }
         self.services.send_replace(SyncRequest {
             config: config.clone(),
             node: self.node.clone(),
@@ -679,6 +681,9 @@ impl Agent {
         }
         if let Some(vrrp) = &mut self.vrrp {
             vrrp.sockets.extend(sockets);
+        }
+        if found.is_empty() {
+            return Ok(());
         }
         self.uplinks.by_name.extend(found);
         let names: Vec<String> = self.uplinks.by_name.keys().cloned().collect();

@@ -34,6 +34,7 @@ use crate::{
     node_plan::{NodePlan, node_plan},
     service_sync::{ServiceSync, SyncMetrics, SyncRequest},
     uplinks::{self, Uplinks},
+    vip_addresses::VipAddresses,
     vrrp::{
         garp::{GarpSocket, announcement},
         metrics::VrrpMetrics,
@@ -207,6 +208,7 @@ pub async fn run(
     let state = Arc::new(HttpState { metrics, ready: Default::default(), status });
 
     let carrier = netdev::watch_carrier()?;
+    let vip_addresses = VipAddresses::spawn(netlink.clone());
     let mut agent = Agent {
         config_path,
         config,
@@ -221,7 +223,7 @@ pub async fn run(
         vrrp: Some(vrrp),
         announced: BTreeSet::new(),
         garp_refresh: BTreeMap::new(),
-        kernel_vips: None,
+        vip_addresses,
         applied_epoch: None,
         leases_epoch: None,
         node_address,
@@ -263,10 +265,10 @@ pub async fn run(
     server.abort();
     admin_server.abort();
     http::remove_admin(&agent.config.admin_socket, admin_ino);
-    agent.kernel_vips = None;
     agent.applied_epoch = None;
     agent.vrrp = None;
     agent.apply_ownership().await;
+    agent.vip_addresses.flush(Duration::from_secs(2)).await;
     if agent.config.dataplane.keep_on_exit {
         agent.dataplane.keep();
     } else {
@@ -363,9 +365,19 @@ impl Vrrp {
     }
 
     /// Closes the sockets of interfaces where the plan runs no instance any more: called once
-    /// the router has sent its last advertisements out of them.
+    /// the router has sent its last advertisements out of them. Closed on a blocking thread:
+    /// leaving the multicast group takes RTNL, which another link change may hold for a while.
     fn close_unused_sockets(&mut self, plan: &NodePlan) {
-        self.sockets.retain(|name, _| plan.instances.iter().any(|i| i.interface == *name));
+        let unused: Vec<String> = self
+            .sockets
+            .keys()
+            .filter(|name| !plan.instances.iter().any(|i| i.interface == **name))
+            .cloned()
+            .collect();
+        let closing: Vec<VrrpSocket> = unused.iter().filter_map(|name| self.sockets.remove(name)).collect();
+        if !closing.is_empty() {
+            drop(tokio::task::spawn_blocking(move || drop(closing)));
+        }
     }
 
     /// Handles the datagrams already waiting on the sockets, without waiting for more.
@@ -400,8 +412,9 @@ struct Agent {
     announced: BTreeSet<Ipv4Addr>,
     /// Owned VIPs by `garp.refresh` period, and when they are next announced again.
     garp_refresh: BTreeMap<Duration, (Instant, Vec<Ipv4Addr>)>,
-    /// The VIP addresses last put on each uplink; `None` forces a netlink sync.
-    kernel_vips: Option<BTreeMap<String, BTreeSet<Ipv4Addr>>>,
+    /// Keeps the VIP addresses on the uplinks (modes `netlink`, `both`) without the loop
+    /// waiting on netlink.
+    vip_addresses: VipAddresses,
     /// The router's ownership epoch last applied; `None` forces a full apply.
     applied_epoch: Option<u64>,
     /// The ownership epoch whose leases were last written whole; `None` forces that.
@@ -673,7 +686,8 @@ impl Agent {
                 }
                 Err(e) => {
                     for name in attached {
-                        let _ = self.dataplane.detach(&name);
+                        let links = self.dataplane.detach(&name);
+                        drop(tokio::task::spawn_blocking(move || drop(links)));
                     }
                     return Err(format!("attaching XDP to {name}: {}", crate::error::with_causes(&e)));
                 }
@@ -704,8 +718,10 @@ impl Agent {
         for name in &leaving {
             let mode = self.dataplane.mode_of(name);
             self.state.metrics.xdp_attached.remove(&XdpLabels { interface: name.clone(), mode });
-            if let Err(e) = self.dataplane.detach(name) {
-                error!(interface = %name, error = %e, "detaching XDP failed");
+            match self.dataplane.detach(name) {
+                // Closed on a blocking thread: the kernel's detach must not delay an advert.
+                Ok(links) => drop(tokio::task::spawn_blocking(move || drop(links))),
+                Err(e) => error!(interface = %name, error = %e, "detaching XDP failed"),
             }
             self.uplinks.by_name.remove(name);
         }
@@ -765,19 +781,22 @@ impl Agent {
         if Arc::ptr_eq(&plan, &self.plan) {
             return;
         }
+        let started = Instant::now();
         self.plan = plan;
         self.log_plan();
         if let Some(vrrp) = &mut self.vrrp {
             vrrp.router.set_locals(self.plan.locals.clone());
         }
         self.reconfigure_vrrp();
+        let reconfigured = started.elapsed();
         if let Some(vrrp) = &mut self.vrrp {
             vrrp.close_unused_sockets(&self.plan);
         }
-        self.kernel_vips = None;
         self.applied_epoch = None;
         self.apply_ownership().await;
+        let applied = started.elapsed();
         self.retire_uplinks();
+        debug!(?reconfigured, ?applied, retired = ?started.elapsed(), "new plan committed");
     }
 
     /// Makes the data plane and the uplink's addresses match who owns what now. Cheap when
@@ -839,27 +858,11 @@ impl Agent {
 
         let newly_owned: Vec<Ipv4Addr> = vrrp_owned.difference(&self.announced).copied().collect();
         self.announced = vrrp_owned;
-        if self.kernel_vips.as_ref() != Some(&kernel) {
-            let mut synced = true;
-            for (name, vips) in &kernel {
-                if self.kernel_vips.as_ref().and_then(|k| k.get(name)) == Some(vips) {
-                    continue;
-                }
-                let index = self.uplinks.by_name[name].interface.index;
-                match netdev::sync_vip_addresses(&self.netlink, index, vips).await {
-                    Ok((added, removed)) => {
-                        if !added.is_empty() || !removed.is_empty() {
-                            info!(?added, ?removed, interface = %name, "VIP addresses updated");
-                        }
-                    }
-                    Err(e) => {
-                        synced = false;
-                        error!(interface = %name, error = %e, "updating VIP addresses on the uplink failed");
-                    }
-                }
-            }
-            self.kernel_vips = synced.then_some(kernel);
-        }
+        let addresses = kernel
+            .into_iter()
+            .filter_map(|(name, vips)| Some((name.clone(), (self.uplinks.get(&name)?.interface.index, vips))))
+            .collect();
+        self.vip_addresses.set(addresses);
         self.announce(newly_owned);
         self.schedule_garp_refresh(Instant::now());
 

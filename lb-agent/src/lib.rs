@@ -18,6 +18,7 @@
 //! - [`service_sync`]: applies service plans to the maps in a task of its own.
 //! - [`agent`]: the run loop and signal handling.
 //! - [`uplinks`]: the interfaces VIPs are served on, resolved and with their sockets.
+//! - [`vip_addresses`]: VIP addresses on the uplinks, kept by a task so netlink never stalls VRRP.
 //! - [`maglev`]: Maglev lookup tables for the data plane.
 //! - [`hash`]: the fixed hash every agent ranks and places with.
 //! - [`error`]: the crate's error type.
@@ -41,4 +42,5 @@ pub mod service_plan;
 pub mod service_sync;
 pub mod status;
 pub mod uplinks;
+pub mod vip_addresses;
 pub mod vrrp;

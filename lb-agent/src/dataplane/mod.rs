@@ -250,14 +250,14 @@ impl Dataplane {
         Ok(&self.uplinks[&interface.name])
     }
 
-    /// Detaches the programs from `name` (an uplink no group uses any more) and removes its
-    /// link pins.
-    pub fn detach(&mut self, name: &str) -> Result<()> {
-        let Some(attached) = self.uplinks.remove(name) else { return Ok(()) };
-        drop(attached);
+    /// Detaches the programs from `name` (an uplink no group uses any more): removes its link
+    /// pins and hands back its links, whose last close detaches the programs. That close waits
+    /// for the kernel (RTNL, an RCU grace period), so the caller drops them where a wait costs
+    /// nothing, not in the VRRP loop.
+    pub fn detach(&mut self, name: &str) -> Result<Option<Attached>> {
+        let Some(attached) = self.uplinks.remove(name) else { return Ok(None) };
         remove_link_pins(&self.pin_dir, |interface| interface == name)?;
-        info!(interface = name, "XDP detached");
-        Ok(())
+        Ok(Some(attached))
     }
 
     /// Removes the link pins of interfaces that are not attached now: left by an earlier run

@@ -219,26 +219,29 @@ fn tcp_flow_entries(c: &Cluster) -> usize {
 #[test]
 fn a_flood_of_new_flows_evicts_established_ones_and_they_keep_their_pod() {
     let mut c = cluster(&[2]);
-    flood_past_established_sessions(&mut c, "forwarded_local");
+    flood_past_established_sessions(&mut c, "forwarded_local", 512);
 }
 
 /// The same flood with full NAT, the pods on another node: the flood's new flows fill the
 /// source-port table and are then refused ports (`snat_ports_exhausted`), where an evicting
 /// table would have handed an established connection's port to one of them; flows whose
-/// connection-table entry was evicted find their own port again.
+/// connection-table entry was evicted find their own port again. The port table is 8 times
+/// the connection table, so the flood churns the connection table before it fills the port
+/// table (refused flows insert no connection entry).
 #[test]
 fn a_flood_of_new_flows_never_takes_an_established_full_nat_flows_port() {
     let mut c = cluster(&[0, 2]);
-    flood_past_established_sessions(&mut c, "forwarded_full_nat");
+    flood_past_established_sessions(&mut c, "forwarded_full_nat", 4096);
     assert!(c.reason(0, "snat_ports_exhausted") > 0.0, "the flood filled the table:\n{}", c.logs());
 }
 
-/// Opens 24 connections through a full-NAT service with 512-entry tables, floods new tuples
-/// until established flows' entries are evicted, and checks every connection carries on.
-fn flood_past_established_sessions(c: &mut Cluster, forwarded: &str) {
+/// Opens 24 connections through a full-NAT service with a 512-entry connection table (and
+/// `reply_nat` reply entries), floods new tuples until established flows' entries are
+/// evicted, and checks every connection carries on.
+fn flood_past_established_sessions(c: &mut Cluster, forwarded: &str, reply_nat: u32) {
     let services = service(&c.lab, "web", 81, "fullNat", &[0, 1]);
-    // 512 entries each (256 per CPU's LRU list in FLOWS); the flood is 16 times that.
-    c.start(&format!("{services}dataplane:\n  capacity: {{flows: 512, replyNat: 512}}\n"));
+    // 512 flows (256 per CPU's LRU list in FLOWS); the flood is 16 times that.
+    c.start(&format!("{services}dataplane:\n  capacity: {{flows: 512, replyNat: {reply_nat}}}\n"));
     let mut sessions = open_sessions(c, 81, 24);
     let pods: std::collections::BTreeSet<&str> = sessions.iter().map(|s| s.pod()).collect();
     assert_eq!(pods.len(), 2, "Maglev spreads flows over both pods: {pods:?}");
@@ -251,8 +254,9 @@ fn flood_past_established_sessions(c: &mut Cluster, forwarded: &str) {
         lb_lab::packet::ipv4_frame(client.mac, c.lab.nodes[0].mac, CLIENT, VIP, 64, 17, &udp)
     };
     // Rounds of 1,024 new tuples from each CPU, paced so the veth's ring (256 frames) keeps up
-    // on a busy host, until established entries are evicted: 16 times the table at most.
-    let (mut next_port, mut left) = (10_000u16, established);
+    // on a busy host: 16 times the connection table (and twice the port table of the full-NAT
+    // case, which must fill).
+    let mut next_port = 10_000u16;
     for _ in 0..4 {
         for cpu in [0, 1] {
             for _ in 0..8 {
@@ -263,11 +267,8 @@ fn flood_past_established_sessions(c: &mut Cluster, forwarded: &str) {
             }
         }
         std::thread::sleep(Duration::from_millis(100));
-        left = tcp_flow_entries(c);
-        if established - left >= 4 {
-            break;
-        }
     }
+    let left = tcp_flow_entries(c);
     // The LRU keeps recently used entries longest, so some survive; many go.
     assert!(
         established - left >= 4,

@@ -683,7 +683,9 @@ mod tests {
         tokio::spawn(shell.run(tx, FromAgent { owners, refused, foreign, impersonated }));
         let config =
             tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.expect("a config").unwrap();
-        assert_eq!(config.groups[0].interface.as_deref(), Some("lo"));
+        // No member has published an address on `lo` yet (the mock's watch never shows the
+        // patch): the group waits, and the rest of the config is valid.
+        assert!(config.groups.is_empty(), "{:?}", config.groups);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let patches = loop {
             let seen = writes.lock().unwrap().clone();

@@ -87,6 +87,8 @@ pub struct Translator {
     /// The last pass's result, which a pass that changes only endpoints patches.
     last: Option<Translation>,
     rebuilt: usize,
+    /// The agent's default uplink, as the last pass's base named it.
+    default_interface: String,
 }
 
 /// What changed since the last pass, as the watches saw it.
@@ -135,10 +137,15 @@ struct Context {
 }
 
 impl Context {
-    fn of(state: &ClusterState) -> Self {
+    /// A group this node serves on another interface than `default_interface` has as members
+    /// only the nodes that published their address there: a Node's InternalIP is another
+    /// network's, and one node missing must not make the whole config invalid.
+    fn of(state: &ClusterState, default_interface: &str) -> Self {
+        let published_only =
+            |g: &LoadBalancerGroup| group_interface(g, state).is_ok_and(|i| i != default_interface);
         Self {
             groups: state.groups.iter().map(|g| (g.metadata.name.clone(), g.spec.clone())).collect(),
-            members: state.groups.iter().map(|g| members(&state.nodes, g)).collect(),
+            members: state.groups.iter().map(|g| members(&state.nodes, g, published_only(g))).collect(),
         }
     }
 }
@@ -268,7 +275,7 @@ impl Translator {
     /// the first pass, and any after the groups, their members, VRIDs or routes changed.
     pub fn needs_everything(&self, state: &ClusterState) -> bool {
         self.last.is_none()
-            || self.context.as_ref() != Some(&Context::of(state))
+            || self.context.as_ref() != Some(&Context::of(state, &self.default_interface))
             || self.frame.as_ref() != Some(&Frame::of(state))
     }
 
@@ -283,7 +290,8 @@ impl Translator {
         base: &Config,
         changed: Changed,
     ) -> Result<Translation, String> {
-        let context = Context::of(state);
+        self.default_interface.clone_from(&base.interface);
+        let context = Context::of(state, &base.interface);
         let frame = Frame::of(state);
         let unchanged = self.context.as_ref() == Some(&context) && self.frame.as_ref() == Some(&frame);
         if self.context.as_ref() != Some(&context) {
@@ -459,6 +467,11 @@ impl Translator {
             };
             let spec = &group.spec;
             let members = groups_by_name.get(name.as_str()).map_or(&[][..], |(_, m)| m);
+            if members.is_empty() {
+                // No node yet (a selector nobody matches, or another network whose addresses
+                // nobody has published): nothing to run, and its Services wait with it.
+                continue;
+            }
             let nodes: Vec<Value> = members
                 .iter()
                 .map(|(node, address)| json!({"name": node, "address": address.to_string()}))
@@ -579,7 +592,7 @@ fn translate_service(
 
 /// The names of the nodes in a group, in order.
 pub fn member_names<N: Borrow<Node>>(nodes: &[N], group: &LoadBalancerGroup) -> Vec<String> {
-    members(nodes, group).into_iter().map(|(n, _)| n).collect()
+    members(nodes, group, false).into_iter().map(|(n, _)| n).collect()
 }
 
 /// Whether `node` is one of `group`'s.
@@ -589,8 +602,13 @@ pub fn selects(group: &LoadBalancerGroup, node: &Node) -> bool {
 }
 
 /// Nodes of `group`, with their address for it, in name order: the one the node published for
-/// the group ([`GROUP_ADDRESSES_ANNOTATION`]), else its IPv4 InternalIP.
-fn members<N: Borrow<Node>>(nodes: &[N], group: &LoadBalancerGroup) -> Vec<(String, Ipv4Addr)> {
+/// the group ([`GROUP_ADDRESSES_ANNOTATION`]), else (unless `published_only`) its IPv4
+/// InternalIP.
+fn members<N: Borrow<Node>>(
+    nodes: &[N],
+    group: &LoadBalancerGroup,
+    published_only: bool,
+) -> Vec<(String, Ipv4Addr)> {
     let name = group.metadata.name.as_deref().unwrap_or_default();
     let mut out: Vec<(String, Ipv4Addr)> = nodes
         .iter()
@@ -598,6 +616,9 @@ fn members<N: Borrow<Node>>(nodes: &[N], group: &LoadBalancerGroup) -> Vec<(Stri
         .filter(|n| selects(group, n))
         .filter_map(|n| {
             let published = published_addresses(n).remove(name);
+            if published_only && published.is_none() {
+                return None;
+            }
             let address = published.or_else(|| {
                 n.status.as_ref()?.addresses.as_ref()?.iter().find_map(|a| {
                     (a.type_ == "InternalIP").then(|| a.address.parse::<Ipv4Addr>().ok()).flatten()
@@ -829,8 +850,16 @@ services:
         assert!(t.config.groups.is_empty());
         let refusal = t.refusals.iter().find(|r| r.reason == "InterfaceNotFound").expect("a refusal");
         assert_eq!(refusal.service, "LoadBalancerGroup/edge");
-        // Another interface than the agent's default uplink is served, on that interface.
+        // Another interface than the agent's default uplink is served, on that interface, by
+        // the members that published their address there.
         state.routes.insert("192.0.2.1".parse().unwrap(), "eth1".into());
+        let t = translate(&state, &base).unwrap();
+        assert!(t.config.groups.is_empty(), "no member has published an address on eth1 yet");
+        for (i, node) in state.nodes.iter_mut().enumerate() {
+            let published = format!(r#"{{"edge": "10.1.0.{}"}}"#, 10 + i);
+            Arc::make_mut(node).metadata.annotations =
+                Some([(GROUP_ADDRESSES_ANNOTATION.to_owned(), published)].into());
+        }
         let t = translate(&state, &base).unwrap();
         assert!(t.refusals.iter().all(|r| r.reason != "InterfaceNotFound"), "{:?}", t.refusals);
         assert_eq!(t.config.groups[0].interface.as_deref(), Some("eth1"));
@@ -872,6 +901,17 @@ services:
         Arc::make_mut(&mut state.nodes[1]).metadata.annotations =
             Some([(GROUP_ADDRESSES_ANNOTATION.to_owned(), "not json".to_owned())].into());
         assert_ne!(address(&translate(&state, &base).unwrap()), "10.30.0.11".parse::<Ipv4Addr>().unwrap());
+
+        // On another interface than the default uplink, only nodes that published an address
+        // there are members: a node not yet (or never) up leaves the rest of the config valid.
+        Arc::make_mut(&mut state.groups[0]).spec.interface = Some("eth1".into());
+        let node = Arc::make_mut(&mut state.nodes[1]);
+        node.metadata.annotations =
+            Some([(GROUP_ADDRESSES_ANNOTATION.to_owned(), r#"{"edge": "10.30.0.11"}"#.to_owned())].into());
+        let t = translate(&state, &base).unwrap();
+        let members: Vec<(&str, Ipv4Addr)> =
+            t.config.groups[0].nodes.iter().map(|n| (n.name.as_str(), n.address)).collect();
+        assert_eq!(members, vec![(name.as_str(), "10.30.0.11".parse().unwrap())]);
     }
 
     proptest::proptest! {

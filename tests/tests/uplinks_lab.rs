@@ -124,18 +124,19 @@ impl Networks {
             .join("\n----\n")
     }
 
-    /// Polls until `vip` is answered on `client`'s `interface` by `mac` alone.
-    fn wait_answer(&self, client: &Host, interface: &str, vip: Ipv4Addr, mac: [u8; 6]) {
+    /// Polls until `vip` is answered on `client`'s segment by `mac` alone.
+    fn wait_answer(&self, client: &Host, vip: Ipv4Addr, mac: [u8; 6]) {
         let expected = lb_lab::format_mac(&mac);
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let replies = arping(client, interface, vip);
+            let replies = client.arping(vip, 1);
             if replies == [expected.as_str()] {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "{vip} on {interface}: {replies:?}, not {expected}\n{}",
+                "{vip} from {}: {replies:?}, not {expected}\n{}",
+                client.name,
                 self.logs()
             );
             std::thread::sleep(Duration::from_millis(50));
@@ -161,28 +162,6 @@ impl Networks {
     }
 }
 
-/// MACs that answer ARP for `vip` on `interface` of `client`, one request.
-fn arping(client: &Host, interface: &str, vip: Ipv4Addr) -> Vec<String> {
-    let out = client.ns.output(&[
-        "arping",
-        "-i",
-        interface,
-        "-c",
-        "1",
-        "-W",
-        "0.1",
-        "-w",
-        "1",
-        "-r",
-        &vip.to_string(),
-    ]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| l.trim().to_lowercase())
-        .filter(|l| !l.is_empty())
-        .collect()
-}
-
 /// A node's MAC on a segment (see `Lab::add_segment`).
 fn node_mac(subnet: [u8; 3], node: usize) -> [u8; 6] {
     match subnet {
@@ -199,9 +178,9 @@ fn node_mac(subnet: [u8; 3], node: usize) -> [u8; 6] {
 fn groups_on_three_networks_elect_answer_and_fail_over_apart() {
     let net = networks(&[&FRONT_GROUP, &BACK_GROUP, &THIRD_GROUP], |_| String::new(), 0);
     let (lab, segment_1, segment_2) = (&net.lab, &net.segment_1, &net.segment_2);
-    net.wait_answer(&lab.client, "eth0", FRONT, node_mac(FRONT_GROUP.subnet, 0));
-    net.wait_answer(segment_1, "eth0", BACK, node_mac(SEGMENT_1, 1));
-    net.wait_answer(segment_2, "eth0", THIRD, node_mac(SEGMENT_2, 0));
+    net.wait_answer(&lab.client, FRONT, node_mac(FRONT_GROUP.subnet, 0));
+    net.wait_answer(segment_1, BACK, node_mac(SEGMENT_1, 1));
+    net.wait_answer(segment_2, THIRD, node_mac(SEGMENT_2, 0));
     for (client, vip) in [(&lab.client, FRONT), (segment_1, BACK), (segment_2, THIRD)] {
         assert!(
             client.output_ok(&["ping", "-c", "2", "-i", "0.1", "-W", "1", &vip.to_string()]),
@@ -233,8 +212,8 @@ fn groups_on_three_networks_elect_answer_and_fail_over_apart() {
     // Another group's VIP on this segment: the request reaches both nodes' eth1, which
     // leave it to the kernel (counted), and nobody answers.
     let before = net.agents[0].metric(r#"lbagent_xdp_reason_packets_total{reason="wrong_interface"}"#);
-    assert!(arping(segment_1, "eth0", FRONT).is_empty(), "{FRONT} answered on br1");
-    assert!(arping(&lab.client, "eth0", BACK).is_empty(), "{BACK} answered on br0");
+    assert!(segment_1.arping(FRONT, 1).is_empty(), "{FRONT} answered on br1");
+    assert!(lab.client.arping(BACK, 1).is_empty(), "{BACK} answered on br0");
     assert!(net.agents[0].metric(r#"lbagent_xdp_reason_packets_total{reason="wrong_interface"}"#) > before);
 
     // front's VRID at priority 254 from its backup's address, but on br1: not front's
@@ -264,13 +243,13 @@ fn groups_on_three_networks_elect_answer_and_fail_over_apart() {
     // br1 fails under back's master, n1: n0 takes back over; front and tagged stay on n0.
     let before: Vec<f64> = [&FRONT_GROUP, &THIRD_GROUP].iter().map(|g| net.transitions(1, g)).collect();
     lab.switch.run_cmd(&["ip", "link", "set", "p-n1-br1", "down"]);
-    net.wait_answer(segment_1, "eth0", BACK, node_mac(SEGMENT_1, 0));
+    net.wait_answer(segment_1, BACK, node_mac(SEGMENT_1, 0));
     for (g, before) in [&FRONT_GROUP, &THIRD_GROUP].iter().zip(before) {
         assert_eq!(net.state(0, g, "master"), 1.0, "{}", g.name);
         assert_eq!(net.transitions(1, g), before, "{} moved", g.name);
     }
-    net.wait_answer(&lab.client, "eth0", FRONT, node_mac(FRONT_GROUP.subnet, 0));
-    net.wait_answer(segment_2, "eth0", THIRD, node_mac(SEGMENT_2, 0));
+    net.wait_answer(&lab.client, FRONT, node_mac(FRONT_GROUP.subnet, 0));
+    net.wait_answer(segment_2, THIRD, node_mac(SEGMENT_2, 0));
 }
 
 /// A reload that moves the third group from `eth2` to `eth1` detaches from `eth2` and serves
@@ -279,8 +258,8 @@ fn groups_on_three_networks_elect_answer_and_fail_over_apart() {
 fn a_reload_moving_a_group_to_another_interface_leaves_the_others_alone() {
     let net = networks(&[&FRONT_GROUP, &BACK_GROUP, &THIRD_GROUP], |_| String::new(), 0);
     let (lab, segment_1, segment_2) = (&net.lab, &net.segment_1, &net.segment_2);
-    net.wait_answer(&lab.client, "eth0", FRONT, node_mac(FRONT_GROUP.subnet, 0));
-    net.wait_answer(segment_2, "eth0", THIRD, node_mac(SEGMENT_2, 0));
+    net.wait_answer(&lab.client, FRONT, node_mac(FRONT_GROUP.subnet, 0));
+    net.wait_answer(segment_2, THIRD, node_mac(SEGMENT_2, 0));
     assert!(lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &FRONT.to_string()]));
     let front_moves = net.transitions(0, &FRONT_GROUP);
     let ping = lab.client.ping_every_5ms(FRONT, 400);
@@ -292,7 +271,7 @@ fn a_reload_moving_a_group_to_another_interface_leaves_the_others_alone() {
         std::fs::write(&agent.config, config(i, &[&FRONT_GROUP, &BACK_GROUP, &moved], "")).unwrap();
         agent.signal(libc::SIGHUP);
     }
-    net.wait_answer(segment_1, "eth0", THIRD, node_mac(SEGMENT_1, 0));
+    net.wait_answer(segment_1, THIRD, node_mac(SEGMENT_1, 0));
     let out = ping.join().unwrap();
     let summary = String::from_utf8_lossy(&out.stdout);
     assert!(summary.contains("400 packets transmitted, 400 received"), "{summary}\n{}", net.logs());
@@ -308,7 +287,7 @@ fn a_reload_moving_a_group_to_another_interface_leaves_the_others_alone() {
             node.name
         );
     }
-    assert!(arping(segment_2, "eth0", THIRD).is_empty());
+    assert!(segment_2.arping(THIRD, 1).is_empty());
     assert_eq!(net.agents[0].metric(r#"lbagent_vrrp_state{group="front",vrid="10",state="master"}"#), 1.0);
     assert_eq!(net.transitions(0, &FRONT_GROUP), front_moves, "front never moved");
 }
@@ -326,7 +305,7 @@ fn full_nat_takes_its_source_from_the_egress_uplink() {
     };
     let net = networks(&[&FRONT_GROUP, &BACK_GROUP], prepare, 1);
     let (lab, _servers) = (&net.lab, lab_servers(&net.lab));
-    net.wait_answer(&lab.client, "eth0", FRONT, node_mac(FRONT_GROUP.subnet, 0));
+    net.wait_answer(&lab.client, FRONT, node_mac(FRONT_GROUP.subnet, 0));
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut session = loop {
         if let Some(s) = lab.client.session(FRONT, 80) {

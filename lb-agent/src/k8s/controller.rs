@@ -514,6 +514,38 @@ mod tests {
         }
     }
 
+    /// What the agent's side holds of a running shell: its configs, and its reports.
+    struct AgentSide {
+        configs: mpsc::Receiver<Config>,
+        _owners: watch::Sender<BTreeMap<Ipv4Addr, String>>,
+        refused: watch::Sender<BTreeMap<String, String>>,
+        foreign: watch::Sender<ForeignRouters>,
+        impersonated: watch::Sender<Impersonations>,
+    }
+
+    /// Runs the shell of node n0 (default uplink eth0) against the mock API server with the
+    /// fixture group `edge`; its recorded writes go to `writes`.
+    fn run_shell(edge: Value, writes: &Writes) -> AgentSide {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        tokio::spawn(api_server(handle, writes.clone(), edge));
+        let shell = Shell {
+            client: Client::new(service, "default"),
+            netlink: crate::netdev::connect().unwrap(),
+            base: Config::parse("interface: eth0\nnode: n0\n").unwrap(),
+            node: "n0".into(),
+            namespace: "lb-agent".into(),
+        };
+        let (tx, configs) = mpsc::channel(4);
+        let (_owners, owners) = watch::channel(BTreeMap::new());
+        let (refused, refused_rx) = watch::channel(BTreeMap::new());
+        let (foreign, foreign_rx) = watch::channel(ForeignRouters::new());
+        let (impersonated, impersonated_rx) = watch::channel(Impersonations::new());
+        let from_agent =
+            FromAgent { owners, refused: refused_rx, foreign: foreign_rx, impersonated: impersonated_rx };
+        tokio::spawn(shell.run(tx, from_agent));
+        AgentSide { configs, _owners, refused, foreign, impersonated }
+    }
+
     /// The first Event with `reason` posted after the first `before` writes (waits up to 10 s).
     async fn event_after(writes: &Writes, before: usize, reason: &str) -> Value {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -531,25 +563,12 @@ mod tests {
 
     #[tokio::test]
     async fn the_cluster_becomes_a_config_and_the_leader_writes_status() {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let writes: Writes = Arc::default();
-        tokio::spawn(api_server(handle, writes.clone(), edge_spec()));
-        let base = Config::parse("interface: eth0\nnode: n0\n").unwrap();
-        let shell = Shell {
-            client: Client::new(service, "default"),
-            netlink: crate::netdev::connect().unwrap(),
-            base,
-            node: "n0".into(),
-            namespace: "lb-agent".into(),
-        };
-        let (tx, mut rx) = mpsc::channel(4);
-        let (_owners_tx, owners) = watch::channel(BTreeMap::new());
-        let (refused_tx, refused) = watch::channel(BTreeMap::new());
-        let (foreign_tx, foreign) = watch::channel(ForeignRouters::new());
-        let (impersonated_tx, impersonated) = watch::channel(Impersonations::new());
-        tokio::spawn(shell.run(tx, FromAgent { owners, refused, foreign, impersonated }));
+        let mut agent = run_shell(edge_spec(), &writes);
+        let (refused_tx, foreign_tx, impersonated_tx) =
+            (agent.refused.clone(), agent.foreign.clone(), agent.impersonated.clone());
 
-        let config = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        let config = tokio::time::timeout(Duration::from_secs(20), agent.configs.recv())
             .await
             .expect("a config in time")
             .unwrap();
@@ -662,27 +681,15 @@ mod tests {
     /// this node publishes its address on that interface on its Node, once, for the others.
     #[tokio::test]
     async fn a_group_on_another_interface_publishes_this_nodes_address_there() {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let writes: Writes = Arc::default();
         // `lo` is the one interface every test host has, with 127.0.0.1.
         let mut edge = edge_spec();
         edge["interface"] = json!("lo");
-        tokio::spawn(api_server(handle, writes.clone(), edge));
-        let shell = Shell {
-            client: Client::new(service, "default"),
-            netlink: crate::netdev::connect().unwrap(),
-            base: Config::parse("interface: eth0\nnode: n0\n").unwrap(),
-            node: "n0".into(),
-            namespace: "lb-agent".into(),
-        };
-        let (tx, mut rx) = mpsc::channel(4);
-        let (_owners_tx, owners) = watch::channel(BTreeMap::new());
-        let (_refused_tx, refused) = watch::channel(BTreeMap::new());
-        let (_foreign_tx, foreign) = watch::channel(ForeignRouters::new());
-        let (_impersonated_tx, impersonated) = watch::channel(Impersonations::new());
-        tokio::spawn(shell.run(tx, FromAgent { owners, refused, foreign, impersonated }));
-        let config =
-            tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.expect("a config").unwrap();
+        let mut agent = run_shell(edge, &writes);
+        let config = tokio::time::timeout(Duration::from_secs(20), agent.configs.recv())
+            .await
+            .expect("a config")
+            .unwrap();
         // No member has published an address on `lo` yet (the mock's watch never shows the
         // patch): the group waits, and the rest of the config is valid.
         assert!(config.groups.is_empty(), "{:?}", config.groups);

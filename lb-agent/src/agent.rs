@@ -155,18 +155,10 @@ pub async fn run(
     let (mut dataplane, counters, service_maps) =
         Dataplane::load(&names, config.xdp_mode, &config.dataplane.pin_path, &config.dataplane.capacity)?;
     for uplink in uplinks.by_name.values() {
-        let attached = dataplane.attach(&uplink.interface)?;
-        metrics
-            .xdp_attached
-            .get_or_create(&XdpLabels {
-                interface: uplink.interface.name.clone(),
-                mode: attached.mode.as_str(),
-            })
-            .set(1);
+        attach(&mut dataplane, &metrics.xdp_attached, &uplink.interface)?;
     }
     dataplane.detach_strays()?;
-    uplinks.slots.assign(names);
-    dataplane.set_uplinks(&uplinks.entries())?;
+    write_uplink_map(&mut uplinks, &mut dataplane)?;
     let counters = Arc::new(Mutex::new(counters));
     // The first sync completes before anything is announced ready; later ones run beside VRRP.
     let config = Arc::new(config);
@@ -290,6 +282,33 @@ fn check_key_files(config: &Config, node: &str) -> std::result::Result<(), (Stri
     Ok(())
 }
 
+/// Attaches the data plane to `interface` and says so in `lbagent_xdp_attached`.
+fn attach(
+    dataplane: &mut Dataplane,
+    attached: &prometheus_client::metrics::family::Family<
+        XdpLabels,
+        prometheus_client::metrics::gauge::Gauge,
+    >,
+    interface: &crate::netdev::Interface,
+) -> Result<()> {
+    let mode = dataplane.attach(interface)?.mode.as_str();
+    attached.get_or_create(&XdpLabels { interface: interface.name.clone(), mode }).set(1);
+    Ok(())
+}
+
+/// Gives every uplink the agent has a slot and writes the uplink map from them.
+fn write_uplink_map(uplinks: &mut Uplinks, dataplane: &mut Dataplane) -> Result<()> {
+    let names: Vec<String> = uplinks.by_name.keys().cloned().collect();
+    uplinks.slots.assign(names.iter().map(String::as_str));
+    dataplane.set_uplinks(&uplinks.entries())
+}
+
+/// Drops `value` on a blocking thread: closing a socket or a BPF link waits for the kernel
+/// (RTNL, an RCU grace period), and the VRRP loop must not wait with it.
+fn drop_off_loop<T: Send + 'static>(value: T) {
+    drop(tokio::task::spawn_blocking(move || drop(value)));
+}
+
 /// The config path of this node's address on `interface`, e.g. `groups[0].nodes[2].address`.
 fn node_address_field(config: &Config, node: &str, interface: &str) -> String {
     config
@@ -376,7 +395,7 @@ impl Vrrp {
             .collect();
         let closing: Vec<VrrpSocket> = unused.iter().filter_map(|name| self.sockets.remove(name)).collect();
         if !closing.is_empty() {
-            drop(tokio::task::spawn_blocking(move || drop(closing)));
+            drop_off_loop(closing);
         }
     }
 
@@ -675,19 +694,11 @@ impl Agent {
         };
         let mut attached = Vec::new();
         for (name, uplink) in &found {
-            match self.dataplane.attach(&uplink.interface) {
-                Ok(a) => {
-                    self.state
-                        .metrics
-                        .xdp_attached
-                        .get_or_create(&XdpLabels { interface: name.clone(), mode: a.mode.as_str() })
-                        .set(1);
-                    attached.push(name.clone());
-                }
+            match attach(&mut self.dataplane, &self.state.metrics.xdp_attached, &uplink.interface) {
+                Ok(()) => attached.push(name.clone()),
                 Err(e) => {
                     for name in attached {
-                        let links = self.dataplane.detach(&name);
-                        drop(tokio::task::spawn_blocking(move || drop(links)));
+                        drop_off_loop(self.dataplane.detach(&name));
                     }
                     return Err(format!("attaching XDP to {name}: {}", crate::error::with_causes(&e)));
                 }
@@ -700,9 +711,7 @@ impl Agent {
             return Ok(());
         }
         self.uplinks.by_name.extend(found);
-        let names: Vec<String> = self.uplinks.by_name.keys().cloned().collect();
-        self.uplinks.slots.assign(names.iter().map(String::as_str));
-        if let Err(e) = self.dataplane.set_uplinks(&self.uplinks.entries()) {
+        if let Err(e) = write_uplink_map(&mut self.uplinks, &mut self.dataplane) {
             error!(error = %e, "writing the uplink map failed");
         }
         Ok(())
@@ -719,16 +728,13 @@ impl Agent {
             let mode = self.dataplane.mode_of(name);
             self.state.metrics.xdp_attached.remove(&XdpLabels { interface: name.clone(), mode });
             match self.dataplane.detach(name) {
-                // Closed on a blocking thread: the kernel's detach must not delay an advert.
-                Ok(links) => drop(tokio::task::spawn_blocking(move || drop(links))),
+                Ok(links) => drop_off_loop(links),
                 Err(e) => error!(interface = %name, error = %e, "detaching XDP failed"),
             }
             self.uplinks.by_name.remove(name);
         }
         info!(interfaces = %leaving.join(", "), "no group uses these uplinks any more: detached");
-        let names: Vec<String> = self.uplinks.by_name.keys().cloned().collect();
-        self.uplinks.slots.assign(names.iter().map(String::as_str));
-        if let Err(e) = self.dataplane.set_uplinks(&self.uplinks.entries()) {
+        if let Err(e) = write_uplink_map(&mut self.uplinks, &mut self.dataplane) {
             error!(error = %e, "writing the uplink map failed");
         }
     }

@@ -294,14 +294,22 @@ impl ServiceMaps {
                 (*key, Service { vip_slot_uplink: packed, ..i.entry })
             })
             .collect();
-        let (keys, entries): (Vec<ServiceKey>, Vec<Service>) = moved.into_iter().unzip();
+        let count = moved.len();
+        self.rewrite_entries(moved)?;
+        Ok(count)
+    }
+
+    /// Writes installed services' new entries in one batch, and into the mirror, so a sync that
+    /// fails after this rewrites them next time.
+    fn rewrite_entries(&mut self, entries: Vec<(ServiceKey, Service)>) -> Result<()> {
+        let (keys, entries): (Vec<ServiceKey>, Vec<Service>) = entries.into_iter().unzip();
         batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(SERVICES))?;
         for (key, entry) in keys.iter().zip(entries) {
             if let Some(installed) = self.installed.get_mut(key) {
                 installed.entry = entry;
             }
         }
-        Ok(keys.len())
+        Ok(())
     }
 
     fn uplink_of(&self, vip: [u8; 4]) -> u8 {
@@ -494,14 +502,7 @@ impl ServiceMaps {
             .iter()
             .map(|(key, _, old, _, _)| (*key, Service { ring_digest: REWRITING, ..*old }))
             .collect();
-        let (keys, entries): (Vec<ServiceKey>, Vec<Service>) = marks.into_iter().unzip();
-        batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(SERVICES))?;
-        for (key, mark) in keys.iter().zip(entries) {
-            // The mirror says so too, so a sync that fails from here rewrites them next time.
-            if let Some(installed) = self.installed.get_mut(key) {
-                installed.entry = mark;
-            }
-        }
+        self.rewrite_entries(marks)?;
         for (key, planned, old, entry, ring) in in_place {
             report.rings_written += 1;
             if self.rewrite_ring(old.ring_id, &ring) {

@@ -7,7 +7,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     path::PathBuf,
     sync::{Arc, Mutex, atomic::Ordering},
     time::Duration,
@@ -36,10 +36,11 @@ use crate::{
     uplinks::{self, Uplinks},
     vip_addresses::VipAddresses,
     vrrp::{
-        garp::{GarpSocket, announcement},
+        family::Family,
+        garp::{GarpSocket, announcement_for},
         metrics::VrrpMetrics,
         router::{InstanceSpec, Outgoing, Router},
-        socket::VrrpSocket,
+        socket::{Arrived, VrrpSocket},
     },
 };
 
@@ -147,8 +148,8 @@ pub async fn run(
         sockets: BTreeMap::new(),
     };
     let index = |name: &str| uplinks.get(name).map(|u| u.interface.index);
-    vrrp.sockets = vrrp.open_missing(&plan, index).map_err(|(interface, expected)| {
-        config_error(&node_address_field(&config, &node, &interface), expected)
+    vrrp.sockets = vrrp.open_missing(&plan, index).map_err(|((interface, family), expected)| {
+        config_error(&node_address_field(&config, &node, &interface, family), expected)
     })?;
 
     let names: Vec<&str> = uplinks.by_name.keys().map(String::as_str).collect();
@@ -309,8 +310,13 @@ fn drop_off_loop<T: Send + 'static>(value: T) {
     drop(tokio::task::spawn_blocking(move || drop(value)));
 }
 
-/// The config path of this node's address on `interface`, e.g. `groups[0].nodes[2].address`.
-fn node_address_field(config: &Config, node: &str, interface: &str) -> String {
+/// The config path of this node's address of `family` on `interface`, e.g.
+/// `groups[0].nodes[2].address` (`address6` for IPv6).
+fn node_address_field(config: &Config, node: &str, interface: &str, family: Family) -> String {
+    let field = match family {
+        Family::V4 => "address",
+        Family::V6 => "address6",
+    };
     config
         .groups
         .iter()
@@ -318,9 +324,9 @@ fn node_address_field(config: &Config, node: &str, interface: &str) -> String {
         .filter(|(_, group)| config.group_interface(group) == interface)
         .find_map(|(g, group)| {
             let n = group.nodes.iter().position(|n| n.name == node)?;
-            Some(format!("groups[{g}].nodes[{n}].address"))
+            Some(format!("groups[{g}].nodes[{n}].{field}"))
         })
-        .unwrap_or_else(|| "groups[].nodes[].address".into())
+        .unwrap_or_else(|| format!("groups[].nodes[].{field}"))
 }
 
 fn node_name(config: &Config, node_override: Option<String>) -> String {
@@ -331,16 +337,20 @@ fn node_name(config: &Config, node_override: Option<String>) -> String {
         .unwrap_or_default()
 }
 
-/// The VRRP driver: the router and a socket on each interface it runs instances on.
+/// A VRRP socket's key: its interface and family.
+type SocketKey = (String, Family);
+
+/// The VRRP driver: the router and a socket for each interface and family it runs instances
+/// on.
 struct Vrrp {
     router: Router,
-    sockets: BTreeMap<String, VrrpSocket>,
+    sockets: BTreeMap<SocketKey, VrrpSocket>,
 }
 
 impl Vrrp {
     fn send(&self, out: &[Outgoing]) {
         for o in out {
-            let Some(socket) = self.sockets.get(&o.interface) else {
+            let Some(socket) = self.sockets.get(&(o.interface.clone(), Family::of(o.destination))) else {
                 warn!(interface = %o.interface, "no VRRP socket on the interface: advertisement not sent");
                 continue;
             };
@@ -350,35 +360,45 @@ impl Vrrp {
         }
     }
 
-    /// Opens a socket on each interface where the plan runs instances, from this node's
-    /// address there, where none is open from it yet (`ifindex` finds the interfaces), for
-    /// the caller to add. An address this node does not have is the config's mistake: the
-    /// error names the interface and what was expected.
+    /// Opens a socket for each interface and family the plan runs instances of, from this
+    /// node's address there, where none is open from it yet (`ifindex` finds the interfaces),
+    /// for the caller to add. An address this node does not have is the config's mistake: the
+    /// error names the interface, the family and what was expected.
     fn open_missing(
         &self,
         plan: &NodePlan,
         ifindex: impl Fn(&str) -> Option<u32>,
-    ) -> std::result::Result<BTreeMap<String, VrrpSocket>, (String, String)> {
+    ) -> std::result::Result<BTreeMap<SocketKey, VrrpSocket>, (SocketKey, String)> {
         let mut opened = BTreeMap::new();
-        let wanted: BTreeMap<&str, Ipv4Addr> = plan
+        let wanted: BTreeMap<SocketKey, IpAddr> = plan
             .instances
             .iter()
-            .filter_map(|i| Some((i.interface.as_str(), *plan.locals.get(&i.interface)?)))
+            .filter_map(|i| {
+                let key = (i.interface.clone(), i.family);
+                let local = *plan.locals.get(&key)?;
+                Some((key, local))
+            })
             .collect();
-        for (name, local) in wanted {
-            if self.sockets.get(name).is_some_and(|s| s.source() == local) {
+        for (key, local) in wanted {
+            if self.sockets.get(&key).is_some_and(|s| s.source() == local) {
                 continue;
             }
+            let name = key.0.as_str();
             let Some(index) = ifindex(name) else { continue };
-            let socket = VrrpSocket::open(name, index, local).map_err(|e| {
-                let expected = if e.kind() == std::io::ErrorKind::AddrNotAvailable {
-                    format!("an address of {name} on this node, but {local} is not")
-                } else {
-                    format!("an address the VRRP socket on {name} can use ({local}: {e})")
-                };
-                (name.to_owned(), expected)
-            })?;
-            opened.insert(name.to_owned(), socket);
+            let socket = match VrrpSocket::open(name, index, local) {
+                Ok(socket) => socket,
+                Err(e) => {
+                    let expected = if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+                        format!(
+                            "an address of {name} on this node, but {local} is not (or is still tentative)"
+                        )
+                    } else {
+                        format!("an address the VRRP socket on {name} can use ({local}: {e})")
+                    };
+                    return Err((key, expected));
+                }
+            };
+            opened.insert(key, socket);
         }
         Ok(opened)
     }
@@ -387,13 +407,15 @@ impl Vrrp {
     /// the router has sent its last advertisements out of them. Closed on a blocking thread:
     /// leaving the multicast group takes RTNL, which another link change may hold for a while.
     fn close_unused_sockets(&mut self, plan: &NodePlan) {
-        let unused: Vec<String> = self
+        let unused: Vec<SocketKey> = self
             .sockets
             .keys()
-            .filter(|name| !plan.instances.iter().any(|i| i.interface == **name))
+            .filter(|(name, family)| {
+                !plan.instances.iter().any(|i| i.interface == *name && i.family == *family)
+            })
             .cloned()
             .collect();
-        let closing: Vec<VrrpSocket> = unused.iter().filter_map(|name| self.sockets.remove(name)).collect();
+        let closing: Vec<VrrpSocket> = unused.iter().filter_map(|key| self.sockets.remove(key)).collect();
         if !closing.is_empty() {
             drop_off_loop(closing);
         }
@@ -402,10 +424,10 @@ impl Vrrp {
     /// Handles the datagrams already waiting on the sockets, without waiting for more.
     fn drain(&mut self, buf: &mut [u8]) -> Vec<Outgoing> {
         let mut out = Vec::new();
-        for (name, socket) in &self.sockets {
+        for ((name, _), socket) in &self.sockets {
             for _ in 0..DRAIN_LIMIT {
-                let Ok(n) = socket.try_recv(buf) else { break };
-                out.extend(self.router.on_datagram(Instant::now().into_std(), name, &buf[..n]));
+                let Ok(arrived) = socket.try_recv(buf) else { break };
+                out.extend(self.router.on_datagram(Instant::now().into_std(), name, arrived.datagram(buf)));
             }
         }
         out
@@ -428,9 +450,9 @@ struct Agent {
     /// `None` once stopping: nothing is claimed through VRRP any more.
     vrrp: Option<Vrrp>,
     /// VRRP VIPs owned at the last apply: the ones new since then get gratuitous ARPs.
-    announced: BTreeSet<Ipv4Addr>,
+    announced: BTreeSet<IpAddr>,
     /// Owned VIPs by `garp.refresh` period, and when they are next announced again.
-    garp_refresh: BTreeMap<Duration, (Instant, Vec<Ipv4Addr>)>,
+    garp_refresh: BTreeMap<Duration, (Instant, Vec<IpAddr>)>,
     /// Keeps the VIP addresses on the uplinks (modes `netlink`, `both`) without the loop
     /// waiting on netlink.
     vip_addresses: VipAddresses,
@@ -456,7 +478,7 @@ struct Agent {
     /// With `--kubernetes`: configs built from the cluster.
     cluster_configs: Option<mpsc::Receiver<Config>>,
     /// With `--kubernetes`: who this node sees as Master of each VIP, for group status.
-    owners: Option<watch::Sender<BTreeMap<Ipv4Addr, String>>>,
+    owners: Option<watch::Sender<BTreeMap<IpAddr, String>>>,
     /// With `--kubernetes`: routers outside a group heard on its VRIDs, for Events.
     foreign: Option<watch::Sender<ForeignRouters>>,
     /// With `--kubernetes`: members impersonated on the segment, for Events.
@@ -544,15 +566,16 @@ impl Agent {
                     self.reload().await;
                     debug!(elapsed = ?started.elapsed(), "SIGHUP handled");
                 }
-                (interface, received) = recv(&self.vrrp, &mut turn, &mut buf) => {
+                ((interface, family), received) = recv(&self.vrrp, &mut turn, &mut buf) => {
                     match received {
-                        Ok(n) => {
+                        Ok(arrived) => {
                             let vrrp = self.vrrp.as_mut().expect("recv only completes with VRRP running");
-                            let out = vrrp.router.on_datagram(Instant::now().into_std(), &interface, &buf[..n]);
+                            let datagram = arrived.datagram(&buf);
+                            let out = vrrp.router.on_datagram(Instant::now().into_std(), &interface, datagram);
                             vrrp.send(&out);
                             self.apply_ownership().await;
                         }
-                        Err(e) => warn!(%interface, error = %e, "receiving VRRP failed"),
+                        Err(e) => warn!(%interface, %family, error = %e, "receiving VRRP failed"),
                     }
                 }
             }
@@ -687,8 +710,9 @@ impl Agent {
         let index =
             |name: &str| found.get(name).or_else(|| self.uplinks.get(name)).map(|u| u.interface.index);
         let sockets = match &self.vrrp {
-            Some(vrrp) => vrrp.open_missing(plan, index).map_err(|(interface, expected)| {
-                ConfigError::new(node_address_field(config, &self.node, &interface), expected).to_string()
+            Some(vrrp) => vrrp.open_missing(plan, index).map_err(|((interface, family), expected)| {
+                ConfigError::new(node_address_field(config, &self.node, &interface, family), expected)
+                    .to_string()
             })?,
             None => BTreeMap::new(),
         };
@@ -743,7 +767,7 @@ impl Agent {
     /// zero, so that its first expiry is an increase Prometheus can see.
     fn reconfigure_vrrp(&mut self) {
         for spec in &self.plan.instances {
-            let _ = self.state.metrics.lease_expiries.get_or_create(&VridLabels { vrid: spec.vrid });
+            let _ = self.state.metrics.lease_expiries.get_or_create(&VridLabels::of(spec.id()));
             for member in spec.peers.iter().chain(self.plan.locals.values()) {
                 let _ = self
                     .state
@@ -810,7 +834,7 @@ impl Agent {
     /// move a lease).
     async fn apply_ownership(&mut self) {
         if let Some(vrrp) = &mut self.vrrp {
-            let again: Vec<Ipv4Addr> = vrrp.router.take_reannouncements().into_iter().collect();
+            let again: Vec<IpAddr> = vrrp.router.take_reannouncements().into_iter().collect();
             self.announce(again);
         }
         self.renew_leases();
@@ -822,7 +846,7 @@ impl Agent {
         self.applied_epoch = epoch;
         self.publish_owners();
         let claims = self.vrrp.as_ref().map(|v| v.router.claims()).unwrap_or_default();
-        let vrrp_owned: BTreeSet<Ipv4Addr> = claims.values().flat_map(|c| c.vips.iter().copied()).collect();
+        let vrrp_owned: BTreeSet<IpAddr> = claims.values().flat_map(|c| c.vips.iter().copied()).collect();
         let default = &self.uplinks.by_name[&self.config.interface];
         let default_slot = self.uplinks.slots.for_vips(&self.config.interface);
         let mut xdp: OwnedSet = self
@@ -833,10 +857,10 @@ impl Agent {
                 (v.address, OwnedVip::new(v.mac.unwrap_or(default.interface.mac).0).on_uplink(default_slot))
             })
             .collect();
-        let mut kernel: BTreeMap<String, BTreeSet<Ipv4Addr>> =
+        let mut kernel: BTreeMap<String, BTreeSet<IpAddr>> =
             self.uplinks.by_name.keys().map(|name| (name.clone(), BTreeSet::new())).collect();
-        let claimed = claims.iter().flat_map(|(vrid, c)| c.vips.iter().map(move |vip| (*vrid, vip)));
-        for (vrid, vip) in claimed {
+        let claimed = claims.iter().flat_map(|(id, c)| c.vips.iter().map(move |vip| (*id, vip)));
+        for (id, vip) in claimed {
             let Some(settings) = self.plan.vips.get(vip) else { continue };
             let Some(uplink) = self.uplinks.get(&settings.interface) else { continue };
             if settings.mode.uses_xdp() {
@@ -847,7 +871,7 @@ impl Agent {
                     OwnedVip::new(mac)
                 };
                 let slot = self.uplinks.slots.for_vips(&settings.interface);
-                xdp.insert(*vip, entry.with_lease(leases::ipv4_slot(vrid)).on_uplink(slot));
+                xdp.insert(*vip, entry.with_lease(id.lease_slot()).on_uplink(slot));
             }
             if settings.mode.uses_netlink() {
                 kernel.entry(settings.interface.clone()).or_default().insert(*vip);
@@ -862,7 +886,7 @@ impl Agent {
         }
         self.state.metrics.owned_vips.set(xdp.len() as i64);
 
-        let newly_owned: Vec<Ipv4Addr> = vrrp_owned.difference(&self.announced).copied().collect();
+        let newly_owned: Vec<IpAddr> = vrrp_owned.difference(&self.announced).copied().collect();
         self.announced = vrrp_owned;
         let addresses = kernel
             .into_iter()
@@ -872,10 +896,10 @@ impl Agent {
         self.announce(newly_owned);
         self.schedule_garp_refresh(Instant::now());
 
-        let configured: BTreeSet<Ipv4Addr> =
+        let configured: BTreeSet<IpAddr> =
             self.config.vips.iter().map(|v| v.address).chain(self.plan.vips.keys().copied()).collect();
         if let Ok(mut counters) = self.counters.lock()
-            && let Err(e) = counters.retain_vips(|vip| configured.contains(vip))
+            && let Err(e) = counters.retain_vips(|vip| configured.contains(&IpAddr::V4(*vip)))
         {
             warn!(error = %e, "pruning per-VIP counters failed");
         }
@@ -893,14 +917,14 @@ impl Agent {
             self.leases_epoch = Some(epoch);
             let deadlines = self.vrrp.as_ref().map(|v| v.router.lease_deadlines()).unwrap_or_default();
             let deadlines: BTreeMap<u16, u64> =
-                deadlines.into_iter().map(|(vrid, until)| (leases::ipv4_slot(vrid), to_ns(until))).collect();
+                deadlines.into_iter().map(|(id, until)| (id.lease_slot(), to_ns(until))).collect();
             self.dataplane.set_leases(&deadlines, now_ns).map(|r| r.lapsed)
         } else {
             let mut lapsed = Vec::new();
             let mut result = Ok(());
-            for vrid in renewed {
-                let until = self.vrrp.as_ref().and_then(|v| v.router.lease_deadline(vrid));
-                let slot = leases::ipv4_slot(vrid);
+            for id in renewed {
+                let until = self.vrrp.as_ref().and_then(|v| v.router.lease_deadline(id));
+                let slot = id.lease_slot();
                 match self.dataplane.renew_lease(slot, until.map_or(0, to_ns), now_ns) {
                     Ok(true) => lapsed.push(slot),
                     Ok(false) => {}
@@ -917,8 +941,8 @@ impl Agent {
                         "a VIP lease ran out before the agent renewed it (the agent was stalled, frozen or \
                          not running): the data plane stopped claiming its VIPs meanwhile"
                     );
-                    let vrid = leases::ipv4_vrid(slot).unwrap_or(0);
-                    self.state.metrics.lease_expiries.get_or_create(&VridLabels { vrid }).inc();
+                    let Some(id) = crate::vrrp::family::InstanceId::from_lease_slot(slot) else { continue };
+                    self.state.metrics.lease_expiries.get_or_create(&VridLabels::of(id)).inc();
                 }
             }
             Err(e) => {
@@ -932,7 +956,7 @@ impl Agent {
     /// The VRRP instances as `/status` shows them.
     fn instance_snapshot(&self) -> Vec<InstanceSnapshot> {
         let Some(vrrp) = &self.vrrp else { return Vec::new() };
-        let adverts: BTreeMap<u8, Option<std::time::Instant>> = vrrp.router.last_adverts().collect();
+        let adverts: BTreeMap<_, Option<std::time::Instant>> = vrrp.router.last_adverts().collect();
         let now_ns = leases::monotonic_ns();
         vrrp.router
             .instances()
@@ -941,17 +965,18 @@ impl Agent {
                     group: spec.group.clone(),
                     interface: spec.interface.clone(),
                     vrid: spec.vrid,
+                    family: spec.family.as_str().to_owned(),
                     state: instance.state().as_str().to_owned(),
                     priority: spec.priority,
                     master: instance.master().map(|m| m.to_string()),
                     advert_age_ms: None,
                     lease_ms: self
                         .dataplane
-                        .lease_remaining(leases::ipv4_slot(spec.vrid), now_ns)
+                        .lease_remaining(spec.id().lease_slot(), now_ns)
                         .map(|d| d.as_millis() as u64),
-                    vips: spec.vips.iter().map(Ipv4Addr::to_string).collect(),
+                    vips: spec.vips.iter().map(IpAddr::to_string).collect(),
                 },
-                last_advert: adverts.get(&spec.vrid).copied().flatten(),
+                last_advert: adverts.get(&spec.id()).copied().flatten(),
             })
             .collect()
     }
@@ -972,11 +997,15 @@ impl Agent {
     /// Who this node sees as Master of each VIP, by node name, for the leader's group status.
     fn publish_owners(&self) {
         let (Some(owners), Some(vrrp)) = (&self.owners, &self.vrrp) else { return };
-        let names: BTreeMap<Ipv4Addr, String> = self
+        let names: BTreeMap<IpAddr, String> = self
             .config
             .groups
             .iter()
-            .flat_map(|g| g.nodes.iter().map(|n| (n.address, n.name.clone())))
+            .flat_map(|g| g.nodes.iter())
+            .flat_map(|n| {
+                let v6 = n.address6.map(|a| (IpAddr::V6(a), n.name.clone()));
+                [(IpAddr::V4(n.address), n.name.clone())].into_iter().chain(v6)
+            })
             .collect();
         let mut seen = BTreeMap::new();
         for (spec, instance) in vrrp.router.instances() {
@@ -1003,8 +1032,8 @@ impl Agent {
             warn!(interface = %name, "the uplink lost its link");
             return;
         }
-        let on_it = |vip: &&Ipv4Addr| self.plan.vips.get(*vip).is_some_and(|s| s.interface == *name);
-        let owned: Vec<Ipv4Addr> = self.announced.iter().filter(on_it).copied().collect();
+        let on_it = |vip: &&IpAddr| self.plan.vips.get(*vip).is_some_and(|s| s.interface == *name);
+        let owned: Vec<IpAddr> = self.announced.iter().filter(on_it).copied().collect();
         info!(interface = %name, owned = owned.len(), "the uplink has its link again: announcing the owned VIPs");
         self.announce(owned);
     }
@@ -1016,11 +1045,8 @@ impl Agent {
         if vrrp.router.foreign_routers().count() == foreign.borrow().len() {
             return;
         }
-        let heard: ForeignRouters = vrrp
-            .router
-            .foreign_routers()
-            .map(|(group, vrid, source)| (group.to_owned(), vrid, source))
-            .collect();
+        let heard: ForeignRouters =
+            vrrp.router.foreign_routers().map(|(group, id, source)| (group.to_owned(), id, source)).collect();
         foreign.send_replace(heard);
     }
 
@@ -1032,8 +1058,9 @@ impl Agent {
         let now = Instant::now();
         let mut heard: Vec<(String, Ipv4Addr, String, u64)> = Vec::new();
         for seen in self.dataplane.impersonations() {
-            let own = self.plan.locals.values().any(|local| *local == seen.source);
-            let member_of = |i: &&crate::vrrp::router::InstanceSpec| own || i.peers.contains(&seen.source);
+            let source = IpAddr::V4(seen.source);
+            let own = self.plan.locals.values().any(|local| *local == source);
+            let member_of = |i: &&crate::vrrp::router::InstanceSpec| own || i.peers.contains(&source);
             let Some(group) = self.plan.instances.iter().find(member_of).map(|i| i.group.clone()) else {
                 continue;
             };
@@ -1080,9 +1107,10 @@ impl Agent {
         }
     }
 
-    /// Gratuitous ARPs for VIPs just taken, in the background so the loop never waits on them.
-    fn announce(&self, vips: Vec<Ipv4Addr>) {
-        let bursts: Vec<(Ipv4Addr, u32, Duration)> = vips
+    /// Gratuitous ARPs (unsolicited NAs for IPv6) for VIPs just taken, in the background so the
+    /// loop never waits on them.
+    fn announce(&self, vips: Vec<IpAddr>) {
+        let bursts: Vec<(IpAddr, u32, Duration)> = vips
             .into_iter()
             .filter_map(|vip| self.plan.vips.get(&vip).map(|s| (vip, s.garp.count, s.garp.interval)))
             .filter(|(_, count, _)| *count > 0)
@@ -1094,7 +1122,7 @@ impl Agent {
     /// change); a new period's first refresh is one period away, since taking over has its own
     /// burst.
     fn schedule_garp_refresh(&mut self, now: Instant) {
-        let mut by_period: BTreeMap<Duration, Vec<Ipv4Addr>> = BTreeMap::new();
+        let mut by_period: BTreeMap<Duration, Vec<IpAddr>> = BTreeMap::new();
         for vip in &self.announced {
             if let Some(settings) = self.plan.vips.get(vip)
                 && !settings.garp.refresh.is_zero()
@@ -1126,8 +1154,8 @@ impl Agent {
 
     /// Sends `count` gratuitous ARPs for each VIP, `pause` apart (the shortest), in the
     /// background, out of the VIP's group's uplink.
-    fn send_garps(&self, bursts: Vec<(Ipv4Addr, u32, Duration)>) {
-        let bursts: Vec<(Ipv4Addr, u32, Duration, Arc<GarpSocket>, crate::config::MacAddr)> = bursts
+    fn send_garps(&self, bursts: Vec<(IpAddr, u32, Duration)>) {
+        let bursts: Vec<(IpAddr, u32, Duration, Arc<GarpSocket>, crate::config::MacAddr)> = bursts
             .into_iter()
             .filter_map(|(vip, count, pause)| {
                 let interface = self.plan.vips.get(&vip).map_or(&self.config.interface, |s| &s.interface);
@@ -1144,9 +1172,9 @@ impl Agent {
             for round in 0..rounds {
                 for (vip, count, _, socket, mac) in &bursts {
                     if round < *count
-                        && let Err(e) = socket.send(&announcement(*mac, *vip))
+                        && let Err(e) = socket.send(&announcement_for(*mac, *vip))
                     {
-                        warn!(%vip, error = %e, "gratuitous ARP failed");
+                        warn!(%vip, error = %e, "announcing the VIP (gratuitous ARP or NA) failed");
                     }
                 }
                 tokio::time::sleep(pause).await;
@@ -1159,7 +1187,7 @@ impl Agent {
             warn!(node = %self.node, "this node is in no group's nodes: it runs no VRRP (check `node` or --node)");
         }
         for spec in &self.plan.instances {
-            info!(group = %spec.group, interface = %spec.interface, vrid = spec.vrid, priority = spec.priority, vips = spec.vips.len(), "VRRP instance planned");
+            info!(group = %spec.group, interface = %spec.interface, instance = %spec.id(), priority = spec.priority, vips = spec.vips.len(), "VRRP instance planned");
         }
         for (group, vip, reason) in &self.plan.unplaced {
             warn!(group, %vip, reason, "VIP could not be placed");
@@ -1174,7 +1202,11 @@ async fn stop_signal(term: &mut Signal, int: &mut Signal) {
     }
 }
 
-async fn recv(vrrp: &Option<Vrrp>, turn: &mut usize, buf: &mut [u8]) -> (String, std::io::Result<usize>) {
+async fn recv(
+    vrrp: &Option<Vrrp>,
+    turn: &mut usize,
+    buf: &mut [u8],
+) -> (SocketKey, std::io::Result<Arrived>) {
     match vrrp {
         Some(v) if !v.sockets.is_empty() => VrrpSocket::recv_any(&v.sockets, turn, buf).await,
         _ => std::future::pending().await,

@@ -41,6 +41,13 @@ pub struct LimitLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VridLabels {
     pub vrid: u8,
+    pub family: &'static str,
+}
+
+impl VridLabels {
+    pub fn of(id: crate::vrrp::family::InstanceId) -> Self {
+        Self { vrid: id.vrid, family: id.family.as_str() }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

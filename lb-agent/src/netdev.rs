@@ -7,7 +7,7 @@ use std::{
 
 use futures::TryStreamExt;
 use rtnetlink::packet_route::{
-    address::{AddressAttribute, AddressMessage, AddressProtocol},
+    address::{AddressAttribute, AddressFlags, AddressMessage, AddressProtocol},
     link::{LinkAttribute, LinkMessage},
 };
 
@@ -85,12 +85,9 @@ fn interface(name: &str, msg: &LinkMessage) -> Interface {
 /// finds and removes exactly its own leftovers and never an address an operator configured.
 pub const VIP_ADDRESS_PROTO: u8 = b'l';
 
-/// The interface's IPv4 addresses, each with whether lb-agent added it (marked with
-/// [`VIP_ADDRESS_PROTO`]), in the kernel's order.
-async fn ipv4_addresses(
-    handle: &rtnetlink::Handle,
-    ifindex: u32,
-) -> Result<Vec<(Ipv4Addr, bool, AddressMessage)>> {
+/// The interface's addresses of both families, each with whether lb-agent added it (marked
+/// with [`VIP_ADDRESS_PROTO`]), in the kernel's order.
+async fn addresses(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Vec<(IpAddr, bool, AddressMessage)>> {
     let mut found = Vec::new();
     let mut stream = std::pin::pin!(handle.address().get().set_link_index_filter(ifindex).execute());
     while let Some(msg) = stream.try_next().await? {
@@ -98,45 +95,52 @@ async fn ipv4_addresses(
             .attributes
             .iter()
             .any(|a| matches!(a, AddressAttribute::Protocol(p) if u8::from(*p) == VIP_ADDRESS_PROTO));
+        // IPv6 addresses carry IFA_ADDRESS only; IPv4 ones IFA_LOCAL too (the peer's on a
+        // point-to-point link is in IFA_ADDRESS there).
         let local = msg.attributes.iter().find_map(|a| match a {
-            AddressAttribute::Local(IpAddr::V4(v4)) => Some(*v4),
+            AddressAttribute::Local(ip) => Some(*ip),
             _ => None,
         });
-        if let Some(v4) = local {
-            found.push((v4, ours, msg));
+        let address = local.or_else(|| {
+            msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(ip @ IpAddr::V6(_)) => Some(*ip),
+                _ => None,
+            })
+        });
+        if let Some(ip) = address {
+            found.push((ip, ours, msg));
         }
     }
     Ok(found)
 }
 
-/// The /32 VIPs lb-agent has on the interface.
+/// The VIPs (/32, /128) lb-agent has on the interface.
 async fn managed_addresses(
     handle: &rtnetlink::Handle,
     ifindex: u32,
-) -> Result<Vec<(Ipv4Addr, AddressMessage)>> {
-    Ok(ipv4_addresses(handle, ifindex)
-        .await?
-        .into_iter()
-        .filter(|a| a.1)
-        .map(|(ip, _, msg)| (ip, msg))
-        .collect())
+) -> Result<Vec<(IpAddr, AddressMessage)>> {
+    Ok(addresses(handle, ifindex).await?.into_iter().filter(|a| a.1).map(|(ip, _, msg)| (ip, msg)).collect())
 }
 
 /// Makes the interface's lb-agent VIP addresses equal `desired`; returns (added, removed).
+/// An IPv6 VIP is added without duplicate address detection (`nodad`): it moves between
+/// nodes on purpose, and DAD would hold it tentative, unusable, for a second or more.
 pub async fn sync_vip_addresses(
     handle: &rtnetlink::Handle,
     ifindex: u32,
-    desired: &BTreeSet<Ipv4Addr>,
-) -> Result<(Vec<Ipv4Addr>, Vec<Ipv4Addr>)> {
+    desired: &BTreeSet<IpAddr>,
+) -> Result<(Vec<IpAddr>, Vec<IpAddr>)> {
     let current = managed_addresses(handle, ifindex).await?;
-    let have: BTreeSet<Ipv4Addr> = current.iter().map(|(a, _)| *a).collect();
+    let have: BTreeSet<IpAddr> = current.iter().map(|(a, _)| *a).collect();
     let mut added = Vec::new();
     for vip in desired.difference(&have) {
-        let mut request = handle.address().add(ifindex, IpAddr::V4(*vip), 32);
-        request
-            .message_mut()
-            .attributes
-            .push(AddressAttribute::Protocol(AddressProtocol::from(VIP_ADDRESS_PROTO)));
+        let prefix = if vip.is_ipv4() { 32 } else { 128 };
+        let mut request = handle.address().add(ifindex, *vip, prefix);
+        let attributes = &mut request.message_mut().attributes;
+        attributes.push(AddressAttribute::Protocol(AddressProtocol::from(VIP_ADDRESS_PROTO)));
+        if vip.is_ipv6() {
+            attributes.push(AddressAttribute::Flags(AddressFlags::Nodad | AddressFlags::Noprefixroute));
+        }
         match request.execute().await {
             Ok(()) => added.push(*vip),
             // Already there (e.g. added by hand without our mark): nothing to do.
@@ -156,7 +160,10 @@ pub async fn sync_vip_addresses(
 
 /// The interface's first IPv4 address that lb-agent did not add (not a VIP).
 pub async fn primary_ipv4(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Option<Ipv4Addr>> {
-    Ok(ipv4_addresses(handle, ifindex).await?.into_iter().find(|a| !a.1).map(|a| a.0))
+    Ok(addresses(handle, ifindex).await?.into_iter().find_map(|a| match a {
+        (IpAddr::V4(v4), false, _) => Some(v4),
+        _ => None,
+    }))
 }
 
 /// The name of the interface this node uses to reach `address` (as `ip route get`).

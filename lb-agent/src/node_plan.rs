@@ -12,7 +12,10 @@ use std::{
 use crate::{
     config::{Config, GarpConfig, GroupConfig, VipMode},
     planner::{self, GroupInput, VipInput},
-    vrrp::router::InstanceSpec,
+    vrrp::{
+        family::Family,
+        router::{InstanceSpec, Locals},
+    },
 };
 
 /// How a VRRP-managed VIP is served when this node is its master.
@@ -27,21 +30,31 @@ pub struct VipSettings {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodePlan {
-    /// This node's address on each interface where it is a member of a group: the source of
-    /// its advertisements there.
-    pub locals: BTreeMap<String, Ipv4Addr>,
+    /// This node's address of each family on each interface where it is a member of a group:
+    /// the source of its advertisements there.
+    pub locals: Locals,
     /// The interfaces this node serves VIPs on: the default uplink and its groups'.
     pub uplinks: BTreeSet<String>,
     pub instances: Vec<InstanceSpec>,
     /// Every group VIP, whether or not this node ever owns it.
-    pub vips: BTreeMap<Ipv4Addr, VipSettings>,
+    pub vips: BTreeMap<IpAddr, VipSettings>,
     /// VIPs the planner could not place, with the reason, for logs and Events.
-    pub unplaced: Vec<(String, Ipv4Addr, String)>,
+    pub unplaced: Vec<(String, IpAddr, String)>,
     /// Every planned group's VRIDs by instance (`status.vrids`): the same on every node.
     pub vrids: BTreeMap<String, BTreeMap<String, u8>>,
     /// The key file of each group of this node's that authenticates. The shell reads it and
     /// gives the group's instances their keys; an instance without them does not run.
     pub key_files: BTreeMap<String, std::path::PathBuf>,
+}
+
+impl NodePlan {
+    /// This node's IPv4 address on `interface`, where it is a group member there.
+    pub fn ipv4_local(&self, interface: &str) -> Option<Ipv4Addr> {
+        match self.locals.get(&(interface.to_owned(), Family::V4)) {
+            Some(IpAddr::V4(v4)) => Some(*v4),
+            _ => None,
+        }
+    }
 }
 
 pub fn node_plan(config: &Config, me: &str) -> NodePlan {
@@ -54,10 +67,18 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
     for group in groups {
         let interface = config.group_interface(group);
         let me_in_group = group.nodes.iter().find(|n| n.name == me);
-        let peers: BTreeSet<Ipv4Addr> =
-            group.nodes.iter().filter(|n| n.name != me).map(|n| n.address).collect();
+        let peers = |family: Family| -> BTreeSet<IpAddr> {
+            let others = group.nodes.iter().filter(|n| n.name != me);
+            match family {
+                Family::V4 => others.map(|n| IpAddr::V4(n.address)).collect(),
+                Family::V6 => others.filter_map(|n| Some(IpAddr::V6(n.address6?))).collect(),
+            }
+        };
         if let Some(node) = me_in_group {
-            plan.locals.insert(interface.to_owned(), node.address);
+            plan.locals.insert((interface.to_owned(), Family::V4), node.address.into());
+            if let Some(address6) = node.address6 {
+                plan.locals.insert((interface.to_owned(), Family::V6), address6.into());
+            }
             plan.uplinks.insert(interface.to_owned());
             if let Some(auth) = &group.authentication {
                 plan.key_files.insert(group.name.clone(), auth.key_file.clone());
@@ -74,24 +95,36 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
                 },
             );
         }
-        let spec = |vrid: u8, priority: u8, vips: BTreeSet<Ipv4Addr>| InstanceSpec {
+        let spec = |family: Family, vrid: u8, priority: u8, vips: BTreeSet<IpAddr>| InstanceSpec {
             group: group.name.clone(),
             interface: interface.to_owned(),
+            family,
             vrid,
             priority,
             advert_interval: group.advert_interval,
             preempt: group.preempt,
             preempt_delay: group.preempt_delay,
             vips,
-            peers: peers.clone(),
+            peers: peers(family),
             transport: group.transport,
             checksum: group.checksum,
             keys: None,
         };
+        // One instance per family: an advertisement carries addresses of its own family only.
+        let specs = |vrid: u8, priority: u8, vips: BTreeSet<IpAddr>| -> Vec<InstanceSpec> {
+            [Family::V4, Family::V6]
+                .into_iter()
+                .filter_map(|family| {
+                    let vips: BTreeSet<IpAddr> =
+                        vips.iter().filter(|v| Family::of(**v) == family).copied().collect();
+                    (!vips.is_empty()).then(|| spec(family, vrid, priority, vips))
+                })
+                .collect()
+        };
 
         if let (Some(vrid), Some(priorities)) = (group.vrid, &group.priorities) {
             if let Some(priority) = priorities.get(me) {
-                plan.instances.push(spec(vrid, *priority, group.vips.iter().map(|v| v.address).collect()));
+                plan.instances.extend(specs(vrid, *priority, group.vips.iter().map(|v| v.address).collect()));
             }
             continue;
         }
@@ -102,7 +135,7 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
                 .vips
                 .iter()
                 .map(|v| VipInput {
-                    address: IpAddr::V4(v.address),
+                    address: v.address,
                     service: v.service.clone(),
                     spread: v.spread.or(group.spread).unwrap_or(true),
                     eligible: v.eligible_nodes.as_ref().map(|nodes| nodes.iter().cloned().collect()),
@@ -122,24 +155,14 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
             group_plan.instances.iter().map(|(vrid, i)| (i.key.status_key(), *vrid)).collect(),
         );
         for (address, reason) in &group_plan.unplaced {
-            if let IpAddr::V4(v4) = address {
-                plan.unplaced.push((group.name.clone(), *v4, format!("{reason:?}")));
-            }
+            plan.unplaced.push((group.name.clone(), *address, format!("{reason:?}")));
         }
         if me_in_group.is_none() {
             continue;
         }
         for (vrid, instance) in &group_plan.instances {
             let Some(priority) = planner::priority(instance, me) else { continue };
-            let vips = instance
-                .vips
-                .iter()
-                .filter_map(|a| match a {
-                    IpAddr::V4(v4) => Some(*v4),
-                    IpAddr::V6(_) => None,
-                })
-                .collect();
-            plan.instances.push(spec(*vrid, priority, vips));
+            plan.instances.extend(specs(*vrid, priority, instance.vips.clone()));
         }
     }
     plan

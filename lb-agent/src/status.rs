@@ -35,6 +35,9 @@ pub struct InstanceStatus {
     #[serde(default)]
     pub interface: String,
     pub vrid: u8,
+    /// `ipv4` or `ipv6`: a VRID names one instance of each family.
+    #[serde(default = "ipv4")]
+    pub family: String,
     /// `master`, `backup` or `initialize`.
     pub state: String,
     pub priority: u8,
@@ -91,7 +94,7 @@ pub fn render(status: &AgentStatus) -> String {
                 "{:<16} {:<10} {:>4} {:<10} {:>8} {:<16} {:>10} {:>8}  {}",
                 i.group,
                 i.interface,
-                i.vrid,
+                vrid_column(i),
                 i.state,
                 i.priority,
                 i.master.as_deref().unwrap_or("-"),
@@ -111,6 +114,19 @@ pub fn render(status: &AgentStatus) -> String {
         }
     }
     out
+}
+
+/// `ipv4` when a status from an agent before IPv6 names no family.
+fn ipv4() -> String {
+    "ipv4".into()
+}
+
+/// The VRID as the table shows it: `51`, or `51/6` for an IPv6 instance.
+fn vrid_column(instance: &InstanceStatus) -> String {
+    match instance.family.as_str() {
+        "ipv6" => format!("{}/6", instance.vrid),
+        _ => instance.vrid.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -139,6 +155,7 @@ mod tests {
                 group: "web".into(),
                 interface: "eth0.30".into(),
                 vrid: 20,
+                family: "ipv4".into(),
                 state: "master".into(),
                 priority: 200,
                 master: Some("192.0.2.10".into()),

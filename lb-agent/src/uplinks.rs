@@ -67,8 +67,13 @@ impl Uplinks {
         let slots = config
             .vips
             .iter()
-            .map(|v| (v.address.octets(), default))
-            .chain(plan.vips.iter().map(|(vip, s)| (vip.octets(), self.slots.for_vips(&s.interface))));
+            .map(|v| (v.address, default))
+            .chain(plan.vips.iter().map(|(vip, s)| (*vip, self.slots.for_vips(&s.interface))))
+            .filter_map(|(vip, slot)| match vip {
+                std::net::IpAddr::V4(v4) => Some((v4.octets(), slot)),
+                // Services are IPv4 so far: nothing forwards to an IPv6 VIP.
+                std::net::IpAddr::V6(_) => None,
+            });
         Arc::new(slots.collect())
     }
 }
@@ -112,8 +117,8 @@ pub async fn resolve(
             None => match netdev::primary_ipv4(netlink, interface.index).await? {
                 Some(address) => address,
                 // A group's own address there serves as well.
-                None => match plan.locals.get(name) {
-                    Some(address) => *address,
+                None => match plan.ipv4_local(name) {
+                    Some(address) => address,
                     None => {
                         let field = if *name == config.interface {
                             "nodeAddress".to_owned()

@@ -6,7 +6,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::IpAddr,
     time::Duration,
 };
 
@@ -19,7 +19,7 @@ use crate::netdev;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Wanted {
     generation: u64,
-    by_interface: BTreeMap<String, (u32, BTreeSet<Ipv4Addr>)>,
+    by_interface: BTreeMap<String, (u32, BTreeSet<IpAddr>)>,
 }
 
 /// The loop's end of the task.
@@ -40,7 +40,7 @@ impl VipAddresses {
         let (done, applied) = watch::channel(0);
         let task = tokio::spawn(async move {
             // What each interface holds, as last synced; absent: unknown, so synced whole.
-            let mut held: BTreeMap<String, BTreeSet<Ipv4Addr>> = BTreeMap::new();
+            let mut held: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
             loop {
                 let want = rx.borrow_and_update().clone();
                 let mut all_applied = true;
@@ -79,7 +79,7 @@ impl VipAddresses {
     }
 
     /// From now on each uplink (name → (ifindex, VIPs)) should hold these; returns at once.
-    pub fn set(&self, by_interface: BTreeMap<String, (u32, BTreeSet<Ipv4Addr>)>) {
+    pub fn set(&self, by_interface: BTreeMap<String, (u32, BTreeSet<IpAddr>)>) {
         self.wanted.send_if_modified(|current| {
             if current.by_interface == by_interface {
                 return false;

@@ -18,7 +18,7 @@ pub enum Reason {
     /// ARP that is not a request we answer: replies, gratuitous announcements, other
     /// hardware or protocol types.
     ArpIgnored = 4,
-    /// Neither ARP nor IPv4 (IPv6, VLAN-tagged, other EtherTypes): left to the kernel.
+    /// Neither ARP, IPv4 nor IPv6 (VLAN-tagged, other EtherTypes): left to the kernel.
     NotIpv4 = 5,
     /// IPv4 that is truncated, not version 4, has a header length under 20 bytes or a total
     /// length that disagrees with the frame: left to the kernel, which drops it.
@@ -41,7 +41,7 @@ pub enum Reason {
     DsrDecapsulated = 14,
     /// A full-NAT reply from an endpoint, translated back and sent to the client.
     ReplyTranslated = 15,
-    /// ICMP echo request to an owned VIP, answered.
+    /// ICMP or ICMPv6 echo request to an owned VIP, answered.
     IcmpEchoReplied = 16,
     /// To an owned VIP, but no service on that port and protocol: dropped.
     UnexposedPort = 17,
@@ -66,10 +66,22 @@ pub enum Reason {
     /// to the kernel, as for an address this node does not serve there (an ARP request for a
     /// VIP the kernel holds too is dropped instead, or the kernel would answer it there).
     WrongInterface = 26,
+    /// Neighbor Solicitation for an owned IPv6 VIP, answered with an advertisement.
+    NdpAdvertised = 27,
+    /// Neighbor Solicitation for an address this node does not own: left to the kernel.
+    NdpNotOwned = 28,
+    /// Neighbor Solicitation that fails RFC 4861 §7.1.1 (hop limit, code, length, options,
+    /// checksum, target, sender): never answered, left to the kernel (which drops it).
+    MalformedNdp = 29,
+    /// IPv6 that is truncated, not version 6, or whose payload length disagrees with the
+    /// frame: left to the kernel, which drops it.
+    MalformedIpv6 = 30,
+    /// IPv6 not addressed to an owned VIP, or not a message answered here: left to the kernel.
+    Ipv6Passed = 31,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 27;
+    pub const COUNT: u32 = 32;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::MalformedEthernet,
         Reason::MalformedArp,
@@ -98,6 +110,11 @@ impl Reason {
         Reason::BadDecapsulation,
         Reason::LeaseExpired,
         Reason::WrongInterface,
+        Reason::NdpAdvertised,
+        Reason::NdpNotOwned,
+        Reason::MalformedNdp,
+        Reason::MalformedIpv6,
+        Reason::Ipv6Passed,
     ];
 
     /// The metric label value.
@@ -130,6 +147,11 @@ impl Reason {
             Reason::BadDecapsulation => "bad_decapsulation",
             Reason::LeaseExpired => "lease_expired",
             Reason::WrongInterface => "wrong_interface",
+            Reason::NdpAdvertised => "ndp_advertised",
+            Reason::NdpNotOwned => "ndp_not_owned",
+            Reason::MalformedNdp => "malformed_ndp",
+            Reason::MalformedIpv6 => "malformed_ipv6",
+            Reason::Ipv6Passed => "ipv6_passed",
         }
     }
 }

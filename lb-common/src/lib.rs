@@ -9,4 +9,5 @@ pub mod counters;
 pub mod csum;
 pub mod hash;
 pub mod maps;
+pub mod ndp;
 pub mod service;

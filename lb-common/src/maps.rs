@@ -5,6 +5,8 @@
 
 /// `HashMap<VipKey, OwnedVip>`: the IPv4 VIPs this node currently answers for.
 pub const OWNED_VIPS: &str = "OWNED_VIPS";
+/// `HashMap<Vip6Key, OwnedVip>`: the IPv6 VIPs this node currently answers for (NDP, echo).
+pub const OWNED_VIPS6: &str = "OWNED_VIPS6";
 /// `Array<u64>` indexed by lease slot: until when (`bpf_ktime_get_ns`, CLOCK_MONOTONIC) the
 /// VIPs holding that lease may be claimed. See [`OwnedVip::lease`].
 pub const VIP_LEASES: &str = "VIP_LEASES";
@@ -55,6 +57,19 @@ pub struct VipKey {
 
 impl VipKey {
     pub const fn new(addr: [u8; 4]) -> Self {
+        Self { addr }
+    }
+}
+
+/// An IPv6 address, exactly as it appears in the packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Vip6Key {
+    pub addr: [u8; 16],
+}
+
+impl Vip6Key {
+    pub const fn new(addr: [u8; 16]) -> Self {
         Self { addr }
     }
 }
@@ -174,9 +189,10 @@ pub struct VrrpSpeaker {
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
-    // SAFETY: all four are `#[repr(C)]`, made only of integers and byte arrays, with every
+    // SAFETY: all are `#[repr(C)]`, made only of integers and byte arrays, with every
     // padding byte spelled out, so any bit pattern is valid and none is uninitialised.
     unsafe impl aya::Pod for VipKey {}
+    unsafe impl aya::Pod for Vip6Key {}
     unsafe impl aya::Pod for OwnedVip {}
     unsafe impl aya::Pod for VipStats {}
     unsafe impl aya::Pod for PacketCounter {}
@@ -193,6 +209,7 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<VipKey>(), 4);
+        assert_eq!(size_of::<Vip6Key>(), 16);
         assert_eq!(size_of::<OwnedVip>(), 10);
         assert_eq!(align_of::<OwnedVip>(), 2);
         assert_eq!(size_of::<VipStats>(), 8);

@@ -1,17 +1,19 @@
-//! The frame's EtherType picks the layer that handles it; anything else goes to the kernel.
+//! The frame's EtherType (and, for IPv6, whether it is a Neighbor Solicitation) picks the layer
+//! that handles it; anything else goes to the kernel.
 
 use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
 use lb_common::counters::Reason;
 use network_types::eth::EthHdr;
 
 use crate::{
-    l2::arp,
-    l3::ipv4,
+    l2::{arp, ndp},
+    l3::{ipv4, ipv6},
     packet::{self, ETHERTYPE_IPV4},
     stats,
 };
 
 const ETHERTYPE_ARP: u16 = 0x0806;
+const ETHERTYPE_IPV6: u16 = 0x86dd;
 
 #[inline(always)]
 pub fn handle_frame(ctx: &XdpContext) -> u32 {
@@ -22,6 +24,9 @@ pub fn handle_frame(ctx: &XdpContext) -> u32 {
     match u16::from_be(unsafe { (*eth).ether_type }) {
         ETHERTYPE_ARP => arp::answer_owned(ctx),
         ETHERTYPE_IPV4 => ipv4::handle(ctx),
+        // Neighbor Discovery rides on ICMPv6 but is the link layer's business, as ARP is.
+        ETHERTYPE_IPV6 if ndp::is_solicitation(ctx) => ndp::answer_owned(ctx),
+        ETHERTYPE_IPV6 => ipv6::handle(ctx),
         _ => stats::verdict(Reason::NotIpv4, packet::len(ctx), XDP_PASS),
     }
 }

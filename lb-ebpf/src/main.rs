@@ -2,8 +2,8 @@
 //!
 //! Imports go one way, down this list (a layer uses those below it, never one above):
 //! - `eth`: the frame's EtherType picks the layer that handles it.
-//! - `l2`: ARP answered for owned VIPs.
-//! - `l3`: IPv4 validated and dispatched by protocol; ICMP echo answered.
+//! - `l2`: ARP and Neighbor Discovery answered for owned VIPs.
+//! - `l3`: IPv4 and IPv6 validated and dispatched by protocol; ICMP and ICMPv6 echo answered.
 //! - `services`: the service path: `flow` (connection table, Maglev), `nat` (local DNAT, full
 //!   NAT and its replies), `encap` (IPIP for DSR, both ends).
 //! - `vrrp`: learns each advertisement source's MAC and counts impersonations.

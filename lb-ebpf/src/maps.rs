@@ -10,7 +10,7 @@ use lb_common::{
     counters::{Reason, XDP_ACTION_COUNT},
     maps::{
         MAX_LEASES, MAX_UPLINK_KEYS, MAX_VIPS, MAX_VRRP_SPEAKERS, OwnedVip, PacketCounter, Uplink, UplinkKey,
-        VipKey, VipStats, VrrpSpeaker,
+        Vip6Key, VipKey, VipStats, VrrpSpeaker,
     },
     service::{
         Backend, Flow, FlowKey, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKey, MAX_BACKENDS, MAX_FLOWS,
@@ -21,6 +21,9 @@ use lb_common::{
 
 #[map]
 pub static OWNED_VIPS: HashMap<VipKey, OwnedVip> = HashMap::with_max_entries(MAX_VIPS, 0);
+
+#[map]
+pub static OWNED_VIPS6: HashMap<Vip6Key, OwnedVip> = HashMap::with_max_entries(MAX_VIPS, 0);
 
 #[map]
 pub static VIP_LEASES: Array<u64> = Array::with_max_entries(MAX_LEASES, 0);

@@ -22,7 +22,7 @@ pub mod scale;
 mod segments;
 
 use std::{
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     sync::atomic::{AtomicU32, Ordering},
 };
@@ -34,6 +34,8 @@ pub use netns::run_in;
 
 /// Where tests take VIPs from (TEST-NET-2), on-link for the client.
 pub const VIP_RANGE: &str = "198.51.100.0/24";
+/// The IPv6 VIPs' prefix, on-link for the client (see [`Lab::enable_ipv6`]).
+pub const VIP6_RANGE: &str = "2001:db8:6::/64";
 
 /// The segment's prefix: nodes are .10, .11, …; the client is .100.
 pub const SEGMENT_PREFIX_LEN: u8 = 24;
@@ -61,6 +63,39 @@ impl Host {
         spawn_in(&self.ns, argv)
     }
 
+    /// This host's IPv6 link-local address once [`Lab::enable_ipv6`] ran: fe80:: and the last
+    /// octet of its IPv4 address (fe80::a for 192.0.2.10).
+    pub fn link_local(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, u16::from(self.ip.octets()[3]))
+    }
+
+    /// This host's global IPv6 address on the segment once [`Lab::enable_ipv6`] ran.
+    pub fn global6(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, u16::from(self.ip.octets()[3]))
+    }
+
+    /// Who answers Neighbor Discovery for `target`, by ndisc6: the target link-layer address
+    /// (lower case), or `None` when nobody did.
+    pub fn ndisc(&self, target: Ipv6Addr) -> Option<String> {
+        let out = self.ns.output(&["ndisc6", "-1", "-r", "2", "-w", "300", &target.to_string(), Self::IFACE]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Target link-layer address:"))
+            .map(|mac| mac.trim().to_lowercase())
+    }
+
+    /// A TCP server on `port` over IPv6 only that answers every connection with this host's
+    /// name (beside [`Host::serve_name`] on IPv4).
+    pub fn serve_name6(&self, port: u16) -> Process {
+        let script = format!(
+            "import socket\ns=socket.socket(socket.AF_INET6)\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+             s.setsockopt(socket.IPPROTO_IPV6,socket.IPV6_V6ONLY,1)\ns.bind(('::',{port}))\ns.listen(64)\nwhile True:\n \
+             c,_=s.accept()\n c.sendall(b'{}')\n c.close()\n",
+            self.name
+        );
+        self.spawn(&["python3", "-c", &script])
+    }
+
     /// A TCP server on `port` that answers every connection with this host's name.
     pub fn serve_name(&self, port: u16) -> Process {
         let script = format!(
@@ -72,7 +107,8 @@ impl Host {
     }
 
     /// Connects to `addr:port` and returns what the server says (empty on failure).
-    pub fn tcp_read(&self, addr: Ipv4Addr, port: u16) -> String {
+    pub fn tcp_read(&self, addr: impl Into<std::net::IpAddr>, port: u16) -> String {
+        let addr = addr.into();
         crate::netns::run_in(self.ns.name(), move || {
             use std::io::Read;
             let target = std::net::SocketAddr::from((addr, port));
@@ -95,6 +131,18 @@ impl Host {
         target: Ipv4Addr,
         count: u32,
     ) -> std::thread::JoinHandle<std::process::Output> {
+        self.ping_every(target.into(), "0.005", count)
+    }
+
+    /// As [`Host::ping_every_5ms`], to an address of either family every `interval` seconds
+    /// (as ping's `-i` takes it).
+    pub fn ping_every(
+        &self,
+        target: std::net::IpAddr,
+        interval: &str,
+        count: u32,
+    ) -> std::thread::JoinHandle<std::process::Output> {
+        let interval = interval.to_owned();
         let ns = self.ns.name().to_owned();
         std::thread::spawn(move || {
             std::process::Command::new("ip")
@@ -106,7 +154,7 @@ impl Host {
                     "-n",
                     "-q",
                     "-i",
-                    "0.005",
+                    &interval,
                     "-c",
                     &count.to_string(),
                     "-W",
@@ -292,6 +340,27 @@ impl Lab {
     /// a last advertisement) reaches the segment. Kill its processes afterwards.
     pub fn cut(&self, node: usize) {
         self.switch.run_cmd(&["ip", "link", "set", &self.nodes[node].switch_port, "down"]);
+    }
+
+    /// Gives every host the IPv6 addresses of [`Host::link_local`] and [`Host::global6`]
+    /// (without DAD, and without the kernel's own link-local, so each host has exactly one),
+    /// and the client an on-link route to [`VIP6_RANGE`].
+    pub fn enable_ipv6(&self) {
+        for host in self.nodes.iter().chain([&self.client]) {
+            let conf = format!("net.ipv6.conf.{}", Host::IFACE);
+            // Without bringing the link down, which would take the lab's routes with it.
+            host.ns.run_cmd(&["sysctl", "-qw", &format!("{conf}.addr_gen_mode=1")]);
+            // Namespaces start with IPv6 off (see `Netns::create`).
+            for key in ["all", Host::IFACE] {
+                host.ns.run_cmd(&["sysctl", "-qw", &format!("net.ipv6.conf.{key}.disable_ipv6=0")]);
+            }
+            host.ns.run_cmd(&["sysctl", "-qw", &format!("{conf}.accept_dad=0")]);
+            host.ns.run_cmd(&["ip", "-6", "addr", "flush", "dev", Host::IFACE]);
+            for address in [format!("{}/64", host.link_local()), format!("{}/64", host.global6())] {
+                host.ns.run_cmd(&["ip", "-6", "addr", "add", &address, "dev", Host::IFACE, "nodad"]);
+            }
+        }
+        self.client.ns.run_cmd(&["ip", "-6", "route", "add", VIP6_RANGE, "dev", Host::IFACE]);
     }
 
     /// Plugs a cut node back in.

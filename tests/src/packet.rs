@@ -3,7 +3,7 @@
 
 use std::{
     ffi::CString,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     time::{Duration, Instant},
 };
 
@@ -279,4 +279,83 @@ impl Noise {
         self.0 ^= self.0 << 17;
         self.0 as u8
     }
+}
+
+/// An Ethernet/IPv6 frame with `payload` after the fixed header (no extension headers).
+pub fn ipv6_frame(
+    eth_dst: [u8; 6],
+    eth_src: [u8; 6],
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    hop_limit: u8,
+    next_header: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut f = Vec::with_capacity(54 + payload.len());
+    f.extend_from_slice(&eth_dst);
+    f.extend_from_slice(&eth_src);
+    f.extend_from_slice(&[0x86, 0xdd]);
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[next_header, hop_limit]);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The ICMPv6 checksum over the RFC 8200 §8.1 pseudo-header and `message` (checksum zeroed).
+pub fn icmpv6_checksum(src: Ipv6Addr, dst: Ipv6Addr, message: &[u8]) -> u16 {
+    let mut pseudo = Vec::with_capacity(40 + message.len());
+    pseudo.extend_from_slice(&src.octets());
+    pseudo.extend_from_slice(&dst.octets());
+    pseudo.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    pseudo.extend_from_slice(message);
+    checksum(&pseudo)
+}
+
+/// An ICMPv6 message of `kind` with `body` after the checksum, checksummed for `src` → `dst`.
+pub fn icmpv6(kind: u8, code: u8, body: &[u8], src: Ipv6Addr, dst: Ipv6Addr) -> Vec<u8> {
+    let mut m = vec![kind, code, 0, 0];
+    m.extend_from_slice(body);
+    let check = icmpv6_checksum(src, dst, &m);
+    m[2..4].copy_from_slice(&check.to_be_bytes());
+    m
+}
+
+/// `address`'s solicited-node multicast group (RFC 4291 §2.7.1) and its Ethernet address.
+pub fn solicited_node(address: Ipv6Addr) -> (Ipv6Addr, [u8; 6]) {
+    let o = address.octets();
+    let group = Ipv6Addr::from([0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, o[13], o[14], o[15]]);
+    (group, [0x33, 0x33, 0xff, o[13], o[14], o[15]])
+}
+
+/// A Neighbor Solicitation for `target` from `mac`/`src` to the target's solicited-node group,
+/// as RFC 4861 §4.3 lays it out, with the source link-layer option unless `src` is ::.
+pub fn neighbor_solicitation(mac: [u8; 6], src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+    let (group, group_mac) = solicited_node(target);
+    let mut body = vec![0, 0, 0, 0];
+    body.extend_from_slice(&target.octets());
+    if !src.is_unspecified() {
+        body.extend_from_slice(&[1, 1]);
+        body.extend_from_slice(&mac);
+    }
+    ipv6_frame(group_mac, mac, src, group, 255, 58, &icmpv6(135, 0, &body, src, group))
+}
+
+/// A Neighbor Advertisement as captured: (Ethernet destination, IPv6 source, flags byte, target,
+/// target link-layer address).
+pub type Advertisement6 = ([u8; 6], Ipv6Addr, u8, Ipv6Addr, [u8; 6]);
+
+/// The Neighbor Advertisements among `frames`.
+pub fn neighbor_advertisements(frames: &[Vec<u8>]) -> Vec<Advertisement6> {
+    frames
+        .iter()
+        .filter(|f| f.len() >= 86 && f[12..14] == [0x86, 0xdd] && f[20] == 58 && f[54] == 136)
+        .map(|f| {
+            let address = |at: usize| Ipv6Addr::from(<[u8; 16]>::try_from(&f[at..at + 16]).unwrap());
+            (f[..6].try_into().unwrap(), address(22), f[58], address(62), f[80..86].try_into().unwrap())
+        })
+        .collect()
 }

@@ -320,7 +320,7 @@ fn fixtures(ifindex: u32, local: LocalMacs) {
             Reason::MalformedIpv4,
         ),
         ("header length 4 words", with_header(base.clone(), 14, &[0x44]), Reason::MalformedIpv4),
-        ("IPv6", with_header(base.clone(), 12, &[0x86, 0xdd]), Reason::NotIpv4),
+        ("IPv6 EtherType, IPv4 inside", with_header(base.clone(), 12, &[0x86, 0xdd]), Reason::MalformedIpv6),
         ("to another address", segment_frame(to_node, CLIENT, PEER, 64, 6, (40_009, 80)), Reason::Ipv4Passed),
         (
             "IPIP for an address that is no endpoint here",

@@ -144,8 +144,10 @@ impl Networks {
     }
 
     fn state(&self, node: usize, g: &Group, state: &str) -> f64 {
-        self.agents[node]
-            .metric(&format!(r#"lbagent_vrrp_state{{group="{}",vrid="{}",state="{state}"}}"#, g.name, g.vrid))
+        self.agents[node].metric(&format!(
+            r#"lbagent_vrrp_state{{group="{}",vrid="{}",family="ipv4",state="{state}"}}"#,
+            g.name, g.vrid
+        ))
     }
 
     fn transitions(&self, node: usize, g: &Group) -> f64 {
@@ -154,7 +156,7 @@ impl Networks {
             .map(|from| {
                 let to = if *from == "master" { "backup" } else { "master" };
                 self.agents[node].metric(&format!(
-                    r#"lbagent_vrrp_transitions_total{{group="{}",vrid="{}",from="{from}",to="{to}"}}"#,
+                    r#"lbagent_vrrp_transitions_total{{group="{}",vrid="{}",family="ipv4",from="{from}",to="{to}"}}"#,
                     g.name, g.vrid
                 ))
             })
@@ -194,7 +196,7 @@ fn groups_on_three_networks_elect_answer_and_fail_over_apart() {
     }
     for g in [&FRONT_GROUP, &BACK_GROUP, &THIRD_GROUP] {
         let info = format!(
-            r#"lbagent_vrrp_instance_interface{{group="{}",vrid="{}",interface="{}"}}"#,
+            r#"lbagent_vrrp_instance_interface{{group="{}",vrid="{}",family="ipv4",interface="{}"}}"#,
             g.name, g.vrid, g.interface
         );
         assert_eq!(net.agents[1].metric(&info), 1.0, "{info}");
@@ -236,7 +238,7 @@ fn groups_on_three_networks_elect_answer_and_fail_over_apart() {
         &payload,
     );
     send_and_capture(segment_1.ns.name(), "eth0", vec![frame; 5], Duration::from_millis(100));
-    let dropped = r#"lbagent_vrrp_adverts_dropped_total{vrid="10",reason="wrong_interface"}"#;
+    let dropped = r#"lbagent_vrrp_adverts_dropped_total{vrid="10",family="ipv4",reason="wrong_interface"}"#;
     assert_eq!(net.agents[0].metric(dropped), 5.0, "{}", net.logs());
     assert_eq!(net.state(0, &FRONT_GROUP, "master"), 1.0);
 
@@ -288,7 +290,10 @@ fn a_reload_moving_a_group_to_another_interface_leaves_the_others_alone() {
         );
     }
     assert!(segment_2.arping(THIRD, 1).is_empty());
-    assert_eq!(net.agents[0].metric(r#"lbagent_vrrp_state{group="front",vrid="10",state="master"}"#), 1.0);
+    assert_eq!(
+        net.agents[0].metric(r#"lbagent_vrrp_state{group="front",vrid="10",family="ipv4",state="master"}"#),
+        1.0
+    );
     assert_eq!(net.transitions(0, &FRONT_GROUP), front_moves, "front never moved");
 }
 

@@ -100,10 +100,13 @@ fn election_failover_and_preemption(transport: &str) {
         String::from_utf8_lossy(&ping.stdout),
         String::from_utf8_lossy(&ping.stderr)
     );
-    agents[0].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="master"}"#, 1.0);
-    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="backup"}"#, 1.0);
+    agents[0].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="master"}"#, 1.0);
+    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="backup"}"#, 1.0);
     agents[1].wait_metric(
-        &format!(r#"lbagent_vrrp_master{{group="web",vrid="10",master="{}"}}"#, lab.nodes[0].ip),
+        &format!(
+            r#"lbagent_vrrp_master{{group="web",vrid="10",family="ipv4",master="{}"}}"#,
+            lab.nodes[0].ip
+        ),
         1.0,
     );
 
@@ -120,7 +123,7 @@ fn election_failover_and_preemption(transport: &str) {
     agents[0] = returned;
     wait_owner(&lab, VIP, 0, &agents);
     wait_tcp(&lab, 0);
-    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="backup"}"#, 1.0);
+    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="backup"}"#, 1.0);
     drop(servers);
 }
 
@@ -206,7 +209,10 @@ fn a_killed_masters_data_plane_gives_its_vip_up() {
     // The old node served until its lease ran out, the new one from its takeover on.
     assert!(lost <= 40, "{lost} replies lost");
     let metrics = agents[1].metrics();
-    assert!(metrics.contains(r#"lbagent_vrrp_state{group="web",vrid="10",state="master"} 1"#), "{metrics}");
+    assert!(
+        metrics.contains(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="master"} 1"#),
+        "{metrics}"
+    );
 }
 
 /// The master's agent freezes (SIGSTOP) for 2 s: its lease runs out, the backup takes over, and
@@ -233,10 +239,12 @@ fn a_frozen_master_gives_its_vip_up_and_rejoins_as_backup() {
         let log = agents[0].log_text();
         assert!(log.contains("fell silent past its lease"), "{log}");
         let state = if preempt { "master" } else { "backup" };
-        agents[0]
-            .wait_metric(&format!(r#"lbagent_vrrp_state{{group="web",vrid="10",state="{state}"}}"#), 1.0);
+        agents[0].wait_metric(
+            &format!(r#"lbagent_vrrp_state{{group="web",vrid="10",family="ipv4",state="{state}"}}"#),
+            1.0,
+        );
         assert!(
-            agents[0].metric(r#"lbagent_vip_lease_expiries_total{vrid="10"}"#) >= 1.0,
+            agents[0].metric(r#"lbagent_vip_lease_expiries_total{vrid="10",family="ipv4"}"#) >= 1.0,
             "{}",
             agents[0].metrics()
         );
@@ -257,7 +265,7 @@ fn an_uplink_flap_ends_with_one_owner_announced_again() {
     std::thread::sleep(Duration::from_millis(200));
     lab.cut(0);
     std::thread::sleep(Duration::from_secs(1));
-    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="master"}"#, 1.0);
+    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="master"}"#, 1.0);
     let client = lab.client.ns.name().to_owned();
     let capture =
         std::thread::spawn(move || send_and_capture(&client, "eth0", vec![], Duration::from_millis(1500)));
@@ -266,7 +274,7 @@ fn an_uplink_flap_ends_with_one_owner_announced_again() {
     let frames = capture.join().unwrap();
     wait_owner(&lab, VIP, 0, &agents);
     only_owner(&lab, 0);
-    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="backup"}"#, 1.0);
+    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="backup"}"#, 1.0);
     let announced = frames
         .iter()
         .filter(|f| f.len() >= 42 && f[12..14] == [0x08, 0x06] && f[6..12] == lab.nodes[0].mac)
@@ -359,7 +367,10 @@ fn interop_with_keepalived() {
         }
         wait_owner(&lab, VIP, loser, std::slice::from_ref(&agent));
         if loser == 0 {
-            agent.wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",state="master"}"#, 1.0);
+            agent.wait_metric(
+                r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="master"}"#,
+                1.0,
+            );
         }
     }
 }
@@ -451,7 +462,9 @@ fn hostile_advertisements_are_dropped_and_counted() {
         send_and_capture(client.ns.name(), "eth0", hostile.clone(), Duration::from_millis(60));
     }
     let dropped = |reason: &str, vrid: &str| {
-        agents[0].metric(&format!(r#"lbagent_vrrp_adverts_dropped_total{{vrid="{vrid}",reason="{reason}"}}"#))
+        agents[0].metric(&format!(
+            r#"lbagent_vrrp_adverts_dropped_total{{vrid="{vrid}",family="ipv4",reason="{reason}"}}"#
+        ))
     };
     assert_eq!(dropped("not_member", "10"), 5.0);
     assert_eq!(dropped("bad_ttl", "10"), 5.0);
@@ -461,8 +474,9 @@ fn hostile_advertisements_are_dropped_and_counted() {
     assert_eq!(dropped("bad_count", "10"), 5.0);
     // The master never wavered.
     assert_eq!(
-        agents[0]
-            .metric(r#"lbagent_vrrp_transitions_total{group="web",vrid="10",from="master",to="backup"}"#),
+        agents[0].metric(
+            r#"lbagent_vrrp_transitions_total{group="web",vrid="10",family="ipv4",from="master",to="backup"}"#
+        ),
         0.0
     );
     assert_eq!(lab.client.arping(VIP, 2), vec![lab.nodes[0].mac_string(); 2]);
@@ -564,7 +578,9 @@ sendp(frame, iface="eth0", count={count}, inter=0.01, verbose=False)
 }
 
 fn master_to_backup(agent: &Agent) -> f64 {
-    agent.metric(r#"lbagent_vrrp_transitions_total{group="web",vrid="10",from="master",to="backup"}"#)
+    agent.metric(
+        r#"lbagent_vrrp_transitions_total{group="web",vrid="10",family="ipv4",from="master",to="backup"}"#,
+    )
 }
 
 /// A host on the segment sends priority-254 adverts with the backup's address. Without
@@ -596,7 +612,9 @@ fn with_authentication_a_spoofed_member_costs_no_replies() {
     assert_eq!(ping.lost(), 0, "{}", logs());
     assert_eq!(master_to_backup(&agents[0]), 0.0, "{}", logs());
     let dropped = |agent: &Agent, reason: &str| {
-        agent.metric(&format!(r#"lbagent_vrrp_adverts_dropped_total{{vrid="10",reason="{reason}"}}"#))
+        agent.metric(&format!(
+            r#"lbagent_vrrp_adverts_dropped_total{{vrid="10",family="ipv4",reason="{reason}"}}"#
+        ))
     };
     assert_eq!(dropped(&agents[0], "unauthenticated"), 150.0, "{}", agents[0].metrics());
     assert_eq!(agents[0].metric(r#"lbagent_vrrp_authentication_keys{group="web"}"#), 2.0);

@@ -14,6 +14,7 @@ use crate::{output, run as run_cmd};
 const APT_PACKAGES: &[&str] = &[
     "iproute2", // ip netns, veth, bridge
     "arping",   // the lab client's ARP requests
+    "ndisc6",   // the lab client's Neighbor Discovery
     "iputils-ping",
     "tcpdump",
     "ethtool",

@@ -2,7 +2,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::Duration,
 };
 
@@ -76,14 +76,21 @@ pub struct Authentication {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GroupNode {
     pub name: String,
-    /// The node's address on the group's interface: the source of its advertisements.
+    /// The node's address on the group's interface: the source of its IPv4 advertisements.
     pub address: Ipv4Addr,
+    /// The node's IPv6 address there: the source of its IPv6 advertisements, which the other
+    /// members accept only from it. Its link-local address for multicast (RFC 5798 §5.1.2.1
+    /// sends from the link-local address); any of its addresses for unicast. Needed when the
+    /// group has IPv6 VIPs.
+    #[serde(default)]
+    pub address6: Option<Ipv6Addr>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GroupVip {
-    pub address: Ipv4Addr,
+    /// IPv4 or IPv6; each family's VIPs get VRRP instances of their own.
+    pub address: IpAddr,
     /// The Service the VIP belongs to (e.g. `default/web`); a Service's VIPs are spread.
     #[serde(default)]
     pub service: Option<String>,
@@ -159,6 +166,14 @@ fn yes() -> bool {
     true
 }
 
+/// A node's IPv6 VRRP address: unicast (a link-local one is usual).
+fn check_node_address6(field: &str, address: Ipv6Addr) -> Result<(), ConfigError> {
+    if address.is_unspecified() || address.is_multicast() || address.is_loopback() {
+        return Err(ConfigError::new(field, format!("a unicast IPv6 address, got {address}")));
+    }
+    Ok(())
+}
+
 /// Durations are written as `10ms`, `1s`, `1m`.
 pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
@@ -171,13 +186,14 @@ const MAX_ADVERT_INTERVAL: Duration = Duration::from_millis(40_950);
 pub(super) fn validate_groups(
     groups: &[GroupConfig],
     default_interface: &str,
-    vip_owner: &mut BTreeMap<Ipv4Addr, super::VipField>,
+    vip_owner: &mut BTreeMap<IpAddr, super::VipField>,
 ) -> Result<(), ConfigError> {
     let mut names = BTreeMap::new();
     let mut manual_vrids: BTreeMap<u8, usize> = BTreeMap::new();
     // A node has one address on each interface, and a different one on each.
     let mut node_addresses: BTreeMap<(&str, &str), (Ipv4Addr, String)> = BTreeMap::new();
-    let mut address_users: BTreeMap<(&str, Ipv4Addr), (&str, String)> = BTreeMap::new();
+    let mut address_users: BTreeMap<(&str, IpAddr), (&str, String)> = BTreeMap::new();
+    let mut node_addresses6: BTreeMap<(&str, &str), (Ipv6Addr, String)> = BTreeMap::new();
     for (g, group) in groups.iter().enumerate() {
         let at = |field: &str| format!("groups[{g}].{field}");
         if let Some(interface) = &group.interface {
@@ -205,7 +221,8 @@ pub(super) fn validate_groups(
             ));
         }
         let mut members = BTreeSet::new();
-        let mut addresses = BTreeSet::new();
+        let mut addresses: BTreeSet<IpAddr> = BTreeSet::new();
+        let has_ipv6 = group.vips.iter().any(|v| v.address.is_ipv6());
         for (n, node) in group.nodes.iter().enumerate() {
             let field = at(&format!("nodes[{n}]"));
             if node.name.is_empty() || !members.insert(node.name.as_str()) {
@@ -214,8 +231,41 @@ pub(super) fn validate_groups(
                     format!("a unique, non-empty node name, got {:?}", node.name),
                 ));
             }
-            check_unicast(&format!("{field}.address"), node.address)?;
-            if !addresses.insert(node.address) {
+            check_unicast(&format!("{field}.address"), node.address.into())?;
+            if let Some(address6) = node.address6 {
+                check_node_address6(&format!("{field}.address6"), address6)?;
+                if !addresses.insert(address6.into()) {
+                    return Err(ConfigError::new(
+                        format!("{field}.address6"),
+                        format!("a unique address, {address6} is listed twice"),
+                    ));
+                }
+                match node_addresses6.get(&(node.name.as_str(), interface)) {
+                    Some((address, first)) if *address != address6 => {
+                        return Err(ConfigError::new(
+                            format!("{field}.address6"),
+                            format!(
+                                "{address} as in {first}, since a node has one IPv6 address on {interface} for \
+                                 VRRP, which both groups use"
+                            ),
+                        ));
+                    }
+                    Some(_) => {}
+                    None => {
+                        node_addresses6
+                            .insert((node.name.as_str(), interface), (address6, format!("{field}.address6")));
+                    }
+                }
+            } else if has_ipv6 {
+                return Err(ConfigError::new(
+                    format!("{field}.address6"),
+                    format!(
+                        "this node's IPv6 address on {interface} (its link-local address, for multicast \
+                         adverts), since the group has IPv6 VIPs"
+                    ),
+                ));
+            }
+            if !addresses.insert(node.address.into()) {
                 return Err(ConfigError::new(
                     format!("{field}.address"),
                     format!("a unique address, {} is listed twice", node.address),
@@ -238,7 +288,7 @@ pub(super) fn validate_groups(
                         .insert((node.name.as_str(), interface), (node.address, format!("{field}.address")));
                 }
             }
-            match address_users.get(&(node.name.as_str(), node.address)) {
+            match address_users.get(&(node.name.as_str(), node.address.into())) {
                 Some((other, first)) if *other != interface => {
                     return Err(ConfigError::new(
                         format!("{field}.address"),
@@ -250,8 +300,10 @@ pub(super) fn validate_groups(
                 }
                 Some(_) => {}
                 None => {
-                    address_users
-                        .insert((node.name.as_str(), node.address), (interface, format!("{field}.address")));
+                    address_users.insert(
+                        (node.name.as_str(), node.address.into()),
+                        (interface, format!("{field}.address")),
+                    );
                 }
             }
         }
@@ -267,6 +319,14 @@ pub(super) fn validate_groups(
             let field = || at(&format!("vips[{v}].address"));
             if !super::is_unicast(vip.address) {
                 check_unicast(&field(), vip.address)?;
+            }
+            if let IpAddr::V6(v6) = vip.address
+                && v6.is_unicast_link_local()
+            {
+                return Err(ConfigError::new(
+                    field(),
+                    format!("a global IPv6 address, not the link-local {v6}"),
+                ));
             }
             if let Some(first) = vip_owner.insert(vip.address, super::VipField::Group(g, v)) {
                 return Err(ConfigError::new(
@@ -379,6 +439,42 @@ mod tests {
         assert!(g.preempt);
         assert_eq!(g.vips[0].service.as_deref(), Some("default/web"));
         assert_eq!(g.garp.count, 3);
+    }
+
+    #[test]
+    fn ipv6_vips_need_every_members_ipv6_address_and_get_an_instance_of_their_own() {
+        let (field, expected) = err("    vips:\n      - address: 2001:db8:6::10\n");
+        assert_eq!(field, "groups[0].nodes[0].address6");
+        assert!(expected.contains("IPv6 address on eth0") && expected.contains("link-local"), "{expected}");
+
+        let dual = BASE
+            .replace("address: 192.0.2.10\n", "address: 192.0.2.10\n        address6: fe80::a\n")
+            .replace("address: 192.0.2.11\n", "address: 192.0.2.11\n        address6: fe80::b\n")
+            + "    vrid: 7\n    priorities: {n0: 200, n1: 100}\n    vips:\n      - address: 198.51.100.10\n      - address: 2001:db8:6::10\n";
+        let c = Config::parse(&dual).unwrap();
+        let plan = crate::node_plan::node_plan(&c, "n0");
+        let instances: Vec<_> =
+            plan.instances.iter().map(|i| (i.family, i.vrid, i.vips.clone(), i.peers.clone())).collect();
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        use crate::vrrp::family::Family;
+        assert_eq!(
+            instances,
+            vec![
+                (Family::V4, 7, [ip("198.51.100.10")].into(), [ip("192.0.2.11")].into()),
+                (Family::V6, 7, [ip("2001:db8:6::10")].into(), [ip("fe80::b")].into()),
+            ]
+        );
+        assert_eq!(plan.locals[&("eth0".to_owned(), Family::V6)], ip("fe80::a"));
+
+        let e = Config::parse(&dual.replace("2001:db8:6::10", "fe80::10")).unwrap_err();
+        assert_eq!(e.field, "groups[0].vips[1].address");
+        assert!(e.expected.contains("not the link-local"), "{e}");
+        let twice = dual.replace("address6: fe80::b", "address6: fe80::a");
+        let e = Config::parse(&twice).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.expected.contains("listed twice")),
+            ("groups[0].nodes[1].address6", true)
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use std::{
     collections::BTreeMap,
     fmt,
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     str::FromStr,
     sync::Arc,
@@ -83,7 +83,8 @@ pub enum XdpModeSetting {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct VipConfig {
-    pub address: Ipv4Addr,
+    /// IPv4 (answered by ARP) or IPv6 (answered by NDP).
+    pub address: IpAddr,
     /// The MAC that ARP replies carry. Defaults to the uplink's own MAC.
     #[serde(default)]
     pub mac: Option<MacAddr>,
@@ -146,9 +147,9 @@ impl Config {
     }
 
     /// Every check but the services', and where each VIP is declared.
-    fn validate_vips_and_groups(&self) -> Result<BTreeMap<Ipv4Addr, VipField>, ConfigError> {
+    fn validate_vips_and_groups(&self) -> Result<BTreeMap<IpAddr, VipField>, ConfigError> {
         check_interface_name("interface", &self.interface)?;
-        let mut seen: BTreeMap<Ipv4Addr, usize> = BTreeMap::new();
+        let mut seen: BTreeMap<IpAddr, usize> = BTreeMap::new();
         for (i, vip) in self.vips.iter().enumerate() {
             let a = vip.address;
             check_unicast(&format!("vips[{i}].address"), a)?;
@@ -167,16 +168,16 @@ impl Config {
                 ));
             }
         }
-        let mut vip_owner: BTreeMap<Ipv4Addr, VipField> =
+        let mut vip_owner: BTreeMap<IpAddr, VipField> =
             seen.into_iter().map(|(a, i)| (a, VipField::Node(i))).collect();
         group::validate_groups(&self.groups, &self.interface, &mut vip_owner)?;
         if let Some(address) = self.node_address {
-            check_unicast("nodeAddress", address)?;
+            check_unicast("nodeAddress", address.into())?;
         }
         for (interface, address) in &self.node_addresses {
             let field = format!("nodeAddresses.{interface}");
             check_interface_name(&field, interface)?;
-            check_unicast(&field, *address)?;
+            check_unicast(&field, (*address).into())?;
             if *interface == self.interface && self.node_address.is_some_and(|a| a != *address) {
                 return Err(ConfigError::new(
                     field,
@@ -222,15 +223,19 @@ pub(crate) fn check_interface_name(field: &str, name: &str) -> Result<(), Config
 }
 
 /// VIPs and node addresses must be unicast.
-fn check_unicast(field: &str, a: Ipv4Addr) -> Result<(), ConfigError> {
+fn check_unicast(field: &str, a: IpAddr) -> Result<(), ConfigError> {
     if !is_unicast(a) {
-        return Err(ConfigError::new(field, format!("a unicast IPv4 address, got {a}")));
+        let family = if a.is_ipv4() { "IPv4" } else { "IPv6" };
+        return Err(ConfigError::new(field, format!("a unicast {family} address, got {a}")));
     }
     Ok(())
 }
 
-fn is_unicast(a: Ipv4Addr) -> bool {
-    !(a.is_unspecified() || a.is_multicast() || a.is_broadcast() || a.is_loopback())
+fn is_unicast(a: IpAddr) -> bool {
+    match a {
+        IpAddr::V4(a) => !(a.is_unspecified() || a.is_multicast() || a.is_broadcast() || a.is_loopback()),
+        IpAddr::V6(a) => !(a.is_unspecified() || a.is_multicast() || a.is_loopback()),
+    }
 }
 
 /// serde_yaml appends " at line L column C"; we report the location once, ourselves.
@@ -319,7 +324,7 @@ mod tests {
         assert_eq!(c.interface, "eth0");
         assert_eq!(c.xdp_mode, XdpModeSetting::Auto);
         assert_eq!(c.listen, default_listen());
-        assert_eq!(c.vips, vec![VipConfig { address: Ipv4Addr::new(198, 51, 100, 10), mac: None }]);
+        assert_eq!(c.vips, vec![VipConfig { address: Ipv4Addr::new(198, 51, 100, 10).into(), mac: None }]);
     }
 
     #[test]
@@ -337,7 +342,7 @@ mod tests {
     fn a_bad_address_names_its_index() {
         let e = err("interface: eth0\nvips:\n  - address: 198.51.100.10\n  - address: 198.51.100.300\n");
         assert_eq!(e.field, "vips[1].address");
-        assert!(e.expected.starts_with("invalid IPv4 address syntax"), "{e}");
+        assert!(e.expected.starts_with("invalid IP address syntax"), "{e}");
         assert!(e.expected.contains("line 4"), "{e}");
     }
 

@@ -152,8 +152,8 @@ impl ServiceConfig {
         let mut addresses: HashMap<Ipv4Addr, usize, foldhash::fast::FixedState> = HashMap::default();
         let few = self.endpoints.len() <= 16;
         for (e, endpoint) in self.endpoints.iter().enumerate() {
-            if !is_unicast(endpoint.address) {
-                check_unicast(&at(&format!("endpoints[{e}].address")), endpoint.address)?;
+            if !is_unicast(endpoint.address.into()) {
+                check_unicast(&at(&format!("endpoints[{e}].address")), endpoint.address.into())?;
             }
             if endpoint.node.is_empty() {
                 return Err(ConfigError::new(
@@ -179,14 +179,14 @@ impl ServiceConfig {
 
 pub(super) fn validate_services(
     services: &[std::sync::Arc<ServiceConfig>],
-    vips: &std::collections::BTreeMap<Ipv4Addr, super::VipField>,
+    vips: &std::collections::BTreeMap<std::net::IpAddr, super::VipField>,
 ) -> Result<(), ConfigError> {
     let mut seen: HashMap<(Ipv4Addr, u16, Protocol), (usize, usize), foldhash::fast::FixedState> =
         HashMap::with_capacity_and_hasher(services.len(), Default::default());
     for (s, service) in services.iter().enumerate() {
         let at = |field: &str| format!("services[{s}].{field}");
         service.validate().map_err(|e| ConfigError { field: at(&e.field), ..e })?;
-        if !vips.contains_key(&service.vip) {
+        if !vips.contains_key(&service.vip.into()) {
             return Err(ConfigError::new(
                 at("vip"),
                 format!("one of the VIPs in `vips` or `groups[].vips`, but {} is in neither", service.vip),

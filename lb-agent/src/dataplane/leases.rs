@@ -80,16 +80,6 @@ impl Leases {
     }
 }
 
-/// The lease slot of IPv4 VRID `vrid` (slot 0 means "no lease", and VRID 0 is invalid).
-pub fn ipv4_slot(vrid: u8) -> u16 {
-    u16::from(vrid)
-}
-
-/// The IPv4 VRID whose lease is `slot`.
-pub fn ipv4_vrid(slot: u16) -> Option<u8> {
-    u8::try_from(slot).ok().filter(|v| *v != 0)
-}
-
 /// CLOCK_MONOTONIC in nanoseconds: the clock `bpf_ktime_get_ns` reads.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

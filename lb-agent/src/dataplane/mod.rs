@@ -42,7 +42,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData},
+    maps::HashMap,
     programs::{
         SchedClassifier, TcAttachType, Xdp, XdpMode,
         links::{FdLink, LinkOrder, PinnedLink},
@@ -52,8 +52,8 @@ use aya::{
 };
 use lb_common::{
     maps::{
-        ACTION_STATS, OWNED_VIPS, OwnedVip, REASON_STATS, UPLINKS, VIP_LEASES, VIP_STATS, VIP_TRAFFIC,
-        VRRP_SPEAKERS, VipKey,
+        ACTION_STATS, OWNED_VIPS, OWNED_VIPS6, REASON_STATS, UPLINKS, VIP_LEASES, VIP_STATS, VIP_TRAFFIC,
+        VRRP_SPEAKERS,
     },
     service::{
         BACKEND_STATS, BACKENDS, FLOWS, LAYOUT_VERSION, LOCAL_ENDPOINTS, MAGLEV_RINGS, REPLY_NAT, SERVICES,
@@ -82,8 +82,9 @@ pub const PASS_PROGRAM: &str = "lb_pass";
 pub const REPLY_PROGRAM: &str = "lb_reply";
 
 /// Every map, pinned by name.
-pub const PINNED_MAPS: [&str; 17] = [
+pub const PINNED_MAPS: [&str; 18] = [
     OWNED_VIPS,
+    OWNED_VIPS6,
     VIP_LEASES,
     VIP_STATS,
     VIP_TRAFFIC,
@@ -133,7 +134,7 @@ pub struct Dataplane {
     uplinks: BTreeMap<String, Attached>,
     setting: XdpModeSetting,
     pub verified_instructions: Option<u32>,
-    owned_vips: HashMap<MapData, VipKey, OwnedVip>,
+    owned_vips: vips::OwnedMaps,
     leases: leases::Leases,
     speakers: speakers::Speakers,
     uplink_map: uplinks::UplinkMap,
@@ -185,8 +186,12 @@ impl Dataplane {
             .load()
             .map_err(|source| Error::BpfProgram { program: REPLY_PROGRAM, source })?;
 
-        let owned_vips = HashMap::try_from(take_map(&mut ebpf, OWNED_VIPS)?)
-            .map_err(|source| Error::BpfMap { map: OWNED_VIPS, source })?;
+        let owned_vips = vips::OwnedMaps {
+            v4: HashMap::try_from(take_map(&mut ebpf, OWNED_VIPS)?)
+                .map_err(|source| Error::BpfMap { map: OWNED_VIPS, source })?,
+            v6: HashMap::try_from(take_map(&mut ebpf, OWNED_VIPS6)?)
+                .map_err(|source| Error::BpfMap { map: OWNED_VIPS6, source })?,
+        };
         let leases = leases::Leases::take(take_map(&mut ebpf, VIP_LEASES)?)?;
         let speakers = speakers::Speakers::take(take_map(&mut ebpf, VRRP_SPEAKERS)?)?;
         let uplink_map = uplinks::UplinkMap::take(take_map(&mut ebpf, UPLINKS)?)?;

@@ -1,22 +1,32 @@
-//! The owned-VIP map. Userspace computes the difference between what the map holds and what is
-//! wanted, and applies only that, so unchanged VIPs are never rewritten under live traffic.
+//! The owned-VIP maps, one per family. Userspace computes the difference between what the maps
+//! hold and what is wanted, and applies only that, so unchanged VIPs are never rewritten under
+//! live traffic.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use aya::maps::{HashMap, MapData, MapError};
-use lb_common::maps::{OWNED_VIPS, OwnedVip, VipKey};
+use lb_common::maps::{OWNED_VIPS, OWNED_VIPS6, OwnedVip, Vip6Key, VipKey};
 
 use crate::error::{Error, Result};
 
 /// The VIPs to answer for, with the MAC each answer carries.
-pub type OwnedSet = BTreeMap<Ipv4Addr, OwnedVip>;
+pub type OwnedSet = BTreeMap<IpAddr, OwnedVip>;
+
+/// Both families' owned-VIP maps.
+pub struct OwnedMaps {
+    pub v4: HashMap<MapData, VipKey, OwnedVip>,
+    pub v6: HashMap<MapData, Vip6Key, OwnedVip>,
+}
 
 /// What an update changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Applied {
-    pub added: Vec<Ipv4Addr>,
-    pub changed: Vec<Ipv4Addr>,
-    pub removed: Vec<Ipv4Addr>,
+    pub added: Vec<IpAddr>,
+    pub changed: Vec<IpAddr>,
+    pub removed: Vec<IpAddr>,
 }
 
 impl Applied {
@@ -39,19 +49,30 @@ pub fn diff(current: &OwnedSet, desired: &OwnedSet) -> Applied {
     applied
 }
 
-pub fn apply(map: &mut HashMap<MapData, VipKey, OwnedVip>, desired: &OwnedSet) -> Result<Applied> {
-    let map_err = |source: MapError| Error::BpfMap { map: OWNED_VIPS, source };
+pub fn apply(maps: &mut OwnedMaps, desired: &OwnedSet) -> Result<Applied> {
+    let err4 = |source: MapError| Error::BpfMap { map: OWNED_VIPS, source };
+    let err6 = |source: MapError| Error::BpfMap { map: OWNED_VIPS6, source };
     let mut current = OwnedSet::new();
-    for entry in map.iter() {
-        let (key, value) = entry.map_err(map_err)?;
-        current.insert(Ipv4Addr::from(key.addr), value);
+    for entry in maps.v4.iter() {
+        let (key, value) = entry.map_err(err4)?;
+        current.insert(Ipv4Addr::from(key.addr).into(), value);
+    }
+    for entry in maps.v6.iter() {
+        let (key, value) = entry.map_err(err6)?;
+        current.insert(Ipv6Addr::from(key.addr).into(), value);
     }
     let applied = diff(&current, desired);
     for vip in applied.added.iter().chain(&applied.changed) {
-        map.insert(VipKey::new(vip.octets()), desired[vip], 0).map_err(map_err)?;
+        match vip {
+            IpAddr::V4(v4) => maps.v4.insert(VipKey::new(v4.octets()), desired[vip], 0).map_err(err4)?,
+            IpAddr::V6(v6) => maps.v6.insert(Vip6Key::new(v6.octets()), desired[vip], 0).map_err(err6)?,
+        }
     }
     for vip in &applied.removed {
-        map.remove(&VipKey::new(vip.octets())).map_err(map_err)?;
+        match vip {
+            IpAddr::V4(v4) => maps.v4.remove(&VipKey::new(v4.octets())).map_err(err4)?,
+            IpAddr::V6(v6) => maps.v6.remove(&Vip6Key::new(v6.octets())).map_err(err6)?,
+        }
     }
     Ok(applied)
 }
@@ -63,7 +84,7 @@ mod tests {
     fn set(entries: &[(u8, u8)]) -> OwnedSet {
         entries
             .iter()
-            .map(|&(ip, mac)| (Ipv4Addr::new(198, 51, 100, ip), OwnedVip::new([2, 0, 0, 0, 0, mac])))
+            .map(|&(ip, mac)| (Ipv4Addr::new(198, 51, 100, ip).into(), OwnedVip::new([2, 0, 0, 0, 0, mac])))
             .collect()
     }
 
@@ -72,9 +93,8 @@ mod tests {
         let current = set(&[(1, 1), (2, 2), (3, 3)]);
         let desired = set(&[(2, 2), (3, 9), (4, 4)]);
         let d = diff(&current, &desired);
-        assert_eq!(d.added, vec![Ipv4Addr::new(198, 51, 100, 4)]);
-        assert_eq!(d.changed, vec![Ipv4Addr::new(198, 51, 100, 3)]);
-        assert_eq!(d.removed, vec![Ipv4Addr::new(198, 51, 100, 1)]);
+        let vip = |last: u8| IpAddr::V4(Ipv4Addr::new(198, 51, 100, last));
+        assert_eq!((d.added, d.changed, d.removed), (vec![vip(4)], vec![vip(3)], vec![vip(1)]));
     }
 
     #[test]

@@ -106,7 +106,7 @@ fn objects_of(
 /// What the rest of the agent tells the cluster side.
 pub struct FromAgent {
     /// Who this node's VRRP sees as Master of each VIP, by node name (for group status).
-    pub owners: watch::Receiver<BTreeMap<Ipv4Addr, String>>,
+    pub owners: watch::Receiver<BTreeMap<std::net::IpAddr, String>>,
     /// The Services this node's data plane has no room for, with why (for their condition
     /// and Events).
     pub refused: watch::Receiver<BTreeMap<String, String>>,
@@ -117,7 +117,8 @@ pub struct FromAgent {
 }
 
 /// See [`FromAgent::foreign`].
-pub type ForeignRouters = std::collections::BTreeSet<(String, u8, Ipv4Addr)>;
+pub type ForeignRouters =
+    std::collections::BTreeSet<(String, crate::vrrp::family::InstanceId, std::net::IpAddr)>;
 
 /// See [`FromAgent::impersonated`].
 pub type Impersonations = std::collections::BTreeSet<(String, Ipv4Addr, String)>;
@@ -517,7 +518,7 @@ mod tests {
     /// What the agent's side holds of a running shell: its configs, and its reports.
     struct AgentSide {
         configs: mpsc::Receiver<Config>,
-        _owners: watch::Sender<BTreeMap<Ipv4Addr, String>>,
+        _owners: watch::Sender<BTreeMap<std::net::IpAddr, String>>,
         refused: watch::Sender<BTreeMap<String, String>>,
         foreign: watch::Sender<ForeignRouters>,
         impersonated: watch::Sender<Impersonations>,
@@ -644,8 +645,9 @@ mod tests {
         // A router outside the group advertises its VRID: a Warning Event on the group,
         // naming the VRID and the source, once.
         let before = writes.lock().unwrap().len();
-        let rogue: Ipv4Addr = "192.0.2.66".parse().unwrap();
-        foreign_tx.send_replace(ForeignRouters::from([("edge".to_owned(), 10, rogue)]));
+        let rogue: std::net::IpAddr = "192.0.2.66".parse().unwrap();
+        let vrid = crate::vrrp::family::InstanceId::v4(10);
+        foreign_tx.send_replace(ForeignRouters::from([("edge".to_owned(), vrid, rogue)]));
         let event = event_after(&writes, before, "ForeignVrid").await;
         assert_eq!(
             (event["type"].as_str(), event["regarding"]["kind"].as_str()),
@@ -657,7 +659,7 @@ mod tests {
             note.contains("VRID 10") && note.contains("192.0.2.66") && note.contains("excludedVrids"),
             "{note}"
         );
-        foreign_tx.send_replace(ForeignRouters::from([("edge".to_owned(), 10, rogue)]));
+        foreign_tx.send_replace(ForeignRouters::from([("edge".to_owned(), vrid, rogue)]));
         tokio::time::sleep(Duration::from_millis(300)).await;
         let again =
             writes.lock().unwrap()[before..].iter().filter(|(_, _, b)| b["reason"] == "ForeignVrid").count();

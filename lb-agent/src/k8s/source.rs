@@ -15,7 +15,7 @@
 use std::{
     borrow::Borrow,
     collections::{BTreeMap, HashMap, HashSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     sync::Arc,
 };
 
@@ -429,7 +429,7 @@ impl Translator {
         let mut refusals = Vec::new();
         let mut unserved = Vec::new();
         let mut bound: HashMap<&str, GroupOutput, FixedState> = HashMap::default();
-        let mut vips_seen: HashSet<Ipv4Addr, FixedState> = HashSet::default();
+        let mut vips_seen: HashSet<IpAddr, FixedState> = HashSet::default();
         let mut served: HashMap<(Ipv4Addr, u16, Protocol), &str, FixedState> =
             HashMap::with_capacity_and_hasher(self.services.len(), FixedState::default());
         for translated in self.services.values() {
@@ -563,7 +563,7 @@ fn translate_service(
     });
     for address in &addresses {
         translated.vips.push(GroupVip {
-            address: *address,
+            address: IpAddr::V4(*address),
             service: Some(b.service.clone()),
             spread: b.spread,
             eligible_nodes: eligible.clone(),
@@ -811,7 +811,7 @@ services:
             );
         }
         // `Local` policy: only n0 has a dns endpoint, so only n0 may own its VIP.
-        let vip = Ipv4Addr::new(198, 51, 100, 2);
+        let vip = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 2));
         for node in ["n1", "n2"] {
             assert!(
                 node_plan(&from_cluster.config, node).instances.iter().all(|i| !i.vips.contains(&vip)),
@@ -943,7 +943,7 @@ services:
             let shuffled = translate(&state, &base).unwrap().config;
             proptest::prop_assert_eq!(&shuffled, &reference);
 
-            let mut seen: BTreeMap<Ipv4Addr, (u8, u8, String)> = BTreeMap::new();
+            let mut seen: BTreeMap<IpAddr, (u8, u8, String)> = BTreeMap::new();
             for n in 0..node_count {
                 let node = format!("n{n}");
                 for instance in node_plan(&reference, &node).instances {
@@ -1147,9 +1147,9 @@ services:
             .collect();
         assert!(served.contains(&("shop/admin", 8443)) && served.contains(&("shop/web", 80)), "{served:?}");
         assert!(!served.iter().any(|(name, _)| *name == "shop/web2" || *name == "shop/crowd"), "{served:?}");
-        let vips: Vec<Ipv4Addr> = t.config.groups[0].vips.iter().map(|v| v.address).collect();
+        let vips: Vec<IpAddr> = t.config.groups[0].vips.iter().map(|v| v.address).collect();
         assert_eq!(
-            vips.iter().filter(|v| v.octets() == [198, 51, 100, 1]).count(),
+            vips.iter().filter(|v| **v == IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1))).count(),
             1,
             "one group VIP: {vips:?}"
         );

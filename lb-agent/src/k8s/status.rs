@@ -54,7 +54,7 @@ pub struct StatusPlan {
 /// another Service serves); `now` is the timestamp for conditions that change (RFC 3339).
 pub fn plan(
     state: &ClusterState,
-    owners: &BTreeMap<Ipv4Addr, String>,
+    owners: &BTreeMap<std::net::IpAddr, String>,
     planned: &crate::node_plan::NodePlan,
     refused: &BTreeMap<String, String>,
     unserved: &[Refusal],
@@ -125,7 +125,10 @@ pub fn plan(
         let service = allocation
             .addresses
             .iter()
-            .find(|(s, ips)| ips.contains(vip) && by_name.get(*s).is_some_and(|(_, g)| g == group))
+            .find(|(s, ips)| {
+                ips.iter().any(|ip| std::net::IpAddr::V4(*ip) == *vip)
+                    && by_name.get(*s).is_some_and(|(_, g)| g == group)
+            })
             .map(|(s, _)| s.clone());
         if let Some((ns, name)) = service.as_deref().and_then(|s| s.split_once('/')) {
             let event_reason = if reason == "VridsExhausted" { "VridsExhausted" } else { "NoEligibleNode" };
@@ -199,7 +202,7 @@ pub fn plan(
                     vips.push(VipStatus {
                         address: ip.to_string(),
                         service: service.clone(),
-                        owner: owners.get(ip).cloned(),
+                        owner: owners.get(&std::net::IpAddr::V4(*ip)).cloned(),
                     });
                 }
             }

@@ -1,6 +1,11 @@
-//! Gratuitous ARP: tells the segment's switches and hosts that a VIP's MAC is now ours.
+//! Announcements of a VIP just taken: gratuitous ARP for IPv4, an unsolicited Neighbor
+//! Advertisement for IPv6. Either tells the segment's switches and hosts that the VIP's MAC is
+//! now ours.
 
-use std::{io, net::Ipv4Addr};
+use std::{
+    io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use crate::config::MacAddr;
 
@@ -21,6 +26,65 @@ pub fn announcement(mac: MacAddr, vip: Ipv4Addr) -> [u8; 42] {
     f
 }
 
+/// Ethernet multicast for ff02::1 (RFC 2464 §7: 33:33 and the address's last four bytes).
+const ALL_NODES_MAC: [u8; 6] = [0x33, 0x33, 0, 0, 0, 1];
+const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+/// The length of [`neighbor_advertisement`]'s frame: Ethernet, IPv6, NA with one option.
+pub const NA_FRAME_LEN: usize = 14 + 40 + 32;
+
+/// An unsolicited Neighbor Advertisement (RFC 4861 §7.2.6) for `vip`: from the VIP to all
+/// nodes, hop limit 255, Override set and Solicited clear, with the Target Link-Layer Address
+/// option. Hosts with the VIP in their neighbour cache take the new MAC (Override); switches
+/// learn its port from the Ethernet source.
+pub fn neighbor_advertisement(mac: MacAddr, vip: Ipv6Addr) -> [u8; NA_FRAME_LEN] {
+    let mut f = [0u8; NA_FRAME_LEN];
+    f[0..6].copy_from_slice(&ALL_NODES_MAC);
+    f[6..12].copy_from_slice(&mac.0);
+    f[12..14].copy_from_slice(&[0x86, 0xdd]);
+    let ip = &mut f[14..54];
+    ip[0] = 0x60;
+    ip[4..6].copy_from_slice(&32u16.to_be_bytes());
+    ip[6] = 58; // ICMPv6
+    ip[7] = 255;
+    ip[8..24].copy_from_slice(&vip.octets());
+    ip[24..40].copy_from_slice(&ALL_NODES.octets());
+    let na = &mut f[54..];
+    na[0] = 136; // Neighbor Advertisement, code 0
+    na[4] = 0x20; // Override
+    na[8..24].copy_from_slice(&vip.octets());
+    na[24] = 2; // Target Link-Layer Address, 8 bytes
+    na[25] = 1;
+    na[26..32].copy_from_slice(&mac.0);
+    let check = icmpv6_checksum(vip, ALL_NODES, &f[54..]);
+    f[56..58].copy_from_slice(&check.to_be_bytes());
+    f
+}
+
+/// The ICMPv6 checksum of `message` (its checksum field zero) from `source` to `destination`
+/// (RFC 4443 §2.3: the RFC 8200 §8.1 pseudo-header, then the message).
+pub fn icmpv6_checksum(source: Ipv6Addr, destination: Ipv6Addr, message: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut add = |bytes: &[u8]| {
+        for pair in bytes.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([pair[0], pair.get(1).copied().unwrap_or(0)]));
+        }
+    };
+    add(&source.octets());
+    add(&destination.octets());
+    add(&(message.len() as u32).to_be_bytes());
+    add(&[0, 0, 0, 58]);
+    add(message);
+    !lb_common::csum::fold(sum)
+}
+
+/// The announcement for `vip`, of its family.
+pub fn announcement_for(mac: MacAddr, vip: IpAddr) -> Vec<u8> {
+    match vip {
+        IpAddr::V4(v4) => announcement(mac, v4).to_vec(),
+        IpAddr::V6(v6) => neighbor_advertisement(mac, v6).to_vec(),
+    }
+}
+
 /// An AF_PACKET socket on the uplink for sending announcements.
 pub struct GarpSocket {
     fd: std::os::fd::OwnedFd,
@@ -39,15 +103,19 @@ impl GarpSocket {
         Ok(Self { fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }, ifindex })
     }
 
-    pub fn send(&self, frame: &[u8; 42]) -> io::Result<()> {
+    /// Sends a whole Ethernet frame, to the destination and EtherType it names.
+    pub fn send(&self, frame: &[u8]) -> io::Result<()> {
+        if frame.len() < 14 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "an Ethernet frame of 14 bytes or more"));
+        }
         use std::os::fd::AsRawFd;
         // SAFETY: a zeroed sockaddr_ll is valid; we fill the fields the kernel reads.
         let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_protocol = 0x0806u16.to_be();
+        addr.sll_protocol = u16::from_be_bytes([frame[12], frame[13]]).to_be();
         addr.sll_ifindex = self.ifindex as i32;
         addr.sll_halen = 6;
-        addr.sll_addr[..6].copy_from_slice(&[0xff; 6]);
+        addr.sll_addr[..6].copy_from_slice(&frame[..6]);
         // SAFETY: frame and addr outlive the call; lengths are theirs.
         let sent = unsafe {
             libc::sendto(
@@ -66,6 +134,24 @@ impl GarpSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_neighbor_advertisement_overrides_from_the_vip_to_all_nodes() {
+        let vip: Ipv6Addr = "2001:db8::10".parse().unwrap();
+        let mac = MacAddr([2, 0, 0, 0, 0, 0xaa]);
+        let f = neighbor_advertisement(mac, vip);
+        assert_eq!(&f[..14], &[0x33, 0x33, 0, 0, 0, 1, 2, 0, 0, 0, 0, 0xaa, 0x86, 0xdd]);
+        assert_eq!(&f[14..22], &[0x60, 0, 0, 0, 0, 32, 58, 255]);
+        assert_eq!(&f[22..38], &vip.octets());
+        assert_eq!(&f[38..54], &ALL_NODES.octets());
+        // Type 136, code 0, then flags R=0 S=0 O=1, the target, and its link-layer address.
+        assert_eq!(&f[54..56], &[136, 0]);
+        assert_eq!(&f[58..62], &[0x20, 0, 0, 0]);
+        assert_eq!(&f[62..78], &vip.octets());
+        assert_eq!(&f[78..86], &[2, 1, 2, 0, 0, 0, 0, 0xaa]);
+        // A message with its checksum in place sums to zero.
+        assert_eq!(icmpv6_checksum(vip, ALL_NODES, &f[54..]), 0);
+    }
 
     #[test]
     fn an_announcement_names_the_vip_as_sender_and_target() {

@@ -5,7 +5,7 @@
 //! Nothing here reads a clock or touches a socket, so tests replay exact timelines.
 
 use std::{
-    net::Ipv4Addr,
+    net::IpAddr,
     time::{Duration, Instant},
 };
 
@@ -31,7 +31,7 @@ pub struct InstanceConfig {
     /// booted does not take VIPs before it is fully ready.
     pub preempt_delay: Duration,
     /// This router's primary address: the tie-breaker between equal priorities (§6.4.3).
-    pub primary_address: Ipv4Addr,
+    pub primary_address: IpAddr,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -87,7 +87,7 @@ pub struct Instance {
     adver_timer: Option<Instant>,
     master_down_timer: Option<Instant>,
     /// The current master's address, as far as this router knows.
-    master: Option<Ipv4Addr>,
+    master: Option<IpAddr>,
     /// When the last advertisement from the current master arrived.
     last_advert_at: Option<Instant>,
     /// When a lower-priority master was first tolerated (for `preempt_delay`).
@@ -117,7 +117,7 @@ impl Instance {
     }
 
     /// The address this router advertises from (§6.1 Primary_IP_Address).
-    pub fn primary_address(&self) -> Ipv4Addr {
+    pub fn primary_address(&self) -> IpAddr {
         self.config.primary_address
     }
 
@@ -125,7 +125,7 @@ impl Instance {
         self.state
     }
 
-    pub fn master(&self) -> Option<Ipv4Addr> {
+    pub fn master(&self) -> Option<IpAddr> {
         self.master
     }
 
@@ -209,7 +209,7 @@ impl Instance {
     pub fn on_advert(
         &mut self,
         now: Instant,
-        source: Ipv4Addr,
+        source: IpAddr,
         advert: &Advertisement,
     ) -> Result<Vec<Action>, Ignored> {
         if self.config.priority == PRIORITY_OWNER {
@@ -258,7 +258,7 @@ impl Instance {
     fn backup_receives(
         &mut self,
         now: Instant,
-        source: Ipv4Addr,
+        source: IpAddr,
         advert: &Advertisement,
     ) -> Result<Vec<Action>, Ignored> {
         if advert.priority == PRIORITY_RESIGN {
@@ -296,7 +296,7 @@ impl Instance {
     fn master_receives(
         &mut self,
         now: Instant,
-        source: Ipv4Addr,
+        source: IpAddr,
         advert: &Advertisement,
     ) -> Result<Vec<Action>, Ignored> {
         if advert.priority == PRIORITY_RESIGN {
@@ -367,9 +367,9 @@ mod tests {
     //! Conformance cases: exact timelines, with the RFC's numbers worked out in each.
     use super::*;
 
-    const ME: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
-    const LOWER_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 5);
-    const HIGHER_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 20);
+    const ME: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 10));
+    const LOWER_IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 5));
+    const HIGHER_IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 20));
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

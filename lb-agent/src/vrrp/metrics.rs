@@ -1,6 +1,6 @@
 //! VRRP metrics: state per instance, transitions, advertisements and drops, the current master.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -8,18 +8,23 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::instance::State;
+use super::{
+    family::{Family as AddressFamily, InstanceId},
+    instance::State,
+};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct InstanceLabels {
     pub group: String,
     pub vrid: u8,
+    pub family: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
     pub group: String,
     pub vrid: u8,
+    pub family: &'static str,
     pub state: &'static str,
 }
 
@@ -27,6 +32,7 @@ pub struct StateLabels {
 pub struct TransitionLabels {
     pub group: String,
     pub vrid: u8,
+    pub family: &'static str,
     pub from: &'static str,
     pub to: &'static str,
 }
@@ -35,6 +41,7 @@ pub struct TransitionLabels {
 pub struct DropLabels {
     /// Empty when the datagram was too broken to name a VRID.
     pub vrid: String,
+    pub family: &'static str,
     pub reason: &'static str,
 }
 
@@ -42,6 +49,7 @@ pub struct DropLabels {
 pub struct InterfaceLabels {
     pub group: String,
     pub vrid: u8,
+    pub family: &'static str,
     pub interface: String,
 }
 
@@ -49,6 +57,7 @@ pub struct InterfaceLabels {
 pub struct MasterLabels {
     pub group: String,
     pub vrid: u8,
+    pub family: &'static str,
     pub master: String,
 }
 
@@ -65,9 +74,9 @@ pub struct VrrpMetrics {
     reasserted: Family<InstanceLabels, Counter>,
     master: Family<MasterLabels, Gauge>,
     interface: Family<InterfaceLabels, Gauge>,
-    last_interface: BTreeMap<(String, u8), String>,
-    last_state: BTreeMap<(String, u8), State>,
-    last_master: BTreeMap<(String, u8), Ipv4Addr>,
+    last_interface: BTreeMap<(String, InstanceId), String>,
+    last_state: BTreeMap<(String, InstanceId), State>,
+    last_master: BTreeMap<(String, InstanceId), IpAddr>,
 }
 
 impl VrrpMetrics {
@@ -75,10 +84,13 @@ impl VrrpMetrics {
         let m = Self::default();
         // Exported from the start (as zero), so dashboards and alerts see "none yet", not
         // "no such metric".
-        let _ = m.dropped.get_or_create(&DropLabels {
-            vrid: String::new(),
-            reason: super::router::drop_reason::NOT_MEMBER,
-        });
+        for family in [AddressFamily::V4, AddressFamily::V6] {
+            let _ = m.dropped.get_or_create(&DropLabels {
+                vrid: String::new(),
+                family: family.as_str(),
+                reason: super::router::drop_reason::NOT_MEMBER,
+            });
+        }
         registry.register(
             "vrrp_state",
             "1 for the state each VRRP instance is in, 0 for the others",
@@ -108,19 +120,18 @@ impl VrrpMetrics {
     }
 
     /// Records the instance's state; returns the transition when it changed.
-    pub fn state(&mut self, group: &str, vrid: u8, state: State) -> Option<(State, State)> {
-        let previous = self.last_state.insert((group.to_owned(), vrid), state);
+    pub fn state(&mut self, group: &str, id: InstanceId, state: State) -> Option<(State, State)> {
+        let previous = self.last_state.insert((group.to_owned(), id), state);
         for s in STATES {
-            self.state
-                .get_or_create(&StateLabels { group: group.to_owned(), vrid, state: s.as_str() })
-                .set(i64::from(s == state));
+            self.state.get_or_create(&state_labels(group, id, s)).set(i64::from(s == state));
         }
         match previous {
             Some(from) if from != state => {
                 self.transitions
                     .get_or_create(&TransitionLabels {
                         group: group.to_owned(),
-                        vrid,
+                        vrid: id.vrid,
+                        family: id.family.as_str(),
                         from: from.as_str(),
                         to: state.as_str(),
                     })
@@ -131,8 +142,8 @@ impl VrrpMetrics {
         }
     }
 
-    pub fn master(&mut self, group: &str, vrid: u8, master: Option<Ipv4Addr>) {
-        let key = (group.to_owned(), vrid);
+    pub fn master(&mut self, group: &str, id: InstanceId, master: Option<IpAddr>) {
+        let key = (group.to_owned(), id);
         let previous = match master {
             Some(m) => self.last_master.insert(key, m),
             None => self.last_master.remove(&key),
@@ -140,65 +151,86 @@ impl VrrpMetrics {
         if previous == master {
             return;
         }
+        let labels = |master: IpAddr| MasterLabels {
+            group: group.to_owned(),
+            vrid: id.vrid,
+            family: id.family.as_str(),
+            master: master.to_string(),
+        };
         if let Some(old) = previous {
-            self.master.remove(&MasterLabels { group: group.to_owned(), vrid, master: old.to_string() });
+            self.master.remove(&labels(old));
         }
         if let Some(new) = master {
-            self.master
-                .get_or_create(&MasterLabels { group: group.to_owned(), vrid, master: new.to_string() })
-                .set(1);
+            self.master.get_or_create(&labels(new)).set(1);
         }
     }
 
-    pub fn sent(&self, group: &str, vrid: u8) {
-        self.sent.get_or_create(&InstanceLabels { group: group.to_owned(), vrid }).inc();
+    pub fn sent(&self, group: &str, id: InstanceId) {
+        self.sent.get_or_create(&instance_labels(group, id)).inc();
     }
 
-    pub fn received(&self, group: &str, vrid: u8) {
-        self.received.get_or_create(&InstanceLabels { group: group.to_owned(), vrid }).inc();
+    pub fn received(&self, group: &str, id: InstanceId) {
+        self.received.get_or_create(&instance_labels(group, id)).inc();
     }
 
-    pub fn dropped(&self, vrid: Option<u8>, reason: &'static str) {
+    /// A datagram of `family` dropped; `vrid` when it was whole enough to name one.
+    pub fn dropped(&self, family: AddressFamily, vrid: Option<u8>, reason: &'static str) {
         let vrid = vrid.map(|v| v.to_string()).unwrap_or_default();
-        self.dropped.get_or_create(&DropLabels { vrid, reason }).inc();
+        self.dropped.get_or_create(&DropLabels { vrid, family: family.as_str(), reason }).inc();
     }
 
-    pub fn address_mismatch(&self, group: &str, vrid: u8) {
-        self.address_mismatch.get_or_create(&InstanceLabels { group: group.to_owned(), vrid }).inc();
+    pub fn address_mismatch(&self, group: &str, id: InstanceId) {
+        self.address_mismatch.get_or_create(&instance_labels(group, id)).inc();
     }
 
-    pub fn reasserted(&self, group: &str, vrid: u8) {
-        self.reasserted.get_or_create(&InstanceLabels { group: group.to_owned(), vrid }).inc();
+    pub fn reasserted(&self, group: &str, id: InstanceId) {
+        self.reasserted.get_or_create(&instance_labels(group, id)).inc();
     }
 
     /// Counters a new instance exports at zero from the start, so the first increment is an
     /// increase Prometheus can see (the foreign-VRID alert rests on this one), and the
     /// interface it runs on.
-    pub fn prepare(&mut self, group: &str, vrid: u8, interface: &str) {
-        let labels = DropLabels { vrid: vrid.to_string(), reason: super::router::drop_reason::NOT_MEMBER };
+    pub fn prepare(&mut self, group: &str, id: InstanceId, interface: &str) {
+        let labels = DropLabels {
+            vrid: id.vrid.to_string(),
+            family: id.family.as_str(),
+            reason: super::router::drop_reason::NOT_MEMBER,
+        };
         let _ = self.dropped.get_or_create(&labels);
-        let key = (group.to_owned(), vrid);
-        if let Some(old) = self.last_interface.insert(key, interface.to_owned()) {
-            self.interface.remove(&InterfaceLabels { group: group.to_owned(), vrid, interface: old });
+        let interface_labels = |interface: String| InterfaceLabels {
+            group: group.to_owned(),
+            vrid: id.vrid,
+            family: id.family.as_str(),
+            interface,
+        };
+        if let Some(old) = self.last_interface.insert((group.to_owned(), id), interface.to_owned()) {
+            self.interface.remove(&interface_labels(old));
         }
-        self.interface
-            .get_or_create(&InterfaceLabels {
-                group: group.to_owned(),
-                vrid,
-                interface: interface.to_owned(),
-            })
-            .set(1);
+        self.interface.get_or_create(&interface_labels(interface.to_owned())).set(1);
     }
 
     /// Drops the label sets of an instance that no longer exists.
-    pub fn forget(&mut self, group: &str, vrid: u8) {
+    pub fn forget(&mut self, group: &str, id: InstanceId) {
         for s in STATES {
-            self.state.remove(&StateLabels { group: group.to_owned(), vrid, state: s.as_str() });
+            self.state.remove(&state_labels(group, id, s));
         }
-        self.last_state.remove(&(group.to_owned(), vrid));
-        if let Some(interface) = self.last_interface.remove(&(group.to_owned(), vrid)) {
-            self.interface.remove(&InterfaceLabels { group: group.to_owned(), vrid, interface });
+        self.last_state.remove(&(group.to_owned(), id));
+        if let Some(interface) = self.last_interface.remove(&(group.to_owned(), id)) {
+            self.interface.remove(&InterfaceLabels {
+                group: group.to_owned(),
+                vrid: id.vrid,
+                family: id.family.as_str(),
+                interface,
+            });
         }
-        self.master(group, vrid, None);
+        self.master(group, id, None);
     }
+}
+
+fn instance_labels(group: &str, id: InstanceId) -> InstanceLabels {
+    InstanceLabels { group: group.to_owned(), vrid: id.vrid, family: id.family.as_str() }
+}
+
+fn state_labels(group: &str, id: InstanceId, state: State) -> StateLabels {
+    StateLabels { group: group.to_owned(), vrid: id.vrid, family: id.family.as_str(), state: state.as_str() }
 }

@@ -1,16 +1,18 @@
 //! VRRPv3 (RFC 5798, RFC 9568). The message is one for both families; what carries it is
-//! each family's. The router runs IPv4 instances; IPv6 has its codec so far.
+//! each family's, and an IPv4 and an IPv6 instance run side by side.
 //!
 //! - [`packet`]: the advertisement, its encoding for either family, the checksum modes.
 //! - [`ipv4`], [`ipv6`]: each family's header checks around it.
+//! - [`family`]: address families and what names an instance (family and VRID).
 //! - [`auth`]: optional HMAC authentication of advertisements, for groups of lb-agents only.
 //! - [`instance`]: the pure state machine for one virtual router.
-//! - [`router`]: every instance on one interface — receive checks, dispatch, handover.
+//! - [`router`]: every instance of the node — receive checks, dispatch, handover.
 //! - [`metrics`]: per-instance metrics.
-//! - [`socket`]: the raw protocol-112 socket (the only I/O here).
-//! - [`garp`]: gratuitous ARP announcements when a VIP is taken.
+//! - [`socket`]: the raw protocol-112 sockets of both families (the only I/O here).
+//! - [`garp`]: gratuitous ARP and unsolicited Neighbor Advertisements when a VIP is taken.
 
 pub mod auth;
+pub mod family;
 pub mod garp;
 pub mod instance;
 pub mod ipv4;

@@ -1,14 +1,15 @@
-//! All of this node's virtual routers, on each of its interfaces: the §7.1 receive checks
-//! (the arrival interface among them), dispatch by VRID, advertisement encoding, and the
-//! graceful handover on shutdown. VRIDs are unique across the node's interfaces (the planner
-//! allocates them so), which keeps one lease slot per VRID.
+//! All of this node's virtual routers, of both families and on each of its interfaces: the
+//! §7.1 receive checks (the arrival interface among them), dispatch by (family, VRID),
+//! advertisement encoding, and the graceful handover on shutdown. VRIDs are unique across the
+//! node's interfaces within a family (the planner allocates them so), which keeps one lease
+//! slot per instance.
 //!
 //! Still sans-IO: datagrams and time go in, [`Outgoing`] datagrams and the owned-VIP set come
 //! out. The agent's shell owns the socket and the data plane.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::IpAddr,
     sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
@@ -17,13 +18,15 @@ use tracing::{debug, info, warn};
 
 use super::{
     auth::{FRESHNESS, Keyring},
+    family::{Family, InstanceId},
     instance::{Action, Ignored, Instance, InstanceConfig, PRIORITY_RESIGN, State},
     ipv4::{decode_ipv4, decode_ipv4_with_trailer},
+    ipv6::{self, decode_ipv6, decode_ipv6_with_trailer},
     metrics::VrrpMetrics,
-    packet::{Advertisement, ChecksumMode, DecodeError, VRRP_MULTICAST_V4},
+    packet::{Advertisement, ChecksumMode, DecodeError, Received, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6},
 };
 
-/// Multicast to 224.0.0.18, or unicast to each peer.
+/// Multicast to the family's group (224.0.0.18, ff02::12), or unicast to each peer.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
 )]
@@ -34,20 +37,23 @@ pub enum Transport {
     Unicast,
 }
 
-/// What this node runs for one VRID: derived from the plan.
+/// What this node runs for one VRID of one family: derived from the plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceSpec {
     pub group: String,
     /// The interface its adverts leave and must arrive by.
     pub interface: String,
+    /// The family of its VIPs, its peers' addresses and its adverts.
+    pub family: Family,
     pub vrid: u8,
     pub priority: u8,
     pub advert_interval: Duration,
     pub preempt: bool,
     pub preempt_delay: Duration,
-    pub vips: BTreeSet<Ipv4Addr>,
-    /// The other members' addresses: the only accepted sources, and the unicast destinations.
-    pub peers: BTreeSet<Ipv4Addr>,
+    pub vips: BTreeSet<IpAddr>,
+    /// The other members' addresses (of `family`): the only accepted sources, and the unicast
+    /// destinations.
+    pub peers: BTreeSet<IpAddr>,
     pub transport: Transport,
     pub checksum: ChecksumMode,
     /// The group's keys when it authenticates (see [`super::auth`]): adverts are signed, and
@@ -55,11 +61,17 @@ pub struct InstanceSpec {
     pub keys: Option<Arc<Keyring>>,
 }
 
+impl InstanceSpec {
+    pub fn id(&self) -> InstanceId {
+        InstanceId { family: self.family, vrid: self.vrid }
+    }
+}
+
 /// One VRID's VIPs as this node claims them, and until when the data plane may go on claiming
 /// them if the agent falls silent: the lease the shell writes beside the owned VIPs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
-    pub vips: BTreeSet<Ipv4Addr>,
+    pub vips: BTreeSet<IpAddr>,
     pub until: Instant,
 }
 
@@ -75,8 +87,42 @@ pub fn master_lease(last_advert: Instant, advert_interval: Duration) -> Instant 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outgoing {
     pub interface: String,
-    pub destination: Ipv4Addr,
+    pub destination: IpAddr,
     pub payload: Vec<u8>,
+}
+
+/// A datagram as a raw socket of its family delivers it.
+#[derive(Clone, Copy, Debug)]
+pub enum Datagram<'a> {
+    /// The whole IPv4 datagram, header included.
+    V4(&'a [u8]),
+    /// The VRRP payload, and the IPv6 header's fields from the ancillary data.
+    V6 { header: ipv6::Header, payload: &'a [u8] },
+}
+
+impl Datagram<'_> {
+    pub fn family(&self) -> Family {
+        match self {
+            Datagram::V4(_) => Family::V4,
+            Datagram::V6 { .. } => Family::V6,
+        }
+    }
+
+    /// The VRID byte, before anything is verified.
+    fn peek_vrid(&self) -> Option<u8> {
+        match self {
+            Datagram::V4(datagram) => {
+                let header_len = usize::from(*datagram.first()? & 0x0f) * 4;
+                datagram.get(header_len + 1).copied()
+            }
+            Datagram::V6 { payload, .. } => payload.get(1).copied(),
+        }
+    }
+
+    /// The instance the datagram names, before anything is verified.
+    fn peek_id(&self) -> Option<InstanceId> {
+        Some(InstanceId { family: self.family(), vrid: self.peek_vrid()? })
+    }
 }
 
 /// Why a received datagram was dropped before or by the state machine (metric labels).
@@ -107,39 +153,42 @@ struct Running {
 /// rolling restart never leaves the VIPs unanswered.
 struct Handover {
     group: String,
-    vips: BTreeSet<Ipv4Addr>,
-    peers: BTreeSet<Ipv4Addr>,
+    vips: BTreeSet<IpAddr>,
+    peers: BTreeSet<IpAddr>,
     release_at: Instant,
     successor_heard: bool,
 }
 
+/// This node's address of each family on each interface it runs instances on: the source of
+/// its advertisements there.
+pub type Locals = BTreeMap<(String, Family), IpAddr>;
+
 pub struct Router {
-    /// This node's address on each interface it runs instances on.
-    locals: BTreeMap<String, Ipv4Addr>,
-    instances: BTreeMap<u8, Running>,
+    locals: Locals,
+    instances: BTreeMap<InstanceId, Running>,
     /// VIPs of a master just preempted, still answered until the given time: the new master's
     /// gratuitous ARPs are on their way, and traffic still sent here is served meanwhile.
-    lingering: BTreeMap<u8, (BTreeSet<Ipv4Addr>, Instant)>,
-    handovers: BTreeMap<u8, Handover>,
+    lingering: BTreeMap<InstanceId, (BTreeSet<IpAddr>, Instant)>,
+    handovers: BTreeMap<InstanceId, Handover>,
     metrics: VrrpMetrics,
     started: bool,
     /// Bumped whenever [`Router::owned_vips`] may have changed, so the shell re-applies
     /// ownership only then and not on every advertisement.
     ownership_epoch: u64,
     /// VIPs to announce again (gratuitous ARP) although ownership did not change.
-    reannounce: BTreeSet<Ipv4Addr>,
-    /// Non-members heard advertising our VRIDs, by (VRID, source).
-    foreign: BTreeMap<(u8, Ipv4Addr), ForeignRouter>,
+    reannounce: BTreeSet<IpAddr>,
+    /// Non-members heard advertising our VRIDs, by (instance, source).
+    foreign: BTreeMap<(InstanceId, IpAddr), ForeignRouter>,
     /// VRIDs whose claim deadline moved without an ownership change (see
     /// [`Router::take_renewed`]).
-    renewed: BTreeSet<u8>,
+    renewed: BTreeSet<InstanceId>,
     /// Maps instants to the wall clock for authentication sequences, fixed at start so that a
     /// clock step later never makes this node's sequences go backwards.
     wall_clock: (Instant, u64),
     /// The last sequence this node signed with.
     last_sequence: u64,
-    /// The last authenticated sequence accepted, by (VRID, sender).
-    sequences: BTreeMap<(u8, Ipv4Addr), u64>,
+    /// The last authenticated sequence accepted, by (instance, sender).
+    sequences: BTreeMap<(InstanceId, IpAddr), u64>,
 }
 
 /// A router outside the group that advertises one of its VRIDs.
@@ -172,7 +221,7 @@ const FOREIGN_MAX: usize = 256;
 const HANDOVER_GRACE: Duration = Duration::from_millis(150);
 
 impl Router {
-    pub fn new(locals: BTreeMap<String, Ipv4Addr>, metrics: VrrpMetrics) -> Self {
+    pub fn new(locals: Locals, metrics: VrrpMetrics) -> Self {
         Self {
             locals,
             instances: BTreeMap::new(),
@@ -192,50 +241,50 @@ impl Router {
 
     /// This node's addresses by interface, for the instances of the next
     /// [`Router::reconfigure`] (an instance whose interface or address changes restarts).
-    pub fn set_locals(&mut self, locals: BTreeMap<String, Ipv4Addr>) {
+    pub fn set_locals(&mut self, locals: Locals) {
         self.locals = locals;
     }
 
-    fn local(&self, interface: &str) -> Ipv4Addr {
-        self.locals.get(interface).copied().unwrap_or(Ipv4Addr::UNSPECIFIED)
+    fn local(&self, spec: &InstanceSpec) -> IpAddr {
+        running_local(&self.locals, spec)
     }
 
     /// Starts every instance (§6.4.1 Startup).
     pub fn start(&mut self, now: Instant) -> Vec<Outgoing> {
         self.started = true;
         let mut out = Vec::new();
-        let vrids: Vec<u8> = self.instances.keys().copied().collect();
-        for vrid in vrids {
-            let actions = self.instances.get_mut(&vrid).map(|r| r.machine.startup(now)).unwrap_or_default();
-            self.carry_out(now, vrid, actions, &mut out);
+        let ids: Vec<InstanceId> = self.instances.keys().copied().collect();
+        for id in ids {
+            let actions = self.instances.get_mut(&id).map(|r| r.machine.startup(now)).unwrap_or_default();
+            self.carry_out(now, id, actions, &mut out);
         }
         out
     }
 
-    /// Brings the instances in line with `specs`: new VRIDs start, vanished ones resign,
+    /// Brings the instances in line with `specs`: new instances start, vanished ones resign,
     /// changed ones take their new priority, interval and VIPs without restarting.
     pub fn reconfigure(&mut self, now: Instant, specs: Vec<InstanceSpec>) -> Vec<Outgoing> {
         self.ownership_epoch += 1;
         let mut out = Vec::new();
-        let wanted: BTreeMap<u8, InstanceSpec> = specs.into_iter().map(|s| (s.vrid, s)).collect();
+        let wanted: BTreeMap<InstanceId, InstanceSpec> = specs.into_iter().map(|s| (s.id(), s)).collect();
         // An instance that moves to another interface (or address) restarts there: its
         // primary address, the tie-breaker, is the new one.
-        let gone: Vec<u8> = self
+        let gone: Vec<InstanceId> = self
             .instances
             .iter()
-            .filter(|(vrid, r)| {
-                wanted.get(vrid).is_none_or(|w| {
-                    w.interface != r.spec.interface || self.local(&w.interface) != r.machine.primary_address()
+            .filter(|(id, r)| {
+                wanted.get(id).is_none_or(|w| {
+                    w.interface != r.spec.interface || self.local(w) != r.machine.primary_address()
                 })
             })
-            .map(|(vrid, _)| *vrid)
+            .map(|(id, _)| *id)
             .collect();
-        for vrid in gone {
-            self.lingering.remove(&vrid);
-            if let Some(mut running) = self.instances.remove(&vrid) {
+        for id in gone {
+            self.lingering.remove(&id);
+            if let Some(mut running) = self.instances.remove(&id) {
                 let actions = running.machine.shutdown();
-                self.record_state(vrid, &running.spec.group, running.machine.state());
-                self.metrics.forget(&running.spec.group, vrid);
+                self.record_state(id, &running.spec.group, running.machine.state());
+                self.metrics.forget(&running.spec.group, id);
                 // Nothing will take over this VRID: the VIPs moved to other instances.
                 for action in actions {
                     if let Action::SendAdvert { priority } = action {
@@ -246,8 +295,8 @@ impl Router {
                 }
             }
         }
-        for (vrid, spec) in wanted {
-            match self.instances.get_mut(&vrid) {
+        for (id, spec) in wanted {
+            match self.instances.get_mut(&id) {
                 Some(running) => {
                     running.machine.set_priority(spec.priority);
                     running.machine.set_preempt(spec.preempt, spec.preempt_delay);
@@ -256,20 +305,19 @@ impl Router {
                 }
                 None => {
                     let machine = Instance::new(InstanceConfig {
-                        vrid,
+                        vrid: id.vrid,
                         priority: spec.priority,
                         advert_interval: spec.advert_interval,
                         preempt: spec.preempt,
                         preempt_delay: spec.preempt_delay,
-                        primary_address: self.local(&spec.interface),
+                        primary_address: self.local(&spec),
                     });
-                    self.record_state(vrid, &spec.group, State::Initialize);
-                    self.metrics.prepare(&spec.group, vrid, &spec.interface);
-                    self.instances
-                        .insert(vrid, Running { spec, machine, last_advert: None, last_sent: None });
+                    self.record_state(id, &spec.group, State::Initialize);
+                    self.metrics.prepare(&spec.group, id, &spec.interface);
+                    self.instances.insert(id, Running { spec, machine, last_advert: None, last_sent: None });
                     if self.started {
-                        let actions = self.instances.get_mut(&vrid).map(|r| r.machine.startup(now)).unwrap();
-                        self.carry_out(now, vrid, actions, &mut out);
+                        let actions = self.instances.get_mut(&id).map(|r| r.machine.startup(now)).unwrap();
+                        self.carry_out(now, id, actions, &mut out);
                     }
                 }
             }
@@ -277,74 +325,76 @@ impl Router {
         out
     }
 
-    /// Handles one datagram from the raw socket on `interface` (IPv4 header included).
-    pub fn on_datagram(&mut self, now: Instant, interface: &str, datagram: &[u8]) -> Vec<Outgoing> {
+    /// Handles one datagram from the raw socket of its family on `interface`.
+    pub fn on_datagram(&mut self, now: Instant, interface: &str, datagram: Datagram) -> Vec<Outgoing> {
         let mut out = Vec::new();
-        // The checksum mode and keys are per instance, so find the VRID before verifying.
-        let spec = peek_vrid(datagram).and_then(|vrid| self.instances.get(&vrid)).map(|r| &r.spec);
+        let family = datagram.family();
+        // The checksum mode and keys are per instance, so find the instance before verifying.
+        let spec = datagram.peek_id().and_then(|id| self.instances.get(&id)).map(|r| &r.spec);
         let (checksum, keys) = spec.map_or((ChecksumMode::Rfc, None), |s| (s.checksum, s.keys.clone()));
         let received = match decode_authenticated(datagram, checksum, keys.as_deref()) {
             Ok((received, sequence)) => {
+                let id = InstanceId { family, vrid: received.advert.vrid };
                 if self.locals.values().any(|local| *local == received.source) {
-                    self.metrics.dropped(Some(received.advert.vrid), drop_reason::OWN);
+                    self.metrics.dropped(family, Some(id.vrid), drop_reason::OWN);
                     return out;
                 }
                 if let Some(sequence) = sequence
-                    && !self.fresh(now, received.advert.vrid, received.source, sequence)
+                    && !self.fresh(now, id, received.source, sequence)
                 {
-                    self.metrics.dropped(Some(received.advert.vrid), drop_reason::REPLAYED);
+                    self.metrics.dropped(family, Some(id.vrid), drop_reason::REPLAYED);
                     return out;
                 }
                 received
             }
             Err((error, label)) => {
-                debug!(%error, "VRRP datagram dropped");
-                self.metrics.dropped(peek_vrid(datagram), label);
+                debug!(%error, family = family.as_str(), "VRRP datagram dropped");
+                self.metrics.dropped(family, datagram.peek_vrid(), label);
                 return out;
             }
         };
-        let vrid = received.advert.vrid;
-        if let Some(handover) = self.handovers.get_mut(&vrid)
+        let id = InstanceId { family, vrid: received.advert.vrid };
+        if let Some(handover) = self.handovers.get_mut(&id)
             && handover.peers.contains(&received.source)
             && received.advert.priority != PRIORITY_RESIGN
         {
             if !handover.successor_heard {
-                info!(vrid, successor = %received.source, "successor heard, releasing VIPs shortly");
+                info!(instance = %id, successor = %received.source, "successor heard, releasing VIPs shortly");
                 handover.successor_heard = true;
                 handover.release_at = handover.release_at.min(now + HANDOVER_GRACE);
-                self.renewed.insert(vrid);
+                self.renewed.insert(id);
             }
-            self.metrics.received(&handover.group, vrid);
+            self.metrics.received(&handover.group, id);
             return out;
         }
-        let Some(running) = self.instances.get_mut(&vrid) else {
-            self.metrics.dropped(Some(vrid), drop_reason::UNKNOWN_VRID);
+        let Some(running) = self.instances.get_mut(&id) else {
+            self.metrics.dropped(family, Some(id.vrid), drop_reason::UNKNOWN_VRID);
             return out;
         };
         // Another segment's router with the same VRID, or a frame bridged across: never ours.
         if running.spec.interface != interface {
-            self.metrics.dropped(Some(vrid), drop_reason::WRONG_INTERFACE);
+            self.metrics.dropped(family, Some(id.vrid), drop_reason::WRONG_INTERFACE);
             return out;
         }
         // VRRPv3 has no authentication: only the group's members may speak for its VRIDs.
         if !running.spec.peers.contains(&received.source) {
-            self.metrics.dropped(Some(vrid), drop_reason::NOT_MEMBER);
+            self.metrics.dropped(family, Some(id.vrid), drop_reason::NOT_MEMBER);
             let group = running.spec.group.clone();
-            self.foreign_advert(now, group, vrid, received.source);
+            self.foreign_advert(now, group, id, received.source);
             return out;
         }
-        self.metrics.received(&running.spec.group, vrid);
+        self.metrics.received(&running.spec.group, id);
         if !same_addresses(&received.advert, &running.spec.vips) {
             // §7.1: "MAY verify … SHOULD log"; still processed, as the RFC allows.
-            debug!(vrid, source = %received.source, "advertised addresses differ from ours");
-            self.metrics.address_mismatch(&running.spec.group, vrid);
+            debug!(instance = %id, source = %received.source, "advertised addresses differ from ours");
+            self.metrics.address_mismatch(&running.spec.group, id);
         }
         match running.machine.on_advert(now, received.source, &received.advert) {
             Ok(actions) => {
-                if let Some(r) = self.instances.get_mut(&vrid) {
+                if let Some(r) = self.instances.get_mut(&id) {
                     r.last_advert = Some(now);
                 }
-                self.carry_out(now, vrid, actions, &mut out)
+                self.carry_out(now, id, actions, &mut out)
             }
             Err(reason) => {
                 let label = match reason {
@@ -352,7 +402,7 @@ impl Router {
                     Ignored::WeAreOwner => drop_reason::WE_ARE_OWNER,
                     Ignored::NotRunning => drop_reason::NOT_RUNNING,
                 };
-                self.metrics.dropped(Some(vrid), label);
+                self.metrics.dropped(family, Some(id.vrid), label);
             }
         }
         out
@@ -361,27 +411,27 @@ impl Router {
     /// Fires every timer due by `now`.
     pub fn on_timer(&mut self, now: Instant) -> Vec<Outgoing> {
         let mut out = Vec::new();
-        let due: Vec<u8> = self
+        let due: Vec<InstanceId> = self
             .instances
             .iter()
             .filter(|(_, r)| r.machine.next_deadline().is_some_and(|d| d <= now))
-            .map(|(v, _)| *v)
+            .map(|(id, _)| *id)
             .collect();
-        for vrid in due {
-            let actions = self.instances.get_mut(&vrid).map(|r| r.machine.on_timer(now)).unwrap_or_default();
-            self.carry_out(now, vrid, actions, &mut out);
+        for id in due {
+            let actions = self.instances.get_mut(&id).map(|r| r.machine.on_timer(now)).unwrap_or_default();
+            self.carry_out(now, id, actions, &mut out);
         }
         let expired = self.lingering.len();
         self.lingering.retain(|_, (_, until)| *until > now);
         if self.lingering.len() != expired {
             self.ownership_epoch += 1;
         }
-        let released: Vec<u8> =
-            self.handovers.iter().filter(|(_, h)| h.release_at <= now).map(|(v, _)| *v).collect();
-        for vrid in released {
-            if let Some(h) = self.handovers.remove(&vrid) {
+        let released: Vec<InstanceId> =
+            self.handovers.iter().filter(|(_, h)| h.release_at <= now).map(|(id, _)| *id).collect();
+        for id in released {
+            if let Some(h) = self.handovers.remove(&id) {
                 self.ownership_epoch += 1;
-                info!(vrid, successor_heard = h.successor_heard, "handover done, VIPs released");
+                info!(instance = %id, successor_heard = h.successor_heard, "handover done, VIPs released");
             }
         }
         out
@@ -400,16 +450,16 @@ impl Router {
     pub fn shutdown(&mut self, now: Instant) -> Vec<Outgoing> {
         self.ownership_epoch += 1;
         let mut out = Vec::new();
-        let vrids: Vec<u8> = self.instances.keys().copied().collect();
-        for vrid in vrids {
-            let Some(running) = self.instances.get_mut(&vrid) else { continue };
+        let ids: Vec<InstanceId> = self.instances.keys().copied().collect();
+        for id in ids {
+            let Some(running) = self.instances.get_mut(&id) else { continue };
             let was_master = running.machine.state() == State::Master;
             let actions = running.machine.shutdown();
             if was_master {
                 let spec = &running.spec;
                 let bound = spec.advert_interval * 3 + Duration::from_millis(100);
                 self.handovers.insert(
-                    vrid,
+                    id,
                     Handover {
                         group: spec.group.clone(),
                         vips: spec.vips.clone(),
@@ -423,13 +473,13 @@ impl Router {
             for action in actions {
                 if let Action::SendAdvert { priority } = action {
                     let sequence = self.next_sequence(now);
-                    let spec = &self.instances[&vrid].spec;
+                    let spec = &self.instances[&id].spec;
                     encode_adverts(running_local(&self.locals, spec), spec, priority, sequence, &mut out);
-                    self.metrics.sent(&self.instances[&vrid].spec.group, vrid);
+                    self.metrics.sent(&self.instances[&id].spec.group, id);
                 }
             }
-            let group = self.instances[&vrid].spec.group.clone();
-            self.record_state(vrid, &group, State::Initialize);
+            let group = self.instances[&id].spec.group.clone();
+            self.record_state(id, &group, State::Initialize);
         }
         out
     }
@@ -440,16 +490,16 @@ impl Router {
     }
 
     /// The VIPs this node must answer for now: those of Master instances and of handovers.
-    pub fn owned_vips(&self) -> BTreeSet<Ipv4Addr> {
+    pub fn owned_vips(&self) -> BTreeSet<IpAddr> {
         self.claims().into_values().flat_map(|c| c.vips).collect()
     }
 
-    /// What this node claims, by VRID: a master until its lease ([`master_lease`]) runs out,
-    /// a handover or a preempted master until it lets go (both bounded already).
-    pub fn claims(&self) -> BTreeMap<u8, Claim> {
-        let mut claims: BTreeMap<u8, Claim> = BTreeMap::new();
-        for (vrid, vips, until) in self.claimed() {
-            let claim = claims.entry(vrid).or_insert_with(|| Claim { vips: BTreeSet::new(), until });
+    /// What this node claims, by instance: a master until its lease ([`master_lease`]) runs
+    /// out, a handover or a preempted master until it lets go (both bounded already).
+    pub fn claims(&self) -> BTreeMap<InstanceId, Claim> {
+        let mut claims: BTreeMap<InstanceId, Claim> = BTreeMap::new();
+        for (id, vips, until) in self.claimed() {
+            let claim = claims.entry(id).or_insert_with(|| Claim { vips: BTreeSet::new(), until });
             claim.vips.extend(vips);
             claim.until = claim.until.max(until);
         }
@@ -458,10 +508,10 @@ impl Router {
 
     /// Only the deadlines of [`Router::claims`], without copying VIPs: the shell renews the
     /// leases after every event, and a group may hold thousands of VIPs.
-    pub fn lease_deadlines(&self) -> BTreeMap<u8, Instant> {
-        let mut deadlines: BTreeMap<u8, Instant> = BTreeMap::new();
-        for (vrid, _, until) in self.claimed() {
-            let deadline = deadlines.entry(vrid).or_insert(until);
+    pub fn lease_deadlines(&self) -> BTreeMap<InstanceId, Instant> {
+        let mut deadlines: BTreeMap<InstanceId, Instant> = BTreeMap::new();
+        for (id, _, until) in self.claimed() {
+            let deadline = deadlines.entry(id).or_insert(until);
             *deadline = (*deadline).max(until);
         }
         deadlines
@@ -474,35 +524,33 @@ impl Router {
         }
     }
 
-    /// One VRID's deadline in [`Router::claims`], if it claims anything.
-    pub fn lease_deadline(&self, vrid: u8) -> Option<Instant> {
+    /// One instance's deadline in [`Router::claims`], if it claims anything.
+    pub fn lease_deadline(&self, id: InstanceId) -> Option<Instant> {
         let master = self
             .instances
-            .get(&vrid)
+            .get(&id)
             .filter(|r| r.machine.state() == State::Master)
             .and_then(|r| Some(master_lease(r.last_sent?, r.spec.advert_interval)));
-        let handover = self.handovers.get(&vrid).map(|h| h.release_at);
-        let lingering = self.lingering.get(&vrid).map(|(_, until)| *until);
+        let handover = self.handovers.get(&id).map(|h| h.release_at);
+        let lingering = self.lingering.get(&id).map(|(_, until)| *until);
         [master, handover, lingering].into_iter().flatten().max()
     }
 
-    /// The VRIDs whose deadline may have moved since the last call without the ownership epoch
+    /// The instances whose deadline may have moved since the last call without the ownership epoch
     /// changing (an advertisement sent, a successor heard): the shell renews just those, and
     /// rewrites all of them only when the epoch changes. Every instance advertises each
     /// interval, so renewing them all per event would cost instances² per interval.
-    pub fn take_renewed(&mut self) -> BTreeSet<u8> {
+    pub fn take_renewed(&mut self) -> BTreeSet<InstanceId> {
         std::mem::take(&mut self.renewed)
     }
 
-    fn claimed(&self) -> impl Iterator<Item = (u8, &BTreeSet<Ipv4Addr>, Instant)> {
+    fn claimed(&self) -> impl Iterator<Item = (InstanceId, &BTreeSet<IpAddr>, Instant)> {
         // A master has always advertised: §6.4.2 sends one on the transition.
         let masters = self.instances.iter().filter(|(_, r)| r.machine.state() == State::Master).filter_map(
-            |(vrid, r)| {
-                r.last_sent.map(|sent| (*vrid, &r.spec.vips, master_lease(sent, r.spec.advert_interval)))
-            },
+            |(id, r)| r.last_sent.map(|sent| (*id, &r.spec.vips, master_lease(sent, r.spec.advert_interval))),
         );
-        let handovers = self.handovers.iter().map(|(vrid, h)| (*vrid, &h.vips, h.release_at));
-        let lingering = self.lingering.iter().map(|(vrid, (vips, until))| (*vrid, vips, *until));
+        let handovers = self.handovers.iter().map(|(id, h)| (*id, &h.vips, h.release_at));
+        let lingering = self.lingering.iter().map(|(id, (vips, until))| (*id, vips, *until));
         masters.chain(handovers).chain(lingering)
     }
 
@@ -522,17 +570,17 @@ impl Router {
     /// Whether an authenticated advert's sequence is new: past the last accepted from the same
     /// sender for the VRID, or, from a sender not heard yet, signed within [`FRESHNESS`].
     /// Remembered when it is.
-    fn fresh(&mut self, now: Instant, vrid: u8, source: Ipv4Addr, sequence: u64) -> bool {
+    fn fresh(&mut self, now: Instant, id: InstanceId, source: IpAddr, sequence: u64) -> bool {
         let clock = self.wall_micros(now);
-        let fresh = match self.sequences.get(&(vrid, source)) {
+        let fresh = match self.sequences.get(&(id, source)) {
             Some(&last) => sequence > last,
             None => sequence.saturating_add(FRESHNESS.as_micros() as u64) >= clock,
         };
         if fresh {
-            self.sequences.insert((vrid, source), sequence);
+            self.sequences.insert((id, source), sequence);
         } else {
             let age = Duration::from_micros(clock.saturating_sub(sequence));
-            debug!(vrid, %source, ?age, "authenticated advert replayed, or the sender's clock is behind");
+            debug!(instance = %id, %source, ?age, "authenticated advert replayed, or the sender's clock is behind");
         }
         fresh
     }
@@ -540,16 +588,16 @@ impl Router {
     /// A router outside the group advertises one of our VRIDs: logged once per
     /// [`FOREIGN_LOG_EVERY`] per (VRID, source), with how many went unlogged, and remembered
     /// for [`Router::foreign_routers`].
-    fn foreign_advert(&mut self, now: Instant, group: String, vrid: u8, source: Ipv4Addr) {
-        if self.foreign.len() >= FOREIGN_MAX && !self.foreign.contains_key(&(vrid, source)) {
+    fn foreign_advert(&mut self, now: Instant, group: String, id: InstanceId, source: IpAddr) {
+        if self.foreign.len() >= FOREIGN_MAX && !self.foreign.contains_key(&(id, source)) {
             return; // spoofed sources must not grow memory; the drop counter still counts them
         }
         let seen =
-            self.foreign.entry((vrid, source)).or_insert(ForeignRouter { group, logged: None, unlogged: 0 });
+            self.foreign.entry((id, source)).or_insert(ForeignRouter { group, logged: None, unlogged: 0 });
         if let Some(since_last_log) = seen.log_now(now) {
             warn!(
                 group = %seen.group,
-                vrid,
+                instance = %id,
                 %source,
                 since_last_log,
                 "a router outside the group advertises this VRID; its advertisements are dropped (add the VRID \
@@ -558,13 +606,14 @@ impl Router {
         }
     }
 
-    /// Routers outside their group heard advertising one of its VRIDs: (group, VRID, source).
-    pub fn foreign_routers(&self) -> impl Iterator<Item = (&str, u8, Ipv4Addr)> + '_ {
-        self.foreign.iter().map(|((vrid, source), f)| (f.group.as_str(), *vrid, *source))
+    /// Routers outside their group heard advertising one of its VRIDs: (group, instance,
+    /// source).
+    pub fn foreign_routers(&self) -> impl Iterator<Item = (&str, InstanceId, IpAddr)> + '_ {
+        self.foreign.iter().map(|((id, source), f)| (f.group.as_str(), *id, *source))
     }
 
     /// VIPs to announce again since the last call (see [`Action::Reannounce`]).
-    pub fn take_reannouncements(&mut self) -> BTreeSet<Ipv4Addr> {
+    pub fn take_reannouncements(&mut self) -> BTreeSet<IpAddr> {
         std::mem::take(&mut self.reannounce)
     }
 
@@ -573,25 +622,24 @@ impl Router {
         self.ownership_epoch
     }
 
-    /// Per-instance view for status and tests.
-    /// When each VRID's last advertisement was sent or accepted.
-    pub fn last_adverts(&self) -> impl Iterator<Item = (u8, Option<Instant>)> + '_ {
-        self.instances.iter().map(|(v, r)| (*v, r.last_advert))
+    /// When each instance's last advertisement was sent or accepted.
+    pub fn last_adverts(&self) -> impl Iterator<Item = (InstanceId, Option<Instant>)> + '_ {
+        self.instances.iter().map(|(id, r)| (*id, r.last_advert))
     }
 
     pub fn instances(&self) -> impl Iterator<Item = (&InstanceSpec, &Instance)> {
         self.instances.values().map(|r| (&r.spec, &r.machine))
     }
 
-    fn carry_out(&mut self, now: Instant, vrid: u8, actions: Vec<Action>, out: &mut Vec<Outgoing>) {
+    fn carry_out(&mut self, now: Instant, id: InstanceId, actions: Vec<Action>, out: &mut Vec<Outgoing>) {
         let advertises = actions.iter().any(|a| matches!(a, Action::SendAdvert { .. }));
-        if advertises && let Some(r) = self.instances.get_mut(&vrid) {
+        if advertises && let Some(r) = self.instances.get_mut(&id) {
             r.last_advert = Some(now);
             r.last_sent = Some(now);
-            self.renewed.insert(vrid);
+            self.renewed.insert(id);
         }
         let sequence = if advertises { self.next_sequence(now) } else { self.last_sequence };
-        let Some(running) = self.instances.get(&vrid) else { return };
+        let Some(running) = self.instances.get(&id) else { return };
         for action in actions {
             match action {
                 Action::SendAdvert { priority } => {
@@ -602,68 +650,62 @@ impl Router {
                         sequence,
                         out,
                     );
-                    self.metrics.sent(&running.spec.group, vrid);
+                    self.metrics.sent(&running.spec.group, id);
                 }
                 // Ownership is derived from the states (see `owned_vips`), not tracked twice.
                 Action::TakeOwnership => {
                     self.ownership_epoch += 1;
-                    self.lingering.remove(&vrid);
+                    self.lingering.remove(&id);
                 }
                 Action::ReleaseOwnership => {
                     self.ownership_epoch += 1;
-                    self.lingering.insert(vrid, (running.spec.vips.clone(), now + HANDOVER_GRACE));
+                    self.lingering.insert(id, (running.spec.vips.clone(), now + HANDOVER_GRACE));
                 }
                 Action::LeaseLapsed => {
                     warn!(
                         group = %running.spec.group,
-                        vrid,
+                        instance = %id,
                         "this master fell silent past its lease (the agent was frozen or stalled): \
                          rejoining as backup"
                     );
                     self.ownership_epoch += 1;
-                    self.lingering.remove(&vrid);
+                    self.lingering.remove(&id);
                 }
                 Action::Reannounce => {
-                    info!(group = %running.spec.group, vrid, "a lower-priority router acted as master; reasserting");
-                    self.metrics.reasserted(&running.spec.group, vrid);
+                    info!(group = %running.spec.group, instance = %id, "a lower-priority router acted as master; reasserting");
+                    self.metrics.reasserted(&running.spec.group, id);
                     self.reannounce.extend(&running.spec.vips);
                 }
             }
         }
         let (group, state, master) =
             (running.spec.group.clone(), running.machine.state(), running.machine.master());
-        self.record_state(vrid, &group, state);
-        self.metrics.master(&group, vrid, master);
+        self.record_state(id, &group, state);
+        self.metrics.master(&group, id, master);
     }
 
-    fn record_state(&mut self, vrid: u8, group: &str, state: State) {
-        if let Some((from, to)) = self.metrics.state(group, vrid, state) {
-            info!(group, vrid, from = from.as_str(), to = to.as_str(), "VRRP transition");
+    fn record_state(&mut self, id: InstanceId, group: &str, state: State) {
+        if let Some((from, to)) = self.metrics.state(group, id, state) {
+            info!(group, instance = %id, from = from.as_str(), to = to.as_str(), "VRRP transition");
         }
     }
 }
 
-/// This node's address on `spec`'s interface.
-fn running_local(locals: &BTreeMap<String, Ipv4Addr>, spec: &InstanceSpec) -> Ipv4Addr {
-    locals.get(&spec.interface).copied().unwrap_or(Ipv4Addr::UNSPECIFIED)
+/// This node's address of `spec`'s family on its interface.
+fn running_local(locals: &Locals, spec: &InstanceSpec) -> IpAddr {
+    locals.get(&(spec.interface.clone(), spec.family)).copied().unwrap_or(spec.family.unspecified())
 }
 
 /// The advertisement for each destination; signed with `sequence` when the group
 /// authenticates.
-fn encode_adverts(
-    local: Ipv4Addr,
-    spec: &InstanceSpec,
-    priority: u8,
-    sequence: u64,
-    out: &mut Vec<Outgoing>,
-) {
+fn encode_adverts(local: IpAddr, spec: &InstanceSpec, priority: u8, sequence: u64, out: &mut Vec<Outgoing>) {
     let advert = Advertisement {
         vrid: spec.vrid,
         priority,
         max_adver_int_cs: (spec.advert_interval.as_millis() / 10) as u16,
-        addresses: spec.vips.iter().map(|v| (*v).into()).collect(),
+        addresses: spec.vips.iter().copied().collect(),
     };
-    let encode = |destination: Ipv4Addr| {
+    let encode = |destination: IpAddr| {
         let mut payload = advert.encode(local, destination, spec.checksum);
         if let Some(keys) = &spec.keys {
             let trailer = keys.sign(local, destination, &payload, sequence);
@@ -672,7 +714,10 @@ fn encode_adverts(
         Outgoing { interface: spec.interface.clone(), destination, payload }
     };
     match spec.transport {
-        Transport::Multicast => out.push(encode(VRRP_MULTICAST_V4)),
+        Transport::Multicast => out.push(encode(match spec.family {
+            Family::V4 => VRRP_MULTICAST_V4.into(),
+            Family::V6 => VRRP_MULTICAST_V6.into(),
+        })),
         Transport::Unicast => out.extend(spec.peers.iter().map(|&peer| encode(peer))),
     }
 }
@@ -681,60 +726,52 @@ fn unix_micros(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
-/// An IPv4 advertisement, as this router handles them.
-struct Received4 {
-    source: Ipv4Addr,
-    advert: Advertisement,
-}
-
 /// Decodes, and for a group with keys authenticates: the sender, the advert and its sequence,
 /// or the error and its drop label.
 fn decode_authenticated(
-    datagram: &[u8],
+    datagram: Datagram,
     checksum: ChecksumMode,
     keys: Option<&Keyring>,
-) -> Result<(Received4, Option<u64>), (String, &'static str)> {
+) -> Result<(Received, Option<u64>), (String, &'static str)> {
     let decode_error = |e: DecodeError| (e.to_string(), e.label());
-    let v4 = |source: std::net::IpAddr| match source {
-        std::net::IpAddr::V4(v4) => Ok(v4),
-        std::net::IpAddr::V6(_) => Err(decode_error(DecodeError::NotVrrp)),
-    };
     let Some(keys) = keys else {
-        let received = decode_ipv4(datagram, checksum).map_err(decode_error)?;
-        return Ok((Received4 { source: v4(received.source)?, advert: received.advert }, None));
+        let received = match datagram {
+            Datagram::V4(datagram) => decode_ipv4(datagram, checksum),
+            Datagram::V6 { header, payload } => decode_ipv6(payload, header, checksum),
+        };
+        return Ok((received.map_err(decode_error)?, None));
     };
-    let (received, message, trailer) = decode_ipv4_with_trailer(datagram, checksum).map_err(decode_error)?;
+    let (received, message, trailer) = match datagram {
+        Datagram::V4(datagram) => decode_ipv4_with_trailer(datagram, checksum),
+        Datagram::V6 { header, payload } => decode_ipv6_with_trailer(payload, header, checksum),
+    }
+    .map_err(decode_error)?;
     match keys.verify(received.source, received.destination, message, trailer) {
-        Ok(sequence) => {
-            Ok((Received4 { source: v4(received.source)?, advert: received.advert }, Some(sequence)))
-        }
+        Ok(sequence) => Ok((received, Some(sequence))),
         Err(e) => Err((format!("from {}: {e}", received.source), e.label())),
     }
 }
 
-/// The VRID byte of a VRRP datagram, before anything is verified.
-fn peek_vrid(datagram: &[u8]) -> Option<u8> {
-    let header_len = usize::from(*datagram.first()? & 0x0f) * 4;
-    datagram.get(header_len + 1).copied()
-}
-
-fn same_addresses(advert: &Advertisement, ours: &BTreeSet<Ipv4Addr>) -> bool {
-    let listed: BTreeSet<std::net::IpAddr> = advert.addresses.iter().copied().collect();
+fn same_addresses(advert: &Advertisement, ours: &BTreeSet<IpAddr>) -> bool {
+    let listed: BTreeSet<IpAddr> = advert.addresses.iter().copied().collect();
     // Large instances advertise only the first addresses (see packet::MAX_ADVERTISED_ADDRS).
     listed.len() == advert.addresses.len()
-        && listed.iter().all(|a| matches!(a, std::net::IpAddr::V4(v4) if ours.contains(v4)))
+        && listed.iter().all(|a| ours.contains(a))
         && (listed.len() == ours.len() || listed.len() == super::packet::MAX_ADVERTISED_ADDRS)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
     use super::*;
     use prometheus_client::registry::Registry;
 
     const A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
     const B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
     const ROGUE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 66);
-    const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+    const VIP: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 10));
+    const ID: InstanceId = InstanceId::v4(9);
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -744,13 +781,14 @@ mod tests {
         InstanceSpec {
             group: "g".into(),
             interface: "eth0".into(),
+            family: Family::V4,
             vrid: 9,
             priority,
             advert_interval: ms(100),
             preempt: true,
             preempt_delay: Duration::ZERO,
             vips: [VIP].into(),
-            peers: peers.iter().copied().collect(),
+            peers: peers.iter().map(|p| IpAddr::V4(*p)).collect(),
             transport,
             checksum: ChecksumMode::Rfc,
             keys: None,
@@ -760,7 +798,7 @@ mod tests {
     fn router(local: Ipv4Addr, spec: InstanceSpec) -> (Router, Registry) {
         let mut registry = Registry::default();
         let metrics = VrrpMetrics::register(&mut registry);
-        let mut r = Router::new([("eth0".to_owned(), local)].into(), metrics);
+        let mut r = Router::new([(("eth0".to_owned(), Family::V4), local.into())].into(), metrics);
         r.reconfigure(Instant::now(), vec![spec]);
         (r, registry)
     }
@@ -771,7 +809,8 @@ mod tests {
         d.extend_from_slice(&((20 + out.payload.len()) as u16).to_be_bytes());
         d.extend_from_slice(&[0, 0, 0, 0, ttl, 112, 0, 0]);
         d.extend_from_slice(&source.octets());
-        d.extend_from_slice(&out.destination.octets());
+        let IpAddr::V4(destination) = out.destination else { panic!("an IPv4 advert") };
+        d.extend_from_slice(&destination.octets());
         d.extend_from_slice(&out.payload);
         d
     }
@@ -801,7 +840,7 @@ mod tests {
         assert_eq!(a.owned_vips(), [VIP].into());
         assert_eq!(adverts.len(), 1);
         assert_eq!(adverts[0].destination, VRRP_MULTICAST_V4);
-        assert!(b.on_datagram(t0 + ms(322), "eth0", &on_wire(A, &adverts[0], 255)).is_empty());
+        assert!(b.on_datagram(t0 + ms(322), "eth0", Datagram::V4(&on_wire(A, &adverts[0], 255))).is_empty());
         assert!(b.owned_vips().is_empty());
         // A dies. B's down timer, reset at 322 ms: 300 ms + 156/256 × 100 ms = 360.9 ms later.
         assert!(b.on_timer(t0 + ms(682)).is_empty());
@@ -809,7 +848,8 @@ mod tests {
         assert_eq!(takeover.len(), 1, "B advertises as it takes over");
         assert_eq!(b.owned_vips(), [VIP].into());
         let metrics = text(&registry);
-        let transition = r#"vrrp_transitions_total{group="g",vrid="9",from="backup",to="master"} 1"#;
+        let transition =
+            r#"vrrp_transitions_total{group="g",vrid="9",family="ipv4",from="backup",to="master"} 1"#;
         assert!(metrics.contains(transition), "{metrics}");
     }
 
@@ -819,20 +859,20 @@ mod tests {
         let (mut a, _) = router(A, spec(200, &[B], Transport::Multicast));
         a.start(t0);
         a.on_timer(t0 + ms(322));
-        let claim = a.claims()[&9].clone();
+        let claim = a.claims()[&ID].clone();
         assert_eq!(claim, Claim { vips: [VIP].into(), until: t0 + ms(622) }, "three intervals");
         // Every advertisement renews it; this is the last one before A dies.
         let last = a.on_timer(t0 + ms(422));
-        let until = a.claims()[&9].until;
+        let until = a.claims()[&ID].until;
         assert_eq!(until, t0 + ms(722));
         // The shell renews just the VRIDs that advertised, from their own deadline.
-        assert_eq!(a.take_renewed(), [9].into());
-        assert_eq!(a.lease_deadline(9), Some(until));
+        assert_eq!(a.take_renewed(), [ID].into());
+        assert_eq!(a.lease_deadline(ID), Some(until));
         assert!(a.take_renewed().is_empty(), "taken once");
         for priority in [1, 100, 199] {
             let (mut b, _) = router(B, spec(priority, &[A], Transport::Multicast));
             b.start(t0);
-            b.on_datagram(t0 + ms(422), "eth0", &on_wire(A, &last[0], 255));
+            b.on_datagram(t0 + ms(422), "eth0", Datagram::V4(&on_wire(A, &last[0], 255)));
             let mut t = t0 + ms(422);
             while b.owned_vips().is_empty() {
                 t += ms(1);
@@ -841,14 +881,13 @@ mod tests {
             assert!(t > until, "a backup of priority {priority} takes over at {:?}, after the claim", t - t0);
         }
         // A master that steps down claims nothing.
-        let preempting =
-            Advertisement { vrid: 9, priority: 250, max_adver_int_cs: 10, addresses: vec![VIP.into()] };
+        let preempting = Advertisement { vrid: 9, priority: 250, max_adver_int_cs: 10, addresses: vec![VIP] };
         let out = Outgoing {
             interface: "eth0".into(),
-            destination: VRRP_MULTICAST_V4,
+            destination: VRRP_MULTICAST_V4.into(),
             payload: preempting.encode(B, VRRP_MULTICAST_V4, ChecksumMode::Rfc),
         };
-        a.on_datagram(t0 + ms(450), "eth0", &on_wire(B, &out, 255));
+        a.on_datagram(t0 + ms(450), "eth0", Datagram::V4(&on_wire(B, &out, 255)));
         assert!(a.claims().values().all(|c| c.until <= t0 + ms(450) + HANDOVER_GRACE), "{:?}", a.claims());
     }
 
@@ -861,8 +900,11 @@ mod tests {
         b.start(t0);
         let adverts = a.on_timer(t0 + ms(322));
         // The member's own advert, but heard on another segment: it must not hold B back.
-        b.on_datagram(t0 + ms(322), "eth1", &on_wire(A, &adverts[0], 255));
-        assert_counted(&registry, &[r#"vrrp_adverts_dropped_total{vrid="9",reason="wrong_interface"} 1"#]);
+        b.on_datagram(t0 + ms(322), "eth1", Datagram::V4(&on_wire(A, &adverts[0], 255)));
+        assert_counted(
+            &registry,
+            &[r#"vrrp_adverts_dropped_total{vrid="9",family="ipv4",reason="wrong_interface"} 1"#],
+        );
         assert_eq!(b.on_timer(t0 + ms(400)).len(), 1, "B took over: it never heard A on eth0");
         assert_eq!(b.owned_vips(), [VIP].into());
     }
@@ -873,7 +915,8 @@ mod tests {
         let mut registry = Registry::default();
         let lan = Ipv4Addr::new(10, 30, 0, 10);
         let mut r = Router::new(
-            [("eth0".to_owned(), A), ("eth0.30".to_owned(), lan)].into(),
+            [(("eth0".to_owned(), Family::V4), A.into()), (("eth0.30".to_owned(), Family::V4), lan.into())]
+                .into(),
             VrrpMetrics::register(&mut registry),
         );
         let other =
@@ -881,8 +924,8 @@ mod tests {
         r.reconfigure(t0, vec![spec(200, &[B], Transport::Multicast), other]);
         r.start(t0);
         let out = r.on_timer(t0 + ms(400));
-        let sent: Vec<(&str, Ipv4Addr)> = out.iter().map(|o| (o.interface.as_str(), o.destination)).collect();
-        assert_eq!(sent, vec![("eth0", VRRP_MULTICAST_V4), ("eth0.30", B)]);
+        let sent: Vec<(&str, IpAddr)> = out.iter().map(|o| (o.interface.as_str(), o.destination)).collect();
+        assert_eq!(sent, vec![("eth0", VRRP_MULTICAST_V4.into()), ("eth0.30", B.into())]);
         let source = |o: &Outgoing| decode_ipv4(&on_wire(Ipv4Addr::UNSPECIFIED, o, 255), ChecksumMode::Rfc);
         // The checksum covers the source address: each advert verifies only from its own.
         assert!(decode_ipv4(&on_wire(A, &out[0], 255), ChecksumMode::Rfc).is_ok());
@@ -905,42 +948,42 @@ mod tests {
         let adverts = rogue.on_timer(t0 + ms(400));
         let (mut b, registry) = router(B, spec(100, &[A], Transport::Multicast));
         b.start(t0);
-        b.on_datagram(t0 + ms(400), "eth0", &on_wire(ROGUE, &adverts[0], 255));
+        b.on_datagram(t0 + ms(400), "eth0", Datagram::V4(&on_wire(ROGUE, &adverts[0], 255)));
         assert_eq!(
             b.foreign_routers().collect::<Vec<_>>(),
-            vec![("g", 9, ROGUE)],
+            vec![("g", ID, IpAddr::V4(ROGUE))],
             "remembered for the Event"
         );
-        b.on_datagram(t0 + ms(400), "eth0", &on_wire(A, &adverts[0], 64));
+        b.on_datagram(t0 + ms(400), "eth0", Datagram::V4(&on_wire(A, &adverts[0], 64)));
         // Our own advert looped back.
-        let own = Advertisement { vrid: 9, priority: 100, max_adver_int_cs: 10, addresses: vec![VIP.into()] };
+        let own = Advertisement { vrid: 9, priority: 100, max_adver_int_cs: 10, addresses: vec![VIP] };
         let own = Outgoing {
             interface: "eth0".into(),
-            destination: VRRP_MULTICAST_V4,
+            destination: VRRP_MULTICAST_V4.into(),
             payload: own.encode(B, VRRP_MULTICAST_V4, ChecksumMode::Rfc),
         };
-        b.on_datagram(t0 + ms(400), "eth0", &on_wire(B, &own, 255));
+        b.on_datagram(t0 + ms(400), "eth0", Datagram::V4(&on_wire(B, &own, 255)));
         // A VRID nobody configured.
         let mut corrupted = adverts[0].clone();
         corrupted.payload[1] = 77;
-        b.on_datagram(t0 + ms(400), "eth0", &on_wire(A, &corrupted, 255));
+        b.on_datagram(t0 + ms(400), "eth0", Datagram::V4(&on_wire(A, &corrupted, 255)));
         let foreign = Advertisement { vrid: 78, priority: 100, max_adver_int_cs: 10, addresses: vec![] };
         let foreign = Outgoing {
             interface: "eth0".into(),
-            destination: VRRP_MULTICAST_V4,
+            destination: VRRP_MULTICAST_V4.into(),
             payload: foreign.encode(A, VRRP_MULTICAST_V4, ChecksumMode::Rfc),
         };
-        b.on_datagram(t0 + ms(400), "eth0", &on_wire(A, &foreign, 255));
-        b.on_datagram(t0 + ms(400), "eth0", &on_wire(A, &foreign, 255)[..27]);
+        b.on_datagram(t0 + ms(400), "eth0", Datagram::V4(&on_wire(A, &foreign, 255)));
+        b.on_datagram(t0 + ms(400), "eth0", Datagram::V4(&on_wire(A, &foreign, 255)[..27]));
         assert_counted(
             &registry,
             &[
-                r#"vrrp_adverts_dropped_total{vrid="9",reason="not_member"} 1"#,
-                r#"vrrp_adverts_dropped_total{vrid="9",reason="bad_ttl"} 1"#,
-                r#"vrrp_adverts_dropped_total{vrid="78",reason="unknown_vrid"} 1"#,
-                r#"vrrp_adverts_dropped_total{vrid="78",reason="truncated"} 1"#,
-                r#"vrrp_adverts_dropped_total{vrid="9",reason="own_advert"} 1"#,
-                r#"vrrp_adverts_dropped_total{vrid="77",reason="bad_checksum"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="9",family="ipv4",reason="not_member"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="9",family="ipv4",reason="bad_ttl"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="78",family="ipv4",reason="unknown_vrid"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="78",family="ipv4",reason="truncated"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="9",family="ipv4",reason="own_advert"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="77",family="ipv4",reason="bad_checksum"} 1"#,
             ],
         );
         // The rogue's priority 254 did not keep B from taking over on schedule.
@@ -963,22 +1006,24 @@ mod tests {
         b.start(t0);
         let first = a.on_timer(t0 + ms(322));
         assert_eq!(first[0].payload.len(), 12 + super::super::auth::TRAILER_LEN, "signed");
-        b.on_datagram(t0 + ms(322), "eth0", &on_wire(A, &first[0], 255));
+        b.on_datagram(t0 + ms(322), "eth0", Datagram::V4(&on_wire(A, &first[0], 255)));
         let second = a.on_timer(t0 + ms(422));
-        b.on_datagram(t0 + ms(422), "eth0", &on_wire(A, &second[0], 255));
+        b.on_datagram(t0 + ms(422), "eth0", Datagram::V4(&on_wire(A, &second[0], 255)));
 
         // A spoofer with a member's address, unsigned: B's state machine never sees it.
-        let spoof =
-            |payload: Vec<u8>| Outgoing { interface: "eth0".into(), destination: VRRP_MULTICAST_V4, payload };
-        let unsigned =
-            Advertisement { vrid: 9, priority: 254, max_adver_int_cs: 10, addresses: vec![VIP.into()] }
-                .encode(A, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
-        b.on_datagram(t0 + ms(430), "eth0", &on_wire(A, &spoof(unsigned), 255));
+        let spoof = |payload: Vec<u8>| Outgoing {
+            interface: "eth0".into(),
+            destination: VRRP_MULTICAST_V4.into(),
+            payload,
+        };
+        let unsigned = Advertisement { vrid: 9, priority: 254, max_adver_int_cs: 10, addresses: vec![VIP] }
+            .encode(A, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
+        b.on_datagram(t0 + ms(430), "eth0", Datagram::V4(&on_wire(A, &spoof(unsigned), 255)));
         // Signed with another key, or tampered with (priority raised after signing).
         let (mut other, _) = router(A, keyed(spec(200, &[B], Transport::Multicast), &"x".repeat(32)));
         other.start(t0);
         let foreign_key = other.on_timer(t0 + ms(322));
-        b.on_datagram(t0 + ms(430), "eth0", &on_wire(A, &foreign_key[0], 255));
+        b.on_datagram(t0 + ms(430), "eth0", Datagram::V4(&on_wire(A, &foreign_key[0], 255)));
         let mut tampered = second[0].clone();
         tampered.payload[2] = 254;
         // The checksum fixed up, as a careful attacker would (it covers the message alone).
@@ -986,18 +1031,18 @@ mod tests {
         let sum =
             crate::vrrp::packet::checksum(&tampered.payload[..12], A, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
         tampered.payload[6..8].copy_from_slice(&sum.to_be_bytes());
-        b.on_datagram(t0 + ms(430), "eth0", &on_wire(A, &tampered, 255));
+        b.on_datagram(t0 + ms(430), "eth0", Datagram::V4(&on_wire(A, &tampered, 255)));
         // The master's own advert, captured and sent again.
-        b.on_datagram(t0 + ms(440), "eth0", &on_wire(A, &first[0], 255));
+        b.on_datagram(t0 + ms(440), "eth0", Datagram::V4(&on_wire(A, &first[0], 255)));
 
         assert_counted(
             &registry,
             &[
-                r#"vrrp_adverts_dropped_total{vrid="9",reason="unauthenticated"} 1"#,
-                r#"vrrp_adverts_dropped_total{vrid="9",reason="unknown_key"} 1"#,
-                r#"vrrp_adverts_dropped_total{vrid="9",reason="bad_tag"} 1"#,
-                r#"vrrp_adverts_dropped_total{vrid="9",reason="replayed"} 1"#,
-                r#"vrrp_adverts_received_total{group="g",vrid="9"} 2"#,
+                r#"vrrp_adverts_dropped_total{vrid="9",family="ipv4",reason="unauthenticated"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="9",family="ipv4",reason="unknown_key"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="9",family="ipv4",reason="bad_tag"} 1"#,
+                r#"vrrp_adverts_dropped_total{vrid="9",family="ipv4",reason="replayed"} 1"#,
+                r#"vrrp_adverts_received_total{group="g",vrid="9",family="ipv4"} 2"#,
             ],
         );
         // B still follows A's schedule: down 360.9 ms after A's last genuine advert (422 ms).
@@ -1009,11 +1054,11 @@ mod tests {
         // A router restarted later hears the captured advert first: too old to be news.
         let (mut c, registry) = router(B, keyed(spec(100, &[A], Transport::Multicast), KEY));
         c.wall_clock.1 += FRESHNESS.as_micros() as u64 + 1_000_000;
-        c.on_datagram(t0 + ms(450), "eth0", &on_wire(A, &second[0], 255));
+        c.on_datagram(t0 + ms(450), "eth0", Datagram::V4(&on_wire(A, &second[0], 255)));
         assert!(text(&registry).contains(r#"reason="replayed"} 1"#));
         // An unauthenticated router drops a signed advert: its length disagrees with the count.
         let (mut plain, registry) = router(B, spec(100, &[A], Transport::Multicast));
-        plain.on_datagram(t0 + ms(450), "eth0", &on_wire(A, &second[0], 255));
+        plain.on_datagram(t0 + ms(450), "eth0", Datagram::V4(&on_wire(A, &second[0], 255)));
         assert!(text(&registry).contains(r#"reason="bad_count"} 1"#));
     }
 
@@ -1042,7 +1087,7 @@ mod tests {
         }
         let b_takes = b.on_timer(t0 + ms(900));
         assert_eq!(b.owned_vips(), [VIP].into());
-        a.on_datagram(t0 + ms(900), "eth0", &on_wire(B, &b_takes[0], 255));
+        a.on_datagram(t0 + ms(900), "eth0", Datagram::V4(&on_wire(B, &b_takes[0], 255)));
         assert_eq!(a.owned_vips(), [VIP].into(), "A still answers while B's gratuitous ARPs land");
         assert!(a.next_deadline().is_some_and(|d| d <= t0 + ms(900) + HANDOVER_GRACE));
         a.on_timer(t0 + ms(900) + HANDOVER_GRACE - ms(1));
@@ -1059,7 +1104,7 @@ mod tests {
         a.start(t0);
         b.start(t0);
         let advert = a.on_timer(t0 + ms(322));
-        b.on_datagram(t0 + ms(322), "eth0", &on_wire(A, &advert[0], 255));
+        b.on_datagram(t0 + ms(322), "eth0", Datagram::V4(&on_wire(A, &advert[0], 255)));
 
         let resign = a.shutdown(t0 + ms(400));
         assert_eq!(resign.len(), 1);
@@ -1067,11 +1112,11 @@ mod tests {
         assert!(a.handing_over());
         assert_eq!(a.owned_vips(), [VIP].into(), "still serving while B takes over");
 
-        b.on_datagram(t0 + ms(400), "eth0", &on_wire(A, &resign[0], 255));
+        b.on_datagram(t0 + ms(400), "eth0", Datagram::V4(&on_wire(A, &resign[0], 255)));
         // B waits only Skew_Time: 156/256 × 100 ms = 60.9 ms.
         let takeover = b.on_timer(t0 + ms(461));
         assert_eq!(b.owned_vips(), [VIP].into());
-        a.on_datagram(t0 + ms(461), "eth0", &on_wire(B, &takeover[0], 255));
+        a.on_datagram(t0 + ms(461), "eth0", Datagram::V4(&on_wire(B, &takeover[0], 255)));
         assert_eq!(a.next_deadline(), Some(t0 + ms(461) + HANDOVER_GRACE));
         a.on_timer(t0 + ms(461) + HANDOVER_GRACE);
         assert!(!a.handing_over());
@@ -1098,10 +1143,10 @@ mod tests {
         let (mut a, _) = router(A, spec(200, &[B, c], Transport::Unicast));
         a.start(t0);
         let out = a.on_timer(t0 + ms(322));
-        assert_eq!(out.iter().map(|o| o.destination).collect::<Vec<_>>(), vec![B, c]);
+        assert_eq!(out.iter().map(|o| o.destination).collect::<Vec<_>>(), vec![IpAddr::V4(B), IpAddr::V4(c)]);
         for o in &out {
             let received = decode_ipv4(&on_wire(A, o, 255), ChecksumMode::Rfc).unwrap();
-            assert_eq!(received.advert.addresses, vec![std::net::IpAddr::V4(VIP)]);
+            assert_eq!(received.advert.addresses, vec![VIP]);
         }
     }
 
@@ -1118,5 +1163,93 @@ mod tests {
         assert_eq!(resign.len(), 1);
         assert_eq!(resign[0].payload[2], 0);
         assert!(a.owned_vips().is_empty());
+    }
+
+    const A6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xa);
+    const B6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xb);
+    const VIP6: IpAddr = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, 0x10));
+
+    /// An IPv4 and an IPv6 instance, both VRID 9, on one router.
+    fn dual_stack(
+        local4: Ipv4Addr,
+        local6: Ipv6Addr,
+        priority: u8,
+        peer4: Ipv4Addr,
+        peer6: Ipv6Addr,
+    ) -> Router {
+        let v6 = InstanceSpec {
+            family: Family::V6,
+            vips: [VIP6].into(),
+            peers: [IpAddr::V6(peer6)].into(),
+            ..spec(priority, &[peer4], Transport::Multicast)
+        };
+        let locals = [
+            (("eth0".to_owned(), Family::V4), local4.into()),
+            (("eth0".to_owned(), Family::V6), local6.into()),
+        ];
+        let mut r = Router::new(locals.into(), VrrpMetrics::register(&mut Registry::default()));
+        r.reconfigure(Instant::now(), vec![spec(priority, &[peer4], Transport::Multicast), v6]);
+        r
+    }
+
+    /// What a raw IPv6 socket delivers for `out` sent from `source`.
+    fn received6(source: Ipv6Addr, out: &Outgoing, hop_limit: u8) -> (ipv6::Header, Vec<u8>) {
+        let IpAddr::V6(destination) = out.destination else { panic!("an IPv6 advert") };
+        (ipv6::Header { source, destination, hop_limit }, out.payload.clone())
+    }
+
+    #[test]
+    fn an_ipv4_and_an_ipv6_instance_share_a_vrid_and_decide_apart() {
+        let t0 = Instant::now();
+        let mut a = dual_stack(A, A6, 200, B, B6);
+        a.start(t0);
+        let adverts = a.on_timer(t0 + ms(322));
+        let destinations: Vec<IpAddr> = adverts.iter().map(|o| o.destination).collect();
+        assert_eq!(destinations, vec![IpAddr::V4(VRRP_MULTICAST_V4), IpAddr::V6(VRRP_MULTICAST_V6)]);
+        assert_eq!(a.owned_vips(), [VIP, VIP6].into());
+        let ids: Vec<InstanceId> = a.claims().into_keys().collect();
+        assert_eq!(ids, vec![InstanceId::v4(9), InstanceId::v6(9)]);
+        assert_ne!(ids[0].lease_slot(), ids[1].lease_slot());
+        // The IPv6 advert is RFC 5798 §5.1.2's: checksummed with the link-local source.
+        let (header, payload) = received6(A6, &adverts[1], 255);
+        let decoded = decode_ipv6(&payload, header, ChecksumMode::Rfc).unwrap();
+        assert_eq!((decoded.advert.vrid, decoded.advert.addresses.clone()), (9, vec![VIP6]));
+
+        // B, a higher-priority IPv6 router, takes over the IPv6 instance only.
+        let mut b = dual_stack(B, B6, 250, A, A6);
+        b.start(t0);
+        let b_adverts = b.on_timer(t0 + ms(400));
+        let (header, payload) = received6(B6, &b_adverts[1], 255);
+        a.on_datagram(t0 + ms(401), "eth0", Datagram::V6 { header, payload: &payload });
+        a.on_timer(t0 + ms(560)); // past the handover grace
+        assert_eq!(a.owned_vips(), [VIP].into(), "the IPv6 VIP is B's now, the IPv4 one still A's");
+        let states: Vec<(Family, State)> = a.instances().map(|(s, i)| (s.family, i.state())).collect();
+        assert_eq!(states, vec![(Family::V4, State::Master), (Family::V6, State::Backup)]);
+        assert_eq!(a.instances().nth(1).unwrap().1.master(), Some(B6.into()));
+        // An IPv6 advert with a hop limit other than 255 is dropped (§7.1).
+        let mut c = dual_stack(A, A6, 200, B, B6);
+        c.start(t0);
+        c.on_timer(t0 + ms(322));
+        let (header, payload) = received6(B6, &b_adverts[1], 64);
+        c.on_datagram(t0 + ms(401), "eth0", Datagram::V6 { header, payload: &payload });
+        assert_eq!(c.owned_vips(), [VIP, VIP6].into());
+    }
+
+    #[test]
+    fn an_ipv6_tie_is_won_by_the_higher_link_local_address() {
+        let t0 = Instant::now();
+        let mut a = dual_stack(A, A6, 200, B, B6);
+        let mut b = dual_stack(B, B6, 200, A, A6);
+        a.start(t0);
+        b.start(t0);
+        let a_adverts = a.on_timer(t0 + ms(322));
+        let b_adverts = b.on_timer(t0 + ms(322));
+        // Both masters at once; each hears the other. fe80::b > fe80::a: B keeps IPv6.
+        let (header, payload) = received6(B6, &b_adverts[1], 255);
+        a.on_datagram(t0 + ms(323), "eth0", Datagram::V6 { header, payload: &payload });
+        let (header, payload) = received6(A6, &a_adverts[1], 255);
+        b.on_datagram(t0 + ms(323), "eth0", Datagram::V6 { header, payload: &payload });
+        let ipv6_state = |r: &Router| r.instances().find(|(s, _)| s.family == Family::V6).unwrap().1.state();
+        assert_eq!((ipv6_state(&a), ipv6_state(&b)), (State::Backup, State::Master));
     }
 }

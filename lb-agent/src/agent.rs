@@ -899,7 +899,7 @@ impl Agent {
         let configured: BTreeSet<IpAddr> =
             self.config.vips.iter().map(|v| v.address).chain(self.plan.vips.keys().copied()).collect();
         if let Ok(mut counters) = self.counters.lock()
-            && let Err(e) = counters.retain_vips(|vip| configured.contains(&IpAddr::V4(*vip)))
+            && let Err(e) = counters.retain_vips(|vip| configured.contains(vip))
         {
             warn!(error = %e, "pruning per-VIP counters failed");
         }

@@ -261,13 +261,25 @@ impl Collector for XdpCollector {
             "Packets by the path the XDP program took",
             reasons.iter().map(|(l, c)| (l, c.packets)),
         )?;
-        let vips: Vec<_> =
-            snapshot.vips.iter().map(|(vip, s)| (VipLabel { vip: vip.to_string() }, s.arp_replies)).collect();
+        let answers = |ipv6: bool| -> Vec<_> {
+            snapshot
+                .vips
+                .iter()
+                .filter(|(vip, _)| vip.is_ipv6() == ipv6)
+                .map(|(vip, s)| (VipLabel { vip: vip.to_string() }, s.arp_replies))
+                .collect()
+        };
         counter_family(
             &mut encoder,
             "arp_replies",
-            "ARP replies sent from XDP, per VIP",
-            vips.iter().map(|(l, v)| (l, *v)),
+            "ARP replies sent from XDP, per IPv4 VIP",
+            answers(false).iter().map(|(l, v)| (l, *v)),
+        )?;
+        counter_family(
+            &mut encoder,
+            "neighbor_advertisements",
+            "Neighbor Advertisements sent from XDP in answer to solicitations, per IPv6 VIP",
+            answers(true).iter().map(|(l, v)| (l, *v)),
         )?;
         let vip_traffic: Vec<_> =
             snapshot.vips.iter().map(|(vip, s)| (VipLabel { vip: vip.to_string() }, *s)).collect();

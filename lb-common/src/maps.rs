@@ -12,6 +12,9 @@ pub const OWNED_VIPS6: &str = "OWNED_VIPS6";
 pub const VIP_LEASES: &str = "VIP_LEASES";
 /// `PerCpuHashMap<VipKey, VipStats>`: per-VIP ARP counters, kept while the VIP is configured.
 pub const VIP_STATS: &str = "VIP_STATS";
+/// `PerCpuHashMap<Vip6Key, VipStats>`: per-VIP Neighbor Advertisements (counted in
+/// `arp_replies`), kept while the IPv6 VIP is configured.
+pub const VIP_STATS6: &str = "VIP_STATS6";
 /// `PerCpuArray<PacketCounter>` indexed by a VIP's slot (`Service::vip_slot`, the same for all
 /// of a VIP's services): packets and bytes to the VIP's services. An array, so the hot path
 /// counts without a hash lookup; the agent maps slots back to VIPs.
@@ -153,8 +156,8 @@ pub struct Uplink {
     pub _pad: u8,
 }
 
-/// Per-VIP counters of the ARP path (one copy per CPU; userspace sums them). Traffic to the
-/// VIP's services is in [`VIP_TRAFFIC`].
+/// Per-VIP counters of the ARP path, or for an IPv6 VIP of Neighbor Discovery (one copy per
+/// CPU; userspace sums them). Traffic to the VIP's services is in [`VIP_TRAFFIC`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VipStats {

@@ -32,6 +32,9 @@ pub static VIP_LEASES: Array<u64> = Array::with_max_entries(MAX_LEASES, 0);
 pub static VIP_STATS: PerCpuHashMap<VipKey, VipStats> = PerCpuHashMap::with_max_entries(MAX_VIPS, 0);
 
 #[map]
+pub static VIP_STATS6: PerCpuHashMap<Vip6Key, VipStats> = PerCpuHashMap::with_max_entries(MAX_VIPS, 0);
+
+#[map]
 pub static VIP_TRAFFIC: PerCpuArray<PacketCounter> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
 
 #[map]

@@ -1,12 +1,15 @@
 //! Counters. Per-CPU, so increments need no atomics; userspace sums the CPUs.
 
-use aya_ebpf::{bindings::BPF_NOEXIST, maps::PerCpuArray};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    maps::{PerCpuArray, PerCpuHashMap},
+};
 use lb_common::{
     counters::Reason,
-    maps::{PacketCounter, VipKey, VipStats},
+    maps::{PacketCounter, Vip6Key, VipKey, VipStats},
 };
 
-use crate::maps::{ACTION_STATS, BACKEND_STATS, REASON_STATS, VIP_STATS, VIP_TRAFFIC};
+use crate::maps::{ACTION_STATS, BACKEND_STATS, REASON_STATS, VIP_STATS, VIP_STATS6, VIP_TRAFFIC};
 
 #[inline(always)]
 pub fn count_action(action: u32, bytes: usize) {
@@ -31,14 +34,25 @@ fn add(array: &PerCpuArray<PacketCounter>, index: u32, bytes: usize) {
 
 #[inline(always)]
 pub fn count_arp_reply(vip: &VipKey) {
-    match VIP_STATS.get_ptr_mut(vip) {
+    count_answer(&VIP_STATS, vip);
+}
+
+#[inline(always)]
+pub fn count_neighbor_advertisement(vip: &Vip6Key) {
+    count_answer(&VIP_STATS6, vip);
+}
+
+/// One more answer (ARP reply, Neighbor Advertisement) for `vip`.
+#[inline(always)]
+fn count_answer<K>(map: &PerCpuHashMap<K, VipStats>, vip: &K) {
+    match map.get_ptr_mut(vip) {
         // SAFETY: this CPU's copy of the value, as above.
         Some(stats) => unsafe { (*stats).arp_replies += 1 },
         None => {
-            // First reply for this VIP: create it. Losing a race with another CPU only loses
+            // First answer for this VIP: create it. Losing a race with another CPU only loses
             // that CPU's first count, and a full map only loses per-VIP detail; the reason
-            // counter still counts every reply.
-            let _ = VIP_STATS.insert(vip, &VipStats { arp_replies: 1 }, BPF_NOEXIST as u64);
+            // counter still counts every answer.
+            let _ = map.insert(vip, &VipStats { arp_replies: 1 }, BPF_NOEXIST as u64);
         }
     }
 }

@@ -30,10 +30,15 @@ fn families(queries: &[String]) -> BTreeSet<String> {
     names
 }
 
-/// Two agents in a lab, one DSR Service to a pod on n1 behind the lab VIP (owned by n0), their
-/// metrics served on every address (Prometheus scrapes them from the client's namespace).
+/// The IPv6 VIP beside the lab VIP, so that the IPv6 instance and NDP counters have data too.
+const VIP6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, 0x10);
+
+/// Two agents in a lab, one DSR Service to a pod on n1 behind the lab VIP (owned by n0), and an
+/// IPv6 VIP in the same group, their metrics served on every address (Prometheus scrapes them
+/// from the client's namespace).
 fn two_agents_serving_a_vip() -> (Lab, lb_lab::Process, Vec<lb_lab::Agent>) {
     let mut lab = Lab::new(2);
+    lab.enable_ipv6();
     for node in 0..2 {
         lab.enable_native_xdp(node);
     }
@@ -42,14 +47,21 @@ fn two_agents_serving_a_vip() -> (Lab, lb_lab::Process, Vec<lb_lab::Agent>) {
     let services = service_config(&lab, "web", LAB_VIP, 80, 8080, "dsr", &[pod]);
     let agents: Vec<_> = (0..2)
         .map(|i| {
-            let config =
+            let mut config =
                 agent_config(&lab, i, &services).replace(lb_lab::agent::AGENT_LISTEN, "0.0.0.0:9105");
+            for node in &lab.nodes {
+                let address = format!("        address: {}\n", node.ip);
+                config =
+                    config.replace(&address, &format!("{address}        address6: {}\n", node.link_local()));
+            }
+            let vip = format!("      - address: {LAB_VIP}\n");
+            config = config.replace(&vip, &format!("{vip}      - address: {VIP6}\n"));
             let mut a = lab.start_agent(i, &config);
             a.wait_ready();
             a
         })
         .collect();
-    agents[0].wait_metric("lbagent_owned_vips", 1.0);
+    agents[0].wait_metric("lbagent_owned_vips", 2.0);
     (lab, server, agents)
 }
 
@@ -155,6 +167,7 @@ fn a_real_prometheus_gets_data_for_every_dashboard_and_rule_query() {
     while !waiting.is_empty() && std::time::Instant::now() < deadline {
         // Traffic through the VIP, so rates over the last 30 s have something to show.
         let _ = lab.client.session(LAB_VIP, 80);
+        let _ = lab.client.ndisc(VIP6);
         waiting.retain(|expr| {
             let answer = query(expr);
             let has_data = answer["status"] == "success"

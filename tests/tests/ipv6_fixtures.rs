@@ -7,13 +7,13 @@ use std::net::Ipv6Addr;
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
     programs::{TestRun, TestRunOptions, Xdp},
 };
 use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM};
 use lb_common::{
     counters::Reason,
-    maps::{OWNED_VIPS6, OwnedVip, PacketCounter, REASON_STATS, VIP_LEASES, Vip6Key},
+    maps::{OWNED_VIPS6, OwnedVip, PacketCounter, REASON_STATS, VIP_LEASES, VIP_STATS6, Vip6Key, VipStats},
 };
 use lb_lab::packet::{icmpv6, ipv6_frame, neighbor_solicitation};
 
@@ -130,6 +130,11 @@ fn owned_vips_answer_neighbor_discovery_and_echo_with_exact_frames() {
         assert_eq!(out, expected, "{name}: the frame sent");
         assert_eq!(reason(&ebpf, counted), before + 1, "{name}: counted as {}", counted.label());
     }
+    // Four advertisements for the VIP, counted per VIP as ARP replies are.
+    let stats: PerCpuHashMap<_, Vip6Key, VipStats> =
+        PerCpuHashMap::try_from(ebpf.map(VIP_STATS6).unwrap()).unwrap();
+    let answers: u64 = stats.get(&Vip6Key::new(VIP.octets()), 0).unwrap().iter().map(|s| s.arp_replies).sum();
+    assert_eq!(answers, 4);
 }
 
 #[test]

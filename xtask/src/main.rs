@@ -57,6 +57,9 @@ enum Bench {
         /// One interval and 100 VIPs: a smoke run of the benchmark itself.
         #[arg(long)]
         quick: bool,
+        /// Runs of each case (keepalived and lb-agent alternating); the table gives medians.
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
     },
     /// Data path: delivered pps and marginal cost per packet against kube-proxy's iptables
     /// and nftables modes, plus TCP requests/s and p99 with wrk; same lab, same run.
@@ -101,10 +104,21 @@ fn main() -> Result<()> {
             ebpf::build()?;
             demo::run()
         }
-        Task::Bench { which: Bench::Failover { quick } } => {
+        Task::Bench { which: Bench::Failover { quick, repeat } } => {
             prepare_bench()?;
-            let mut args =
-                vec!["run", "--release", "--quiet", "--package", "lb-lab", "--bin", "bench-failover", "--"];
+            let repeat = repeat.to_string();
+            let mut args = vec![
+                "run",
+                "--release",
+                "--quiet",
+                "--package",
+                "lb-lab",
+                "--bin",
+                "bench-failover",
+                "--",
+                "--repeat",
+                &repeat,
+            ];
             if quick {
                 args.push("--quick");
             }

@@ -1,7 +1,9 @@
 //! The XDP program's per-CPU counters, summed across CPUs for metrics and tests.
 
-use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use aya::{
     Ebpf,
@@ -9,7 +11,10 @@ use aya::{
 };
 use lb_common::{
     counters::{Reason, XDP_ACTION_COUNT},
-    maps::{ACTION_STATS, PacketCounter, REASON_STATS, VIP_STATS, VIP_TRAFFIC, VipKey, VipStats},
+    maps::{
+        ACTION_STATS, PacketCounter, REASON_STATS, VIP_STATS, VIP_STATS6, VIP_TRAFFIC, Vip6Key, VipKey,
+        VipStats,
+    },
     service::{BACKEND_STATS, Backend},
 };
 
@@ -20,6 +25,7 @@ pub struct XdpCounters {
     actions: PerCpuArray<MapData, PacketCounter>,
     reasons: PerCpuArray<MapData, PacketCounter>,
     vips: PerCpuHashMap<MapData, VipKey, VipStats>,
+    vips6: PerCpuHashMap<MapData, Vip6Key, VipStats>,
     vip_traffic: PerCpuArray<MapData, PacketCounter>,
     backend_stats: PerCpuArray<MapData, PacketCounter>,
     /// The backend in each slot, as the last service sync left them.
@@ -28,7 +34,8 @@ pub struct XdpCounters {
     vip_slots: BTreeMap<Ipv4Addr, u32>,
 }
 
-/// A VIP's counters, summed over CPUs: its ARP replies and the traffic to its services.
+/// A VIP's counters, summed over CPUs: its ARP replies (Neighbor Advertisements for an IPv6
+/// VIP) and the traffic to its services.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VipCounters {
     pub arp_replies: u64,
@@ -49,7 +56,7 @@ pub struct CounterSnapshot {
     pub actions: Vec<PacketCounter>,
     /// Indexed by [`Reason`].
     pub reasons: Vec<PacketCounter>,
-    pub vips: BTreeMap<Ipv4Addr, VipCounters>,
+    pub vips: BTreeMap<IpAddr, VipCounters>,
     pub backends: BTreeMap<Backend, PacketCounter>,
 }
 
@@ -67,6 +74,7 @@ impl XdpCounters {
             reasons: PerCpuArray::try_from(super::take_map(ebpf, REASON_STATS)?)
                 .map_err(err(REASON_STATS))?,
             vips: PerCpuHashMap::try_from(super::take_map(ebpf, VIP_STATS)?).map_err(err(VIP_STATS))?,
+            vips6: PerCpuHashMap::try_from(super::take_map(ebpf, VIP_STATS6)?).map_err(err(VIP_STATS6))?,
             vip_traffic: PerCpuArray::try_from(super::take_map(ebpf, VIP_TRAFFIC)?)
                 .map_err(err(VIP_TRAFFIC))?,
             backend_stats: PerCpuArray::try_from(super::take_map(ebpf, BACKEND_STATS)?)
@@ -92,15 +100,20 @@ impl XdpCounters {
                 .map(|i| array.get(&i, 0).map(|v| sum_counters(&v)).map_err(err(name)))
                 .collect::<Result<Vec<_>>>()
         };
-        let mut vips: BTreeMap<Ipv4Addr, VipCounters> = BTreeMap::new();
+        let mut vips: BTreeMap<IpAddr, VipCounters> = BTreeMap::new();
         for entry in self.vips.iter() {
             let (key, per_cpu) = entry.map_err(err(VIP_STATS))?;
             let arp_replies = per_cpu.iter().map(|s| s.arp_replies).sum();
-            vips.entry(Ipv4Addr::from(key.addr)).or_default().arp_replies = arp_replies;
+            vips.entry(Ipv4Addr::from(key.addr).into()).or_default().arp_replies = arp_replies;
+        }
+        for entry in self.vips6.iter() {
+            let (key, per_cpu) = entry.map_err(err(VIP_STATS6))?;
+            let answers = per_cpu.iter().map(|s| s.arp_replies).sum();
+            vips.entry(Ipv6Addr::from(key.addr).into()).or_default().arp_replies = answers;
         }
         for (vip, slot) in &self.vip_slots {
             let traffic = sum_counters(&self.vip_traffic.get(slot, 0).map_err(err(VIP_TRAFFIC))?);
-            let counters = vips.entry(*vip).or_default();
+            let counters = vips.entry((*vip).into()).or_default();
             (counters.packets, counters.bytes) = (traffic.packets, traffic.bytes);
         }
         let mut backends = BTreeMap::new();
@@ -117,11 +130,24 @@ impl XdpCounters {
     }
 
     /// Drops per-VIP counters of VIPs no longer configured, so label sets do not grow forever.
-    pub fn retain_vips(&mut self, keep: impl Fn(&Ipv4Addr) -> bool) -> Result<()> {
-        let stale: Vec<VipKey> =
-            self.vips.keys().filter_map(|k| k.ok()).filter(|k| !keep(&Ipv4Addr::from(k.addr))).collect();
+    pub fn retain_vips(&mut self, keep: impl Fn(&IpAddr) -> bool) -> Result<()> {
+        let stale: Vec<VipKey> = self
+            .vips
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !keep(&Ipv4Addr::from(k.addr).into()))
+            .collect();
         for key in stale {
             self.vips.remove(&key).map_err(err(VIP_STATS))?;
+        }
+        let stale: Vec<Vip6Key> = self
+            .vips6
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !keep(&Ipv6Addr::from(k.addr).into()))
+            .collect();
+        for key in stale {
+            self.vips6.remove(&key).map_err(err(VIP_STATS6))?;
         }
         Ok(())
     }

@@ -52,8 +52,8 @@ use aya::{
 };
 use lb_common::{
     maps::{
-        ACTION_STATS, OWNED_VIPS, OWNED_VIPS6, REASON_STATS, UPLINKS, VIP_LEASES, VIP_STATS, VIP_TRAFFIC,
-        VRRP_SPEAKERS,
+        ACTION_STATS, OWNED_VIPS, OWNED_VIPS6, REASON_STATS, UPLINKS, VIP_LEASES, VIP_STATS, VIP_STATS6,
+        VIP_TRAFFIC, VRRP_SPEAKERS,
     },
     service::{
         BACKEND_STATS, BACKENDS, FLOWS, LAYOUT_VERSION, LOCAL_ENDPOINTS, MAGLEV_RINGS, REPLY_NAT, SERVICES,
@@ -82,11 +82,12 @@ pub const PASS_PROGRAM: &str = "lb_pass";
 pub const REPLY_PROGRAM: &str = "lb_reply";
 
 /// Every map, pinned by name.
-pub const PINNED_MAPS: [&str; 18] = [
+pub const PINNED_MAPS: [&str; 19] = [
     OWNED_VIPS,
     OWNED_VIPS6,
     VIP_LEASES,
     VIP_STATS,
+    VIP_STATS6,
     VIP_TRAFFIC,
     ACTION_STATS,
     REASON_STATS,
@@ -105,7 +106,8 @@ pub const PINNED_MAPS: [&str; 18] = [
 
 /// Maps no other map refers to, and whose loss costs only counts or what the agent writes
 /// again at once: when one differs from this build's, it alone is replaced.
-const STANDALONE_MAPS: [&str; 5] = [ACTION_STATS, REASON_STATS, VIP_STATS, VRRP_SPEAKERS, UPLINKS];
+const STANDALONE_MAPS: [&str; 6] =
+    [ACTION_STATS, REASON_STATS, VIP_STATS, VIP_STATS6, VRRP_SPEAKERS, UPLINKS];
 
 /// bpffs's magic number (`statfs.f_type`).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;

@@ -96,5 +96,6 @@ pub fn answer_owned(ctx: &XdpContext) -> u32 {
     };
     // SAFETY: both bounds-checked again after the resize; they do not overlap.
     unsafe { rewrite_solicitation_into_advertisement(&mut *frame, &mut *option, owned.mac) };
+    stats::count_neighbor_advertisement(&target);
     stats::verdict(Reason::NdpAdvertised, bytes, XDP_TX)
 }

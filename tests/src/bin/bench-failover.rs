@@ -1,14 +1,18 @@
 //! `cargo xtask bench failover`: client-side outage on failover, keepalived against lb-agent, in
-//! the same three-node lab, at advert intervals of 1 s, 100 ms and 10 ms; plus agent CPU with
-//! 1,000 VIPs. Prints a Markdown table (the README's).
+//! the same three-node lab, at advert intervals of 1 s, 100 ms and 10 ms, for an IPv4 VIP
+//! (VRRPv3 over IPv4) and an IPv6 VIP (VRRPv3 over IPv6: adverts from link-local addresses, the
+//! client following unsolicited Neighbor Advertisements); plus agent CPU with 1,000 VIPs.
+//! Prints a Markdown table (the README's).
 //!
 //! Method: the client pings the VIP every 2 ms; the outage is the largest gap between replies.
+//! With `--repeat N` each case runs N times, keepalived and lb-agent alternating, and the table
+//! gives the medians (the outage depends on where in an advert interval the failure falls).
 //! Hard failure: the master's switch port goes down, then its process is killed. Graceful stop:
 //! SIGTERM to the master. Both implementations answer ICMP from the kernel (keepalived adds the
 //! VIP; lb-agent runs with `vipMode: both`), so only the VRRP machinery differs.
 
 use std::{
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     process::Command,
     time::{Duration, Instant},
 };
@@ -16,6 +20,7 @@ use std::{
 use lb_lab::{Agent, Lab, Process, agent::AGENT_LISTEN};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, 0x10);
 const VRID: u8 = 10;
 const PRIORITIES: [u8; 3] = [200, 150, 100];
 
@@ -29,6 +34,15 @@ enum Peer {
 enum Failure {
     Hard,
     Graceful,
+}
+
+impl Failure {
+    fn name(self) -> &'static str {
+        match self {
+            Failure::Hard => "hard",
+            Failure::Graceful => "graceful",
+        }
+    }
 }
 
 enum Running {
@@ -62,9 +76,18 @@ impl Running {
     }
 }
 
-fn keepalived_conf(lab: &Lab, node: usize, interval: Duration, vips: &[Ipv4Addr]) -> String {
-    let mut addrs: Vec<String> = vips.iter().take(20).map(|v| format!("    {v}/32")).collect();
-    let mut excluded: Vec<String> = vips.iter().skip(20).map(|v| format!("    {v}/32")).collect();
+/// The prefix length a single address is written with.
+fn host_prefix(vip: &IpAddr) -> u8 {
+    if vip.is_ipv4() { 32 } else { 128 }
+}
+
+fn keepalived_conf(lab: &Lab, node: usize, interval: Duration, vips: &[IpAddr]) -> String {
+    let mut addrs: Vec<String> =
+        vips.iter().take(20).map(|v| format!("    {v}/{}", host_prefix(v))).collect();
+    let mut excluded: Vec<String> =
+        vips.iter().skip(20).map(|v| format!("    {v}/{}", host_prefix(v))).collect();
+    // VRRPv3 over IPv6 for IPv6 addresses (keepalived would otherwise carry them in IPv4 adverts).
+    let native_ipv6 = if vips.first().is_some_and(IpAddr::is_ipv6) { "  native_ipv6\n" } else { "" };
     let excluded_block = if excluded.is_empty() {
         String::new()
     } else {
@@ -76,7 +99,8 @@ fn keepalived_conf(lab: &Lab, node: usize, interval: Duration, vips: &[Ipv4Addr]
     addrs.push("  }".into());
     format!(
         "global_defs {{\n  router_id {name}\n}}\nvrrp_instance web {{\n  state BACKUP\n  interface eth0\n  \
-         virtual_router_id {VRID}\n  priority {prio}\n  advert_int {adv}\n  version 3\n{addrs}\n{excluded_block}}}\n",
+         virtual_router_id {VRID}\n  priority {prio}\n  advert_int {adv}\n  version 3\n{native_ipv6}{addrs}\n\
+         {excluded_block}}}\n",
         name = lab.nodes[node].name,
         prio = PRIORITIES[node],
         adv = interval.as_secs_f64(),
@@ -84,7 +108,7 @@ fn keepalived_conf(lab: &Lab, node: usize, interval: Duration, vips: &[Ipv4Addr]
     )
 }
 
-fn agent_conf(lab: &Lab, node: usize, interval: Duration, vips: &[Ipv4Addr]) -> String {
+fn agent_conf(lab: &Lab, node: usize, interval: Duration, vips: &[IpAddr]) -> String {
     let mut yaml = format!(
         "node: {}\ninterface: eth0\nlisten: {AGENT_LISTEN}\ngroups:\n  - name: web\n    vrid: {VRID}\n    \
          advertInterval: {}ms\n    vipMode: both\n    nodes:\n",
@@ -93,6 +117,9 @@ fn agent_conf(lab: &Lab, node: usize, interval: Duration, vips: &[Ipv4Addr]) -> 
     );
     for n in &lab.nodes {
         yaml.push_str(&format!("      - name: {}\n        address: {}\n", n.name, n.ip));
+        if vips.iter().any(IpAddr::is_ipv6) {
+            yaml.push_str(&format!("        address6: {}\n", n.link_local()));
+        }
     }
     yaml.push_str("    priorities:\n");
     for (n, p) in lab.nodes.iter().zip(PRIORITIES) {
@@ -105,7 +132,7 @@ fn agent_conf(lab: &Lab, node: usize, interval: Duration, vips: &[Ipv4Addr]) -> 
     yaml
 }
 
-fn start(lab: &mut Lab, peer: Peer, node: usize, interval: Duration, vips: &[Ipv4Addr]) -> Running {
+fn start(lab: &mut Lab, peer: Peer, node: usize, interval: Duration, vips: &[IpAddr]) -> Running {
     match peer {
         Peer::LbAgent => {
             lab.enable_native_xdp(node);
@@ -119,13 +146,14 @@ fn start(lab: &mut Lab, peer: Peer, node: usize, interval: Duration, vips: &[Ipv
     }
 }
 
-/// The largest gap between echo replies while `during` runs, in ms, and the replies lost.
-fn outage(lab: &Lab, during: impl FnOnce()) -> (f64, u64) {
+/// The largest gap between echo replies from `vip` while `during` runs, in ms, and the replies
+/// lost.
+fn outage(lab: &Lab, vip: IpAddr, during: impl FnOnce()) -> (f64, u64) {
     let ns = lab.client.ns.name().to_owned();
     let pinger = std::thread::spawn(move || {
         Command::new("ip")
             .args(["netns", "exec", &ns, "ping", "-D", "-n", "-i", "0.002", "-W", "1", "-w", "6"])
-            .arg(VIP.to_string())
+            .arg(vip.to_string())
             .output()
             .unwrap()
     });
@@ -148,20 +176,23 @@ fn outage(lab: &Lab, during: impl FnOnce()) -> (f64, u64) {
     (gap, transmitted.saturating_sub(sent))
 }
 
-fn wait_answered(lab: &Lab) {
+fn wait_answered(lab: &Lab, vip: IpAddr) {
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]) {
+    while !lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &vip.to_string()]) {
         assert!(Instant::now() < deadline, "VIP never answered");
     }
     // Let every node settle into Backup behind the master.
     std::thread::sleep(Duration::from_millis(500));
 }
 
-fn failover(peer: Peer, interval: Duration, failure: Failure) -> (f64, u64) {
+fn failover(peer: Peer, vip: IpAddr, interval: Duration, failure: Failure) -> (f64, u64) {
     let mut lab = Lab::new(3);
-    let mut running: Vec<Running> = (0..3).map(|i| start(&mut lab, peer, i, interval, &[VIP])).collect();
-    wait_answered(&lab);
-    let result = outage(&lab, || match failure {
+    if vip.is_ipv6() {
+        lab.enable_ipv6();
+    }
+    let mut running: Vec<Running> = (0..3).map(|i| start(&mut lab, peer, i, interval, &[vip])).collect();
+    wait_answered(&lab, vip);
+    let result = outage(&lab, vip, || match failure {
         Failure::Hard => {
             lab.cut(0);
             running[0].kill();
@@ -174,7 +205,8 @@ fn failover(peer: Peer, interval: Duration, failure: Failure) -> (f64, u64) {
 
 /// CPU seconds used per wall second by the master's process with `vips` VIPs at 10 ms.
 fn cpu_share(peer: Peer, vips: usize) -> f64 {
-    let addresses: Vec<Ipv4Addr> = (0..vips as u32).map(|i| Ipv4Addr::from(0xc633_0000u32 + i + 1)).collect();
+    let addresses: Vec<IpAddr> =
+        (0..vips as u32).map(|i| Ipv4Addr::from(0xc633_0000u32 + i + 1).into()).collect();
     let mut lab = Lab::new(3);
     let running: Vec<Running> =
         (0..3).map(|i| start(&mut lab, peer, i, Duration::from_millis(10), &addresses)).collect();
@@ -204,31 +236,64 @@ fn cpu_share(peer: Peer, vips: usize) -> f64 {
     (t1 - t0) as f64 / hz / (w1 - w0).as_secs_f64()
 }
 
+/// The median of `values` (the upper one of an even count).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// `--repeat N`, default 1.
+fn repeat() -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.windows(2).find(|w| w[0] == "--repeat").and_then(|w| w[1].parse().ok()).unwrap_or(1).max(1)
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    let repeat = repeat();
     let intervals: &[Duration] = if quick {
         &[Duration::from_millis(100)]
     } else {
         &[Duration::from_secs(1), Duration::from_millis(100), Duration::from_millis(10)]
     };
     println!(
-        "| advert interval | failure | keepalived outage (ms) | lb-agent outage (ms) | ratio | lost replies (keepalived / lb-agent) |"
+        "| VIP | advert interval | failure | keepalived outage (ms) | lb-agent outage (ms) | ratio | lost replies (keepalived / lb-agent) |"
     );
-    println!("|---|---|---|---|---|---|");
-    for &interval in intervals {
-        for failure in [Failure::Hard, Failure::Graceful] {
-            let (k_gap, k_lost) = failover(Peer::Keepalived, interval, failure);
-            let (l_gap, l_lost) = failover(Peer::LbAgent, interval, failure);
-            println!(
-                "| {} ms | {} | {:.0} | {:.0} | {:.2} | {} / {} |",
-                interval.as_millis(),
-                if failure == Failure::Hard { "hard" } else { "graceful" },
-                k_gap,
-                l_gap,
-                l_gap / k_gap,
-                k_lost,
-                l_lost
-            );
+    println!("|---|---|---|---|---|---|---|");
+    for vip in [IpAddr::V4(VIP), IpAddr::V6(VIP6)] {
+        for &interval in intervals {
+            for failure in [Failure::Hard, Failure::Graceful] {
+                let (mut k, mut l) = (Vec::new(), Vec::new());
+                for _ in 0..repeat {
+                    k.push(failover(Peer::Keepalived, vip, interval, failure));
+                    l.push(failover(Peer::LbAgent, vip, interval, failure));
+                }
+                let gaps = |runs: &[(f64, u64)]| median(runs.iter().map(|r| r.0).collect());
+                let lost = |runs: &[(f64, u64)]| median(runs.iter().map(|r| r.1 as f64).collect()) as u64;
+                let (k_gap, k_lost, l_gap, l_lost) = (gaps(&k), lost(&k), gaps(&l), lost(&l));
+                if repeat > 1 {
+                    let all = |runs: &[(f64, u64)]| {
+                        runs.iter().map(|r| format!("{:.0}", r.0)).collect::<Vec<_>>().join(" ")
+                    };
+                    eprintln!(
+                        "{vip} {interval:?} {}: keepalived {} | lb-agent {}",
+                        failure.name(),
+                        all(&k),
+                        all(&l)
+                    );
+                }
+                println!(
+                    "| {} | {} ms | {} | {:.0} | {:.0} | {:.2} | {} / {} |",
+                    if vip.is_ipv4() { "IPv4" } else { "IPv6" },
+                    interval.as_millis(),
+                    failure.name(),
+                    k_gap,
+                    l_gap,
+                    l_gap / k_gap,
+                    k_lost,
+                    l_lost
+                );
+            }
         }
     }
     let vips = if quick { 100 } else { 1000 };

@@ -146,6 +146,7 @@ pub async fn run(
     let mut vrrp = Vrrp {
         router: Router::new(plan.locals.clone(), VrrpMetrics::register(&mut metrics.registry)),
         sockets: BTreeMap::new(),
+        send_failures: BTreeMap::new(),
     };
     let index = |name: &str| uplinks.get(name).map(|u| u.interface.index);
     vrrp.sockets = vrrp.open_missing(&plan, index).map_err(|((interface, family), expected)| {
@@ -345,18 +346,40 @@ type SocketKey = (String, Family);
 struct Vrrp {
     router: Router,
     sockets: BTreeMap<SocketKey, VrrpSocket>,
+    /// Per socket: when a failed send was last logged, and the failures since. A send fails
+    /// while the source address is gone (an IPv6 link-local address is removed with its link
+    /// and tentative for a while after), at every advertisement: logged once per
+    /// [`SEND_FAILURE_LOG_EVERY`].
+    send_failures: BTreeMap<SocketKey, (Option<Instant>, u64)>,
 }
 
+/// At most one log line per VRRP socket whose sends fail, this often.
+const SEND_FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
+
 impl Vrrp {
-    fn send(&self, out: &[Outgoing]) {
+    fn send(&mut self, out: &[Outgoing]) {
         for o in out {
-            let Some(socket) = self.sockets.get(&(o.interface.clone(), Family::of(o.destination))) else {
+            let key = (o.interface.clone(), Family::of(o.destination));
+            let Some(socket) = self.sockets.get(&key) else {
                 warn!(interface = %o.interface, "no VRRP socket on the interface: advertisement not sent");
                 continue;
             };
-            if let Err(e) = socket.send_to(&o.payload, o.destination) {
-                warn!(interface = %o.interface, destination = %o.destination, error = %e, "sending a VRRP advertisement failed");
+            let Err(e) = socket.send_to(&o.payload, o.destination) else { continue };
+            let now = Instant::now();
+            let (logged, unlogged) = self.send_failures.entry(key).or_default();
+            if logged.is_some_and(|at| now < at + SEND_FAILURE_LOG_EVERY) {
+                *unlogged += 1;
+                continue;
             }
+            warn!(
+                interface = %o.interface,
+                source = %socket.source(),
+                destination = %o.destination,
+                error = %e,
+                since_last_log = *unlogged,
+                "sending a VRRP advertisement failed"
+            );
+            (*logged, *unlogged) = (Some(now), 0);
         }
     }
 
@@ -768,7 +791,8 @@ impl Agent {
     fn reconfigure_vrrp(&mut self) {
         for spec in &self.plan.instances {
             let _ = self.state.metrics.lease_expiries.get_or_create(&VridLabels::of(spec.id()));
-            for member in spec.peers.iter().chain(self.plan.locals.values()) {
+            // XDP tells impersonations apart by IPv4 source only (`VRRP_SPEAKERS`).
+            for member in spec.peers.iter().chain(self.plan.locals.values()).filter(|m| m.is_ipv4()) {
                 let _ = self
                     .state
                     .metrics

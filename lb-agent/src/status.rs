@@ -151,18 +151,32 @@ mod tests {
                     node_address: "10.30.0.10".into(),
                 },
             ],
-            instances: vec![InstanceStatus {
-                group: "web".into(),
-                interface: "eth0.30".into(),
-                vrid: 20,
-                family: "ipv4".into(),
-                state: "master".into(),
-                priority: 200,
-                master: Some("192.0.2.10".into()),
-                advert_age_ms: Some(7),
-                lease_ms: Some(143),
-                vips: vec!["198.51.100.10".into()],
-            }],
+            instances: vec![
+                InstanceStatus {
+                    group: "web".into(),
+                    interface: "eth0.30".into(),
+                    vrid: 20,
+                    family: "ipv4".into(),
+                    state: "master".into(),
+                    priority: 200,
+                    master: Some("192.0.2.10".into()),
+                    advert_age_ms: Some(7),
+                    lease_ms: Some(143),
+                    vips: vec!["198.51.100.10".into()],
+                },
+                InstanceStatus {
+                    group: "web".into(),
+                    interface: "eth0.30".into(),
+                    vrid: 21,
+                    family: "ipv6".into(),
+                    state: "backup".into(),
+                    priority: 100,
+                    master: Some("fe80::b".into()),
+                    advert_age_ms: Some(3),
+                    lease_ms: None,
+                    vips: vec!["2001:db8:6::10".into()],
+                },
+            ],
             backends: vec![BackendStatus {
                 backend: "10.244.1.2:8080".into(),
                 delivery: "dsr".into(),
@@ -187,10 +201,16 @@ mod tests {
             "dsr",
             "42",
             "4200",
+            "21/6",
+            "fe80::b",
+            "2001:db8:6::10",
         ] {
             assert!(table.contains(needle), "{needle} missing from:\n{table}");
         }
         let json = serde_json::to_string(&status).unwrap();
         assert_eq!(serde_json::from_str::<AgentStatus>(&json).unwrap(), status);
+        // An agent from before IPv6 names no family: its instances are IPv4.
+        let old = json.replace(r#""family":"ipv4","#, "");
+        assert_eq!(serde_json::from_str::<AgentStatus>(&old).unwrap().instances[0].family, "ipv4");
     }
 }

@@ -268,3 +268,31 @@ fn ipv6_unicast_election_and_failover() {
     wait_owner6(&lab, 1, &agents);
     agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv6",state="master"}"#, 1.0);
 }
+
+/// The master's uplink loses its carrier for a second: the backup takes the IPv6 VIP, and once
+/// the link is back the preferred master takes it back and announces it again with an
+/// unsolicited Neighbor Advertisement, its link-local address (and so its adverts) intact.
+#[test]
+fn an_ipv6_uplink_flap_ends_with_one_owner_announced_again() {
+    let (lab, agents) = lab_with_agents(2, &[200, 100], "");
+    wait_owner6(&lab, 0, &agents);
+    lab.cut(0);
+    std::thread::sleep(Duration::from_secs(1));
+    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv6",state="master"}"#, 1.0);
+    let client = lab.client.ns.name().to_owned();
+    let capture =
+        std::thread::spawn(move || send_and_capture(&client, "eth0", vec![], Duration::from_millis(1500)));
+    std::thread::sleep(Duration::from_millis(100));
+    lab.restore(0);
+    let frames = capture.join().unwrap();
+    wait_owner6(&lab, 0, &agents);
+    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv6",state="backup"}"#, 1.0);
+    let announced = neighbor_advertisements(&frames)
+        .into_iter()
+        .filter(|na| na.1 == VIP6 && na.3 == VIP6 && na.4 == lab.nodes[0].mac && na.2 & 0x20 != 0)
+        .count();
+    assert!(announced >= 1, "n0 announces the VIP again once its link is back:\n{}", agents[0].log_text());
+    for _ in 0..3 {
+        assert_eq!(lab.client.ndisc(VIP6), Some(lab.nodes[0].mac_string()), "one owner");
+    }
+}

@@ -5,9 +5,14 @@ use std::net::Ipv4Addr;
 
 use aya::{
     Ebpf,
+    maps::PerCpuArray,
     programs::{TestRun, TestRunOptions, Xdp},
 };
-use lb_agent::dataplane::UPLINK_PROGRAM;
+use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM};
+use lb_common::{
+    counters::Reason,
+    maps::{PacketCounter, REASON_STATS},
+};
 
 use crate::Netns;
 
@@ -23,6 +28,25 @@ pub const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 pub const NODE_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x10];
 pub const PEER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
 pub const PEER_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x11];
+
+/// The embedded object with its uplink program through the verifier, on fresh (unpinned) maps.
+pub fn load_uplink() -> Ebpf {
+    let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).expect("loading the embedded object");
+    let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
+    program.load().expect("the verifier accepts lb_xdp");
+    ebpf
+}
+
+/// Packets counted at `index` of the per-CPU counter array `map`, summed over CPUs.
+pub fn counted(ebpf: &Ebpf, map: &str, index: u32) -> u64 {
+    let array: PerCpuArray<_, PacketCounter> = PerCpuArray::try_from(ebpf.map(map).unwrap()).unwrap();
+    array.get(&index, 0).unwrap().iter().map(|c| c.packets).sum()
+}
+
+/// Packets counted for `reason`.
+pub fn reason_packets(ebpf: &Ebpf, reason: Reason) -> u64 {
+    counted(ebpf, REASON_STATS, reason as u32)
+}
 
 /// Runs the loaded uplink program of `ebpf` on `input`, as received on `ifindex`; returns
 /// the verdict and the frame as the program left it.

@@ -7,19 +7,16 @@ use std::net::Ipv6Addr;
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
-    programs::{TestRun, TestRunOptions, Xdp},
+    maps::{Array, HashMap, PerCpuHashMap},
 };
-use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM};
 use lb_common::{
     counters::Reason,
-    maps::{OWNED_VIPS6, OwnedVip, PacketCounter, REASON_STATS, VIP_LEASES, VIP_STATS6, Vip6Key, VipStats},
+    maps::{OWNED_VIPS6, OwnedVip, VIP_LEASES, VIP_STATS6, Vip6Key, VipStats},
 };
-use lb_lab::packet::{icmpv6, ipv6_frame, neighbor_solicitation};
-
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
+use lb_lab::{
+    fixture::{self, XDP_DROP, XDP_PASS, XDP_TX},
+    packet::{icmpv6, ipv6_frame, neighbor_solicitation},
+};
 
 const CLIENT_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0xcc];
 const VIP_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xaa];
@@ -34,9 +31,7 @@ const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 const EXPIRED_LEASE: u16 = 300;
 
 fn load() -> Ebpf {
-    let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).expect("loading the embedded object");
-    let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
-    program.load().expect("the verifier accepts lb_xdp");
+    let mut ebpf = fixture::load_uplink();
     let mut owned: HashMap<_, Vip6Key, OwnedVip> =
         HashMap::try_from(ebpf.map_mut(OWNED_VIPS6).unwrap()).unwrap();
     owned.insert(Vip6Key::new(VIP.octets()), OwnedVip::new(VIP_MAC), 0).unwrap();
@@ -49,20 +44,14 @@ fn load() -> Ebpf {
     ebpf
 }
 
+/// Runs one frame, as received on the loopback device (the program serves any interface:
+/// no uplink map is written).
 fn run(ebpf: &Ebpf, input: &[u8]) -> (u32, Vec<u8>) {
-    let program: &Xdp = ebpf.program(UPLINK_PROGRAM).unwrap().try_into().unwrap();
-    let mut out = vec![0u8; input.len() + 256];
-    let result = program
-        .test_run(TestRunOptions { data_in: Some(input), data_out: Some(&mut out), ..Default::default() })
-        .expect("BPF_PROG_TEST_RUN");
-    out.truncate(result.data_size_out as usize);
-    (result.return_value, out)
+    fixture::run_uplink(ebpf, input, 1)
 }
 
 fn reason(ebpf: &Ebpf, reason: Reason) -> u64 {
-    let array: PerCpuArray<_, PacketCounter> =
-        PerCpuArray::try_from(ebpf.map(REASON_STATS).unwrap()).unwrap();
-    array.get(&(reason as u32), 0).unwrap().iter().map(|c| c.packets).sum()
+    fixture::reason_packets(ebpf, reason)
 }
 
 /// The advertisement the owner of `target` must send in answer to a solicitation from

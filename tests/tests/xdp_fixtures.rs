@@ -5,19 +5,18 @@ use std::net::Ipv4Addr;
 
 use aya::{
     Ebpf,
-    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, PerCpuHashMap},
     programs::{TestRun, TestRunOptions, Xdp},
 };
-use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM};
+use lb_agent::dataplane::UPLINK_PROGRAM;
 use lb_common::{
     counters::Reason,
-    maps::{ACTION_STATS, OWNED_VIPS, OwnedVip, PacketCounter, REASON_STATS, VIP_STATS, VipKey, VipStats},
+    maps::{ACTION_STATS, OWNED_VIPS, OwnedVip, VIP_STATS, VipKey, VipStats},
 };
-use lb_lab::packet::{arp_frame, arp_request};
-
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
+use lb_lab::{
+    fixture::{self, XDP_DROP, XDP_PASS, XDP_TX},
+    packet::{arp_frame, arp_request},
+};
 
 const CLIENT_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0xcc];
 const VIP_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xaa];
@@ -31,9 +30,7 @@ struct Program {
 
 impl Program {
     fn load() -> Program {
-        let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).expect("loading the embedded object");
-        let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
-        program.load().expect("the verifier accepts lb_xdp");
+        let mut ebpf = fixture::load_uplink();
         let mut owned: HashMap<_, VipKey, OwnedVip> =
             HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
         owned.insert(VipKey::new(VIP.octets()), OwnedVip::new(VIP_MAC), 0).unwrap();
@@ -52,17 +49,11 @@ impl Program {
     }
 
     fn reason(&self, reason: Reason) -> u64 {
-        self.summed(REASON_STATS, reason as u32)
+        fixture::reason_packets(&self.ebpf, reason)
     }
 
     fn action(&self, action: u32) -> u64 {
-        self.summed(ACTION_STATS, action)
-    }
-
-    fn summed(&self, map: &str, index: u32) -> u64 {
-        let array: PerCpuArray<_, PacketCounter> =
-            PerCpuArray::try_from(self.ebpf.map(map).unwrap()).unwrap();
-        array.get(&index, 0).unwrap().iter().map(|c| c.packets).sum()
+        fixture::counted(&self.ebpf, ACTION_STATS, action)
     }
 
     fn arp_replies(&self, vip: Ipv4Addr) -> u64 {

@@ -107,61 +107,45 @@ fn main() -> Result<()> {
         Task::Bench { which: Bench::Failover { quick, repeat } } => {
             prepare_bench()?;
             let repeat = repeat.to_string();
-            let mut args = vec![
-                "run",
-                "--release",
-                "--quiet",
-                "--package",
-                "lb-lab",
-                "--bin",
-                "bench-failover",
-                "--",
-                "--repeat",
-                &repeat,
-            ];
+            let mut args = vec!["--repeat", repeat.as_str()];
             if quick {
                 args.push("--quick");
             }
-            cargo(&args)
+            run_bench("bench-failover", &args)
         }
         Task::Bench { which: Bench::Scale { quick, only } } => {
             prepare_bench()?;
             let only = only.map(|n| n.to_string());
-            let mut args =
-                vec!["run", "--release", "--quiet", "--package", "lb-lab", "--bin", "bench-scale", "--"];
+            let mut args = Vec::new();
             if quick {
                 args.push("--quick");
             }
             if let Some(n) = &only {
                 args.extend(["--only", n]);
             }
-            cargo(&args)
+            run_bench("bench-scale", &args)
         }
         Task::Bench { which: Bench::Dataplane { quick, flows, no_tcp } } => {
             prepare_bench()?;
             cargo(&["build", "--release", "--package", "lb-lab", "--bin", "bench-http"])?;
             let flows = flows.to_string();
-            let mut args = vec![
-                "run",
-                "--release",
-                "--quiet",
-                "--package",
-                "lb-lab",
-                "--bin",
-                "bench-dataplane",
-                "--",
-                "--flows",
-                &flows,
-            ];
+            let mut args = vec!["--flows", flows.as_str()];
             if quick {
                 args.push("--quick");
             }
             if no_tcp {
                 args.push("--no-tcp");
             }
-            cargo(&args)
+            run_bench("bench-dataplane", &args)
         }
     }
+}
+
+/// Runs the lab's benchmark binary `bin` (release) with `args`.
+fn run_bench(bin: &str, args: &[&str]) -> Result<()> {
+    let mut all = vec!["run", "--release", "--quiet", "--package", "lb-lab", "--bin", bin, "--"];
+    all.extend_from_slice(args);
+    cargo(&all)
 }
 
 /// Everything a benchmark needs: packages, the BPF object, the release agent.

@@ -19,20 +19,32 @@ const ECHO_REQUEST: u8 = 8;
 const ECHO_REPLY: u8 = 0;
 const REPLY_TTL: u8 = 64;
 
-/// Type, code, checksum: the part of the ICMP header an echo reply changes.
+/// An echo message's header (RFC 792; ICMPv6's is the same, RFC 4443 §4.1): type, code,
+/// checksum, then the identifier and sequence a reply keeps.
 #[repr(C)]
-struct IcmpHdr {
-    kind: u8,
-    code: u8,
+pub(super) struct EchoHdr {
+    pub kind: u8,
+    pub code: u8,
     check: [u8; 2],
     rest: [u8; 4],
+}
+
+impl EchoHdr {
+    /// Turns a `request` into its `reply` in place: only the type changes in the message, so
+    /// its checksum is patched for that word alone.
+    #[inline(always)]
+    pub(super) fn answer(&mut self, request: u8, reply: u8) {
+        self.kind = reply;
+        let (old, new) = (u16::from_be_bytes([request, 0]), u16::from_be_bytes([reply, 0]));
+        self.check = csum::replace16(u16::from_be_bytes(self.check), old, new).to_be_bytes();
+    }
 }
 
 #[inline(always)]
 pub fn answer_echo(ctx: &XdpContext) -> u32 {
     let bytes = packet::len(ctx);
     let (Some(eth), Some(ip), Some(icmp)) =
-        (header::<EthHdr>(ctx, 0), header::<Ipv4Hdr>(ctx, ETH_LEN), header::<IcmpHdr>(ctx, L4_OFFSET))
+        (header::<EthHdr>(ctx, 0), header::<Ipv4Hdr>(ctx, ETH_LEN), header::<EchoHdr>(ctx, L4_OFFSET))
     else {
         return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
     };
@@ -54,13 +66,7 @@ pub fn answer_echo(ctx: &XdpContext) -> u32 {
     }
     // Only the type changes inside the ICMP message; swapping addresses leaves the IP
     // checksum alone, and the TTL reset is patched in.
-    icmp.kind = ECHO_REPLY;
-    icmp.check = csum::replace16(
-        u16::from_be_bytes(icmp.check),
-        u16::from_be_bytes([ECHO_REQUEST, 0]),
-        u16::from_be_bytes([ECHO_REPLY, 0]),
-    )
-    .to_be_bytes();
+    icmp.answer(ECHO_REQUEST, ECHO_REPLY);
     core::mem::swap(&mut ip.src_addr, &mut ip.dst_addr);
     let old = u16::from_be_bytes([ip.ttl, ip.proto]);
     ip.ttl = REPLY_TTL;

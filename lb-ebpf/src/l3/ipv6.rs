@@ -8,12 +8,12 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::Reason,
-    csum,
     maps::Vip6Key,
     ndp::{ECHO_REPLY, ECHO_REQUEST, ICMPV6},
 };
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
+use super::icmp::EchoHdr;
 use crate::{
     maps::OWNED_VIPS6,
     owned,
@@ -22,14 +22,6 @@ use crate::{
 };
 
 const REPLY_HOP_LIMIT: u8 = 64;
-
-/// Type, code, checksum: the part of the ICMPv6 header an echo reply changes.
-#[repr(C)]
-struct Icmpv6Hdr {
-    kind: u8,
-    code: u8,
-    check: [u8; 2],
-}
 
 #[inline(always)]
 pub fn handle(ctx: &XdpContext) -> u32 {
@@ -51,7 +43,7 @@ pub fn handle(ctx: &XdpContext) -> u32 {
         return stats::verdict(Reason::WrongInterface, bytes, XDP_PASS);
     }
     if next_hdr == ICMPV6 {
-        let echo = header::<Icmpv6Hdr>(ctx, EthHdr::LEN + Ipv6Hdr::LEN);
+        let echo = header::<EchoHdr>(ctx, EthHdr::LEN + Ipv6Hdr::LEN);
         // SAFETY: bounds-checked by `header`.
         if let Some(icmp) = echo
             && unsafe { (*icmp).kind == ECHO_REQUEST && (*icmp).code == 0 }
@@ -75,14 +67,8 @@ pub fn handle(ctx: &XdpContext) -> u32 {
 /// pseudo-header's sum alone, so only the type's change is patched into the checksum; the hop
 /// limit is not covered by it.
 #[inline(always)]
-fn answer_echo(ctx: &XdpContext, ip: &mut Ipv6Hdr, icmp: &mut Icmpv6Hdr) {
-    icmp.kind = ECHO_REPLY;
-    icmp.check = csum::replace16(
-        u16::from_be_bytes(icmp.check),
-        u16::from_be_bytes([ECHO_REQUEST, 0]),
-        u16::from_be_bytes([ECHO_REPLY, 0]),
-    )
-    .to_be_bytes();
+fn answer_echo(ctx: &XdpContext, ip: &mut Ipv6Hdr, icmp: &mut EchoHdr) {
+    icmp.answer(ECHO_REQUEST, ECHO_REPLY);
     core::mem::swap(&mut ip.src_addr, &mut ip.dst_addr);
     ip.hop_limit = REPLY_HOP_LIMIT;
     if let Some(eth) = header::<EthHdr>(ctx, 0) {

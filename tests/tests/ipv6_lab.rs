@@ -296,3 +296,18 @@ fn an_ipv6_uplink_flap_ends_with_one_owner_announced_again() {
         assert_eq!(lab.client.ndisc(VIP6), Some(lab.nodes[0].mac_string()), "one owner");
     }
 }
+
+/// An `address6` the node does not have is the config's mistake: the agent exits 64 before it
+/// attaches anything, naming the field and the address.
+#[test]
+fn an_ipv6_address_the_node_lacks_is_refused_with_its_field() {
+    let lab = Lab::new(2);
+    lab.enable_ipv6();
+    let config = dual_stack_group(&lab, 0, &[200, 100], "")
+        .replace(&format!("address6: {}\n", lab.nodes[0].link_local()), "address6: fe80::99\n");
+    let mut agent = lab.start_agent(0, &config);
+    let status = agent.wait_exit(Duration::from_secs(10));
+    let log = agent.log_text();
+    assert_eq!(status.code(), Some(64), "{log}");
+    assert!(log.contains("groups[0].nodes[0].address6") && log.contains("fe80::99"), "{log}");
+}

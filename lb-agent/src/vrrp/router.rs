@@ -1252,4 +1252,49 @@ mod tests {
         let ipv6_state = |r: &Router| r.instances().find(|(s, _)| s.family == Family::V6).unwrap().1.state();
         assert_eq!((ipv6_state(&a), ipv6_state(&b)), (State::Backup, State::Master));
     }
+
+    #[test]
+    fn ipv6_adverts_are_signed_and_checked_with_their_ipv6_addresses() {
+        let t0 = Instant::now();
+        let keyed6 = |r: &mut Router, priority: u8, peer: Ipv6Addr| {
+            let v6 = InstanceSpec {
+                family: Family::V6,
+                vips: [VIP6].into(),
+                peers: [IpAddr::V6(peer)].into(),
+                ..keyed(spec(priority, &[], Transport::Multicast), KEY)
+            };
+            r.reconfigure(t0, vec![v6]);
+        };
+        let mut a = dual_stack(A, A6, 200, B, B6);
+        let mut b = dual_stack(B, B6, 100, A, A6);
+        keyed6(&mut a, 200, B6);
+        keyed6(&mut b, 100, A6);
+        a.start(t0);
+        b.start(t0);
+        let advert = a.on_timer(t0 + ms(322));
+        assert_eq!(advert[0].payload.len(), 24 + super::super::auth::TRAILER_LEN, "signed");
+        let (header, payload) = received6(A6, &advert[0], 255);
+        b.on_datagram(t0 + ms(322), "eth0", Datagram::V6 { header, payload: &payload });
+        assert_eq!(b.instances().next().unwrap().1.master(), Some(A6.into()), "accepted");
+        // Sent again to another destination, its checksum fixed up: the tag, which covers both
+        // addresses, no longer verifies.
+        let (mut c, registry) = {
+            let mut registry = Registry::default();
+            let locals = [(("eth0".to_owned(), Family::V6), IpAddr::V6(B6))];
+            (Router::new(locals.into(), VrrpMetrics::register(&mut registry)), registry)
+        };
+        keyed6(&mut c, 100, A6);
+        c.start(t0);
+        let mut moved = payload.clone();
+        moved[6..8].copy_from_slice(&[0, 0]);
+        let sum = crate::vrrp::packet::checksum(&moved[..24], A6, B6, ChecksumMode::Rfc);
+        moved[6..8].copy_from_slice(&sum.to_be_bytes());
+        let unicast = ipv6::Header { destination: B6, ..header };
+        c.on_datagram(t0 + ms(322), "eth0", Datagram::V6 { header: unicast, payload: &moved });
+        assert_eq!(c.instances().next().unwrap().1.master(), None, "dropped");
+        assert_counted(
+            &registry,
+            &[r#"vrrp_adverts_dropped_total{vrid="9",family="ipv6",reason="bad_tag"} 1"#],
+        );
+    }
 }

@@ -3,7 +3,9 @@
 //! A Service is ours when it has `spec.loadBalancerClass: lb-agent.io/vrrp`, or the annotation
 //! `lb-agent.io/group`, or is a class-less LoadBalancer and a group is marked `default`.
 //! `spec.externalIPs` are honoured only inside the group's `allowedExternalIPs`: anything else
-//! is refused (CVE-2020-8554, the externalIPs man-in-the-middle).
+//! is refused (CVE-2020-8554, the externalIPs man-in-the-middle). Services are served over IPv4
+//! only for now: an IPv6-only Service is refused, a dual-stack one gets its IPv4 address alone,
+//! and IPv6 addresses it asks for are refused, each saying so (`FamilyNotServed`).
 
 use std::{borrow::Borrow, collections::BTreeMap, net::Ipv4Addr};
 
@@ -101,6 +103,24 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
     };
 
     let mut refusals = Vec::new();
+    // `spec.ipFamilies` as the API server filled it in; empty on old objects (IPv4).
+    let families = spec.ip_families.as_deref().unwrap_or_default();
+    if !families.is_empty() && !families.iter().any(|f| f == "IPv4") {
+        let message = format!(
+            "ipFamilies {families:?}: lb-agent forwards IPv4 only for now, so this Service gets no address \
+             from group {group_name:?}"
+        );
+        return (None, vec![refuse(FAMILY_NOT_SERVED, message)]);
+    }
+    if families.iter().any(|f| f == "IPv6") {
+        refusals.push(refuse(
+            FAMILY_NOT_SERVED,
+            format!(
+                "ipFamilies {families:?}: only the IPv4 address is allocated and served (lb-agent forwards IPv4 \
+                 only for now)"
+            ),
+        ));
+    }
     let spread = match annotations.get(ANNOTATION_SPREAD).map(String::as_str) {
         None => None,
         Some("true") => Some(true),
@@ -118,6 +138,9 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             match item.parse::<Ipv4Addr>() {
                 Ok(ip) => requested.push(ip),
+                Err(_) if item.parse::<std::net::Ipv6Addr>().is_ok() => {
+                    refusals.push(refuse(FAMILY_NOT_SERVED, ipv6_not_served(ANNOTATION_IPS, item)));
+                }
                 Err(_) => refusals.push(refuse(
                     "BadAnnotation",
                     format!("{ANNOTATION_IPS}: expected comma-separated IPv4 addresses, got {item:?}"),
@@ -133,6 +156,9 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
     for text in spec.external_ips.iter().flatten() {
         match text.parse::<Ipv4Addr>() {
             Ok(ip) if allowed.contains(ip) || allowed_cidr(&group.spec.allowed_external_ips, ip) => external_ips.push(ip),
+            Err(_) if text.parse::<std::net::Ipv6Addr>().is_ok() => {
+                refusals.push(refuse(FAMILY_NOT_SERVED, ipv6_not_served("externalIPs", text)));
+            }
             _ => refusals.push(refuse(
                 "ExternalIPNotAllowed",
                 format!(
@@ -152,6 +178,15 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
         external_ips,
     };
     (Some(bound), refusals)
+}
+
+/// The reason of a refusal for an address family lb-agent does not serve yet.
+pub const FAMILY_NOT_SERVED: &str = "FamilyNotServed";
+
+fn ipv6_not_served(field: &str, address: &str) -> String {
+    format!(
+        "{field}: {address} is an IPv6 address, and lb-agent forwards IPv4 only for now; it is not served"
+    )
 }
 
 /// `Pools::parse` excludes a CIDR's network and broadcast addresses; for externalIPs every
@@ -180,6 +215,35 @@ mod tests {
 
     fn service(yaml: &str) -> Service {
         serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn ipv6_is_refused_as_not_served_yet_and_dual_stack_keeps_ipv4() {
+        let groups = [group("edge", true, &["198.51.100.0/24", "2001:db8:6::/64"])];
+        let only_ipv6 = service(
+            "metadata: {name: a, namespace: ns}\nspec: {type: LoadBalancer, ipFamilies: [IPv6], ipFamilyPolicy: SingleStack}\n",
+        );
+        let (bound, refusals) = bind(&only_ipv6, &groups);
+        assert!(bound.is_none(), "no IPv4 address for an IPv6-only Service");
+        assert_eq!(refusals.len(), 1);
+        assert_eq!(refusals[0].reason, FAMILY_NOT_SERVED);
+        assert!(refusals[0].message.contains("IPv4 only"), "{}", refusals[0].message);
+
+        let dual = service(
+            "metadata: {name: b, namespace: ns, annotations: {lb-agent.io/ips: \"198.51.100.7, 2001:db8:6::7\"}}\n\
+             spec: {type: LoadBalancer, ipFamilies: [IPv4, IPv6], ipFamilyPolicy: PreferDualStack, \
+             externalIPs: [\"2001:db8:6::8\", 198.51.100.8]}\n",
+        );
+        let (bound, refusals) = bind(&dual, &groups);
+        let bound = bound.expect("served over IPv4");
+        assert_eq!(bound.requested, vec![Ipv4Addr::new(198, 51, 100, 7)]);
+        assert_eq!(bound.external_ips, vec![Ipv4Addr::new(198, 51, 100, 8)]);
+        let reasons: Vec<(&str, bool)> =
+            refusals.iter().map(|r| (r.reason, r.message.contains("IPv4 only"))).collect();
+        assert_eq!(reasons, vec![(FAMILY_NOT_SERVED, true); 3], "{refusals:?}");
+        assert!(
+            refusals[1].message.contains("2001:db8:6::7") && refusals[2].message.contains("2001:db8:6::8")
+        );
     }
 
     #[test]

@@ -27,9 +27,18 @@ impl Pools {
     pub fn parse(entries: &[String]) -> Result<Pools, String> {
         let mut ranges = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
+            let ipv6 = entry
+                .split(['/', '-'])
+                .next()
+                .is_some_and(|a| a.trim().parse::<std::net::Ipv6Addr>().is_ok());
             let bad = || {
+                let why = if ipv6 {
+                    " (IPv6 pools are not allocated from yet: lb-agent forwards IPv4 only for now)"
+                } else {
+                    ""
+                };
                 format!(
-                    "addressPools[{i}]: expected an IPv4 CIDR or a range like 198.51.100.10-198.51.100.20, got {entry:?}"
+                    "addressPools[{i}]: expected an IPv4 CIDR or a range like 198.51.100.10-198.51.100.20{why}, got {entry:?}"
                 )
             };
             let range = if let Some((a, b)) = entry.split_once('-') {
@@ -242,6 +251,8 @@ mod tests {
         let e = Pools::parse(&["198.51.100.0/28".into(), "10.0.0.9-10.0.0.1".into()]).unwrap_err();
         assert!(e.starts_with("addressPools[1]"), "{e}");
         assert!(Pools::parse(&["198.51.100.0/33".into()]).is_err());
+        let e = Pools::parse(&["198.51.100.0/28".into(), "2001:db8:6::/64".into()]).unwrap_err();
+        assert!(e.starts_with("addressPools[1]:") && e.contains("IPv4 only for now"), "{e}");
     }
 
     #[test]

@@ -508,7 +508,7 @@ struct Agent {
     impersonated: Option<watch::Sender<Impersonations>>,
     /// Per member: the impersonating advertisements counted so far, when last logged, and the
     /// count then.
-    impersonations_seen: BTreeMap<Ipv4Addr, (u64, Option<Instant>, u64)>,
+    impersonations_seen: BTreeMap<IpAddr, (u64, Option<Instant>, u64)>,
     /// The key files of the plan's authenticating groups, re-read every second.
     keys: KeyFiles,
     /// `/status` asking for the VRRP instances, answered between events.
@@ -791,8 +791,7 @@ impl Agent {
     fn reconfigure_vrrp(&mut self) {
         for spec in &self.plan.instances {
             let _ = self.state.metrics.lease_expiries.get_or_create(&VridLabels::of(spec.id()));
-            // XDP tells impersonations apart by IPv4 source only (`VRRP_SPEAKERS`).
-            for member in spec.peers.iter().chain(self.plan.locals.values()).filter(|m| m.is_ipv4()) {
+            for member in spec.peers.iter().chain(self.plan.locals.values()) {
                 let _ = self
                     .state
                     .metrics
@@ -1080,11 +1079,10 @@ impl Agent {
     /// for an Event on the group.
     fn check_impersonations(&mut self) {
         let now = Instant::now();
-        let mut heard: Vec<(String, Ipv4Addr, String, u64)> = Vec::new();
+        let mut heard: Vec<(String, IpAddr, String, u64)> = Vec::new();
         for seen in self.dataplane.impersonations() {
-            let source = IpAddr::V4(seen.source);
-            let own = self.plan.locals.values().any(|local| *local == source);
-            let member_of = |i: &&crate::vrrp::router::InstanceSpec| own || i.peers.contains(&source);
+            let own = self.plan.locals.values().any(|local| *local == seen.source);
+            let member_of = |i: &&crate::vrrp::router::InstanceSpec| own || i.peers.contains(&seen.source);
             let Some(group) = self.plan.instances.iter().find(member_of).map(|i| i.group.clone()) else {
                 continue;
             };
@@ -1095,7 +1093,7 @@ impl Agent {
             };
             heard.push((group, seen.source, how, seen.adverts));
         }
-        let mut counts: BTreeMap<Ipv4Addr, u64> = BTreeMap::new();
+        let mut counts: BTreeMap<IpAddr, u64> = BTreeMap::new();
         for (_, member, _, adverts) in &heard {
             *counts.entry(*member).or_default() += adverts;
         }

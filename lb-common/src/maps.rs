@@ -40,7 +40,12 @@ pub const ANY_UPLINK: u8 = 0;
 /// with the MAC they came from.
 pub const VRRP_SPEAKERS: &str = "VRRP_SPEAKERS";
 
-/// Capacity of [`VRRP_SPEAKERS`]: spoofed sources only evict the least recently heard.
+/// `LruHashMap<Vip6Key, VrrpSpeaker>`: the same for IPv6 sources (members' link-local
+/// addresses, usually).
+pub const VRRP_SPEAKERS6: &str = "VRRP_SPEAKERS6";
+
+/// Capacity of [`VRRP_SPEAKERS`] (and [`VRRP_SPEAKERS6`]): spoofed sources only evict the
+/// least recently heard.
 pub const MAX_VRRP_SPEAKERS: u32 = 1024;
 
 /// Capacity of [`OWNED_VIPS`], [`VIP_STATS`] and [`VIP_TRAFFIC`]. A group holds at most 10,000 VIPs; this leaves

@@ -76,6 +76,10 @@ pub static VRRP_SPEAKERS: LruHashMap<VipKey, VrrpSpeaker> =
     LruHashMap::with_max_entries(MAX_VRRP_SPEAKERS, 0);
 
 #[map]
+pub static VRRP_SPEAKERS6: LruHashMap<Vip6Key, VrrpSpeaker> =
+    LruHashMap::with_max_entries(MAX_VRRP_SPEAKERS, 0);
+
+#[map]
 pub static UPLINKS: HashMap<UplinkKey, Uplink> = HashMap::with_max_entries(MAX_UPLINK_KEYS, 0);
 
 #[map]

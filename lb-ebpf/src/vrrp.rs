@@ -1,18 +1,20 @@
-//! VRRP advertisements pass to the agent; on the way, each IPv4 source's Ethernet MAC is
-//! learned, and an advertisement that claims a live source from another MAC is counted
+//! VRRP advertisements pass to the agent; on the way, each source's Ethernet MAC is learned
+//! (IPv4 and IPv6 sources in maps of their own), and an advertisement that claims a live source from another MAC is counted
 //! (VRRPv3 has no authentication, so this is how a spoofed member shows). One that claims this
 //! node's own address is always counted: the kernel drops it as a martian before any socket
 //! sees it, so only here can it be noticed.
 
-use aya_ebpf::{bindings::xdp_action::XDP_PASS, helpers::bpf_ktime_get_ns, programs::XdpContext};
+use aya_ebpf::{
+    bindings::xdp_action::XDP_PASS, helpers::bpf_ktime_get_ns, maps::LruHashMap, programs::XdpContext,
+};
 use lb_common::{
     counters::Reason,
-    maps::{VipKey, VrrpSpeaker},
+    maps::{Vip6Key, VipKey, VrrpSpeaker},
 };
-use network_types::eth::EthHdr;
+use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
 use crate::{
-    maps::{SETTINGS, VRRP_SPEAKERS},
+    maps::{SETTINGS, VRRP_SPEAKERS, VRRP_SPEAKERS6},
     packet::{self, L4_OFFSET, header},
     stats, uplink,
 };
@@ -24,13 +26,31 @@ const VRRP_HEADER: usize = 8;
 /// When an advertisement says 0 (malformed), a learned MAC stays live this long.
 const DEFAULT_LIVE_NS: u64 = 3_000_000_000;
 
+/// An IPv4 advertisement from `source` (its header at [`L4_OFFSET`], no options).
 #[inline(always)]
 pub fn observe(ctx: &XdpContext, source: [u8; 4]) -> u32 {
-    let bytes = packet::len(ctx);
-    let (Some(eth), Some(vrrp)) = (header::<EthHdr>(ctx, 0), header::<[u8; VRRP_HEADER]>(ctx, L4_OFFSET))
-    else {
+    let own = SETTINGS.get(0).is_some_and(|s| s.node_addr == source)
+        || uplink::source(ctx.ingress_ifindex() as u32) == Some(source);
+    learn(ctx, &VRRP_SPEAKERS, &VipKey::new(source), own, L4_OFFSET);
+    stats::verdict(Reason::Ipv4Passed, packet::len(ctx), XDP_PASS)
+}
+
+/// An IPv6 advertisement from `source` (its header right after the fixed IPv6 header). This
+/// node's own IPv6 source arriving from the segment is not a martian to the kernel: the
+/// router drops it as its own advert (`own_advert`), so it is not looked for here.
+#[inline(always)]
+pub fn observe6(ctx: &XdpContext, source: [u8; 16]) -> u32 {
+    learn(ctx, &VRRP_SPEAKERS6, &Vip6Key::new(source), false, EthHdr::LEN + Ipv6Hdr::LEN);
+    stats::verdict(Reason::Ipv6Passed, packet::len(ctx), XDP_PASS)
+}
+
+/// Learns `key`'s MAC from this advertisement (whose VRRP header is at `offset`), or counts it
+/// against the live one; `own`: the source is this node's, so any arrival is counted.
+#[inline(always)]
+fn learn<K>(ctx: &XdpContext, speakers: &LruHashMap<K, VrrpSpeaker>, key: &K, own: bool, offset: usize) {
+    let (Some(eth), Some(vrrp)) = (header::<EthHdr>(ctx, 0), header::<[u8; VRRP_HEADER]>(ctx, offset)) else {
         // The agent decodes and drops what is short; nothing to learn here.
-        return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
+        return;
     };
     // SAFETY: bounds-checked by `header`; copied out at once.
     let (mac, interval_cs) =
@@ -39,27 +59,22 @@ pub fn observe(ctx: &XdpContext, source: [u8; 4]) -> u32 {
     let live_ns = if interval_cs == 0 { DEFAULT_LIVE_NS } else { u64::from(interval_cs) * 30_000_000 };
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    let key = VipKey::new(source);
-    let own = SETTINGS.get(0).is_some_and(|s| s.node_addr == source)
-        || uplink::source(ctx.ingress_ifindex() as u32) == Some(source);
     if own {
-        let counted = match VRRP_SPEAKERS.get_ptr_mut(&key) {
+        let counted = match speakers.get_ptr_mut(key) {
             // SAFETY: a valid map value; races between CPUs only blur the counts.
             Some(speaker) => unsafe { &mut *speaker },
             None => {
-                let _ = VRRP_SPEAKERS.insert(&key, &VrrpSpeaker::default(), 0);
-                let Some(speaker) = VRRP_SPEAKERS.get_ptr_mut(&key) else {
-                    return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
-                };
+                let _ = speakers.insert(key, &VrrpSpeaker::default(), 0);
+                let Some(speaker) = speakers.get_ptr_mut(key) else { return };
                 // SAFETY: as above.
                 unsafe { &mut *speaker }
             }
         };
         counted.other_mac = mac;
         counted.other_mac_adverts += 1;
-        return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
+        return;
     }
-    match VRRP_SPEAKERS.get_ptr_mut(&key) {
+    match speakers.get_ptr_mut(key) {
         Some(speaker) => {
             // SAFETY: a valid map value; races between CPUs only blur the counts.
             let speaker = unsafe { &mut *speaker };
@@ -68,15 +83,14 @@ pub fn observe(ctx: &XdpContext, source: [u8; 4]) -> u32 {
                 // and the counter arrays keep their shape (a new shape would replace the maps).
                 speaker.other_mac = mac;
                 speaker.other_mac_adverts += 1;
-                return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
+                return;
             }
             speaker.mac = mac;
             speaker.live_until_ns = now + live_ns;
         }
         None => {
             let speaker = VrrpSpeaker { mac, live_until_ns: now + live_ns, ..VrrpSpeaker::default() };
-            let _ = VRRP_SPEAKERS.insert(&key, &speaker, 0);
+            let _ = speakers.insert(key, &speaker, 0);
         }
     }
-    stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS)
 }

@@ -281,10 +281,11 @@ impl Noise {
     }
 }
 
-/// An Ethernet/IPv6 frame with `payload` after the fixed header (no extension headers).
+/// An Ethernet/IPv6 frame with `payload` after the fixed header (no extension headers); the
+/// arguments in [`ipv4_frame`]'s order.
 pub fn ipv6_frame(
-    eth_dst: [u8; 6],
     eth_src: [u8; 6],
+    eth_dst: [u8; 6],
     src: Ipv6Addr,
     dst: Ipv6Addr,
     hop_limit: u8,
@@ -341,7 +342,7 @@ pub fn neighbor_solicitation(mac: [u8; 6], src: Ipv6Addr, target: Ipv6Addr) -> V
         body.extend_from_slice(&[1, 1]);
         body.extend_from_slice(&mac);
     }
-    ipv6_frame(group_mac, mac, src, group, 255, 58, &icmpv6(135, 0, &body, src, group))
+    ipv6_frame(mac, group_mac, src, group, 255, 58, &icmpv6(135, 0, &body, src, group))
 }
 
 /// A Neighbor Advertisement as captured: (Ethernet destination, IPv6 source, flags byte, target,

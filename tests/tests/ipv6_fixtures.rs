@@ -61,7 +61,7 @@ fn advertisement(to_mac: [u8; 6], to: Ipv6Addr, target: Ipv6Addr, flags: u8) -> 
     body.extend_from_slice(&target.octets());
     body.extend_from_slice(&[2, 1]);
     body.extend_from_slice(&VIP_MAC);
-    ipv6_frame(to_mac, VIP_MAC, target, to, 255, 58, &icmpv6(136, 0, &body, target, to))
+    ipv6_frame(VIP_MAC, to_mac, target, to, 255, 58, &icmpv6(136, 0, &body, target, to))
 }
 
 fn echo(
@@ -73,7 +73,7 @@ fn echo(
     hop_limit: u8,
 ) -> Vec<u8> {
     let body = [0x12, 0x34, 0, 7, b'p', b'i', b'n', b'g', b'v', b'6'];
-    ipv6_frame(dst_mac, src_mac, src, dst, hop_limit, 58, &icmpv6(kind, 0, &body, src, dst))
+    ipv6_frame(src_mac, dst_mac, src, dst, hop_limit, 58, &icmpv6(kind, 0, &body, src, dst))
 }
 
 /// `frame` with the byte at `at` set to `value`.
@@ -90,7 +90,7 @@ fn owned_vips_answer_neighbor_discovery_and_echo_with_exact_frames() {
     let mut bare = vec![0, 0, 0, 0];
     bare.extend_from_slice(&VIP.octets());
     let unicast_probe =
-        ipv6_frame(VIP_MAC, CLIENT_MAC, CLIENT, VIP, 255, 58, &icmpv6(135, 0, &bare, CLIENT, VIP));
+        ipv6_frame(CLIENT_MAC, VIP_MAC, CLIENT, VIP, 255, 58, &icmpv6(135, 0, &bare, CLIENT, VIP));
     let dad = neighbor_solicitation(CLIENT_MAC, Ipv6Addr::UNSPECIFIED, VIP);
     let mut padded = solicitation.clone();
     padded.extend_from_slice(&[0; 6]);
@@ -135,7 +135,7 @@ fn malformed_foreign_and_unserved_ipv6_is_never_answered_and_is_counted() {
     let mut short_option = good.clone();
     short_option.truncate(84);
     short_option[19] = 30;
-    let udp = ipv6_frame(VIP_MAC, CLIENT_MAC, CLIENT, VIP, 64, 17, &[0x30, 0x39, 0, 80, 0, 8, 0, 0]);
+    let udp = ipv6_frame(CLIENT_MAC, VIP_MAC, CLIENT, VIP, 64, 17, &[0x30, 0x39, 0, 80, 0, 8, 0, 0]);
     let mut truncated = good.clone();
     truncated.truncate(70);
     let cases: Vec<(&str, Vec<u8>, u32, Reason)> = vec![
@@ -182,7 +182,7 @@ fn malformed_foreign_and_unserved_ipv6_is_never_answered_and_is_counted() {
 }
 
 fn udp_to(vip: Ipv6Addr) -> Vec<u8> {
-    ipv6_frame(VIP_MAC, CLIENT_MAC, CLIENT, vip, 64, 17, &[0x30, 0x39, 0, 80, 0, 8, 0, 0])
+    ipv6_frame(CLIENT_MAC, VIP_MAC, CLIENT, vip, 64, 17, &[0x30, 0x39, 0, 80, 0, 8, 0, 0])
 }
 
 #[test]
@@ -206,4 +206,38 @@ fn random_ipv6_frames_never_abort() {
             "round {round}: action {action} for {frame:02x?}"
         );
     }
+}
+
+/// An IPv6 VRRP source's MAC is learned, and the same source from another MAC while it is live
+/// is counted (passed on either way, for the agent to judge), as for IPv4.
+#[test]
+fn an_ipv6_vrrp_source_heard_from_another_mac_is_counted() {
+    use lb_agent::vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V6};
+    use lb_common::maps::{VRRP_SPEAKERS6, VrrpSpeaker};
+    let ebpf = load();
+    let member = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xb);
+    let member_mac = [0x02, 0, 0, 0, 0, 0x0b];
+    let advert =
+        Advertisement { vrid: 20, priority: 100, max_adver_int_cs: 100, addresses: vec![VIP.into()] }.encode(
+            member,
+            VRRP_MULTICAST_V6,
+            ChecksumMode::Rfc,
+        );
+    let frame = |mac: [u8; 6]| {
+        ipv6_frame(mac, [0x33, 0x33, 0, 0, 0, 0x12], member, VRRP_MULTICAST_V6, 255, 112, &advert)
+    };
+    let speaker = || -> VrrpSpeaker {
+        let map: HashMap<_, Vip6Key, VrrpSpeaker> =
+            HashMap::try_from(ebpf.map(VRRP_SPEAKERS6).unwrap()).unwrap();
+        map.get(&Vip6Key::new(member.octets()), 0).unwrap()
+    };
+    let passed = reason(&ebpf, Reason::Ipv6Passed);
+    assert_eq!(run(&ebpf, &frame(member_mac)), (XDP_PASS, frame(member_mac)));
+    assert_eq!(speaker().mac, member_mac);
+    for _ in 0..2 {
+        assert_eq!(run(&ebpf, &frame(CLIENT_MAC)).0, XDP_PASS);
+    }
+    let s = speaker();
+    assert_eq!((s.mac, s.other_mac, s.other_mac_adverts), (member_mac, CLIENT_MAC, 2));
+    assert_eq!(reason(&ebpf, Reason::Ipv6Passed), passed + 3);
 }

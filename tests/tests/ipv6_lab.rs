@@ -162,8 +162,8 @@ fn neighbor_solicitations_for_the_vip_are_answered_and_broken_ones_never_are() {
     // An echo request straight to the VIP's owner, ICMPv6 checksummed.
     let body = [0, 1, 0, 1, b'x'];
     let echo = ipv6_frame(
-        lab.nodes[0].mac,
         client.mac,
+        lab.nodes[0].mac,
         client.global6(),
         VIP6,
         64,
@@ -310,4 +310,39 @@ fn an_ipv6_address_the_node_lacks_is_refused_with_its_field() {
     let log = agent.log_text();
     assert_eq!(status.code(), Some(64), "{log}");
     assert!(log.contains("groups[0].nodes[0].address6") && log.contains("fe80::99"), "{log}");
+}
+
+/// A host on the segment sends IPv6 adverts with the master's link-local address from its own
+/// MAC: the backup's data plane sees the master's address from another MAC while the master's
+/// is live, and its agent counts and logs it per member, as for IPv4.
+#[test]
+fn an_impersonated_ipv6_member_is_counted_and_logged() {
+    use lb_agent::vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V6};
+    let (lab, agents) = lab_with_agents(2, &[200, 100], "");
+    wait_owner6(&lab, 0, &agents);
+    let master = lab.nodes[0].link_local();
+    let spoofed =
+        Advertisement { vrid: VRID, priority: 254, max_adver_int_cs: 5, addresses: vec![VIP6.into()] }
+            .encode(master, VRRP_MULTICAST_V6, ChecksumMode::Rfc);
+    let frame = ipv6_frame(
+        lab.client.mac,
+        [0x33, 0x33, 0, 0, 0, 0x12],
+        master,
+        VRRP_MULTICAST_V6,
+        255,
+        112,
+        &spoofed,
+    );
+    for _ in 0..10 {
+        send_and_capture(lab.client.ns.name(), "eth0", vec![frame.clone(); 2], Duration::from_millis(20));
+    }
+    let sample = format!(r#"lbagent_vrrp_impersonated_adverts_total{{member="{master}"}}"#);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while agents[1].metric(&sample) == 0.0 {
+        assert!(Instant::now() < deadline, "{sample} never counted:\n{}", agents[1].log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = agents[1].log_text();
+    assert!(log.contains("impersonating") && log.contains(&master.to_string()), "{log}");
+    assert_eq!(lab.client.ndisc(VIP6), Some(lab.nodes[0].mac_string()), "the master held");
 }

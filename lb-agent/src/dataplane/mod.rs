@@ -53,7 +53,7 @@ use aya::{
 use lb_common::{
     maps::{
         ACTION_STATS, OWNED_VIPS, OWNED_VIPS6, REASON_STATS, UPLINKS, VIP_LEASES, VIP_STATS, VIP_STATS6,
-        VIP_TRAFFIC, VRRP_SPEAKERS,
+        VIP_TRAFFIC, VRRP_SPEAKERS, VRRP_SPEAKERS6,
     },
     service::{
         BACKEND_STATS, BACKENDS, FLOWS, LAYOUT_VERSION, LOCAL_ENDPOINTS, MAGLEV_RINGS, REPLY_NAT, SERVICES,
@@ -82,7 +82,7 @@ pub const PASS_PROGRAM: &str = "lb_pass";
 pub const REPLY_PROGRAM: &str = "lb_reply";
 
 /// Every map, pinned by name.
-pub const PINNED_MAPS: [&str; 19] = [
+pub const PINNED_MAPS: [&str; 20] = [
     OWNED_VIPS,
     OWNED_VIPS6,
     VIP_LEASES,
@@ -100,14 +100,15 @@ pub const PINNED_MAPS: [&str; 19] = [
     LOCAL_ENDPOINTS,
     SETTINGS,
     VRRP_SPEAKERS,
+    VRRP_SPEAKERS6,
     UPLINKS,
     SNAT_REPLIES,
 ];
 
 /// Maps no other map refers to, and whose loss costs only counts or what the agent writes
 /// again at once: when one differs from this build's, it alone is replaced.
-const STANDALONE_MAPS: [&str; 6] =
-    [ACTION_STATS, REASON_STATS, VIP_STATS, VIP_STATS6, VRRP_SPEAKERS, UPLINKS];
+const STANDALONE_MAPS: [&str; 7] =
+    [ACTION_STATS, REASON_STATS, VIP_STATS, VIP_STATS6, VRRP_SPEAKERS, VRRP_SPEAKERS6, UPLINKS];
 
 /// bpffs's magic number (`statfs.f_type`).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -195,7 +196,10 @@ impl Dataplane {
                 .map_err(|source| Error::BpfMap { map: OWNED_VIPS6, source })?,
         };
         let leases = leases::Leases::take(take_map(&mut ebpf, VIP_LEASES)?)?;
-        let speakers = speakers::Speakers::take(take_map(&mut ebpf, VRRP_SPEAKERS)?)?;
+        let speakers = speakers::Speakers::take(
+            take_map(&mut ebpf, VRRP_SPEAKERS)?,
+            take_map(&mut ebpf, VRRP_SPEAKERS6)?,
+        )?;
         let uplink_map = uplinks::UplinkMap::take(take_map(&mut ebpf, UPLINKS)?)?;
         let counters = XdpCounters::take(&mut ebpf)?;
         let services = ServiceMaps::take(&mut ebpf, Some(&pin_dir))?;

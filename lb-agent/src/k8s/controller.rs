@@ -121,7 +121,7 @@ pub type ForeignRouters =
     std::collections::BTreeSet<(String, crate::vrrp::family::InstanceId, std::net::IpAddr)>;
 
 /// See [`FromAgent::impersonated`].
-pub type Impersonations = std::collections::BTreeSet<(String, Ipv4Addr, String)>;
+pub type Impersonations = std::collections::BTreeSet<(String, std::net::IpAddr, String)>;
 
 impl Shell {
     /// Runs until the agent stops: sends each new config on `configs`, and reports what
@@ -667,7 +667,7 @@ mod tests {
 
         // A member impersonated on the segment: one Warning Event on its group, saying how.
         let before = writes.lock().unwrap().len();
-        let member: Ipv4Addr = "192.0.2.11".parse().unwrap();
+        let member: std::net::IpAddr = "192.0.2.11".parse().unwrap();
         let how = "from MAC 02:1b:00:00:00:cc while it is at 02:00:00:00:00:11".to_owned();
         impersonated_tx.send_replace(Impersonations::from([("edge".to_owned(), member, how.clone())]));
         let event = event_after(&writes, before, "Impersonation").await;

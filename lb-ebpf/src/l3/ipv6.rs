@@ -1,4 +1,5 @@
-//! IPv6: validate the fixed header, answer ICMPv6 echo for owned VIPs (RFC 4443 §4.2), and
+//! IPv6: validate the fixed header, learn VRRP advertisement sources (see `vrrp`), answer
+//! ICMPv6 echo for owned VIPs (RFC 4443 §4.2), and
 //! drop what else reaches a VIP only this node holds. Nothing is forwarded over IPv6 yet: the
 //! kernel gets every other packet.
 
@@ -10,6 +11,7 @@ use lb_common::{
     counters::Reason,
     maps::Vip6Key,
     ndp::{ECHO_REPLY, ECHO_REQUEST, ICMPV6},
+    service::PROTO_VRRP,
 };
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
@@ -18,7 +20,7 @@ use crate::{
     maps::OWNED_VIPS6,
     owned,
     packet::{self, header},
-    stats, uplink,
+    stats, uplink, vrrp,
 };
 
 const REPLY_HOP_LIMIT: u8 = 64;
@@ -30,10 +32,20 @@ pub fn handle(ctx: &XdpContext) -> u32 {
         return stats::verdict(Reason::MalformedIpv6, bytes, XDP_PASS);
     };
     // SAFETY: bounds-checked by `header`; copied out.
-    let (version, payload_len, next_hdr, dst) =
-        unsafe { ((*ip).vcf[0] >> 4, u16::from_be_bytes((*ip).payload_len), (*ip).next_hdr, (*ip).dst_addr) };
+    let (version, payload_len, next_hdr, src, dst) = unsafe {
+        (
+            (*ip).vcf[0] >> 4,
+            u16::from_be_bytes((*ip).payload_len),
+            (*ip).next_hdr,
+            (*ip).src_addr,
+            (*ip).dst_addr,
+        )
+    };
     if version != 6 || bytes < EthHdr::LEN + Ipv6Hdr::LEN + usize::from(payload_len) {
         return stats::verdict(Reason::MalformedIpv6, bytes, XDP_PASS);
+    }
+    if next_hdr == PROTO_VRRP {
+        return vrrp::observe6(ctx, src);
     }
     // SAFETY: copied out at once.
     let Some(owned) = (unsafe { OWNED_VIPS6.get(&Vip6Key::new(dst)) }).copied() else {

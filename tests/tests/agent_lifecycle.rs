@@ -22,7 +22,7 @@ fn a_bad_config_exits_64_naming_the_field_and_attaches_nothing() {
     let lab = Lab::new(1);
     let log =
         refused(&lab, "interface: eth0\nvips:\n  - address: 198.51.100.10\n  - address: 198.51.100.1000\n");
-    assert!(log.contains("vips[1].address") && log.contains("invalid IPv4 address"), "{log}");
+    assert!(log.contains("vips[1].address") && log.contains("an IPv4 or IPv6 address"), "{log}");
 
     let log = refused(&lab, "interface: eth9\nvips: []\n");
     assert!(log.contains("interface") && log.contains("\"eth9\" does not exist"), "{log}");

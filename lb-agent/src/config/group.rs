@@ -90,6 +90,7 @@ pub struct GroupNode {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GroupVip {
     /// IPv4 or IPv6; each family's VIPs get VRRP instances of their own.
+    #[serde(deserialize_with = "super::ip_address")]
     pub address: IpAddr,
     /// The Service the VIP belongs to (e.g. `default/web`); a Service's VIPs are spread.
     #[serde(default)]

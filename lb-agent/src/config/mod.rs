@@ -84,6 +84,7 @@ pub enum XdpModeSetting {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct VipConfig {
     /// IPv4 (answered by ARP) or IPv6 (answered by NDP).
+    #[serde(deserialize_with = "ip_address")]
     pub address: IpAddr,
     /// The MAC that ARP replies carry. Defaults to the uplink's own MAC.
     #[serde(default)]
@@ -118,8 +119,12 @@ impl Config {
             let location = inner.location().map(|l| format!(" (line {}, column {})", l.line(), l.column()));
             let message = inner.to_string();
             let message = strip_serde_location(&message);
-            // serde_yaml may already prefix the path; say it once.
-            let message = message.strip_prefix(&format!("{field}: ")).unwrap_or(message);
+            // serde_yaml may already prefix the path (or, for a custom error, the path of the
+            // enclosing mapping); say it once.
+            let message = match message.split_once(": ") {
+                Some((path, rest)) if !path.is_empty() && field.starts_with(path) => rest,
+                _ => message,
+            };
             ConfigError {
                 field: if field == "." { "(document)".into() } else { field },
                 expected: format!("{message}{}", location.unwrap_or_default()),
@@ -238,6 +243,12 @@ fn is_unicast(a: IpAddr) -> bool {
     }
 }
 
+/// An IPv4 or IPv6 address, with an error that says so (std's says "invalid IP address syntax").
+pub(crate) fn ip_address<'de, D: Deserializer<'de>>(d: D) -> Result<IpAddr, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(|_| de::Error::custom(format!("an IPv4 or IPv6 address, got {text:?}")))
+}
+
 /// serde_yaml appends " at line L column C"; we report the location once, ourselves.
 fn strip_serde_location(message: &str) -> &str {
     message.split(" at line ").next().unwrap_or(message)
@@ -342,7 +353,7 @@ mod tests {
     fn a_bad_address_names_its_index() {
         let e = err("interface: eth0\nvips:\n  - address: 198.51.100.10\n  - address: 198.51.100.300\n");
         assert_eq!(e.field, "vips[1].address");
-        assert!(e.expected.starts_with("invalid IP address syntax"), "{e}");
+        assert!(e.expected.starts_with(r#"an IPv4 or IPv6 address, got "198.51.100.300""#), "{e}");
         assert!(e.expected.contains("line 4"), "{e}");
     }
 

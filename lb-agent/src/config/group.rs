@@ -167,10 +167,21 @@ fn yes() -> bool {
     true
 }
 
-/// A node's IPv6 VRRP address: unicast (a link-local one is usual).
-fn check_node_address6(field: &str, address: Ipv6Addr) -> Result<(), ConfigError> {
+/// A node's IPv6 VRRP address: unicast, and link-local for multicast adverts (RFC 5798
+/// §5.1.2.1: "the IPv6 link-local address of the interface the packet is being sent from";
+/// keepalived sends from it, and the other members recognise a member by it).
+fn check_node_address6(field: &str, address: Ipv6Addr, transport: Transport) -> Result<(), ConfigError> {
     if address.is_unspecified() || address.is_multicast() || address.is_loopback() {
         return Err(ConfigError::new(field, format!("a unicast IPv6 address, got {address}")));
+    }
+    if transport == Transport::Multicast && !address.is_unicast_link_local() {
+        return Err(ConfigError::new(
+            field,
+            format!(
+                "the node's link-local address (fe80::/10), since multicast IPv6 adverts are sent from it \
+                 (RFC 5798 §5.1.2.1; `transport: unicast` may use any address), got {address}"
+            ),
+        ));
     }
     Ok(())
 }
@@ -234,7 +245,7 @@ pub(super) fn validate_groups(
             }
             check_unicast(&format!("{field}.address"), node.address.into())?;
             if let Some(address6) = node.address6 {
-                check_node_address6(&format!("{field}.address6"), address6)?;
+                check_node_address6(&format!("{field}.address6"), address6, group.transport)?;
                 if !addresses.insert(address6.into()) {
                     return Err(ConfigError::new(
                         format!("{field}.address6"),
@@ -470,6 +481,14 @@ mod tests {
         let e = Config::parse(&dual.replace("2001:db8:6::10", "fe80::10")).unwrap_err();
         assert_eq!(e.field, "groups[0].vips[1].address");
         assert!(e.expected.contains("not the link-local"), "{e}");
+        let global = dual.replace("address6: fe80::b", "address6: 2001:db8::b");
+        let e = Config::parse(&global).unwrap_err();
+        assert_eq!(e.field, "groups[0].nodes[1].address6");
+        assert!(e.expected.contains("link-local") && e.expected.contains("2001:db8::b"), "{e}");
+        assert!(
+            Config::parse(&format!("{global}    transport: unicast\n")).is_ok(),
+            "any address for unicast"
+        );
         let twice = dual.replace("address6: fe80::b", "address6: fe80::a");
         let e = Config::parse(&twice).unwrap_err();
         assert_eq!(

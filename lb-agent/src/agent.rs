@@ -39,16 +39,13 @@ use crate::{
         family::Family,
         garp::{GarpSocket, announcement_for},
         metrics::VrrpMetrics,
-        router::{InstanceSpec, Outgoing, Router},
-        socket::{Arrived, VrrpSocket},
+        router::{InstanceSpec, Router},
     },
+    vrrp_driver::{Vrrp, recv},
 };
 
 /// How long a stopping agent waits for its VRRP handovers before leaving anyway.
 const STOP_BOUND: Duration = Duration::from_secs(10);
-/// At most this many queued datagrams are read before a timer is handled, so a flood cannot
-/// starve the timers.
-const DRAIN_LIMIT: usize = 64;
 
 /// `--kubernetes`: where the leader Lease lives.
 pub struct KubernetesSource {
@@ -143,11 +140,7 @@ pub async fn run(
     })?;
 
     let mut metrics = Metrics::new();
-    let mut vrrp = Vrrp {
-        router: Router::new(plan.locals.clone(), VrrpMetrics::register(&mut metrics.registry)),
-        sockets: BTreeMap::new(),
-        send_failures: BTreeMap::new(),
-    };
+    let mut vrrp = Vrrp::new(Router::new(plan.locals.clone(), VrrpMetrics::register(&mut metrics.registry)));
     let index = |name: &str| uplinks.get(name).map(|u| u.interface.index);
     vrrp.sockets = vrrp.open_missing(&plan, index).map_err(|((interface, family), expected)| {
         config_error(&node_address_field(&config, &node, &interface, family), expected)
@@ -307,7 +300,7 @@ fn write_uplink_map(uplinks: &mut Uplinks, dataplane: &mut Dataplane) -> Result<
 
 /// Drops `value` on a blocking thread: closing a socket or a BPF link waits for the kernel
 /// (RTNL, an RCU grace period), and the VRRP loop must not wait with it.
-fn drop_off_loop<T: Send + 'static>(value: T) {
+pub(crate) fn drop_off_loop<T: Send + 'static>(value: T) {
     drop(tokio::task::spawn_blocking(move || drop(value)));
 }
 
@@ -336,125 +329,6 @@ fn node_name(config: &Config, node_override: Option<String>) -> String {
         .or_else(|| std::env::var("NODE_NAME").ok())
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()))
         .unwrap_or_default()
-}
-
-/// A VRRP socket's key: its interface and family.
-type SocketKey = (String, Family);
-
-/// The VRRP driver: the router and a socket for each interface and family it runs instances
-/// on.
-struct Vrrp {
-    router: Router,
-    sockets: BTreeMap<SocketKey, VrrpSocket>,
-    /// Per socket: when a failed send was last logged, and the failures since. A send fails
-    /// while the source address is gone (an IPv6 link-local address is removed with its link
-    /// and tentative for a while after), at every advertisement: logged once per
-    /// [`SEND_FAILURE_LOG_EVERY`].
-    send_failures: BTreeMap<SocketKey, (Option<Instant>, u64)>,
-}
-
-/// At most one log line per VRRP socket whose sends fail, this often.
-const SEND_FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
-
-impl Vrrp {
-    fn send(&mut self, out: &[Outgoing]) {
-        for o in out {
-            let key = (o.interface.clone(), Family::of(o.destination));
-            let Some(socket) = self.sockets.get(&key) else {
-                warn!(interface = %o.interface, "no VRRP socket on the interface: advertisement not sent");
-                continue;
-            };
-            let Err(e) = socket.send_to(&o.payload, o.destination) else { continue };
-            let now = Instant::now();
-            let (logged, unlogged) = self.send_failures.entry(key).or_default();
-            if logged.is_some_and(|at| now < at + SEND_FAILURE_LOG_EVERY) {
-                *unlogged += 1;
-                continue;
-            }
-            warn!(
-                interface = %o.interface,
-                source = %socket.source(),
-                destination = %o.destination,
-                error = %e,
-                since_last_log = *unlogged,
-                "sending a VRRP advertisement failed"
-            );
-            (*logged, *unlogged) = (Some(now), 0);
-        }
-    }
-
-    /// Opens a socket for each interface and family the plan runs instances of, from this
-    /// node's address there, where none is open from it yet (`ifindex` finds the interfaces),
-    /// for the caller to add. An address this node does not have is the config's mistake: the
-    /// error names the interface, the family and what was expected.
-    fn open_missing(
-        &self,
-        plan: &NodePlan,
-        ifindex: impl Fn(&str) -> Option<u32>,
-    ) -> std::result::Result<BTreeMap<SocketKey, VrrpSocket>, (SocketKey, String)> {
-        let mut opened = BTreeMap::new();
-        let wanted: BTreeMap<SocketKey, IpAddr> = plan
-            .instances
-            .iter()
-            .filter_map(|i| {
-                let key = (i.interface.clone(), i.family);
-                let local = *plan.locals.get(&key)?;
-                Some((key, local))
-            })
-            .collect();
-        for (key, local) in wanted {
-            if self.sockets.get(&key).is_some_and(|s| s.source() == local) {
-                continue;
-            }
-            let name = key.0.as_str();
-            let Some(index) = ifindex(name) else { continue };
-            let socket = match VrrpSocket::open(name, index, local) {
-                Ok(socket) => socket,
-                Err(e) => {
-                    let expected = if e.kind() == std::io::ErrorKind::AddrNotAvailable {
-                        format!(
-                            "an address of {name} on this node, but {local} is not (or is still tentative)"
-                        )
-                    } else {
-                        format!("an address the VRRP socket on {name} can use ({local}: {e})")
-                    };
-                    return Err((key, expected));
-                }
-            };
-            opened.insert(key, socket);
-        }
-        Ok(opened)
-    }
-
-    /// Closes the sockets of interfaces where the plan runs no instance any more: called once
-    /// the router has sent its last advertisements out of them. Closed on a blocking thread:
-    /// leaving the multicast group takes RTNL, which another link change may hold for a while.
-    fn close_unused_sockets(&mut self, plan: &NodePlan) {
-        let unused: Vec<SocketKey> = self
-            .sockets
-            .keys()
-            .filter(|(name, family)| {
-                !plan.instances.iter().any(|i| i.interface == *name && i.family == *family)
-            })
-            .cloned()
-            .collect();
-        let closing: Vec<VrrpSocket> = unused.iter().filter_map(|key| self.sockets.remove(key)).collect();
-        if !closing.is_empty() {
-            drop_off_loop(closing);
-        }
-    }
-
-    /// Handles the datagrams already waiting on the sockets, without waiting for more.
-    fn drain(&mut self, buf: &mut [u8]) -> Vec<Outgoing> {
-        let mut out = Vec::new();
-        for ((name, _), socket) in &self.sockets {
-            for _ in 0..DRAIN_LIMIT {
-                let Ok(arrived) = socket.try_recv(buf) else { break };
-                out.extend(self.router.on_datagram(Instant::now().into_std(), name, arrived.datagram(buf)));
-            }
-        }
-        out
-    }
 }
 
 struct Agent {
@@ -1221,17 +1095,6 @@ async fn stop_signal(term: &mut Signal, int: &mut Signal) {
     tokio::select! {
         _ = term.recv() => info!("SIGTERM"),
         _ = int.recv() => info!("SIGINT"),
-    }
-}
-
-async fn recv(
-    vrrp: &Option<Vrrp>,
-    turn: &mut usize,
-    buf: &mut [u8],
-) -> (SocketKey, std::io::Result<Arrived>) {
-    match vrrp {
-        Some(v) if !v.sockets.is_empty() => VrrpSocket::recv_any(&v.sockets, turn, buf).await,
-        _ => std::future::pending().await,
     }
 }
 

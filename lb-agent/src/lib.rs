@@ -11,6 +11,7 @@
 //! - [`logging`]: structured logs with a filter that changes at run time.
 //! - [`k8s`]: the Kubernetes source: the LoadBalancerGroup resource.
 //! - [`vrrp`]: VRRPv3 — who owns each VIP at run time.
+//! - [`vrrp_driver`]: the router with its sockets: the VRRP shell the run loop drives.
 //! - [`planner`]: the pure, deterministic plan: VIP owners and shared VRRP instances.
 //! - [`node_plan`]: from the config and the planner to this node's VRRP instances.
 //! - [`key_files`]: the groups' VRRP key files, followed while the agent runs.
@@ -44,3 +45,4 @@ pub mod status;
 pub mod uplinks;
 pub mod vip_addresses;
 pub mod vrrp;
+pub mod vrrp_driver;

@@ -346,3 +346,32 @@ fn an_impersonated_ipv6_member_is_counted_and_logged() {
     assert!(log.contains("impersonating") && log.contains(&master.to_string()), "{log}");
     assert_eq!(lab.client.ndisc(VIP6), Some(lab.nodes[0].mac_string()), "the master held");
 }
+
+/// A crashed run leaves its IPv6 VIP (`vipMode: both`) on the uplink; the next start removes
+/// it, and only it.
+#[test]
+fn start_up_removes_ipv6_vip_addresses_left_by_a_crash() {
+    let (lab, mut agents) = lab_with_agents(1, &[200], "    vipMode: both\n");
+    let addresses = || {
+        let out = lab.nodes[0].ns.run_cmd(&["ip", "-6", "addr", "show", "dev", "eth0"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    lab.nodes[0].ns.run_cmd(&["ip", "-6", "addr", "add", "2001:db8:6::200/128", "dev", "eth0", "nodad"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !addresses().contains(&format!("{VIP6}/128")) {
+        assert!(Instant::now() < deadline, "the VIP never reached the uplink:\n{}", addresses());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    agents[0].kill();
+    assert!(addresses().contains(&format!("{VIP6}/128")), "the crash left the VIP behind");
+
+    let mut agent = lab.start_agent(0, &format!("interface: eth0\nlisten: {AGENT_LISTEN}\n"));
+    agent.wait_ready();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while addresses().contains(&format!("{VIP6}/128")) {
+        assert!(Instant::now() < deadline, "stale VIP never removed:\n{}", addresses());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(addresses().contains("2001:db8:6::200/128"), "an operator's address is never touched");
+    assert!(addresses().contains(&lab.nodes[0].link_local().to_string()), "nor the link-local");
+}

@@ -41,7 +41,7 @@ use crate::{
         metrics::VrrpMetrics,
         router::{InstanceSpec, Router},
     },
-    vrrp_driver::{Vrrp, recv},
+    vrrp_driver::{self, Vrrp},
 };
 
 /// How long a stopping agent waits for its VRRP handovers before leaving anyway.
@@ -422,7 +422,7 @@ impl Agent {
                 // lapse of this master's lease must be seen as such (the loop was waiting when
                 // it ran out), not after other work has made the loop look merely busy.
                 biased;
-                _ = sleep_until(deadline) => {
+                _ = or_pending(deadline.map(tokio::time::sleep_until)) => {
                     // Advertisements that queued up while this loop was busy may reset the
                     // timer that just fired: read them first, so a slow moment here never
                     // passes for a silent master.
@@ -438,7 +438,7 @@ impl Agent {
                     stop_by = Some(Instant::now() + STOP_BOUND);
                     self.begin_stop().await;
                 }
-                Some(config) = next_cluster_config(&mut self.cluster_configs), if stop_by.is_none() => {
+                Some(config) = or_pending(self.cluster_configs.as_mut().map(|rx| rx.recv())), if stop_by.is_none() => {
                     self.apply_config(config).await;
                 }
                 Ok(()) = self.services_applied.changed(), if self.pending.is_some() => {
@@ -463,7 +463,7 @@ impl Agent {
                     self.reload().await;
                     debug!(elapsed = ?started.elapsed(), "SIGHUP handled");
                 }
-                ((interface, family), received) = recv(&self.vrrp, &mut turn, &mut buf) => {
+                ((interface, family), received) = or_pending(vrrp_driver::receive(&self.vrrp, &mut turn, &mut buf)) => {
                     match received {
                         Ok(arrived) => {
                             let vrrp = self.vrrp.as_mut().expect("recv only completes with VRRP running");
@@ -1098,16 +1098,11 @@ async fn stop_signal(term: &mut Signal, int: &mut Signal) {
     }
 }
 
-async fn next_cluster_config(configs: &mut Option<mpsc::Receiver<Config>>) -> Option<Config> {
-    match configs {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
+/// `future`'s output, or never when there is none: a `select!` branch that is off (no
+/// deadline, no cluster source, no VRRP socket).
+async fn or_pending<F: std::future::Future>(future: Option<F>) -> F::Output {
+    match future {
+        Some(future) => future.await,
         None => std::future::pending().await,
     }
 }

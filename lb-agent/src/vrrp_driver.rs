@@ -146,14 +146,12 @@ impl Vrrp {
     }
 }
 
-/// The next datagram on any VRRP socket, or never while VRRP is off or has no socket.
-pub async fn recv(
-    vrrp: &Option<Vrrp>,
-    turn: &mut usize,
-    buf: &mut [u8],
-) -> (SocketKey, std::io::Result<Arrived>) {
-    match vrrp {
-        Some(v) if !v.sockets.is_empty() => VrrpSocket::recv_any(&v.sockets, turn, buf).await,
-        _ => std::future::pending().await,
-    }
+/// The next datagram on any of `vrrp`'s sockets, if it runs and has one.
+pub fn receive<'a>(
+    vrrp: &'a Option<Vrrp>,
+    turn: &'a mut usize,
+    buf: &'a mut [u8],
+) -> Option<impl std::future::Future<Output = (SocketKey, std::io::Result<Arrived>)> + 'a> {
+    let vrrp = vrrp.as_ref().filter(|v| !v.sockets.is_empty())?;
+    Some(VrrpSocket::recv_any(&vrrp.sockets, turn, buf))
 }

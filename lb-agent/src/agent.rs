@@ -7,7 +7,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     sync::{Arc, Mutex, atomic::Ordering},
     time::Duration,
@@ -34,7 +34,7 @@ use crate::{
     node_plan::{NodePlan, node_plan},
     service_sync::{ServiceSync, SyncMetrics, SyncRequest},
     uplinks::{self, Uplinks},
-    vip_addresses::VipAddresses,
+    vip_addresses::{ByInterface, VipAddresses},
     vrrp::{
         family::Family,
         garp::{GarpSocket, announcement_for},
@@ -756,6 +756,14 @@ impl Agent {
             .collect();
         let mut kernel: BTreeMap<String, BTreeSet<IpAddr>> =
             self.uplinks.by_name.keys().map(|name| (name.clone(), BTreeSet::new())).collect();
+        // IPv6 VIPs only XDP answers for: their solicited-node groups are joined for them.
+        let mut listening: BTreeMap<String, BTreeSet<Ipv6Addr>> =
+            self.uplinks.by_name.keys().map(|name| (name.clone(), BTreeSet::new())).collect();
+        for vip in &self.config.vips {
+            if let IpAddr::V6(v6) = vip.address {
+                listening.entry(self.config.interface.clone()).or_default().insert(v6);
+            }
+        }
         let claimed = claims.iter().flat_map(|(id, c)| c.vips.iter().map(move |vip| (*id, vip)));
         for (id, vip) in claimed {
             let Some(settings) = self.plan.vips.get(vip) else { continue };
@@ -772,6 +780,8 @@ impl Agent {
             }
             if settings.mode.uses_netlink() {
                 kernel.entry(settings.interface.clone()).or_default().insert(*vip);
+            } else if let IpAddr::V6(v6) = vip {
+                listening.entry(settings.interface.clone()).or_default().insert(*v6);
             }
         }
         match self.dataplane.set_owned_vips(&xdp) {
@@ -785,11 +795,7 @@ impl Agent {
 
         let newly_owned: Vec<IpAddr> = vrrp_owned.difference(&self.announced).copied().collect();
         self.announced = vrrp_owned;
-        let addresses = kernel
-            .into_iter()
-            .filter_map(|(name, vips)| Some((name.clone(), (self.uplinks.get(&name)?.interface.index, vips))))
-            .collect();
-        self.vip_addresses.set(addresses);
+        self.vip_addresses.set(self.with_ifindex(kernel), self.with_ifindex(listening));
         self.announce(newly_owned);
         self.schedule_garp_refresh(Instant::now());
 
@@ -800,6 +806,14 @@ impl Agent {
         {
             warn!(error = %e, "pruning per-VIP counters failed");
         }
+    }
+
+    /// `by_name` with each uplink's ifindex; uplinks the agent does not have are left out.
+    fn with_ifindex<A>(&self, by_name: BTreeMap<String, BTreeSet<A>>) -> ByInterface<A> {
+        by_name
+            .into_iter()
+            .filter_map(|(name, set)| Some((name.clone(), (self.uplinks.get(&name)?.interface.index, set))))
+            .collect()
     }
 
     /// Writes each claimed VRID's lease deadline where it moved (after every advertisement sent

@@ -1,25 +1,38 @@
-//! The VIP addresses lb-agent puts on its uplinks (VIP modes `netlink` and `both`), kept in
-//! step by a task of their own: netlink can wait (on RTNL, held by another link change for tens
-//! of milliseconds), and the VRRP loop must never wait with it, or a master misses its adverts.
-//! The loop hands over what each uplink should hold and goes on; the task applies the
-//! difference, retrying what failed on the next change or after a second.
+//! The VIP addresses lb-agent puts on its uplinks (VIP modes `netlink` and `both`), and the
+//! solicited-node multicast groups of the IPv6 VIPs only XDP answers for, kept in step by a
+//! task of their own: netlink and multicast joins can wait (on RTNL, held by another link
+//! change for tens of milliseconds), and the VRRP loop must never wait with them, or a master
+//! misses its adverts. The loop hands over what each uplink should hold and goes on; the task
+//! applies the difference, retrying what failed on the next change or after a second.
+//!
+//! Why the groups: a Neighbor Solicitation goes to the target's solicited-node group
+//! (RFC 4861 §7.2.2), and a switch that snoops MLD forwards it only to ports that joined that
+//! group. The kernel joins it for an address it holds; for a VIP only XDP answers, this task
+//! joins it, so the master's port gets the solicitations (as MetalLB's NDP responder does).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
+    net::{IpAddr, Ipv6Addr},
     time::Duration,
 };
+
+use socket2::{Domain, Socket, Type};
 
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::{error, info};
 
 use crate::netdev;
 
-/// What each uplink (name → (ifindex, VIPs)) should hold, and a number that grows with each.
+/// Per uplink (name → (ifindex, addresses)).
+pub type ByInterface<A> = BTreeMap<String, (u32, BTreeSet<A>)>;
+
+/// What each uplink should hold (addresses, and the IPv6 VIPs whose solicited-node groups to
+/// join), and a number that grows with each.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Wanted {
     generation: u64,
-    by_interface: BTreeMap<String, (u32, BTreeSet<IpAddr>)>,
+    by_interface: ByInterface<IpAddr>,
+    listening: ByInterface<Ipv6Addr>,
 }
 
 /// The loop's end of the task.
@@ -41,9 +54,29 @@ impl VipAddresses {
         let task = tokio::spawn(async move {
             // What each interface holds, as last synced; absent: unknown, so synced whole.
             let mut held: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
+            let mut groups: BTreeMap<u32, SolicitedNodes> = BTreeMap::new();
             loop {
                 let want = rx.borrow_and_update().clone();
                 let mut all_applied = true;
+                groups.retain(|index, _| want.listening.values().any(|(i, _)| i == index));
+                for (name, (index, vips)) in &want.listening {
+                    let wanted: BTreeSet<Ipv6Addr> = vips.iter().map(|v| solicited_node(*v)).collect();
+                    let joined = match groups.entry(*index) {
+                        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::btree_map::Entry::Vacant(e) => match SolicitedNodes::open() {
+                            Ok(nodes) => e.insert(nodes),
+                            Err(e) => {
+                                all_applied = false;
+                                error!(interface = %name, error = %e, "opening a socket for solicited-node groups failed");
+                                continue;
+                            }
+                        },
+                    };
+                    if let Err(e) = joined.sync(*index, &wanted) {
+                        all_applied = false;
+                        error!(interface = %name, error = %e, "joining the VIPs' solicited-node groups failed");
+                    }
+                }
                 for (name, (index, vips)) in &want.by_interface {
                     if held.get(name) == Some(vips) {
                         continue;
@@ -78,14 +111,16 @@ impl VipAddresses {
         Self { wanted, applied, task }
     }
 
-    /// From now on each uplink (name → (ifindex, VIPs)) should hold these; returns at once.
-    pub fn set(&self, by_interface: BTreeMap<String, (u32, BTreeSet<IpAddr>)>) {
+    /// From now on each uplink should hold these addresses, and listen on the solicited-node
+    /// groups of these IPv6 VIPs; returns at once.
+    pub fn set(&self, by_interface: ByInterface<IpAddr>, listening: ByInterface<Ipv6Addr>) {
         self.wanted.send_if_modified(|current| {
-            if current.by_interface == by_interface {
+            if current.by_interface == by_interface && current.listening == listening {
                 return false;
             }
             current.generation += 1;
             current.by_interface = by_interface;
+            current.listening = listening;
             true
         });
     }
@@ -101,5 +136,49 @@ impl VipAddresses {
 impl Drop for VipAddresses {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The solicited-node multicast group of `address` (RFC 4291 §2.7.1): ff02::1:ff and its last
+/// three bytes.
+pub fn solicited_node(address: Ipv6Addr) -> Ipv6Addr {
+    let o = address.octets();
+    Ipv6Addr::from([0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, o[13], o[14], o[15]])
+}
+
+/// One interface's joined solicited-node groups, through a socket that only holds them (it
+/// never sends or binds; closing it leaves them all).
+struct SolicitedNodes {
+    socket: Socket,
+    joined: BTreeSet<Ipv6Addr>,
+}
+
+impl SolicitedNodes {
+    fn open() -> std::io::Result<Self> {
+        Ok(Self { socket: Socket::new(Domain::IPV6, Type::DGRAM, None)?, joined: BTreeSet::new() })
+    }
+
+    /// Joins the groups of `wanted` not joined yet on `ifindex`, leaves the others.
+    fn sync(&mut self, ifindex: u32, wanted: &BTreeSet<Ipv6Addr>) -> std::io::Result<()> {
+        for group in wanted.difference(&self.joined.clone()) {
+            self.socket.join_multicast_v6(group, ifindex)?;
+            self.joined.insert(*group);
+        }
+        for group in self.joined.clone().difference(wanted) {
+            self.socket.leave_multicast_v6(group, ifindex)?;
+            self.joined.remove(group);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_solicited_node_group_keeps_the_last_three_bytes() {
+        let vip: Ipv6Addr = "2001:db8:6::12:3456".parse().unwrap();
+        assert_eq!(solicited_node(vip), "ff02::1:ff12:3456".parse::<Ipv6Addr>().unwrap());
     }
 }

@@ -375,3 +375,39 @@ fn start_up_removes_ipv6_vip_addresses_left_by_a_crash() {
     assert!(addresses().contains("2001:db8:6::200/128"), "an operator's address is never touched");
     assert!(addresses().contains(&lab.nodes[0].link_local().to_string()), "nor the link-local");
 }
+
+/// A Neighbor Solicitation goes to the target's solicited-node group, and a switch that
+/// snoops MLD forwards it only to ports that joined that group. The kernel of a node in
+/// `vipMode: xdp` does not hold the VIP, so the agent joins the group for the master (MLD
+/// reports go out as for any joined group) and leaves it when it stops owning the VIP: the
+/// group is on the master's interface only, before and after a failover.
+#[test]
+fn the_master_joins_its_ipv6_vips_solicited_node_group() {
+    let (lab, agents) = lab_with_agents(2, &[200, 100], "");
+    let group = "ff02::1:ff00:10";
+    let joined = |node: usize| {
+        let out = lab.nodes[node].ns.run_cmd(&["ip", "-6", "maddr", "show", "dev", "eth0"]);
+        String::from_utf8_lossy(&out.stdout).contains(group)
+    };
+    let wait_joined = |node: usize, expected: bool| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while joined(node) != expected {
+            assert!(Instant::now() < deadline, "n{node} joined {group}: expected {expected}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_owner6(&lab, 0, &agents);
+    wait_joined(0, true);
+    wait_joined(1, false);
+
+    // The backup takes over and joins; the old master, back, takes over again (preemption),
+    // and the backup leaves.
+    lab.cut(0);
+    std::thread::sleep(Duration::from_millis(400));
+    wait_owner6(&lab, 1, &agents);
+    wait_joined(1, true);
+    lab.restore(0);
+    wait_owner6(&lab, 0, &agents);
+    wait_joined(1, false);
+    wait_joined(0, true);
+}

@@ -58,23 +58,22 @@ impl VipAddresses {
             loop {
                 let want = rx.borrow_and_update().clone();
                 let mut all_applied = true;
-                groups.retain(|index, _| want.listening.values().any(|(i, _)| i == index));
-                for (name, (index, vips)) in &want.listening {
-                    let wanted: BTreeSet<Ipv6Addr> = vips.iter().map(|v| solicited_node(*v)).collect();
-                    let joined = match groups.entry(*index) {
-                        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-                        std::collections::btree_map::Entry::Vacant(e) => match SolicitedNodes::open() {
-                            Ok(nodes) => e.insert(nodes),
-                            Err(e) => {
-                                all_applied = false;
-                                error!(interface = %name, error = %e, "opening a socket for solicited-node groups failed");
-                                continue;
-                            }
-                        },
-                    };
-                    if let Err(e) = joined.sync(*index, &wanted) {
+                // Joining and leaving take RTNL: on a blocking thread, not a runtime worker.
+                let listening = want.listening.clone();
+                let synced = tokio::task::spawn_blocking(move || {
+                    let failed = sync_groups(&mut groups, &listening);
+                    (groups, failed)
+                })
+                .await;
+                match synced {
+                    Ok((kept, failed)) => {
+                        groups = kept;
+                        all_applied &= !failed;
+                    }
+                    Err(e) => {
+                        error!(error = %e, "the solicited-node group task failed; retrying");
+                        groups = BTreeMap::new();
                         all_applied = false;
-                        error!(interface = %name, error = %e, "joining the VIPs' solicited-node groups failed");
                     }
                 }
                 for (name, (index, vips)) in &want.by_interface {
@@ -144,6 +143,31 @@ impl Drop for VipAddresses {
 pub fn solicited_node(address: Ipv6Addr) -> Ipv6Addr {
     let o = address.octets();
     Ipv6Addr::from([0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, o[13], o[14], o[15]])
+}
+
+/// Brings the joined groups of each interface to `listening`'s VIPs; true when any failed.
+fn sync_groups(groups: &mut BTreeMap<u32, SolicitedNodes>, listening: &ByInterface<Ipv6Addr>) -> bool {
+    let mut failed = false;
+    groups.retain(|index, _| listening.values().any(|(i, _)| i == index));
+    for (name, (index, vips)) in listening {
+        let wanted: BTreeSet<Ipv6Addr> = vips.iter().map(|v| solicited_node(*v)).collect();
+        let joined = match groups.entry(*index) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => match SolicitedNodes::open() {
+                Ok(nodes) => e.insert(nodes),
+                Err(e) => {
+                    failed = true;
+                    error!(interface = %name, error = %e, "opening a socket for solicited-node groups failed");
+                    continue;
+                }
+            },
+        };
+        if let Err(e) = joined.sync(*index, &wanted) {
+            failed = true;
+            error!(interface = %name, error = %e, "joining the VIPs' solicited-node groups failed");
+        }
+    }
+    failed
 }
 
 /// One interface's joined solicited-node groups, through a socket that only holds them (it

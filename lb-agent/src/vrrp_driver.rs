@@ -31,9 +31,9 @@ pub struct Vrrp {
     pub router: Router,
     pub sockets: BTreeMap<SocketKey, VrrpSocket>,
     /// Per socket: when a failed send was last logged, and the failures since. A send fails
-    /// while the source address is gone (an IPv6 link-local address is removed with its link
-    /// and tentative for a while after), at every advertisement: logged once per
-    /// [`SEND_FAILURE_LOG_EVERY`].
+    /// while the source address is gone (an IPv6 link-local address is removed while its
+    /// interface is down, and tentative for a while after), at every advertisement: logged
+    /// once per [`SEND_FAILURE_LOG_EVERY`].
     send_failures: BTreeMap<SocketKey, (Option<Instant>, u64)>,
 }
 

@@ -85,6 +85,12 @@ pub static UPLINKS: HashMap<UplinkKey, Uplink> = HashMap::with_max_entries(MAX_U
 #[map]
 pub static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);
 
+/// The node-wide settings the agent wrote (`SETTINGS` holds one).
+#[inline(always)]
+pub fn settings() -> Option<&'static Settings> {
+    SETTINGS.get(0)
+}
+
 /// The inner-map template: each service's ring is its own array of slot pairs, sized for a
 /// prime number of slots fitting its backend count (`BPF_F_INNER_MAP` lets sizes differ).
 pub type Ring = BtfArray<RingEntry, { ring_entries(MAX_RING_SIZE) as usize }, { INNER_MAP_FLAGS as usize }>;

@@ -12,6 +12,8 @@ pub const TCP_LEN: usize = 20;
 pub const UDP_LEN: usize = 8;
 pub const TCP_CHECK_OFFSET: usize = 16;
 pub const UDP_CHECK_OFFSET: usize = 6;
+/// IPv4's MF flag and fragment offset: a packet with any of them set is a fragment.
+pub const FRAGMENT_MASK: u16 = 0x3fff;
 
 /// A pointer to a `T` at `offset`, or `None` when the packet is too short to hold it.
 #[inline(always)]

@@ -15,7 +15,7 @@ use lb_common::{
 
 use crate::{
     maps::REPLY_NAT,
-    packet::{ETH_LEN, ETHERTYPE_IPV4, L4_OFFSET as L4},
+    packet::{ETH_LEN, ETHERTYPE_IPV4, FRAGMENT_MASK, L4_OFFSET as L4},
     stats,
 };
 
@@ -30,7 +30,7 @@ pub fn translate(ctx: &TcContext) -> Result<(), i64> {
     if ctx.load::<[u8; 2]>(12)? != ETHERTYPE_IPV4.to_be_bytes() || ctx.load::<u8>(ETH_LEN)? != 0x45 {
         return Ok(());
     }
-    if u16::from_be_bytes(ctx.load::<[u8; 2]>(ETH_LEN + 6)?) & 0x3fff != 0 {
+    if u16::from_be_bytes(ctx.load::<[u8; 2]>(ETH_LEN + 6)?) & FRAGMENT_MASK != 0 {
         return Ok(());
     }
     let proto = ctx.load::<u8>(ETH_LEN + 9)?;

@@ -14,7 +14,7 @@ use lb_common::{
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
 use crate::{
-    maps::{SETTINGS, VRRP_SPEAKERS, VRRP_SPEAKERS6},
+    maps::{self, VRRP_SPEAKERS, VRRP_SPEAKERS6},
     packet::{self, L4_OFFSET, header},
     stats, uplink,
 };
@@ -29,7 +29,7 @@ const DEFAULT_LIVE_NS: u64 = 3_000_000_000;
 /// An IPv4 advertisement from `source` (its header at [`L4_OFFSET`], no options).
 #[inline(always)]
 pub fn observe(ctx: &XdpContext, source: [u8; 4]) -> u32 {
-    let own = SETTINGS.get(0).is_some_and(|s| s.node_addr == source)
+    let own = maps::settings().is_some_and(|s| s.node_addr == source)
         || uplink::source(ctx.ingress_ifindex() as u32) == Some(source);
     learn(ctx, &VRRP_SPEAKERS, &VipKey::new(source), own, L4_OFFSET);
     stats::verdict(Reason::Ipv4Passed, packet::len(ctx), XDP_PASS)

@@ -13,13 +13,10 @@ use network_types::ip::Ipv4Hdr;
 use super::icmp;
 use crate::{
     owned::{is_owned, is_owned_exclusively},
-    packet::{self, ETH_LEN, IPV4_LEN, header},
+    packet::{self, ETH_LEN, FRAGMENT_MASK, IPV4_LEN, header},
     services::{self, encap},
     stats, vrrp,
 };
-
-/// The MF flag and the fragment offset.
-const FRAGMENT_MASK: u16 = 0x3fff;
 
 #[inline(always)]
 pub fn handle(ctx: &XdpContext) -> u32 {

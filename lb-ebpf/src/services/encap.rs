@@ -20,8 +20,8 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use super::flow::Picked;
 use crate::{
-    maps::{LOCAL_ENDPOINTS, SETTINGS},
-    packet::{self, ETH_LEN, ETHERTYPE_IPV4, IPV4_LEN, Ports, header, l4_layout},
+    maps::{self, LOCAL_ENDPOINTS},
+    packet::{self, ETH_LEN, ETHERTYPE_IPV4, FRAGMENT_MASK, IPV4_LEN, Ports, header, l4_layout},
     rewrite,
     route::{self, remember_reply, route_out},
     stats, uplink,
@@ -41,7 +41,7 @@ pub fn encapsulate(
     tot_len: u16,
     now: u64,
 ) -> (u32, Reason) {
-    let Some(settings) = SETTINGS.get(0).copied() else {
+    let Some(settings) = maps::settings().copied() else {
         return (XDP_PASS, Reason::NoRoute);
     };
     let outer_len = tot_len as u32 + IPV4_LEN as u32;
@@ -122,7 +122,7 @@ pub fn decapsulate(ctx: &XdpContext) -> u32 {
         return stats::verdict(Reason::BadDecapsulation, bytes, XDP_PASS);
     };
     if inner.vihl != 0x45
-        || u16::from_be_bytes(inner.frags) & 0x3fff != 0
+        || u16::from_be_bytes(inner.frags) & FRAGMENT_MASK != 0
         || inner_len as usize + INNER > bytes
         || INNER_L4 + layout.min_len > bytes
     {

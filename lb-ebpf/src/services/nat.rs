@@ -17,7 +17,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use super::flow::Picked;
 use crate::{
-    maps::{FLOWS, REPLY_NAT, SETTINGS, SNAT_REPLIES},
+    maps::{self, FLOWS, REPLY_NAT, SNAT_REPLIES},
     packet::{self, ETH_LEN, L4Layout, header},
     route::{self, remember_reply, route_out},
     stats, uplink,
@@ -62,7 +62,7 @@ pub(super) fn full_nat(
     tot_len: u16,
     now: u64,
 ) -> (u32, Reason) {
-    let Some(settings) = SETTINGS.get(0).copied() else {
+    let Some(settings) = maps::settings().copied() else {
         return (XDP_PASS, Reason::NoRoute);
     };
     let backend = picked.backend;
@@ -181,7 +181,7 @@ fn keep_snat_reply(
 /// its source and the client as its destination, and send it to the client.
 #[inline(always)]
 pub(super) fn translate_reply(ctx: &XdpContext, layout: L4Layout, flow: &FlowKey) -> Option<u32> {
-    let settings = SETTINGS.get(0)?;
+    let settings = maps::settings()?;
     let port = u16::from_be_bytes(flow.dport);
     if port < settings.snat_port_min || port > settings.snat_port_max {
         return None;

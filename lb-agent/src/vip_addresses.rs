@@ -16,6 +16,7 @@ use std::{
     time::Duration,
 };
 
+use lb_common::ndp;
 use socket2::{Domain, Socket, Type};
 
 use tokio::{sync::watch, task::JoinHandle};
@@ -55,25 +56,32 @@ impl VipAddresses {
             // What each interface holds, as last synced; absent: unknown, so synced whole.
             let mut held: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
             let mut groups: BTreeMap<u32, SolicitedNodes> = BTreeMap::new();
+            // The groups as last synced whole; `None`: unknown (never, or a failure).
+            let mut groups_synced: Option<ByInterface<Ipv6Addr>> = None;
             loop {
                 let want = rx.borrow_and_update().clone();
                 let mut all_applied = true;
-                // Joining and leaving take RTNL: on a blocking thread, not a runtime worker.
-                let listening = want.listening.clone();
-                let synced = tokio::task::spawn_blocking(move || {
-                    let failed = sync_groups(&mut groups, &listening);
-                    (groups, failed)
-                })
-                .await;
-                match synced {
-                    Ok((kept, failed)) => {
-                        groups = kept;
-                        all_applied &= !failed;
-                    }
-                    Err(e) => {
-                        error!(error = %e, "the solicited-node group task failed; retrying");
-                        groups = BTreeMap::new();
-                        all_applied = false;
+                // Most changes are addresses, or ownership of IPv4 VIPs: the groups stay.
+                if groups_synced.as_ref() != Some(&want.listening) {
+                    // Joining and leaving take RTNL: on a blocking thread, not a runtime worker.
+                    let listening = want.listening.clone();
+                    let synced = tokio::task::spawn_blocking(move || {
+                        let failed = sync_groups(&mut groups, &listening);
+                        (groups, failed)
+                    })
+                    .await;
+                    match synced {
+                        Ok((kept, failed)) => {
+                            groups = kept;
+                            all_applied &= !failed;
+                            groups_synced = (!failed).then(|| want.listening.clone());
+                        }
+                        Err(e) => {
+                            error!(error = %e, "the solicited-node group task failed; retrying");
+                            groups = BTreeMap::new();
+                            groups_synced = None;
+                            all_applied = false;
+                        }
                     }
                 }
                 for (name, (index, vips)) in &want.by_interface {
@@ -138,19 +146,13 @@ impl Drop for VipAddresses {
     }
 }
 
-/// The solicited-node multicast group of `address` (RFC 4291 §2.7.1): ff02::1:ff and its last
-/// three bytes.
-pub fn solicited_node(address: Ipv6Addr) -> Ipv6Addr {
-    let o = address.octets();
-    Ipv6Addr::from([0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, o[13], o[14], o[15]])
-}
-
 /// Brings the joined groups of each interface to `listening`'s VIPs; true when any failed.
 fn sync_groups(groups: &mut BTreeMap<u32, SolicitedNodes>, listening: &ByInterface<Ipv6Addr>) -> bool {
     let mut failed = false;
     groups.retain(|index, _| listening.values().any(|(i, _)| i == index));
     for (name, (index, vips)) in listening {
-        let wanted: BTreeSet<Ipv6Addr> = vips.iter().map(|v| solicited_node(*v)).collect();
+        let wanted: BTreeSet<Ipv6Addr> =
+            vips.iter().map(|v| ndp::solicited_node(v.octets()).into()).collect();
         let joined = match groups.entry(*index) {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::btree_map::Entry::Vacant(e) => match SolicitedNodes::open() {
@@ -193,16 +195,5 @@ impl SolicitedNodes {
             self.joined.remove(group);
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_solicited_node_group_keeps_the_last_three_bytes() {
-        let vip: Ipv6Addr = "2001:db8:6::12:3456".parse().unwrap();
-        assert_eq!(solicited_node(vip), "ff02::1:ff12:3456".parse::<Ipv6Addr>().unwrap());
     }
 }

@@ -16,15 +16,23 @@ pub const ECHO_REQUEST: u8 = 128;
 pub const ECHO_REPLY: u8 = 129;
 /// RFC 4861 §4.6.1.
 const SOURCE_LINK_LAYER: u8 = 1;
-const TARGET_LINK_LAYER: u8 = 2;
-/// NA flags (RFC 4861 §4.4), in the first byte of the reserved word.
-const SOLICITED: u8 = 0x40;
-const OVERRIDE: u8 = 0x20;
 /// Neighbor Discovery's hop limit, sent and required (RFC 4861 §7.1.1).
 pub const ND_HOP_LIMIT: u8 = 255;
 
-const ALL_NODES: [u8; 16] = [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
-const ALL_NODES_MAC: [u8; 6] = [0x33, 0x33, 0, 0, 0, 1];
+/// ff02::1, and its Ethernet address (RFC 2464 §7: 33:33 and the address's last four bytes).
+pub const ALL_NODES: [u8; 16] = [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+pub const ALL_NODES_MAC: [u8; 6] = [0x33, 0x33, 0, 0, 0, 1];
+/// NA flags (RFC 4861 §4.4), in the first byte of the reserved word.
+pub const SOLICITED: u8 = 0x40;
+pub const OVERRIDE: u8 = 0x20;
+/// RFC 4861 §4.6.1.
+pub const TARGET_LINK_LAYER: u8 = 2;
+
+/// The solicited-node multicast group of `address` (RFC 4291 §2.7.1): ff02::1:ff and its last
+/// three bytes. A Neighbor Solicitation for `address` goes to it (RFC 4861 §7.2.2).
+pub const fn solicited_node(address: [u8; 16]) -> [u8; 16] {
+    [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, address[13], address[14], address[15]]
+}
 
 /// The first 24 bytes of a Neighbor Solicitation or Advertisement.
 #[repr(C)]
@@ -307,6 +315,17 @@ mod tests {
         let sum = icmpv6_sum(&[0; 16], &VIP, 24, &NdMessage { check: [0; 2], ..f.nd }, None);
         f.nd.check = (!sum).to_be_bytes();
         assert_eq!(classify(&f, None, 24), NdClass::Malformed(UnspecifiedSource));
+    }
+
+    #[test]
+    fn the_solicited_node_group_keeps_the_last_three_bytes() {
+        // 2001:db8:6::12:3456 → ff02::1:ff12:3456.
+        let address = [0x20, 0x01, 0x0d, 0xb8, 0, 6, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34, 0x56];
+        assert_eq!(
+            solicited_node(address),
+            [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0x12, 0x34, 0x56]
+        );
+        assert_eq!(solicited_node(VIP), SOLICITED_NODE);
     }
 
     #[test]

@@ -171,9 +171,7 @@ fn yes() -> bool {
 /// §5.1.2.1: "the IPv6 link-local address of the interface the packet is being sent from";
 /// keepalived sends from it, and the other members recognise a member by it).
 fn check_node_address6(field: &str, address: Ipv6Addr, transport: Transport) -> Result<(), ConfigError> {
-    if address.is_unspecified() || address.is_multicast() || address.is_loopback() {
-        return Err(ConfigError::new(field, format!("a unicast IPv6 address, got {address}")));
-    }
+    check_unicast(field, address.into())?;
     if transport == Transport::Multicast && !address.is_unicast_link_local() {
         return Err(ConfigError::new(
             field,

@@ -6,7 +6,7 @@ use std::{
 };
 
 use aya::{
-    Ebpf,
+    Ebpf, Pod,
     maps::{MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues},
 };
 use lb_common::{
@@ -101,15 +101,10 @@ impl XdpCounters {
                 .collect::<Result<Vec<_>>>()
         };
         let mut vips: BTreeMap<IpAddr, VipCounters> = BTreeMap::new();
-        for entry in self.vips.iter() {
-            let (key, per_cpu) = entry.map_err(err(VIP_STATS))?;
-            let arp_replies = per_cpu.iter().map(|s| s.arp_replies).sum();
-            vips.entry(Ipv4Addr::from(key.addr).into()).or_default().arp_replies = arp_replies;
-        }
-        for entry in self.vips6.iter() {
-            let (key, per_cpu) = entry.map_err(err(VIP_STATS6))?;
-            let answers = per_cpu.iter().map(|s| s.arp_replies).sum();
-            vips.entry(Ipv6Addr::from(key.addr).into()).or_default().arp_replies = answers;
+        let answers4 = answers(&self.vips, VIP_STATS, |k| Ipv4Addr::from(k.addr).into())?;
+        let answers6 = answers(&self.vips6, VIP_STATS6, |k| Ipv6Addr::from(k.addr).into())?;
+        for (vip, count) in answers4.into_iter().chain(answers6) {
+            vips.entry(vip).or_default().arp_replies = count;
         }
         for (vip, slot) in &self.vip_slots {
             let traffic = sum_counters(&self.vip_traffic.get(slot, 0).map_err(err(VIP_TRAFFIC))?);
@@ -131,26 +126,36 @@ impl XdpCounters {
 
     /// Drops per-VIP counters of VIPs no longer configured, so label sets do not grow forever.
     pub fn retain_vips(&mut self, keep: impl Fn(&IpAddr) -> bool) -> Result<()> {
-        let stale: Vec<VipKey> = self
-            .vips
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| !keep(&Ipv4Addr::from(k.addr).into()))
-            .collect();
-        for key in stale {
-            self.vips.remove(&key).map_err(err(VIP_STATS))?;
-        }
-        let stale: Vec<Vip6Key> = self
-            .vips6
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| !keep(&Ipv6Addr::from(k.addr).into()))
-            .collect();
-        for key in stale {
-            self.vips6.remove(&key).map_err(err(VIP_STATS6))?;
-        }
-        Ok(())
+        remove_unkept(&mut self.vips, VIP_STATS, |k| keep(&Ipv4Addr::from(k.addr).into()))?;
+        remove_unkept(&mut self.vips6, VIP_STATS6, |k| keep(&Ipv6Addr::from(k.addr).into()))
     }
+}
+
+/// Each VIP's answers in a per-VIP map (`VIP_STATS`, `VIP_STATS6`), summed over CPUs.
+fn answers<K: Pod>(
+    map: &PerCpuHashMap<MapData, K, VipStats>,
+    name: &'static str,
+    address: impl Fn(&K) -> IpAddr,
+) -> Result<Vec<(IpAddr, u64)>> {
+    map.iter()
+        .map(|entry| {
+            let (key, per_cpu) = entry.map_err(err(name))?;
+            Ok((address(&key), per_cpu.iter().map(|s| s.arp_replies).sum()))
+        })
+        .collect()
+}
+
+/// Removes the entries of a per-VIP map whose VIP is not to be kept.
+fn remove_unkept<K: Pod>(
+    map: &mut PerCpuHashMap<MapData, K, VipStats>,
+    name: &'static str,
+    keep: impl Fn(&K) -> bool,
+) -> Result<()> {
+    let stale: Vec<K> = map.keys().filter_map(|k| k.ok()).filter(|k| !keep(k)).collect();
+    for key in stale {
+        map.remove(&key).map_err(err(name))?;
+    }
+    Ok(())
 }
 
 fn sum_counters(values: &PerCpuValues<PacketCounter>) -> PacketCounter {

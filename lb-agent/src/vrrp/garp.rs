@@ -7,6 +7,8 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
+use lb_common::ndp;
+
 use crate::config::MacAddr;
 
 /// An ARP Announcement (RFC 5227 §2.3): a broadcast request whose sender and target protocol
@@ -26,55 +28,43 @@ pub fn announcement(mac: MacAddr, vip: Ipv4Addr) -> [u8; 42] {
     f
 }
 
-/// Ethernet multicast for ff02::1 (RFC 2464 §7: 33:33 and the address's last four bytes).
-const ALL_NODES_MAC: [u8; 6] = [0x33, 0x33, 0, 0, 0, 1];
-const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 /// The length of [`neighbor_advertisement`]'s frame: Ethernet, IPv6, NA with one option.
-pub const NA_FRAME_LEN: usize = 14 + 40 + 32;
+pub const NA_FRAME_LEN: usize = ndp::EthNd::ADVERTISEMENT_LEN;
 
 /// An unsolicited Neighbor Advertisement (RFC 4861 §7.2.6) for `vip`: from the VIP to all
 /// nodes, hop limit 255, Override set and Solicited clear, with the Target Link-Layer Address
 /// option. Hosts with the VIP in their neighbour cache take the new MAC (Override); switches
-/// learn its port from the Ethernet source.
+/// learn its port from the Ethernet source. Checksummed as the data plane's advertisements are
+/// (`lb_common::ndp`).
 pub fn neighbor_advertisement(mac: MacAddr, vip: Ipv6Addr) -> [u8; NA_FRAME_LEN] {
+    let nd = ndp::NdMessage {
+        kind: ndp::NEIGHBOR_ADVERTISEMENT,
+        code: 0,
+        check: [0; 2],
+        flags: [ndp::OVERRIDE, 0, 0, 0],
+        target: vip.octets(),
+    };
+    let option = ndp::LinkLayerOption { kind: ndp::TARGET_LINK_LAYER, len: 1, mac: mac.0 };
+    let sum = ndp::icmpv6_sum(&vip.octets(), &ndp::ALL_NODES, 32, &nd, Some(&option));
     let mut f = [0u8; NA_FRAME_LEN];
-    f[0..6].copy_from_slice(&ALL_NODES_MAC);
+    f[0..6].copy_from_slice(&ndp::ALL_NODES_MAC);
     f[6..12].copy_from_slice(&mac.0);
     f[12..14].copy_from_slice(&[0x86, 0xdd]);
     let ip = &mut f[14..54];
     ip[0] = 0x60;
     ip[4..6].copy_from_slice(&32u16.to_be_bytes());
-    ip[6] = 58; // ICMPv6
-    ip[7] = 255;
+    ip[6] = ndp::ICMPV6;
+    ip[7] = ndp::ND_HOP_LIMIT;
     ip[8..24].copy_from_slice(&vip.octets());
-    ip[24..40].copy_from_slice(&ALL_NODES.octets());
-    let na = &mut f[54..];
-    na[0] = 136; // Neighbor Advertisement, code 0
-    na[4] = 0x20; // Override
-    na[8..24].copy_from_slice(&vip.octets());
-    na[24] = 2; // Target Link-Layer Address, 8 bytes
-    na[25] = 1;
-    na[26..32].copy_from_slice(&mac.0);
-    let check = icmpv6_checksum(vip, ALL_NODES, &f[54..]);
-    f[56..58].copy_from_slice(&check.to_be_bytes());
+    ip[24..40].copy_from_slice(&ndp::ALL_NODES);
+    let message = &mut f[54..];
+    message[..2].copy_from_slice(&[nd.kind, nd.code]);
+    message[2..4].copy_from_slice(&(!sum).to_be_bytes());
+    message[4..8].copy_from_slice(&nd.flags);
+    message[8..24].copy_from_slice(&nd.target);
+    message[24..26].copy_from_slice(&[option.kind, option.len]);
+    message[26..32].copy_from_slice(&option.mac);
     f
-}
-
-/// The ICMPv6 checksum of `message` (its checksum field zero) from `source` to `destination`
-/// (RFC 4443 §2.3: the RFC 8200 §8.1 pseudo-header, then the message).
-pub fn icmpv6_checksum(source: Ipv6Addr, destination: Ipv6Addr, message: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    let mut add = |bytes: &[u8]| {
-        for pair in bytes.chunks(2) {
-            sum += u32::from(u16::from_be_bytes([pair[0], pair.get(1).copied().unwrap_or(0)]));
-        }
-    };
-    add(&source.octets());
-    add(&destination.octets());
-    add(&(message.len() as u32).to_be_bytes());
-    add(&[0, 0, 0, 58]);
-    add(message);
-    !lb_common::csum::fold(sum)
 }
 
 /// The announcement for `vip`, of its family.
@@ -143,14 +133,19 @@ mod tests {
         assert_eq!(&f[..14], &[0x33, 0x33, 0, 0, 0, 1, 2, 0, 0, 0, 0, 0xaa, 0x86, 0xdd]);
         assert_eq!(&f[14..22], &[0x60, 0, 0, 0, 0, 32, 58, 255]);
         assert_eq!(&f[22..38], &vip.octets());
-        assert_eq!(&f[38..54], &ALL_NODES.octets());
+        assert_eq!(&f[38..54], &ndp::ALL_NODES);
         // Type 136, code 0, then flags R=0 S=0 O=1, the target, and its link-layer address.
         assert_eq!(&f[54..56], &[136, 0]);
         assert_eq!(&f[58..62], &[0x20, 0, 0, 0]);
         assert_eq!(&f[62..78], &vip.octets());
         assert_eq!(&f[78..86], &[2, 1, 2, 0, 0, 0, 0, 0xaa]);
-        // A message with its checksum in place sums to zero.
-        assert_eq!(icmpv6_checksum(vip, ALL_NODES, &f[54..]), 0);
+        // With its checksum in place, the pseudo-header (source, destination, length 32, next
+        // header 58) and the message sum to all ones.
+        let mut words: Vec<u8> = f[22..54].to_vec();
+        words.extend_from_slice(&[0, 0, 0, 32, 0, 0, 0, 58]);
+        words.extend_from_slice(&f[54..]);
+        let sum: u32 = words.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+        assert_eq!(lb_common::csum::fold(sum), 0xffff);
     }
 
     #[test]

@@ -60,6 +60,10 @@ enum Bench {
         /// Runs of each case (keepalived and lb-agent alternating); the table gives medians.
         #[arg(long, default_value_t = 1)]
         repeat: u32,
+        /// One case alone, as `ipv6/10/hard` (family, advert interval in ms, `hard` or
+        /// `graceful`), without the CPU measurement.
+        #[arg(long)]
+        case: Option<String>,
     },
     /// Data path: delivered pps and marginal cost per packet against kube-proxy's iptables
     /// and nftables modes, plus TCP requests/s and p99 with wrk; same lab, same run.
@@ -104,12 +108,15 @@ fn main() -> Result<()> {
             ebpf::build()?;
             demo::run()
         }
-        Task::Bench { which: Bench::Failover { quick, repeat } } => {
+        Task::Bench { which: Bench::Failover { quick, repeat, case } } => {
             prepare_bench()?;
             let repeat = repeat.to_string();
             let mut args = vec!["--repeat", repeat.as_str()];
             if quick {
                 args.push("--quick");
+            }
+            if let Some(case) = &case {
+                args.extend(["--case", case.as_str()]);
             }
             run_bench("bench-failover", &args)
         }

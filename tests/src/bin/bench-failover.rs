@@ -242,15 +242,27 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// The value after `flag` on the command line.
+fn arg(flag: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone())
+}
+
 /// `--repeat N`, default 1.
 fn repeat() -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.windows(2).find(|w| w[0] == "--repeat").and_then(|w| w[1].parse().ok()).unwrap_or(1).max(1)
+    arg("--repeat").and_then(|n| n.parse().ok()).unwrap_or(1).max(1)
+}
+
+/// `--case FAMILY/INTERVAL_MS/FAILURE` (as `ipv6/10/hard`): that case alone, without the CPU
+/// measurement.
+fn case() -> Option<String> {
+    arg("--case").map(|c| c.to_lowercase())
 }
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let repeat = repeat();
+    let only = case();
     let intervals: &[Duration] = if quick {
         &[Duration::from_millis(100)]
     } else {
@@ -263,6 +275,11 @@ fn main() {
     for vip in [IpAddr::V4(VIP), IpAddr::V6(VIP6)] {
         for &interval in intervals {
             for failure in [Failure::Hard, Failure::Graceful] {
+                let family = if vip.is_ipv4() { "ipv4" } else { "ipv6" };
+                let name = format!("{family}/{}/{}", interval.as_millis(), failure.name());
+                if only.as_ref().is_some_and(|o| *o != name) {
+                    continue;
+                }
                 let (mut k, mut l) = (Vec::new(), Vec::new());
                 for _ in 0..repeat {
                     k.push(failover(Peer::Keepalived, vip, interval, failure));
@@ -295,6 +312,9 @@ fn main() {
                 );
             }
         }
+    }
+    if only.is_some() {
+        return;
     }
     let vips = if quick { 100 } else { 1000 };
     let k = cpu_share(Peer::Keepalived, vips);

@@ -148,7 +148,7 @@ pub async fn run(
 
     let names: Vec<&str> = uplinks.by_name.keys().map(String::as_str).collect();
     let (mut dataplane, counters, service_maps) =
-        Dataplane::load(&names, config.xdp_mode, &config.dataplane.pin_path, &config.dataplane.capacity)?;
+        Dataplane::load(&names, config.xdp_mode, &config.dataplane.pin_path, &config.dataplane)?;
     for uplink in uplinks.by_name.values() {
         attach(&mut dataplane, &metrics.xdp_attached, &uplink.interface)?;
     }
@@ -295,7 +295,7 @@ fn attach(
 fn write_uplink_map(uplinks: &mut Uplinks, dataplane: &mut Dataplane) -> Result<()> {
     let names: Vec<String> = uplinks.by_name.keys().cloned().collect();
     uplinks.slots.assign(names.iter().map(String::as_str));
-    dataplane.set_uplinks(&uplinks.entries())
+    dataplane.set_uplinks(&uplinks.entries(), &uplinks.entries6())
 }
 
 /// Drops `value` on a blocking thread: closing a socket or a BPF link waits for the kernel
@@ -361,7 +361,7 @@ struct Agent {
     /// are in the uplink map).
     node_address: Ipv4Addr,
     /// The uplink slot of each VIP, as the service maps were last told.
-    vip_uplinks: Arc<std::collections::HashMap<[u8; 4], u8>>,
+    vip_uplinks: Arc<std::collections::HashMap<IpAddr, u8>>,
     /// Hands each accepted config to the service-sync task.
     services: watch::Sender<SyncRequest>,
     /// The generation of the last config whose services the sync task has applied.

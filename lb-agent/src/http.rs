@@ -142,7 +142,7 @@ async fn status(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
             .backends
             .iter()
             .map(|(b, c)| crate::status::BackendStatus {
-                backend: crate::service_plan::identity(b),
+                backend: b.endpoint.to_string(),
                 delivery: lb_common::service::Delivery::from_u8(b.delivery)
                     .map_or("none", |d| d.label())
                     .to_owned(),

@@ -300,7 +300,7 @@ impl Collector for XdpCollector {
             .iter()
             .map(|(b, c)| {
                 let delivery = Delivery::from_u8(b.delivery).map_or("none", Delivery::label);
-                (BackendLabel { backend: crate::service_plan::identity(b), delivery }, *c)
+                (BackendLabel { backend: b.endpoint.to_string(), delivery }, *c)
             })
             .collect();
         counter_family(

@@ -11,44 +11,53 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    net::Ipv4Addr,
+    net::{Ipv4Addr, SocketAddr},
     sync::Arc,
 };
 
-use lb_common::service::{Backend, Delivery, LocalEndpoint, LocalEndpointKey, ServiceKey};
+use lb_common::service::{
+    Addr4, Address, BackendOf, Delivery, LocalEndpoint, LocalEndpointKeyOf, ServiceKeyOf,
+};
 
 use crate::{
     config::{Config, RemoteMode, ServiceConfig, TrafficPolicy},
     maglev,
 };
 
-/// What the service maps must hold on one node.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DataplanePlan {
-    pub services: BTreeMap<ServiceKey, PlannedService>,
+/// What one family's service maps must hold on one node (IPv4's by default; each family has
+/// maps of its own, planned from its services alone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataplanePlan<A = Addr4> {
+    pub services: BTreeMap<ServiceKeyOf<A>, PlannedService<A>>,
     /// This node's endpoints, for decapsulating DSR traffic addressed to them.
-    pub local_endpoints: BTreeMap<LocalEndpointKey, LocalEndpoint>,
+    pub local_endpoints: BTreeMap<LocalEndpointKeyOf<A>, LocalEndpoint>,
+}
+
+impl<A> Default for DataplanePlan<A> {
+    fn default() -> Self {
+        Self { services: BTreeMap::new(), local_endpoints: BTreeMap::new() }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlannedService {
+pub struct PlannedService<A = Addr4> {
     /// The config's service name, for logs and metrics.
     pub name: String,
     /// Distinct backends, sorted.
-    pub backends: Vec<Backend>,
+    pub backends: Vec<BackendOf<A>>,
     /// The Maglev ring: indices into `backends`. Empty when there are none. Shared between
     /// services with the same endpoint identities.
     pub ring: Arc<[u32]>,
 }
 
-impl DataplanePlan {
+impl<A: Address> DataplanePlan<A> {
     /// Every backend the plan uses, once.
-    pub fn backends(&self) -> BTreeSet<Backend> {
+    pub fn backends(&self) -> BTreeSet<BackendOf<A>> {
         self.services.values().flat_map(|s| s.backends.iter().copied()).collect()
     }
 
     /// The whole plan as a change: every entry written, everything else removed.
-    pub fn to_delta(&self) -> PlanDelta {
+    pub fn to_delta(&self) -> PlanDelta<A> {
         PlanDelta {
             services: self.services.iter().map(|(k, s)| (*k, Some(s.clone()))).collect(),
             local_endpoints: self.local_endpoints.iter().map(|(k, e)| (*k, Some(*e))).collect(),
@@ -57,17 +66,23 @@ impl DataplanePlan {
     }
 }
 
-/// A change to the maps: `Some` writes an entry, `None` removes it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PlanDelta {
-    pub services: BTreeMap<ServiceKey, Option<PlannedService>>,
-    pub local_endpoints: BTreeMap<LocalEndpointKey, Option<LocalEndpoint>>,
+/// A change to one family's maps: `Some` writes an entry, `None` removes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanDelta<A = Addr4> {
+    pub services: BTreeMap<ServiceKeyOf<A>, Option<PlannedService<A>>>,
+    pub local_endpoints: BTreeMap<LocalEndpointKeyOf<A>, Option<LocalEndpoint>>,
     /// Every wanted entry is listed: whatever else the maps hold goes (the first sync, which
     /// may find a previous agent's pinned maps).
     pub complete: bool,
 }
 
-impl PlanDelta {
+impl<A> Default for PlanDelta<A> {
+    fn default() -> Self {
+        Self { services: BTreeMap::new(), local_endpoints: BTreeMap::new(), complete: false }
+    }
+}
+
+impl<A> PlanDelta<A> {
     pub fn is_empty(&self) -> bool {
         self.services.is_empty() && self.local_endpoints.is_empty() && !self.complete
     }
@@ -97,10 +112,16 @@ impl PlanContext {
 }
 
 /// One config service's entries: one per port.
-#[derive(Clone, Debug, Default)]
-pub struct ServiceEntries {
-    pub services: Vec<(ServiceKey, PlannedService)>,
-    pub local_endpoints: Vec<(LocalEndpointKey, LocalEndpoint)>,
+#[derive(Clone, Debug)]
+pub struct ServiceEntries<A = Addr4> {
+    pub services: Vec<(ServiceKeyOf<A>, PlannedService<A>)>,
+    pub local_endpoints: Vec<(LocalEndpointKeyOf<A>, LocalEndpoint)>,
+}
+
+impl<A> Default for ServiceEntries<A> {
+    fn default() -> Self {
+        Self { services: Vec::new(), local_endpoints: Vec::new() }
+    }
 }
 
 /// Maglev rings by endpoint identities (address, port), so services with the same endpoints,
@@ -111,11 +132,11 @@ pub struct RingCache {
 }
 
 /// An endpoint's identity for Maglev: the same on every node.
-type Identity = ([u8; 4], [u8; 2]);
+type Identity = (std::net::IpAddr, [u8; 2]);
 
 impl RingCache {
-    fn ring(&mut self, backends: &[Backend], size: u32) -> Arc<[u32]> {
-        let identities: Vec<Identity> = backends.iter().map(|b| (b.addr, b.port)).collect();
+    fn ring<A: Address>(&mut self, backends: &[BackendOf<A>], size: u32) -> Arc<[u32]> {
+        let identities: Vec<Identity> = backends.iter().map(|b| (b.addr.to_ip(), b.port)).collect();
         self.rings
             .entry((size, identities))
             .or_insert_with(|| {
@@ -131,25 +152,32 @@ impl RingCache {
     }
 }
 
-/// Plans one config service on the node of `context`.
-pub fn plan_service(service: &ServiceConfig, context: &PlanContext, rings: &mut RingCache) -> ServiceEntries {
+/// Plans one config service on the node of `context`, in family `A`'s maps: nothing when its
+/// VIP is of the other family (the config checked its endpoints are of its VIP's).
+pub fn plan_service<A: Address>(
+    service: &ServiceConfig,
+    context: &PlanContext,
+    rings: &mut RingCache,
+) -> ServiceEntries<A> {
     let node = context.node.as_str();
     let mut entries = ServiceEntries::default();
+    let Some(vip) = A::from_ip(service.vip) else { return entries };
     for port in &service.ports {
-        let key = ServiceKey::new(service.vip.octets(), port.port, port.protocol.number());
+        let key = ServiceKeyOf::new(vip, port.port, port.protocol.number());
         let target = port.target().to_be_bytes();
-        let mut backends: Vec<Backend> = service
+        let mut backends: Vec<BackendOf<A>> = service
             .endpoints
             .iter()
             .filter(|e| service.traffic_policy == TrafficPolicy::Cluster || e.node == node)
-            .map(|e| {
+            .filter_map(|e| Some((e, A::from_ip(e.address)?)))
+            .map(|(e, addr)| {
                 let delivery = match (e.node == node, service.remote_mode) {
                     (true, _) => Delivery::Local,
                     (false, RemoteMode::FullNat) => Delivery::FullNat,
                     (false, RemoteMode::Dsr) => Delivery::Dsr,
                 };
-                Backend {
-                    addr: e.address.octets(),
+                BackendOf {
+                    addr,
                     port: target,
                     delivery: delivery as u8,
                     _pad: 0,
@@ -159,9 +187,10 @@ pub fn plan_service(service: &ServiceConfig, context: &PlanContext, rings: &mut 
             .collect();
         backends.sort();
         backends.dedup_by_key(|b| (b.addr, b.port));
-        for e in service.endpoints.iter().filter(|e| e.node == node) {
+        for addr in service.endpoints.iter().filter(|e| e.node == node).filter_map(|e| A::from_ip(e.address))
+        {
             entries.local_endpoints.push((
-                LocalEndpointKey { service: key, addr: e.address.octets() },
+                LocalEndpointKeyOf { service: key, addr },
                 LocalEndpoint { target_port: target, _pad: [0; 2] },
             ));
         }
@@ -175,8 +204,8 @@ pub fn plan_service(service: &ServiceConfig, context: &PlanContext, rings: &mut 
     entries
 }
 
-/// Plans `node`'s service maps whole.
-pub fn plan(config: &Config, node: &str) -> DataplanePlan {
+/// Plans `node`'s service maps of family `A` whole.
+pub fn plan<A: Address>(config: &Config, node: &str) -> DataplanePlan<A> {
     let context = PlanContext::new(config, node);
     let mut rings = RingCache::default();
     let mut plan = DataplanePlan::default();
@@ -188,18 +217,18 @@ pub fn plan(config: &Config, node: &str) -> DataplanePlan {
     plan
 }
 
-/// A backend's identity for Maglev: the same on every node.
-pub fn identity(backend: &Backend) -> String {
-    format!("{}:{}", Ipv4Addr::from(backend.addr), u16::from_be_bytes(backend.port))
+/// A backend's identity for Maglev: the same on every node (`10.244.1.2:8080`,
+/// `[fd00::2]:8080`).
+pub fn identity<A: Address>(backend: &BackendOf<A>) -> String {
+    SocketAddr::new(backend.addr.to_ip(), u16::from_be_bytes(backend.port)).to_string()
 }
 
-/// Plans one config after another and returns only what changed.
-#[derive(Default)]
-pub struct IncrementalPlanner {
+/// Plans one config after another and returns only what changed, for family `A`'s maps.
+pub struct IncrementalPlanner<A = Addr4> {
     context: Option<PlanContext>,
     /// Each planned service config by its allocation (held here, so the address is not reused
     /// while planned), with the update that last saw it and its entries.
-    planned: HashMap<usize, Planned, foldhash::fast::FixedState>,
+    planned: HashMap<usize, Planned<A>, foldhash::fast::FixedState>,
     /// The planned configs' addresses by content, for a config that comes back as a new
     /// allocation with the same content (a reloaded file).
     by_content: HashMap<Arc<ServiceConfig>, usize, foldhash::fast::FixedState>,
@@ -208,19 +237,31 @@ pub struct IncrementalPlanner {
     rings: RingCache,
 }
 
-struct Planned {
-    config: Arc<ServiceConfig>,
-    seen: u64,
-    entries: ServiceEntries,
+impl<A> Default for IncrementalPlanner<A> {
+    fn default() -> Self {
+        Self {
+            context: None,
+            planned: HashMap::default(),
+            by_content: HashMap::default(),
+            update: 0,
+            rings: RingCache::default(),
+        }
+    }
 }
 
-impl IncrementalPlanner {
+struct Planned<A> {
+    config: Arc<ServiceConfig>,
+    seen: u64,
+    entries: ServiceEntries<A>,
+}
+
+impl<A: Address> IncrementalPlanner<A> {
     /// The change from the last config's plan to `config`'s. Only services whose config
     /// differs are planned; the first call, and a change of this node's context (its name,
     /// the nodes' addresses, the ring size), plan everything and give a complete delta.
     /// An unchanged service costs one lookup of its address (the Kubernetes source hands an
     /// unchanged service over as the same allocation), or of its content (a reloaded file).
-    pub fn update(&mut self, config: &Config, node: &str) -> PlanDelta {
+    pub fn update(&mut self, config: &Config, node: &str) -> PlanDelta<A> {
         let context = PlanContext::new(config, node);
         let mut delta = PlanDelta::default();
         if self.context.as_ref() != Some(&context) {
@@ -282,6 +323,7 @@ impl IncrementalPlanner {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use lb_common::service::{Addr6, ServiceKey, ServiceKey6};
     use proptest::prelude::*;
 
     fn config(endpoints: &[(&str, &str)], mode: &str, policy: &str) -> Config {
@@ -300,7 +342,7 @@ mod tests {
     #[test]
     fn deliveries_follow_the_endpoints_node() {
         let c = config(&[("10.244.0.2", "n0"), ("10.244.1.2", "n1")], "dsr", "Cluster");
-        let on_n0 = plan(&c, "n0");
+        let on_n0: DataplanePlan = plan(&c, "n0");
         let s = &on_n0.services[&web()];
         let deliveries: Vec<_> = s.backends.iter().map(|b| Delivery::from_u8(b.delivery).unwrap()).collect();
         assert_eq!(deliveries, [Delivery::Local, Delivery::Dsr]);
@@ -349,6 +391,26 @@ mod tests {
             hits[s.ring[slot as usize] as usize] += 1;
         }
         assert!(hits.iter().all(|&h| (400..600).contains(&h)), "{hits:?}");
+    }
+
+    #[test]
+    fn each_family_plans_its_own_services() {
+        let c = Config::parse(
+            "interface: eth0\nvips: [{address: 198.51.100.10}, {address: '2001:db8:6::10'}]\nservices:\n  - name: web4\n    vip: 198.51.100.10\n    ports: [{port: 80}]\n    endpoints: [{address: 10.244.1.2, node: n1}]\n  - name: web6\n    vip: '2001:db8:6::10'\n    remoteMode: dsr\n    ports: [{port: 80, targetPort: 8080}]\n    endpoints: [{address: 'fd00:10:244:1::2', node: n1}, {address: 'fd00:10:244::2', node: n0}]\n",
+        )
+        .unwrap();
+        let v4: DataplanePlan = plan(&c, "n0");
+        let v6: DataplanePlan<Addr6> = plan(&c, "n0");
+        assert_eq!(v4.services.keys().copied().collect::<Vec<_>>(), [web()]);
+        let key6 = ServiceKey6::new("2001:db8:6::10".parse::<std::net::Ipv6Addr>().unwrap().octets(), 80, 6);
+        let s = &v6.services[&key6];
+        let deliveries: Vec<_> = s.backends.iter().map(|b| Delivery::from_u8(b.delivery).unwrap()).collect();
+        assert_eq!(deliveries, [Delivery::Local, Delivery::Dsr]);
+        assert_eq!(identity(&s.backends[0]), "[fd00:10:244::2]:8080");
+        assert_eq!(v6.local_endpoints.len(), 1);
+        // The same ring for the same endpoint identities, on every node.
+        let on_n2: DataplanePlan<Addr6> = plan(&c, "n2");
+        assert_eq!(on_n2.services[&key6].ring, s.ring);
     }
 
     /// Applies a delta to a plan as the maps would hold it.

@@ -7,12 +7,12 @@
 
 use std::{
     collections::BTreeMap,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use lb_common::service::{ServiceKey, Settings};
+use lb_common::service::{Addr4, Addr6, Address, Settings};
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 use tracing::{debug, error, info, warn};
 
@@ -21,9 +21,9 @@ use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge}
 use crate::{
     config::Config,
     dataplane::{
-        ServiceMaps, XdpCounters,
+        ServiceMaps, ServiceMapsByFamily, XdpCounters,
         neighbors::NextHops,
-        services::{RefusedService, SyncReport},
+        services::{RefusedService, SyncReport, entry},
     },
     error::Result,
     metrics::{LimitLabels, MapLabels, ResultLabels},
@@ -44,7 +44,7 @@ pub struct SyncRequest {
     pub node: String,
     pub node_address: Ipv4Addr,
     /// The uplink slot each VIP is served on (absent: any), shared while it is unchanged.
-    pub vip_uplinks: Arc<std::collections::HashMap<[u8; 4], u8>>,
+    pub vip_uplinks: Arc<std::collections::HashMap<IpAddr, u8>>,
     /// Increases with every request; published once applied.
     pub generation: u64,
 }
@@ -62,9 +62,52 @@ pub struct SyncMetrics {
     pub snat_expired: prometheus_client::metrics::counter::Counter,
 }
 
+/// One family's maps and the planner that keeps them.
+struct FamilySync<A: Address> {
+    maps: ServiceMaps<A>,
+    planner: IncrementalPlanner<A>,
+}
+
+impl<A: Address> FamilySync<A> {
+    fn new(maps: ServiceMaps<A>) -> Self {
+        Self { maps, planner: IncrementalPlanner::default() }
+    }
+
+    /// Plans `request` for this family and applies it; tells `counters` the slots when they
+    /// moved (or `remap`).
+    fn apply(
+        &mut self,
+        request: &SyncRequest,
+        counters: &Mutex<XdpCounters>,
+        remap: bool,
+    ) -> Result<SyncReport> {
+        let delta = self.planner.update(&request.config, &request.node);
+        let moved = self.maps.set_vip_uplinks(request.vip_uplinks.clone())?;
+        if moved > 0 {
+            debug!(services = moved, "services moved to another uplink");
+        }
+        let report = self.maps.apply_delta(&delta)?;
+        let slots_moved =
+            report.backends_added + report.backends_removed + report.services_added + report.services_removed
+                > 0;
+        if (slots_moved || remap)
+            && let Ok(mut counters) = counters.lock()
+        {
+            counters.set_backends(self.maps.backends());
+            counters.set_vip_slots::<A>(self.maps.vip_slots());
+        }
+        for (key, service) in delta.services.iter().filter_map(|(k, s)| Some((k, s.as_ref()?))) {
+            if service.backends.is_empty() {
+                warn!(service = %service.name, entry = %entry(key), "no usable endpoint: its traffic is dropped");
+            }
+        }
+        Ok(report)
+    }
+}
+
 pub struct ServiceSync {
-    maps: ServiceMaps,
-    planner: IncrementalPlanner,
+    v4: FamilySync<Addr4>,
+    v6: FamilySync<Addr6>,
     netlink: rtnetlink::Handle,
     counters: Arc<Mutex<XdpCounters>>,
     metrics: SyncMetrics,
@@ -82,7 +125,7 @@ pub struct ServiceSync {
 
 impl ServiceSync {
     pub fn new(
-        maps: ServiceMaps,
+        maps: ServiceMapsByFamily,
         netlink: rtnetlink::Handle,
         counters: Arc<Mutex<XdpCounters>>,
         metrics: SyncMetrics,
@@ -90,8 +133,8 @@ impl ServiceSync {
     ) -> Self {
         Self {
             refused_names,
-            maps,
-            planner: IncrementalPlanner::default(),
+            v4: FamilySync::new(maps.v4),
+            v6: FamilySync::new(maps.v6),
             netlink,
             counters,
             metrics,
@@ -115,7 +158,8 @@ impl ServiceSync {
         let label = if result.is_ok() { "applied" } else { "failed" };
         self.metrics.syncs.get_or_create(&ResultLabels { result: label }).inc();
         self.applied.send_replace(request.generation);
-        if let Err(e) = self.maps.remove_retired_rings() {
+        if let Err(e) = self.v4.maps.remove_retired_rings().and_then(|()| self.v6.maps.remove_retired_rings())
+        {
             warn!(error = %e, "removing replaced Maglev rings failed; they are retried on the next sync");
         }
         self.resolve_next_hops().await;
@@ -124,45 +168,33 @@ impl ServiceSync {
 
     fn apply_inner(&mut self, request: &SyncRequest) -> Result<SyncReport> {
         let started = std::time::Instant::now();
-        let delta = self.planner.update(&request.config, &request.node);
-        let planned = started.elapsed();
         let ports = request.config.dataplane.snat_ports;
-        self.maps.set_settings(Settings {
+        self.v4.maps.set_settings(Settings {
             node_addr: request.node_address.octets(),
             snat_port_min: ports.first,
             snat_port_max: ports.last,
         })?;
-        let moved = self.maps.set_vip_uplinks(request.vip_uplinks.clone())?;
-        if moved > 0 {
-            debug!(services = moved, "services moved to another uplink");
-        }
-        let report = self.maps.apply_delta(&delta)?;
+        let remap = !self.counters_mapped;
+        let mut report = self.v4.apply(request, &self.counters, remap)?;
+        report.add(self.v6.apply(request, &self.counters, remap)?);
+        self.counters_mapped = true;
         let elapsed = started.elapsed();
-        self.metrics.services.set(self.maps.service_count() as i64);
-        self.metrics.backends.set(self.maps.backends().len() as i64);
-        let slots_moved =
-            report.backends_added + report.backends_removed + report.services_added + report.services_removed
-                > 0;
-        if (slots_moved || !self.counters_mapped)
-            && let Ok(mut counters) = self.counters.lock()
-        {
-            counters.set_backends(self.maps.backends().clone());
-            counters.set_vip_slots(self.maps.vip_slots());
-            self.counters_mapped = true;
-        }
+        let services = self.v4.maps.service_count() + self.v6.maps.service_count();
+        self.metrics.services.set(services as i64);
+        self.metrics.backends.set((self.v4.maps.backends().len() + self.v6.maps.backends().len()) as i64);
         let counts = SyncCounts::from(&report);
         if report.is_empty() {
-            debug!(services = self.maps.service_count(), ?elapsed, "service maps already up to date");
+            debug!(services, ?elapsed, "service maps already up to date");
         } else {
-            info!(?counts, services = self.maps.service_count(), ?planned, ?elapsed, "service maps updated");
-        }
-        for (key, service) in delta.services.iter().filter_map(|(k, s)| Some((k, s.as_ref()?))) {
-            if service.backends.is_empty() {
-                warn!(service = %service.name, entry = %entry(key), "no usable endpoint: its traffic is dropped");
-            }
+            info!(?counts, services, ?elapsed, "service maps updated");
         }
         self.report_refusals(&report.refused);
-        for (map, bytes) in self.maps.memory() {
+        // Both families report MAGLEV_RINGS (their own rings in the one map): summed.
+        let mut memory: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for (map, bytes) in self.v4.maps.memory().into_iter().chain(self.v6.maps.memory()) {
+            *memory.entry(map).or_default() += bytes;
+        }
+        for (map, bytes) in memory {
             self.metrics.map_bytes.get_or_create(&MapLabels { map }).set(bytes as i64);
         }
         Ok(report)
@@ -171,10 +203,10 @@ impl ServiceSync {
     /// Logs each refusal once, and keeps the refused-services gauge.
     fn report_refusals(&mut self, refused: &[RefusedService]) {
         for r in refused.iter().filter(|r| !self.refused.contains(r)) {
-            warn!(service = %r.name, entry = %entry(&r.key), reason = %r.refusal, "service refused: the data plane is full; the other services keep forwarding");
+            warn!(service = %r.name, entry = %r.entry, reason = %r.refusal, "service refused: the data plane is full; the other services keep forwarding");
         }
         for r in self.refused.iter().filter(|r| !refused.contains(r)) {
-            info!(service = %r.name, entry = %entry(&r.key), "a refused service fits now, or is gone");
+            info!(service = %r.name, entry = %r.entry, "a refused service fits now, or is gone");
         }
         for limit in LIMITS {
             let count = refused.iter().filter(|r| r.refusal.what == limit).count();
@@ -182,7 +214,7 @@ impl ServiceSync {
         }
         self.refused = refused.to_vec();
         let names: BTreeMap<String, String> =
-            refused.iter().map(|r| (r.name.clone(), format!("{}: {}", entry(&r.key), r.refusal))).collect();
+            refused.iter().map(|r| (r.name.clone(), format!("{}: {}", r.entry, r.refusal))).collect();
         self.refused_names.send_if_modified(|current| {
             let changed = *current != names;
             *current = names;
@@ -192,7 +224,15 @@ impl ServiceSync {
 
     /// Removes full NAT's source ports idle past `idle`, and exports how many are held.
     pub fn expire_snat(&mut self, idle: Duration) {
-        match self.maps.expire_snat(crate::dataplane::leases::monotonic_ns(), idle) {
+        let now = crate::dataplane::leases::monotonic_ns();
+        let expired = self.v4.maps.expire_snat(now, idle).and_then(|four| {
+            let six = self.v6.maps.expire_snat(now, idle)?;
+            Ok(crate::dataplane::snat::Expiry {
+                kept: four.kept + six.kept,
+                removed: four.removed + six.removed,
+            })
+        });
+        match expired {
             Ok(expiry) => {
                 self.metrics.snat_ports.set(expiry.kept as i64);
                 self.metrics.snat_expired.inc_by(expiry.removed as u64);
@@ -209,7 +249,10 @@ impl ServiceSync {
     }
 
     async fn resolve_next_hops(&mut self) {
-        let (added, removed) = self.maps.take_address_changes();
+        let (mut added, mut removed) = self.v4.maps.take_address_changes();
+        let (added6, removed6) = self.v6.maps.take_address_changes();
+        added.extend(added6);
+        removed.extend(removed6);
         if added.is_empty() && removed.is_empty() {
             return;
         }
@@ -283,13 +326,4 @@ impl From<&SyncReport> for SyncCounts {
             refused: r.refused.len(),
         }
     }
-}
-
-/// `198.51.100.10:80/TCP`.
-pub fn entry(key: &ServiceKey) -> String {
-    let proto = match key.proto {
-        lb_common::service::PROTO_UDP => "UDP",
-        _ => "TCP",
-    };
-    format!("{}:{}/{proto}", Ipv4Addr::from(key.vip), u16::from_be_bytes(key.port))
 }

@@ -27,6 +27,10 @@ pub struct Uplink {
     pub interface: Interface,
     /// This node's address there: the full-NAT and IPIP source for traffic leaving by it.
     pub node_address: Ipv4Addr,
+    /// Its IPv6 address there (`nodeAddress6`/`nodeAddresses6`, else the interface's first
+    /// global one), the full-NAT and 6in6 source for IPv6; none: IPv6 full NAT and DSR out of it
+    /// are left to the kernel, counted (`no_source_address`).
+    pub node_address6: Option<std::net::Ipv6Addr>,
     pub garp: Arc<GarpSocket>,
 }
 
@@ -60,20 +64,30 @@ impl Uplinks {
             .collect()
     }
 
+    /// The IPv6 uplink-address map's entries: each uplink with an IPv6 address, under its own
+    /// ifindex.
+    pub fn entries6(&self) -> crate::dataplane::uplinks::Uplink6Set {
+        self.by_name
+            .values()
+            .filter_map(|uplink| {
+                let address = uplink.node_address6?;
+                Some((
+                    UplinkKey::new(uplink.interface.index, 0),
+                    lb_common::maps::Vip6Key::new(address.octets()),
+                ))
+            })
+            .collect()
+    }
+
     /// The uplink slot each of the config's VIPs is served on: a group's VIPs on its
     /// interface's, `vips` on the default uplink's.
-    pub fn vip_slots(&self, config: &Config, plan: &NodePlan) -> Arc<HashMap<[u8; 4], u8>> {
+    pub fn vip_slots(&self, config: &Config, plan: &NodePlan) -> Arc<HashMap<std::net::IpAddr, u8>> {
         let default = self.slots.for_vips(&config.interface);
         let slots = config
             .vips
             .iter()
             .map(|v| (v.address, default))
-            .chain(plan.vips.iter().map(|(vip, s)| (*vip, self.slots.for_vips(&s.interface))))
-            .filter_map(|(vip, slot)| match vip {
-                std::net::IpAddr::V4(v4) => Some((v4.octets(), slot)),
-                // Services are IPv4 so far: nothing forwards to an IPv6 VIP.
-                std::net::IpAddr::V6(_) => None,
-            });
+            .chain(plan.vips.iter().map(|(vip, s)| (*vip, self.slots.for_vips(&s.interface))));
         Arc::new(slots.collect())
     }
 }
@@ -135,9 +149,18 @@ pub async fn resolve(
                 },
             },
         };
+        let configured6 = config
+            .node_addresses6
+            .get(name)
+            .copied()
+            .or(config.node_address6.filter(|_| *name == config.interface));
+        let node_address6 = match configured6 {
+            Some(address) => Some(address),
+            None => netdev::primary_ipv6(netlink, interface.index).await?,
+        };
         let garp = GarpSocket::open(interface.index)
             .map_err(|e| Error::io(format!("opening the gratuitous-ARP socket on {name}"), e))?;
-        found.insert(name.clone(), Uplink { interface, node_address, garp: Arc::new(garp) });
+        found.insert(name.clone(), Uplink { interface, node_address, node_address6, garp: Arc::new(garp) });
     }
     Ok(Ok(found))
 }

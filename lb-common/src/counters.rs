@@ -78,10 +78,17 @@ pub enum Reason {
     MalformedIpv6 = 30,
     /// IPv6 not addressed to an owned VIP, or not a message answered here: left to the kernel.
     Ipv6Passed = 31,
+    /// To an IPv6 service, but with extension headers before TCP/UDP (hop-by-hop, routing,
+    /// destination options…): left to the kernel rather than parsed. IPv6 fragments count as
+    /// `fragment`.
+    Ipv6Extension = 32,
+    /// Full NAT or 6in6 towards an IPv6 endpoint out of an uplink where this node has no IPv6
+    /// address to send from: left to the kernel, untranslated.
+    NoSourceAddress = 33,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 32;
+    pub const COUNT: u32 = 34;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::MalformedEthernet,
         Reason::MalformedArp,
@@ -115,6 +122,8 @@ impl Reason {
         Reason::MalformedNdp,
         Reason::MalformedIpv6,
         Reason::Ipv6Passed,
+        Reason::Ipv6Extension,
+        Reason::NoSourceAddress,
     ];
 
     /// The metric label value.
@@ -152,6 +161,8 @@ impl Reason {
             Reason::MalformedNdp => "malformed_ndp",
             Reason::MalformedIpv6 => "malformed_ipv6",
             Reason::Ipv6Passed => "ipv6_passed",
+            Reason::Ipv6Extension => "ipv6_extension",
+            Reason::NoSourceAddress => "no_source_address",
         }
     }
 }

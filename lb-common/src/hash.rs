@@ -2,14 +2,15 @@
 //! value for the same flow, so that a flow keeps its backend when the VIP moves between nodes:
 //! the function is fixed, unseeded, and golden-tested.
 
-use crate::service::FlowKey;
+use crate::service::{Address, FlowKeyOf};
 
-/// murmur3's 32-bit mixing over the 5-tuple's three words, then its finalizer.
+/// murmur3's 32-bit mixing over the 5-tuple's words (three for IPv4, nine for IPv6), then its
+/// finalizer.
 #[inline(always)]
-pub fn flow_hash(key: &FlowKey) -> u32 {
+pub fn flow_hash<A: Address>(key: &FlowKeyOf<A>) -> u32 {
     let mut h = 0x2545_f491u32;
-    h = mix(h, u32::from_be_bytes(key.src));
-    h = mix(h, u32::from_be_bytes(key.dst));
+    h = key.src.mix_into(h);
+    h = key.dst.mix_into(h);
     h = mix(
         h,
         u32::from_be_bytes([key.sport[0], key.sport[1], key.dport[0], key.dport[1]]) ^ key.proto as u32,
@@ -18,7 +19,7 @@ pub fn flow_hash(key: &FlowKey) -> u32 {
 }
 
 #[inline(always)]
-const fn mix(h: u32, word: u32) -> u32 {
+pub(crate) const fn mix(h: u32, word: u32) -> u32 {
     let k = word.wrapping_mul(0xcc9e_2d51).rotate_left(15).wrapping_mul(0x1b87_3593);
     (h ^ k).rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64)
 }
@@ -35,6 +36,7 @@ const fn finalize(mut h: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::FlowKey;
 
     #[test]
     fn value_is_fixed_forever() {
@@ -51,6 +53,19 @@ mod tests {
 
     // Computed independently (Python, the same murmur3 steps).
     const GOLDEN: u32 = 0x28d4_b0ea;
+
+    #[test]
+    fn ipv6_mixes_every_word() {
+        let key = |last: u8| {
+            let mut dst = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10];
+            dst[15] = last;
+            crate::service::FlowKey6::new([0xfd; 16], dst, 40000u16.to_be_bytes(), 80u16.to_be_bytes(), 6)
+        };
+        assert_ne!(flow_hash(&key(0x10)), flow_hash(&key(0x11)));
+        let mut src_high = key(0x10);
+        src_high.src[0] = 0xfc;
+        assert_ne!(flow_hash(&key(0x10)), flow_hash(&src_high));
+    }
 
     #[test]
     fn nearby_ports_spread() {

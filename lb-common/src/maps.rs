@@ -19,6 +19,8 @@ pub const VIP_STATS6: &str = "VIP_STATS6";
 /// of a VIP's services): packets and bytes to the VIP's services. An array, so the hot path
 /// counts without a hash lookup; the agent maps slots back to VIPs.
 pub const VIP_TRAFFIC: &str = "VIP_TRAFFIC";
+/// The same for IPv6 VIPs, indexed by their services' slots.
+pub const VIP_TRAFFIC6: &str = "VIP_TRAFFIC6";
 /// `PerCpuArray<PacketCounter>` indexed by the XDP action code (`XDP_ABORTED` = 0 … `XDP_REDIRECT` = 4).
 pub const ACTION_STATS: &str = "ACTION_STATS";
 /// `PerCpuArray<PacketCounter>` indexed by [`crate::counters::Reason`].

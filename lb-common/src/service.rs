@@ -30,6 +30,27 @@ pub const BACKEND_STATS: &str = "BACKEND_STATS";
 /// `Array<Settings>` with one entry.
 pub const SETTINGS: &str = "SETTINGS";
 
+/// The IPv6 maps, of the same shapes over IPv6 addresses ([`ServiceKey6`], [`Backend6`], …).
+/// Backend ids index `BACKENDS6` and `BACKEND_STATS6`; rings live in the shared
+/// [`MAGLEV_RINGS`] (ids from [`Address::RING_IDS`]); VIP slots index
+/// [`crate::maps::VIP_TRAFFIC6`].
+pub const SERVICES6: &str = "SERVICES6";
+pub const BACKENDS6: &str = "BACKENDS6";
+pub const BACKEND_STATS6: &str = "BACKEND_STATS6";
+pub const FLOWS6: &str = "FLOWS6";
+pub const REPLY_NAT6: &str = "REPLY_NAT6";
+pub const SNAT_REPLIES6: &str = "SNAT_REPLIES6";
+pub const LOCAL_ENDPOINTS6: &str = "LOCAL_ENDPOINTS6";
+/// `HashMap<UplinkKey, Vip6Key>`: this node's IPv6 address on each uplink (as `UPLINKS` keys
+/// them): the full-NAT source and the 6in6 outer source for IPv6 traffic leaving by it.
+pub const UPLINK_ADDRS6: &str = "UPLINK_ADDRS6";
+/// `ProgramArray` of [`IPV6_SERVICE_PROGRAMS`], each at its index: the uplink program
+/// tail-calls the first for IPv6 TCP, UDP and IPv6-in-IPv6, which tail-calls the others.
+pub const IPV6_SERVICES: &str = "IPV6_SERVICES";
+/// The IPv6 service path's programs, by `IPV6_SERVICES` slot: its entry, then its local,
+/// full-NAT and DSR stages (programs of their own, for stacks of their own).
+pub const IPV6_SERVICE_PROGRAMS: [&str; 4] = ["lb_xdp6", "lb_xdp6_local", "lb_xdp6_full_nat", "lb_xdp6_dsr"];
+
 pub const MAX_SERVICES: u32 = 16_384;
 pub const MAX_BACKENDS: u32 = 65_536;
 pub const MAX_FLOWS: u32 = 262_144;
@@ -63,20 +84,119 @@ pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_IPIP: u8 = 4;
+/// IPv6 in IPv6 (RFC 2473): DSR's encapsulation for IPv6 services.
+pub const PROTO_IPV6: u8 = 41;
 /// VRRP (RFC 5798 §5.1.1.4).
 pub const PROTO_VRRP: u8 = 112;
 
-#[repr(C)]
+/// An address exactly as the packet carries it: IPv4's four bytes or IPv6's sixteen. The
+/// service types below are generic over it, so both families share one shape (and one piece of
+/// code on each side of the map boundary), with maps of their own. They are 4-byte aligned
+/// (their sizes are multiples of 4, so no padding comes of it): BPF has no unaligned loads, and
+/// a byte-aligned IPv6 key is read a byte at a time, each byte spilled to the stack.
+pub trait Address: Copy + Eq + Ord + core::hash::Hash + core::fmt::Debug + 'static {
+    /// The unspecified address.
+    const ZERO: Self;
+    /// The family's first ring id in [`MAGLEV_RINGS`], which both families share: IPv4 rings
+    /// take ids below 2^31, IPv6 rings the ids from 2^31 up.
+    const RING_IDS: core::ops::Range<u32>;
+    /// The family's service maps, by name.
+    const MAPS: FamilyMaps;
+    /// Mixes the address into the flow hash (see [`crate::hash`]).
+    fn mix_into(&self, h: u32) -> u32;
+    /// The address of this family, if `ip` is one.
+    fn from_ip(ip: core::net::IpAddr) -> Option<Self>;
+    fn to_ip(self) -> core::net::IpAddr;
+}
+
+/// The names of one family's service maps.
+#[derive(Clone, Copy, Debug)]
+pub struct FamilyMaps {
+    pub services: &'static str,
+    pub backends: &'static str,
+    pub backend_stats: &'static str,
+    pub vip_traffic: &'static str,
+    pub local_endpoints: &'static str,
+    pub snat_replies: &'static str,
+}
+
+impl Address for [u8; 4] {
+    const ZERO: Self = [0; 4];
+    const RING_IDS: core::ops::Range<u32> = 1..1 << 31;
+    const MAPS: FamilyMaps = FamilyMaps {
+        services: SERVICES,
+        backends: BACKENDS,
+        backend_stats: BACKEND_STATS,
+        vip_traffic: crate::maps::VIP_TRAFFIC,
+        local_endpoints: LOCAL_ENDPOINTS,
+        snat_replies: SNAT_REPLIES,
+    };
+    fn from_ip(ip: core::net::IpAddr) -> Option<Self> {
+        match ip {
+            core::net::IpAddr::V4(v4) => Some(v4.octets()),
+            core::net::IpAddr::V6(_) => None,
+        }
+    }
+    fn to_ip(self) -> core::net::IpAddr {
+        core::net::IpAddr::V4(self.into())
+    }
+    #[inline(always)]
+    fn mix_into(&self, h: u32) -> u32 {
+        crate::hash::mix(h, u32::from_be_bytes(*self))
+    }
+}
+
+impl Address for [u8; 16] {
+    const ZERO: Self = [0; 16];
+    const RING_IDS: core::ops::Range<u32> = 1 << 31..u32::MAX;
+    const MAPS: FamilyMaps = FamilyMaps {
+        services: SERVICES6,
+        backends: BACKENDS6,
+        backend_stats: BACKEND_STATS6,
+        vip_traffic: crate::maps::VIP_TRAFFIC6,
+        local_endpoints: LOCAL_ENDPOINTS6,
+        snat_replies: SNAT_REPLIES6,
+    };
+    fn from_ip(ip: core::net::IpAddr) -> Option<Self> {
+        match ip {
+            core::net::IpAddr::V6(v6) => Some(v6.octets()),
+            core::net::IpAddr::V4(_) => None,
+        }
+    }
+    fn to_ip(self) -> core::net::IpAddr {
+        core::net::IpAddr::V6(self.into())
+    }
+    #[inline(always)]
+    fn mix_into(&self, h: u32) -> u32 {
+        let a = self;
+        let h = crate::hash::mix(h, u32::from_be_bytes([a[0], a[1], a[2], a[3]]));
+        let h = crate::hash::mix(h, u32::from_be_bytes([a[4], a[5], a[6], a[7]]));
+        let h = crate::hash::mix(h, u32::from_be_bytes([a[8], a[9], a[10], a[11]]));
+        crate::hash::mix(h, u32::from_be_bytes([a[12], a[13], a[14], a[15]]))
+    }
+}
+
+/// An IPv4 address in network byte order.
+pub type Addr4 = [u8; 4];
+/// An IPv6 address in network byte order.
+pub type Addr6 = [u8; 16];
+
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceKey {
-    pub vip: [u8; 4],
+pub struct ServiceKeyOf<A> {
+    pub vip: A,
     pub port: [u8; 2],
     pub proto: u8,
     pub _pad: u8,
 }
 
-impl ServiceKey {
-    pub const fn new(vip: [u8; 4], port: u16, proto: u8) -> Self {
+/// An IPv4 service: `(VIP, port, protocol)`.
+pub type ServiceKey = ServiceKeyOf<Addr4>;
+/// An IPv6 service.
+pub type ServiceKey6 = ServiceKeyOf<Addr6>;
+
+impl<A> ServiceKeyOf<A> {
+    pub const fn new(vip: A, port: u16, proto: u8) -> Self {
         Self { vip, port: port.to_be_bytes(), proto, _pad: 0 }
     }
 }
@@ -156,32 +276,46 @@ impl Delivery {
     }
 }
 
-#[repr(C)]
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Backend {
-    pub addr: [u8; 4],
+pub struct BackendOf<A> {
+    pub addr: A,
     pub port: [u8; 2],
     /// A [`Delivery`], or zero for an unused slot.
     pub delivery: u8,
     pub _pad: u8,
-    /// The endpoint's node address (informational for the program; metrics and `status`).
+    /// The endpoint's node address, IPv4 in both families (informational for the program;
+    /// metrics and `status`).
     pub node: [u8; 4],
 }
 
+/// An IPv4 endpoint, in `BACKENDS`.
+pub type Backend = BackendOf<Addr4>;
+/// An IPv6 endpoint, in `BACKENDS6`.
+pub type Backend6 = BackendOf<Addr6>;
+
+impl<A: Address> BackendOf<A> {
+    /// An unused slot.
+    pub const EMPTY: Self = Self { addr: A::ZERO, port: [0; 2], delivery: 0, _pad: 0, node: [0; 4] };
+}
+
 /// A 5-tuple in the direction the packet travels.
-#[repr(C)]
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FlowKey {
-    pub src: [u8; 4],
-    pub dst: [u8; 4],
+pub struct FlowKeyOf<A> {
+    pub src: A,
+    pub dst: A,
     pub sport: [u8; 2],
     pub dport: [u8; 2],
     pub proto: u8,
     pub _pad: [u8; 3],
 }
 
-impl FlowKey {
-    pub const fn new(src: [u8; 4], dst: [u8; 4], sport: [u8; 2], dport: [u8; 2], proto: u8) -> Self {
+pub type FlowKey = FlowKeyOf<Addr4>;
+pub type FlowKey6 = FlowKeyOf<Addr6>;
+
+impl<A> FlowKeyOf<A> {
+    pub const fn new(src: A, dst: A, sport: [u8; 2], dport: [u8; 2], proto: u8) -> Self {
         Self { src, dst, sport, dport, proto, _pad: [0; 3] }
     }
 }
@@ -211,11 +345,11 @@ pub const HOP_REFRESH_NS: u64 = 500_000_000;
 
 /// The addresses a packet must carry after translation (also the rewrite target on the
 /// forward path).
-#[repr(C)]
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReplyNat {
-    pub src: [u8; 4],
-    pub dst: [u8; 4],
+pub struct ReplyNatOf<A> {
+    pub src: A,
+    pub dst: A,
     pub sport: [u8; 2],
     pub dport: [u8; 2],
     /// Full-NAT: the MAC the client's packets came from, so a reply can go back that way even
@@ -229,32 +363,40 @@ pub struct ReplyNat {
 /// refreshed it (`bpf_ktime_get_coarse_ns`, at the flow's next-hop refreshes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SnatEntry {
-    pub reply: ReplyNat,
+pub struct SnatEntryOf<A> {
+    pub reply: ReplyNatOf<A>,
     pub _pad: [u8; 4],
     pub last_seen_ns: u64,
 }
 
-impl SnatEntry {
+pub type ReplyNat = ReplyNatOf<Addr4>;
+pub type ReplyNat6 = ReplyNatOf<Addr6>;
+pub type SnatEntry = SnatEntryOf<Addr4>;
+pub type SnatEntry6 = SnatEntryOf<Addr6>;
+
+impl<A: Address> SnatEntryOf<A> {
     /// Whether this entry is `flow`'s: its replies go back to `flow`'s client from its VIP.
-    pub fn belongs_to(&self, flow: &FlowKey) -> bool {
+    pub fn belongs_to(&self, flow: &FlowKeyOf<A>) -> bool {
         let r = &self.reply;
         r.src == flow.dst && r.dst == flow.src && r.sport == flow.dport && r.dport == flow.sport
     }
 }
 
-impl ReplyNat {
-    pub const fn new(src: [u8; 4], dst: [u8; 4], sport: [u8; 2], dport: [u8; 2]) -> Self {
+impl<A> ReplyNatOf<A> {
+    pub const fn new(src: A, dst: A, sport: [u8; 2], dport: [u8; 2]) -> Self {
         Self { src, dst, sport, dport, peer_mac: [0; 6], _pad: [0; 2] }
     }
 }
 
-#[repr(C)]
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LocalEndpointKey {
-    pub service: ServiceKey,
-    pub addr: [u8; 4],
+pub struct LocalEndpointKeyOf<A> {
+    pub service: ServiceKeyOf<A>,
+    pub addr: A,
 }
+
+pub type LocalEndpointKey = LocalEndpointKeyOf<Addr4>;
+pub type LocalEndpointKey6 = LocalEndpointKeyOf<Addr6>;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,15 +420,16 @@ pub struct Settings {
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
-    // SAFETY: `#[repr(C)]`, integers and byte arrays only, every padding byte explicit.
-    unsafe impl aya::Pod for ServiceKey {}
+    // SAFETY: `#[repr(C)]`, integers and byte arrays only, every padding byte explicit (for
+    // both address sizes: the layout test checks them).
+    unsafe impl<A: Address> aya::Pod for ServiceKeyOf<A> {}
     unsafe impl aya::Pod for Service {}
-    unsafe impl aya::Pod for Backend {}
-    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl<A: Address> aya::Pod for BackendOf<A> {}
+    unsafe impl<A: Address> aya::Pod for FlowKeyOf<A> {}
     unsafe impl aya::Pod for Flow {}
-    unsafe impl aya::Pod for ReplyNat {}
-    unsafe impl aya::Pod for SnatEntry {}
-    unsafe impl aya::Pod for LocalEndpointKey {}
+    unsafe impl<A: Address> aya::Pod for ReplyNatOf<A> {}
+    unsafe impl<A: Address> aya::Pod for SnatEntryOf<A> {}
+    unsafe impl<A: Address> aya::Pod for LocalEndpointKeyOf<A> {}
     unsafe impl aya::Pod for LocalEndpoint {}
     unsafe impl aya::Pod for Settings {}
 }
@@ -308,6 +451,12 @@ mod tests {
         assert_eq!(size_of::<LocalEndpointKey>(), 12);
         assert_eq!(size_of::<LocalEndpoint>(), 4);
         assert_eq!(size_of::<Settings>(), 8);
+        assert_eq!(size_of::<ServiceKey6>(), 20);
+        assert_eq!(size_of::<Backend6>(), 24);
+        assert_eq!(size_of::<FlowKey6>(), 40);
+        assert_eq!(size_of::<ReplyNat6>(), 44);
+        assert_eq!((size_of::<SnatEntry6>(), core::mem::align_of::<SnatEntry6>()), (56, 8));
+        assert_eq!(size_of::<LocalEndpointKey6>(), 36);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! attaches them.
 //!
 //! - `bench_gen`: run through BPF_PROG_TEST_RUN in live-frames mode on the client, it sends
-//!   its input frame out with `XDP_TX`, cycling the UDP source port over `flows` values.
+//!   its input frame out with `XDP_TX`, cycling the UDP source port over `flows` values. IPv4
+//!   frames go without a UDP checksum; IPv6 ones (where it is mandatory) get theirs computed.
 //! - `bench_sink`: counts and drops (XDP): the ceiling's sink on the LB node.
 //! - `bench_sink_tc`: counts and drops at the pod's TC ingress, after the kernel has built the
 //!   packet's skb as for any pod traffic, whichever mode forwarded it.
@@ -23,10 +24,13 @@ use lb_common::{
     csum,
     service::{PROTO_UDP, bench::BenchConfig},
 };
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+};
 
 use crate::{
-    packet::{ETH_LEN, ETHERTYPE_IPV4, L4_OFFSET},
+    packet::{ETH_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPV6_LEN, L4_OFFSET},
     rewrite,
 };
 
@@ -48,32 +52,68 @@ pub fn bench_gen(ctx: XdpContext) -> u32 {
     let Some(counter) = BENCH_COUNT.get_ptr_mut(0) else {
         return XDP_DROP;
     };
-    // SAFETY: this CPU's counter; the eight UDP header bytes were bounds-checked above.
-    unsafe {
+    // SAFETY: this CPU's counter, and the Ethernet header bounds-checked above.
+    let (n, ipv6) = unsafe {
         let n = *counter;
         *counter = n + 1;
-        let udp = &mut *((start + L4_OFFSET) as *mut [u8; 8]);
-        let port = (1024 + n % flows) as u16;
-        // The frames are reused between runs: write every field that varies, and leave the
-        // UDP checksum absent.
+        (n, (*(start as *const EthHdr)).ether_type == ETHERTYPE_IPV6.to_be())
+    };
+    let port = (1024 + n % flows) as u16;
+    if ipv6 {
+        const UDP6: usize = ETH_LEN + IPV6_LEN;
+        if start + UDP6 + 8 > end {
+            return XDP_DROP;
+        }
+        // SAFETY: the IPv6 and UDP headers were bounds-checked above; they do not overlap.
+        let (ip, udp) =
+            unsafe { (&*((start + ETH_LEN) as *const Ipv6Hdr), &mut *((start + UDP6) as *mut [u8; 8])) };
         udp[0..2].copy_from_slice(&port.to_be_bytes());
-        udp[6] = 0;
-        udp[7] = 0;
+        // The whole checksum again (the frames are reused between runs): the pseudo-header's
+        // addresses, length and protocol, and the header; the payload is zeros.
+        let len = u16::from_be_bytes([udp[4], udp[5]]) as u32;
+        let mut sum = 2 * len + u32::from(PROTO_UDP);
+        sum += u32::from(port) + u32::from(u16::from_be_bytes([udp[2], udp[3]]));
+        for pair in ip.src_addr.chunks_exact(2).chain(ip.dst_addr.chunks_exact(2)) {
+            sum += u32::from(u16::from_be_bytes([pair[0], pair[1]]));
+        }
+        let check = match !csum::fold(sum) {
+            0 => 0xffff,
+            c => c,
+        };
+        udp[6..8].copy_from_slice(&check.to_be_bytes());
+        return XDP_TX;
     }
+    // SAFETY: the eight UDP header bytes were bounds-checked above.
+    let udp = unsafe { &mut *((start + L4_OFFSET) as *mut [u8; 8]) };
+    // The frames are reused between runs: write every field that varies, and leave the UDP
+    // checksum absent.
+    udp[0..2].copy_from_slice(&port.to_be_bytes());
+    udp[6] = 0;
+    udp[7] = 0;
     XDP_TX
 }
 
 #[xdp]
 pub fn bench_sink(ctx: XdpContext) -> u32 {
     let (start, end) = (ctx.data(), ctx.data_end());
-    if start + L4_OFFSET > end {
+    if start + ETH_LEN + IPV6_LEN > end {
         return XDP_PASS;
     }
-    // SAFETY: the Ethernet and IPv4 headers were bounds-checked above.
-    let (eth, ip) = unsafe { (&*(start as *const EthHdr), &*((start + ETH_LEN) as *const Ipv4Hdr)) };
-    // Only the generated UDP is counted and dropped: ARP and TCP go on, so the pod still
+    // SAFETY: the Ethernet header and 40 bytes after it were bounds-checked above.
+    let (ethertype, next) = unsafe {
+        let ethertype = (*(start as *const EthHdr)).ether_type;
+        (
+            ethertype,
+            if ethertype == ETHERTYPE_IPV6.to_be() {
+                *((start + ETH_LEN + 6) as *const u8)
+            } else {
+                *((start + ETH_LEN + 9) as *const u8)
+            },
+        )
+    };
+    // Only the generated UDP is counted and dropped: ARP, NDP and TCP go on, so the pod still
     // resolves and serves.
-    if eth.ether_type != ETHERTYPE_IPV4.to_be() || ip.proto != PROTO_UDP {
+    if (ethertype != ETHERTYPE_IPV4.to_be() && ethertype != ETHERTYPE_IPV6.to_be()) || next != PROTO_UDP {
         return XDP_PASS;
     }
     if let Some(counter) = BENCH_COUNT.get_ptr_mut(0) {
@@ -85,9 +125,13 @@ pub fn bench_sink(ctx: XdpContext) -> u32 {
 
 #[classifier]
 pub fn bench_sink_tc(ctx: TcContext) -> i32 {
-    // Only the generated UDP (IPv4, protocol byte at offset 23) is counted and dropped.
-    let is_udp = ctx.load::<u16>(12).is_ok_and(|t| t == ETHERTYPE_IPV4.to_be())
-        && ctx.load::<u8>(ETH_LEN + 9).is_ok_and(|p| p == PROTO_UDP);
+    // Only the generated UDP (the protocol byte at offset 23 in IPv4, the next header at 20 in
+    // IPv6) is counted and dropped.
+    let is_udp = match ctx.load::<u16>(12) {
+        Ok(t) if t == ETHERTYPE_IPV4.to_be() => ctx.load::<u8>(ETH_LEN + 9).is_ok_and(|p| p == PROTO_UDP),
+        Ok(t) if t == ETHERTYPE_IPV6.to_be() => ctx.load::<u8>(ETH_LEN + 6).is_ok_and(|p| p == PROTO_UDP),
+        _ => false,
+    };
     if !is_udp {
         return TC_ACT_OK;
     }

@@ -4,11 +4,14 @@
 //! - `eth`: the frame's EtherType picks the layer that handles it.
 //! - `l2`: ARP and Neighbor Discovery answered for owned VIPs.
 //! - `l3`: IPv4 and IPv6 validated and dispatched by protocol; ICMP and ICMPv6 echo answered.
-//! - `services`: the service path: `flow` (connection table, Maglev), `nat` (local DNAT, full
-//!   NAT and its replies), `encap` (IPIP for DSR, both ends).
+//! - `services`: the service path, once for both families: `flow` (connection table, Maglev),
+//!   `nat` (local DNAT, full NAT and its replies), `encap` (IPIP for DSR, both ends), `encap6`
+//!   (IPv6 in IPv6).
 //! - `vrrp`: learns each advertisement source's MAC and counts impersonations.
 //! - `route`: next hops (FIB, neighbours), sending, and the memory of how replies are
 //!   translated back.
+//! - `family`: what differs between IPv4 and IPv6 for the two layers above (maps, header
+//!   fields, FIB parameters, rewrites).
 //! - `rewrite`: header rewrites with incremental checksums.
 //! - `owned`: owned VIPs and their leases; `uplink`: which uplink a frame came by, and this
 //!   node's address on each.
@@ -20,6 +23,7 @@
 
 mod bench;
 mod eth;
+mod family;
 mod l2;
 mod l3;
 mod maps;
@@ -45,6 +49,43 @@ use aya_ebpf::{
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
     let bytes = packet::len(&ctx);
     let action = eth::handle_frame(&ctx);
+    stats::count_action(action, bytes);
+    action
+}
+
+/// The IPv6 service path, tail-called by `lb_xdp` for IPv6 TCP, UDP and IPv6-in-IPv6 (see
+/// `l3::ipv6::serve`); never attached itself. It counts its own action: `lb_xdp` does not
+/// resume after a tail call.
+#[xdp]
+pub fn lb_xdp6(ctx: XdpContext) -> u32 {
+    let bytes = packet::len(&ctx);
+    let action = l3::ipv6::serve(&ctx);
+    stats::count_action(action, bytes);
+    action
+}
+
+/// IPv6 local delivery, tail-called by `lb_xdp6` (see `services::stages6`).
+#[xdp]
+pub fn lb_xdp6_local(ctx: XdpContext) -> u32 {
+    ipv6_stage(&ctx, services::stages6::LOCAL)
+}
+
+/// IPv6 full NAT, tail-called by `lb_xdp6`.
+#[xdp]
+pub fn lb_xdp6_full_nat(ctx: XdpContext) -> u32 {
+    ipv6_stage(&ctx, services::stages6::FULL_NAT)
+}
+
+/// IPv6 DSR (IPv6 in IPv6), tail-called by `lb_xdp6`.
+#[xdp]
+pub fn lb_xdp6_dsr(ctx: XdpContext) -> u32 {
+    ipv6_stage(&ctx, services::stages6::DSR)
+}
+
+#[inline(always)]
+fn ipv6_stage(ctx: &XdpContext, which: u32) -> u32 {
+    let bytes = packet::len(ctx);
+    let action = services::stages6::run(ctx, which);
     stats::count_action(action, bytes);
     action
 }

@@ -4,7 +4,7 @@
 use aya_ebpf::{
     btf_maps::{Array as BtfArray, HashOfMaps},
     macros::{btf_map, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray},
 };
 use lb_common::{
     counters::{Reason, XDP_ACTION_COUNT},
@@ -13,9 +13,10 @@ use lb_common::{
         Vip6Key, VipKey, VipStats, VrrpSpeaker,
     },
     service::{
-        Backend, Flow, FlowKey, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKey, MAX_BACKENDS, MAX_FLOWS,
-        MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE, MAX_SERVICES, ReplyNat, RingEntry, Service, ServiceKey, Settings,
-        SnatEntry, ring_entries,
+        Backend, Backend6, Flow, FlowKey, FlowKey6, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKey,
+        LocalEndpointKey6, MAX_BACKENDS, MAX_FLOWS, MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE, MAX_SERVICES,
+        ReplyNat, ReplyNat6, RingEntry, Service, ServiceKey, ServiceKey6, Settings, SnatEntry, SnatEntry6,
+        ring_entries,
     },
 };
 
@@ -81,6 +82,49 @@ pub static VRRP_SPEAKERS6: LruHashMap<Vip6Key, VrrpSpeaker> =
 
 #[map]
 pub static UPLINKS: HashMap<UplinkKey, Uplink> = HashMap::with_max_entries(MAX_UPLINK_KEYS, 0);
+
+// IPv6's service maps: the same shapes over IPv6 addresses (see `lb_common::service`).
+
+#[map]
+pub static SERVICES6: HashMap<ServiceKey6, Service> = HashMap::with_max_entries(MAX_SERVICES, 0);
+
+#[map]
+pub static BACKENDS6: Array<Backend6> = Array::with_max_entries(MAX_BACKENDS, 0);
+
+#[map]
+pub static BACKEND_STATS6: PerCpuArray<PacketCounter> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+
+#[map]
+pub static VIP_TRAFFIC6: PerCpuArray<PacketCounter> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
+
+#[map]
+pub static FLOWS6: LruHashMap<FlowKey6, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, NO_COMMON_LRU);
+
+#[map]
+pub static REPLY_NAT6: LruHashMap<FlowKey6, ReplyNat6> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+
+#[map]
+pub static SNAT_REPLIES6: HashMap<FlowKey6, SnatEntry6> = HashMap::with_max_entries(MAX_FLOWS, 0);
+
+#[map]
+pub static LOCAL_ENDPOINTS6: HashMap<LocalEndpointKey6, LocalEndpoint> =
+    HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, 0);
+
+/// Scratch space for IPv6's FIB lookups (see `family::V6`), one per CPU; not pinned.
+#[map]
+pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> = PerCpuArray::with_max_entries(1, 0);
+
+/// What `lb_xdp6` hands its stages (see `services::stages6`), one per CPU; not pinned.
+#[map]
+pub static STATE6: PerCpuArray<crate::family::State6> = PerCpuArray::with_max_entries(1, 0);
+
+/// The IPv6 service path's programs: `lb_xdp6` (see `l3::ipv6::serve`) and its stages (see
+/// `services::stages6`).
+#[map]
+pub static IPV6_SERVICES: ProgramArray = ProgramArray::with_max_entries(4, 0);
+
+#[map]
+pub static UPLINK_ADDRS6: HashMap<UplinkKey, Vip6Key> = HashMap::with_max_entries(MAX_UPLINK_KEYS, 0);
 
 #[map]
 pub static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);

@@ -2,10 +2,15 @@
 //! offsets of the headers the service path handles (IPv4 without options).
 
 use aya_ebpf::programs::XdpContext;
+use lb_common::service::FlowKey6;
+use network_types::ip::Ipv6Hdr;
 
 pub const ETH_LEN: usize = 14;
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
 pub const IPV4_LEN: usize = 20;
+pub const ETHERTYPE_IPV6: u16 = 0x86dd;
+/// IPv6's fixed header.
+pub const IPV6_LEN: usize = 40;
 /// Where TCP/UDP starts in an option-less IPv4 frame.
 pub const L4_OFFSET: usize = ETH_LEN + IPV4_LEN;
 pub const TCP_LEN: usize = 20;
@@ -58,4 +63,19 @@ pub fn l4_layout(proto: u8) -> Option<L4Layout> {
         }
         _ => None,
     }
+}
+
+/// The packet's 5-tuple, its addresses copied straight into the (aligned) key: held as values,
+/// LLVM keeps an IPv6 address as sixteen bytes, each spilled to the stack.
+#[inline(always)]
+pub fn flow_key6(ip: &Ipv6Hdr, ports: &Ports, flow: &mut FlowKey6) {
+    // SAFETY: 16 bytes each way, distinct objects.
+    unsafe {
+        core::ptr::copy_nonoverlapping(ip.src_addr.as_ptr(), flow.src.as_mut_ptr(), 16);
+        core::ptr::copy_nonoverlapping(ip.dst_addr.as_ptr(), flow.dst.as_mut_ptr(), 16);
+    }
+    flow.sport = ports.sport;
+    flow.dport = ports.dport;
+    flow.proto = ip.next_hdr;
+    flow._pad = [0; 3];
 }

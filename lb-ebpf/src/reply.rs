@@ -10,24 +10,32 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::Reason,
-    service::{FlowKey, PROTO_TCP, PROTO_UDP},
+    service::{FlowKey, FlowKey6, PROTO_TCP, PROTO_UDP},
 };
 
 use crate::{
-    maps::REPLY_NAT,
-    packet::{ETH_LEN, ETHERTYPE_IPV4, FRAGMENT_MASK, L4_OFFSET as L4},
+    maps::{REPLY_NAT, REPLY_NAT6},
+    packet::{ETH_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, FRAGMENT_MASK, IPV6_LEN, L4_OFFSET as L4},
     stats,
 };
 
 const IP_CHECK: usize = ETH_LEN + 10;
 const IP_SRC: usize = ETH_LEN + 12;
 const IP_DST: usize = ETH_LEN + 16;
+const IP6_NEXT: usize = ETH_LEN + 6;
+const IP6_SRC: usize = ETH_LEN + 8;
+const IP6_DST: usize = ETH_LEN + 24;
+const L4_6: usize = ETH_LEN + IPV6_LEN;
 
 /// Translates the packet if it is the reply of a flow this node translated. Any error just
 /// leaves the packet as it is.
 #[inline(always)]
 pub fn translate(ctx: &TcContext) -> Result<(), i64> {
-    if ctx.load::<[u8; 2]>(12)? != ETHERTYPE_IPV4.to_be_bytes() || ctx.load::<u8>(ETH_LEN)? != 0x45 {
+    let ethertype = ctx.load::<[u8; 2]>(12)?;
+    if ethertype == ETHERTYPE_IPV6.to_be_bytes() {
+        return translate6(ctx);
+    }
+    if ethertype != ETHERTYPE_IPV4.to_be_bytes() || ctx.load::<u8>(ETH_LEN)? != 0x45 {
         return Ok(());
     }
     if u16::from_be_bytes(ctx.load::<[u8; 2]>(ETH_LEN + 6)?) & FRAGMENT_MASK != 0 {
@@ -68,6 +76,56 @@ pub fn translate(ctx: &TcContext) -> Result<(), i64> {
     if to.dport != dport {
         ctx.l4_csum_replace(check_at, half(dport), half(to.dport), mangled | 2)?;
         ctx.store(L4 + 2, &to.dport, 0)?;
+    }
+    stats::count_reason(Reason::ReplyTranslated, ctx.len() as usize);
+    Ok(())
+}
+
+/// As [`translate`] for IPv6 without extension headers: no header checksum; the addresses'
+/// change enters the TCP/UDP checksum through the pseudo-header, a word at a time.
+#[inline(always)]
+fn translate6(ctx: &TcContext) -> Result<(), i64> {
+    let proto = ctx.load::<u8>(IP6_NEXT)?;
+    let check_at = match proto {
+        PROTO_TCP => L4_6 + 16,
+        PROTO_UDP => L4_6 + 6,
+        _ => return Ok(()),
+    };
+    // A computed zero UDP checksum is sent as 0xffff (zero is not allowed over IPv6).
+    let mangled = if proto == PROTO_UDP { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
+    let src = ctx.load::<[u8; 16]>(IP6_SRC)?;
+    let dst = ctx.load::<[u8; 16]>(IP6_DST)?;
+    let ports = ctx.load::<[u8; 4]>(L4_6)?;
+    let key = FlowKey6::new(src, dst, [ports[0], ports[1]], [ports[2], ports[3]], proto);
+    // SAFETY: copied out at once.
+    let Some(to) = (unsafe { REPLY_NAT6.get(&key) }).copied() else {
+        return Ok(());
+    };
+    let pseudo = BPF_F_PSEUDO_HDR as u64 | mangled | 4;
+    let replace_address = |at: usize, old: &[u8; 16], new: &[u8; 16]| -> Result<(), i64> {
+        for i in 0..4 {
+            let word = |b: &[u8; 16]| {
+                u32::from_ne_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]) as u64
+            };
+            ctx.l4_csum_replace(check_at, word(old), word(new), pseudo)?;
+        }
+        ctx.store(at, new, 0)
+    };
+    if to.src != src {
+        replace_address(IP6_SRC, &src, &to.src)?;
+    }
+    if to.dst != dst {
+        replace_address(IP6_DST, &dst, &to.dst)?;
+    }
+    let half = |b: [u8; 2]| u16::from_ne_bytes(b) as u64;
+    let (sport, dport) = ([ports[0], ports[1]], [ports[2], ports[3]]);
+    if to.sport != sport {
+        ctx.l4_csum_replace(check_at, half(sport), half(to.sport), mangled | 2)?;
+        ctx.store(L4_6, &to.sport, 0)?;
+    }
+    if to.dport != dport {
+        ctx.l4_csum_replace(check_at, half(dport), half(to.dport), mangled | 2)?;
+        ctx.store(L4_6 + 2, &to.dport, 0)?;
     }
     stats::count_reason(Reason::ReplyTranslated, ctx.len() as usize);
     Ok(())

@@ -1,11 +1,16 @@
-//! Header rewrites with incremental checksum updates (RFC 1624), for option-less IPv4 at
-//! `ETH_LEN` and TCP/UDP at `L4_OFFSET`.
+//! Header rewrites with incremental checksum updates (RFC 1624), for option-less IPv4 or
+//! extension-less IPv6 at `ETH_LEN`, and the TCP/UDP header after it.
 
-use aya_ebpf::programs::XdpContext;
-use lb_common::{csum, service::ReplyNat};
-use network_types::ip::Ipv4Hdr;
+use aya_ebpf::{helpers::bpf_csum_diff, programs::XdpContext};
+use lb_common::{
+    csum,
+    service::{ReplyNat, ReplyNat6},
+};
+use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 
-use crate::packet::{ETH_LEN, L4_OFFSET, L4Layout, Ports, header};
+use crate::packet::{
+    ETH_LEN, IPV6_LEN, L4_OFFSET, L4Layout, Ports, TCP_CHECK_OFFSET, UDP_CHECK_OFFSET, header,
+};
 
 /// Sets the packet's addresses and ports to `to`, patching the IPv4 and TCP/UDP checksums.
 /// `None` if the headers are not all inside the packet (the caller checked, so never in
@@ -44,6 +49,65 @@ pub fn rewrite(ctx: &XdpContext, layout: L4Layout, to: &ReplyNat) -> Option<()> 
     ports.dport = to.dport;
     *check = l4.to_be_bytes();
     Some(())
+}
+
+/// As [`rewrite`] for IPv6. No header checksum; the TCP/UDP checksum covers the addresses
+/// through the pseudo-header, and a UDP checksum is mandatory (RFC 8200 §8.1), so a computed
+/// zero is sent as `0xffff`. `false` if the headers are not all inside the packet.
+#[inline(always)]
+pub fn rewrite6(ctx: &XdpContext, is_udp: bool, to: &ReplyNat6) -> bool {
+    const L4: usize = ETH_LEN + IPV6_LEN;
+    let check_offset = if is_udp { UDP_CHECK_OFFSET } else { TCP_CHECK_OFFSET };
+    let (Some(ip), Some(ports), Some(check)) = (
+        header::<Ipv6Hdr>(ctx, ETH_LEN),
+        header::<Ports>(ctx, L4),
+        header::<[u8; 2]>(ctx, L4 + check_offset),
+    ) else {
+        return false;
+    };
+    // SAFETY: each pointer was bounds-checked above; the three regions do not overlap.
+    unsafe { rewrite6_headers(&mut *ip, &mut *ports, &mut *check, is_udp, to) }
+}
+
+/// [`rewrite6`]'s work on headers already bounds-checked, in a BPF function of its own (its
+/// frame is not added to its callers'). It takes the headers, not the context: LLVM would pass
+/// a context's packet start as a 32-bit value, which the verifier refuses as pointer arithmetic.
+#[inline(never)]
+fn rewrite6_headers(
+    ip: &mut Ipv6Hdr,
+    ports: &mut Ports,
+    check: &mut [u8; 2],
+    is_udp: bool,
+    to: &ReplyNat6,
+) -> bool {
+    // The addresses' difference by the kernel's helper, as Katran does: the same sum written
+    // out here gets vectorised by LLVM into stack-hungry code. The helper sums the words as
+    // they lie in memory, so that part runs in memory order (`ne`), and the result is then read
+    // as the big-endian value the port updates work on (RFC 1071 §2(B): a one's-complement sum
+    // of byte-swapped words is the byte-swapped sum).
+    let old = u16::from_ne_bytes(*check);
+    let Some(src) = address_diff(&ip.src_addr, &to.src, !old as u32) else { return false };
+    let Some(dst) = address_diff(&ip.dst_addr, &to.dst, csum::fold(src as u32) as u32) else { return false };
+    let mut l4 = u16::from_be_bytes((!csum::fold(dst as u32)).to_ne_bytes());
+    l4 = csum::replace16(l4, u16::from_be_bytes(ports.sport), u16::from_be_bytes(to.sport));
+    l4 = csum::replace16(l4, u16::from_be_bytes(ports.dport), u16::from_be_bytes(to.dport));
+    if is_udp && l4 == 0 {
+        l4 = 0xffff;
+    }
+    ip.src_addr = to.src;
+    ip.dst_addr = to.dst;
+    ports.sport = to.sport;
+    ports.dport = to.dport;
+    *check = l4.to_be_bytes();
+    true
+}
+
+/// `seed` plus the one's-complement difference from address `old` to `new` (32 bits, unfolded).
+#[inline(always)]
+fn address_diff(old: &[u8; 16], new: &[u8; 16], seed: u32) -> Option<i64> {
+    // SAFETY: both are 16 readable bytes; the helper only reads them.
+    let sum = unsafe { bpf_csum_diff(old.as_ptr() as *mut u32, 16, new.as_ptr() as *mut u32, 16, seed) };
+    (sum >= 0).then_some(sum)
 }
 
 /// Decrements the TTL of a packet being routed (RFC 1812 §5.3.1). `false` when it would reach

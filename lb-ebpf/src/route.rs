@@ -11,17 +11,14 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::Reason,
-    service::{Flow, FlowKey, HOP_REFRESH_NS, ReplyNat},
+    service::{Flow, FlowKeyOf, HOP_REFRESH_NS, ReplyNatOf},
 };
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use network_types::eth::EthHdr;
 
 use crate::{
-    maps::REPLY_NAT,
-    packet::{ETH_LEN, L4Layout, header},
-    rewrite,
+    family::Family,
+    packet::{L4Layout, header},
 };
-
-const AF_INET: u8 = 2;
 
 /// Where a frame goes next.
 pub struct NextHop {
@@ -36,11 +33,11 @@ pub struct NextHop {
 /// while it is fresh and the packet fits, else the FIB's, which is then cached in `flow`.
 /// Also says whether the FIB was asked (the flow's periodic refresh, or a new flow).
 #[inline(always)]
-pub fn cached_lookup(
+pub fn cached_lookup<F: Family>(
     ctx: &XdpContext,
     flow: Option<&mut Flow>,
-    src: [u8; 4],
-    dst: [u8; 4],
+    src: F::Addr,
+    dst: F::Addr,
     len: u16,
     now: u64,
 ) -> Result<(NextHop, bool), Reason> {
@@ -52,7 +49,7 @@ pub fn cached_lookup(
         let hop = NextHop { ifindex: f.hop_ifindex, smac: f.hop_smac, dmac: f.hop_dmac, mtu: f.hop_mtu };
         return Ok((hop, false));
     }
-    let hop = lookup(ctx, src, dst, len)?;
+    let hop = lookup::<F>(ctx, src, dst, len)?;
     if let Some(f) = flow {
         cache(f, &hop, now);
     }
@@ -73,30 +70,35 @@ pub fn cache(flow: &mut Flow, hop: &NextHop, now: u64) {
 /// reason the caller counts; the caller has not rewritten anything yet, so it can still pass
 /// the packet untouched.
 #[inline(always)]
-pub fn lookup(ctx: &XdpContext, src: [u8; 4], dst: [u8; 4], tot_len: u16) -> Result<NextHop, Reason> {
-    // SAFETY: a plain C struct for which all-zero is a valid value.
-    let mut params: bpf_fib_lookup = unsafe { core::mem::zeroed() };
-    params.family = AF_INET;
-    params.ifindex = ctx.ingress_ifindex() as u32;
-    params.__bindgen_anon_1.tot_len = tot_len;
-    params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
-    params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
-    // SAFETY: `params` is a valid, writable struct of the size passed.
-    let rc = unsafe {
-        fib_lookup(ctx.ctx as *mut _, &mut params, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
-    };
-    match rc as u32 {
-        BPF_FIB_LKUP_RET_SUCCESS => Ok(NextHop {
-            ifindex: params.ifindex,
-            smac: params.smac,
-            dmac: params.dmac,
-            // SAFETY: on success the kernel wrote the route's MTU over `tot_len` (a u16 either way).
-            mtu: unsafe { params.__bindgen_anon_1.mtu_result },
-        }),
-        BPF_FIB_LKUP_RET_NO_NEIGH => Err(Reason::NoNeighbor),
-        BPF_FIB_LKUP_RET_FRAG_NEEDED => Err(Reason::TooBig),
-        _ => Err(Reason::NoRoute),
-    }
+pub fn lookup<F: Family>(
+    ctx: &XdpContext,
+    src: F::Addr,
+    dst: F::Addr,
+    tot_len: u16,
+) -> Result<NextHop, Reason> {
+    F::with_fib_params(|params| {
+        params.ifindex = ctx.ingress_ifindex() as u32;
+        params.__bindgen_anon_1.tot_len = tot_len;
+        F::fib_addresses(params, src, dst);
+        // SAFETY: `params` is a valid, writable struct of the size passed.
+        let rc = unsafe {
+            fib_lookup(ctx.ctx as *mut _, params, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
+        };
+        match rc as u32 {
+            BPF_FIB_LKUP_RET_SUCCESS => Ok(NextHop {
+                ifindex: params.ifindex,
+                smac: params.smac,
+                dmac: params.dmac,
+                // SAFETY: on success the kernel wrote the route's MTU over `tot_len` (a u16
+                // either way).
+                mtu: unsafe { params.__bindgen_anon_1.mtu_result },
+            }),
+            BPF_FIB_LKUP_RET_NO_NEIGH => Err(Reason::NoNeighbor),
+            BPF_FIB_LKUP_RET_FRAG_NEEDED => Err(Reason::TooBig),
+            _ => Err(Reason::NoRoute),
+        }
+    })
+    .unwrap_or(Err(Reason::NoRoute))
 }
 
 /// The interface the route from `src` to `dst` leaves by, whether or not its next hop's MAC
@@ -105,19 +107,18 @@ pub fn lookup(ctx: &XdpContext, src: [u8; 4], dst: [u8; 4], tot_len: u16) -> Res
 /// local path in single BPF_PROG_TEST_RUN timings (near that harness's 10 ns resolution, but
 /// in every run), though neither function runs there per packet.
 #[inline(always)]
-pub fn egress(ctx: &XdpContext, src: [u8; 4], dst: [u8; 4], tot_len: u16) -> Option<u32> {
-    // SAFETY: a plain C struct for which all-zero is a valid value.
-    let mut params: bpf_fib_lookup = unsafe { core::mem::zeroed() };
-    params.family = AF_INET;
-    params.ifindex = ctx.ingress_ifindex() as u32;
-    params.__bindgen_anon_1.tot_len = tot_len;
-    params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
-    params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
-    // SAFETY: `params` is a valid, writable struct of the size passed.
-    let rc = unsafe {
-        fib_lookup(ctx.ctx as *mut _, &mut params, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
-    };
-    matches!(rc as u32, BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH).then_some(params.ifindex)
+pub fn egress<F: Family>(ctx: &XdpContext, src: F::Addr, dst: F::Addr, tot_len: u16) -> Option<u32> {
+    F::with_fib_params(|params| {
+        params.ifindex = ctx.ingress_ifindex() as u32;
+        params.__bindgen_anon_1.tot_len = tot_len;
+        F::fib_addresses(params, src, dst);
+        // SAFETY: `params` is a valid, writable struct of the size passed.
+        let rc = unsafe {
+            fib_lookup(ctx.ctx as *mut _, params, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
+        };
+        matches!(rc as u32, BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH).then_some(params.ifindex)
+    })
+    .flatten()
 }
 
 /// Rewrites the Ethernet addresses for `hop` and transmits: back out of the uplink with
@@ -139,36 +140,34 @@ pub fn send(ctx: &XdpContext, hop: &NextHop) -> Option<u32> {
 /// Records how the backend's replies to `flow` are translated back (local and DSR delivery:
 /// only the source changes, back to the VIP and service port).
 #[inline(always)]
-pub fn remember_reply(backend_addr: [u8; 4], backend_port: [u8; 2], flow: &FlowKey) {
-    let key = FlowKey::new(backend_addr, flow.src, backend_port, flow.sport, flow.proto);
-    let reply = ReplyNat::new(flow.dst, flow.src, flow.dport, flow.sport);
+pub fn remember_reply<F: Family>(backend_addr: F::Addr, backend_port: [u8; 2], flow: &FlowKeyOf<F::Addr>) {
+    let key = FlowKeyOf::new(backend_addr, flow.src, backend_port, flow.sport, flow.proto);
+    let reply = ReplyNatOf::new(flow.dst, flow.src, flow.dport, flow.sport);
     // A lookup is much cheaper than an LRU update, and most packets belong to flows whose
     // entry is already right; the lookup also keeps that entry recent.
     // SAFETY: compared at once.
-    if unsafe { REPLY_NAT.get(&key) }.is_some_and(|current| *current == reply) {
+    if unsafe { F::reply_nat().get(&key) }.is_some_and(|current| *current == reply) {
         return;
     }
-    let _ = REPLY_NAT.insert(&key, &reply, 0);
+    let _ = F::reply_nat().insert(&key, &reply, 0);
 }
 
-/// Rewrites the packet to `to`, decrements the TTL and sends it to `hop`.
+/// Rewrites the packet to `to`, decrements the TTL (hop limit) and sends it to `hop`.
 #[inline(always)]
-pub fn route_out(
+pub fn route_out<F: Family>(
     ctx: &XdpContext,
     layout: L4Layout,
-    to: &ReplyNat,
+    to: &ReplyNatOf<F::Addr>,
     hop: &NextHop,
     reason: Reason,
 ) -> (u32, Reason) {
-    if rewrite::rewrite(ctx, layout, to).is_none() {
+    if F::rewrite(ctx, layout, to).is_none() {
         return (XDP_DROP, Reason::MalformedL4);
     }
-    let Some(ip) = header::<Ipv4Hdr>(ctx, ETH_LEN) else {
-        return (XDP_DROP, Reason::MalformedIpv4);
-    };
-    // SAFETY: bounds-checked by `header`.
-    if !rewrite::decrement_ttl(unsafe { &mut *ip }) {
-        return (XDP_PASS, Reason::TtlExpired);
+    match F::decrement_hop_limit(ctx) {
+        None => return (XDP_DROP, F::MALFORMED),
+        Some(false) => return (XDP_PASS, Reason::TtlExpired),
+        Some(true) => {}
     }
     match send(ctx, hop) {
         Some(action) => (action, reason),

@@ -1,91 +1,198 @@
 //! The service path: a packet to `(VIP, port, protocol)` goes to a backend, picked by the
 //! connection table or else by the service's Maglev ring, and delivered in that backend's mode.
+//! Written once over [`Family`]: IPv4 and IPv6 each have their own maps.
 //!
 //! - `flow`: the connection table and the Maglev pick.
 //! - `nat`: delivery by translation: local DNAT, full NAT, and full NAT's replies.
-//! - `encap`: delivery by IPIP (DSR), both ends.
+//! - `encap`: delivery by IPIP (DSR, IPv4), both ends; `encap6`: by IPv6-in-IPv6.
 
 pub mod encap;
+pub mod encap6;
 pub mod flow;
 pub mod nat;
+pub mod stages6;
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
     helpers::bpf_ktime_get_coarse_ns,
     programs::XdpContext,
 };
+use flow::Picked;
 use lb_common::{
     counters::Reason,
-    service::{Delivery, FlowKey, Service, ServiceKey},
+    service::{Addr4, Addr6, Delivery, FlowKey, FlowKey6, FlowKeyOf, Service, ServiceKeyOf},
 };
-use network_types::ip::Ipv4Hdr;
 
 use crate::{
-    maps::SERVICES,
-    owned,
-    packet::{self, ETH_LEN, L4_OFFSET, L4Layout, Ports, header, l4_layout},
+    family::{Family, V4, V6},
+    packet::{self, L4Layout, l4_layout},
     stats, uplink,
 };
 
-/// TCP or UDP in option-less, unfragmented IPv4 (checked by the caller).
-#[inline(always)]
-pub fn transport(ctx: &XdpContext, proto: u8, tot_len: u16) -> u32 {
-    let bytes = packet::len(ctx);
-    let Some(layout) = l4_layout(proto) else {
-        return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
-    };
-    let (Some(ip), Some(ports)) = (header::<Ipv4Hdr>(ctx, ETH_LEN), header::<Ports>(ctx, L4_OFFSET)) else {
-        return stats::verdict(Reason::MalformedIpv4, bytes, XDP_PASS);
-    };
-    // SAFETY: both bounds-checked by `header`; copied out.
-    let (src, dst, sport, dport) =
-        unsafe { ((*ip).src_addr, (*ip).dst_addr, (*ports).sport, (*ports).dport) };
-    let truncated = L4_OFFSET + layout.min_len > bytes;
-    let flow = FlowKey::new(src, dst, sport, dport, proto);
+/// A family's delivery paths. IPv4's are inlined into `lb_xdp`. IPv6's are programs of their
+/// own, tail-called from `lb_xdp6` ([`stages6`]): an IPv6 key, backend and reply target are
+/// each several times IPv4's, and inlined together (or as BPF functions, whose frames add up)
+/// the paths pass BPF's 512 bytes of stack.
+pub trait Deliver: Family {
+    /// Direct server return: wraps the packet for a backend on another node.
+    fn encapsulate(
+        ctx: &XdpContext,
+        flow: &FlowKeyOf<Self::Addr>,
+        picked: &mut Picked<Self::Addr>,
+        ip_len: u16,
+        now: u64,
+    ) -> (u32, Reason);
 
-    let service_key = ServiceKey { vip: dst, port: dport, proto, _pad: 0 };
+    #[inline(always)]
+    fn local(
+        ctx: &XdpContext,
+        layout: L4Layout,
+        flow: &FlowKeyOf<Self::Addr>,
+        picked: &mut Picked<Self::Addr>,
+        ip_len: u16,
+        now: u64,
+    ) -> (u32, Reason) {
+        nat::local::<Self>(ctx, layout, flow, picked, ip_len, now)
+    }
+
+    #[inline(always)]
+    fn full_nat(
+        ctx: &XdpContext,
+        layout: L4Layout,
+        flow: &FlowKeyOf<Self::Addr>,
+        picked: &mut Picked<Self::Addr>,
+        ip_len: u16,
+        now: u64,
+    ) -> (u32, Reason) {
+        nat::full_nat::<Self>(ctx, layout, flow, picked, ip_len, now)
+    }
+
+    #[inline(always)]
+    fn translate_reply(
+        ctx: &XdpContext,
+        layout: L4Layout,
+        flow: &FlowKeyOf<Self::Addr>,
+        ip_len: u16,
+    ) -> Option<u32> {
+        nat::translate_reply::<Self>(ctx, layout, flow, ip_len)
+    }
+}
+
+impl Deliver for V4 {
+    #[inline(always)]
+    fn encapsulate(
+        ctx: &XdpContext,
+        flow: &FlowKey,
+        picked: &mut Picked<Addr4>,
+        ip_len: u16,
+        now: u64,
+    ) -> (u32, Reason) {
+        encap::encapsulate(ctx, flow, picked, ip_len, now)
+    }
+}
+
+impl Deliver for V6 {
+    #[inline(always)]
+    fn encapsulate(
+        ctx: &XdpContext,
+        _flow: &FlowKey6,
+        picked: &mut Picked<Addr6>,
+        ip_len: u16,
+        _now: u64,
+    ) -> (u32, Reason) {
+        stages6::enter(ctx, picked, ip_len, stages6::DSR)
+    }
+
+    #[inline(always)]
+    fn local(
+        ctx: &XdpContext,
+        _layout: L4Layout,
+        _flow: &FlowKey6,
+        picked: &mut Picked<Addr6>,
+        ip_len: u16,
+        _now: u64,
+    ) -> (u32, Reason) {
+        stages6::enter(ctx, picked, ip_len, stages6::LOCAL)
+    }
+
+    #[inline(always)]
+    fn full_nat(
+        ctx: &XdpContext,
+        _layout: L4Layout,
+        _flow: &FlowKey6,
+        picked: &mut Picked<Addr6>,
+        ip_len: u16,
+        _now: u64,
+    ) -> (u32, Reason) {
+        stages6::enter(ctx, picked, ip_len, stages6::FULL_NAT)
+    }
+
+    #[inline(always)]
+    fn translate_reply(ctx: &XdpContext, _layout: L4Layout, flow: &FlowKey6, ip_len: u16) -> Option<u32> {
+        let action = stages6::translate_reply(ctx, flow, ip_len);
+        (action != stages6::NOT_A_REPLY).then_some(action as u32)
+    }
+}
+
+/// TCP or UDP right after the IP header (no IPv4 options or fragments, no IPv6 extension
+/// headers: checked by the caller), as `flow`. `ip_len` is the IP packet's length, header
+/// included.
+#[inline(always)]
+pub fn transport<F: Deliver>(ctx: &XdpContext, flow: &FlowKeyOf<F::Addr>, ip_len: u16) -> u32 {
+    let bytes = packet::len(ctx);
+    let Some(layout) = l4_layout(flow.proto) else {
+        return stats::verdict(F::PASSED, bytes, XDP_PASS);
+    };
+    let truncated = F::L4_OFFSET + layout.min_len > bytes;
+    let service_key = ServiceKeyOf { vip: flow.dst, port: flow.dport, proto: flow.proto, _pad: 0 };
     // SAFETY: the value is copied out before the map can change under it.
-    if let Some(service) = unsafe { SERVICES.get(&service_key) }.copied() {
+    if let Some(service) = unsafe { F::services().get(&service_key) }.copied() {
         if !uplink::accepts(ctx, service.uplink()) {
             return stats::verdict(Reason::WrongInterface, bytes, XDP_PASS);
         }
         if truncated {
             return stats::verdict(Reason::MalformedL4, bytes, XDP_DROP);
         }
-        stats::count_vip_traffic(service.vip_slot(), bytes);
-        return to_service(ctx, layout, &flow, &service, tot_len);
+        stats::count_vip_traffic(F::vip_traffic(), service.vip_slot(), bytes);
+        return to_service::<F>(ctx, layout, flow, &service, ip_len);
     }
-    if !truncated && let Some(action) = nat::translate_reply(ctx, layout, &flow) {
+    if !truncated && let Some(action) = F::translate_reply(ctx, layout, flow, ip_len) {
         return action;
     }
-    if owned::is_owned_exclusively(ctx, dst) {
+    if F::is_owned_exclusively(ctx, flow.dst) {
         return stats::verdict(Reason::UnexposedPort, bytes, XDP_DROP);
     }
-    stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS)
+    stats::verdict(F::PASSED, bytes, XDP_PASS)
 }
 
 #[inline(always)]
-fn to_service(ctx: &XdpContext, layout: L4Layout, flow: &FlowKey, service: &Service, tot_len: u16) -> u32 {
+fn to_service<F: Deliver>(
+    ctx: &XdpContext,
+    layout: L4Layout,
+    flow: &FlowKeyOf<F::Addr>,
+    service: &Service,
+    ip_len: u16,
+) -> u32 {
     let bytes = packet::len(ctx);
-    let Some(mut picked) = flow::pick_backend(flow, service) else {
+    let Some(mut picked) = flow::pick_backend::<F>(flow, service) else {
         return stats::verdict(Reason::NoBackend, bytes, XDP_DROP);
     };
-    let Some(ttl) = header::<Ipv4Hdr>(ctx, ETH_LEN).map(|ip| unsafe { (*ip).ttl }) else {
+    let Some(hop_limit) = F::hop_limit(ctx) else {
         return XDP_PASS;
     };
-    if ttl <= 1 {
+    if hop_limit <= 1 {
         return stats::verdict(Reason::TtlExpired, bytes, XDP_PASS);
     }
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     let (action, reason) = match Delivery::from_u8(picked.backend.delivery) {
-        Some(Delivery::Local) => nat::local(ctx, layout, flow, &mut picked, tot_len, now),
-        Some(Delivery::FullNat) => nat::full_nat(ctx, layout, flow, &mut picked, tot_len, now),
-        Some(Delivery::Dsr) => encap::encapsulate(ctx, flow, &mut picked, tot_len, now),
+        Some(Delivery::Local) => F::local(ctx, layout, flow, &mut picked, ip_len, now),
+        Some(Delivery::FullNat) => F::full_nat(ctx, layout, flow, &mut picked, ip_len, now),
+        Some(Delivery::Dsr) => F::encapsulate(ctx, flow, &mut picked, ip_len, now),
         None => (XDP_DROP, Reason::NoBackend),
     };
     if action != XDP_PASS && action != XDP_DROP {
-        stats::count_backend(picked.id, bytes);
+        stats::count_backend(F::backend_stats(), picked.id, bytes);
     }
     stats::verdict(reason, bytes, action)
 }

@@ -9,7 +9,7 @@ use lb_common::{
     maps::{PacketCounter, Vip6Key, VipKey, VipStats},
 };
 
-use crate::maps::{ACTION_STATS, BACKEND_STATS, REASON_STATS, VIP_STATS, VIP_STATS6, VIP_TRAFFIC};
+use crate::maps::{ACTION_STATS, REASON_STATS, VIP_STATS, VIP_STATS6};
 
 #[inline(always)]
 pub fn count_action(action: u32, bytes: usize) {
@@ -64,13 +64,15 @@ pub fn verdict(reason: Reason, bytes: usize, action: u32) -> u32 {
     action
 }
 
+/// Traffic to a backend, in its family's `BACKEND_STATS`.
 #[inline(always)]
-pub fn count_backend(id: u32, bytes: usize) {
-    add(&BACKEND_STATS, id, bytes);
+pub fn count_backend(stats: &PerCpuArray<PacketCounter>, id: u32, bytes: usize) {
+    add(stats, id, bytes);
 }
 
-/// Traffic to a VIP's services, at the VIP's slot (an array: no hash lookup per packet).
+/// Traffic to a VIP's services, at the VIP's slot of its family's `VIP_TRAFFIC` (an array:
+/// no hash lookup per packet).
 #[inline(always)]
-pub fn count_vip_traffic(slot: u32, bytes: usize) {
-    add(&VIP_TRAFFIC, slot, bytes);
+pub fn count_vip_traffic(traffic: &PerCpuArray<PacketCounter>, slot: u32, bytes: usize) {
+    add(traffic, slot, bytes);
 }

@@ -4,7 +4,7 @@
 
 use std::{
     io::{BufRead, BufReader, Write},
-    net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
     time::Duration,
 };
 
@@ -15,6 +15,8 @@ pub struct Pod {
     pub name: String,
     pub ns: Netns,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address, in a lab with IPv6 (see [`Lab::enable_ipv6`]).
+    pub ip6: Option<Ipv6Addr>,
     pub node: usize,
 }
 
@@ -28,21 +30,26 @@ impl Pod {
 import socket, threading
 name = {name:?}
 def tcp():
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", {port})); s.listen(256)
+    s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::", {port})); s.listen(256)
     while True:
         c, a = s.accept()
         threading.Thread(target=session, args=(c, a), daemon=True).start()
+def peer(a):
+    # An IPv4 client on the dual-stack socket shows as ::ffff:a.b.c.d.
+    return a[0][7:] if a[0].startswith("::ffff:") else a[0]
 def session(c, a):
     f = c.makefile("rwb", buffering=0)
-    f.write(("%s %s:%d\n" % (name, a[0], a[1])).encode())
+    f.write(("%s %s:%d\n" % (name, peer(a), a[1])).encode())
     for line in f:
         f.write(name.encode() + b" " + line)
 def udp():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", {port}))
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0); s.bind(("::", {port}))
     while True:
         d, a = s.recvfrom(2048)
-        s.sendto(("%s %s:%d\n" % (name, a[0], a[1])).encode(), a)
+        s.sendto(("%s %s:%d\n" % (name, peer(a), a[1])).encode(), a)
 threading.Thread(target=udp, daemon=True).start()
 tcp()
 "#,
@@ -105,9 +112,64 @@ impl Lab {
         // A veth delivers frames redirected into it by XDP only when its peer runs NAPI,
         // which GRO turns on.
         ns.run_cmd(&["ethtool", "-K", "eth0", "gro", "on"]);
-        self.pods.push(Pod { name, ns, ip, node });
+        let ip6 = self.ipv6.then(|| {
+            let ip6 = pod_ip6(node, 2 + k as u16);
+            for (netns, dev) in [(node_ns, host_if.as_str()), (&ns, "eth0")] {
+                for key in ["all", dev] {
+                    netns.run_cmd(&["sysctl", "-qw", &format!("net.ipv6.conf.{key}.disable_ipv6=0")]);
+                }
+                netns.run_cmd(&["sysctl", "-qw", &format!("net.ipv6.conf.{dev}.accept_dad=0")]);
+            }
+            let gateway6 = pod_ip6(node, 1);
+            node_ns.run_cmd(&[
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                &format!("{gateway6}/128"),
+                "dev",
+                &host_if,
+                "nodad",
+            ]);
+            node_ns.run_cmd(&["ip", "-6", "route", "add", &format!("{ip6}/128"), "dev", &host_if]);
+            ns.run_cmd(&["ip", "-6", "addr", "add", &format!("{ip6}/128"), "dev", "eth0", "nodad"]);
+            ns.run_cmd(&["ip", "-6", "route", "add", &gateway6.to_string(), "dev", "eth0"]);
+            ns.run_cmd(&["ip", "-6", "route", "add", "default", "via", &gateway6.to_string(), "dev", "eth0"]);
+            ip6
+        });
+        self.pods.push(Pod { name, ns, ip, ip6, node });
         self.pods.len() - 1
     }
+
+    /// IPv6's pod routing, as [`Lab::make_nodes_routers`] does IPv4's: nodes forward IPv6 and
+    /// route every other node's pod CIDR (fd00:10:244:<node>::/64) through its global address.
+    pub(crate) fn route_pods6(&self) {
+        for (i, node) in self.nodes.iter().enumerate() {
+            node.ns.run_cmd(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+            for (j, other) in self.nodes.iter().enumerate() {
+                if i != j {
+                    node.ns.run_cmd(&[
+                        "ip",
+                        "-6",
+                        "route",
+                        "add",
+                        &pod_cidr6(j),
+                        "via",
+                        &other.global6().to_string(),
+                    ]);
+                }
+            }
+        }
+    }
+}
+
+/// A pod's IPv6 address on `node` (the node's gateway is host 1).
+pub fn pod_ip6(node: usize, host: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, node as u16, 0, 0, 0, host)
+}
+
+pub fn pod_cidr6(node: usize) -> String {
+    format!("fd00:10:244:{node}::/64")
 }
 
 pub fn pod_cidr(node: usize) -> String {
@@ -137,6 +199,11 @@ impl Session {
         seen_client(&self.greeting)
     }
 
+    /// The client address as the pod saw it, of either family.
+    pub fn seen_address(&self) -> IpAddr {
+        seen_address(&self.greeting)
+    }
+
     /// Sends `text` and returns the pod's echo, or `None` if none came within `timeout`.
     pub fn echo(&mut self, text: &str, timeout: Duration) -> Option<String> {
         let _ = self.stream.set_read_timeout(Some(timeout));
@@ -151,17 +218,59 @@ impl Session {
 
 /// The client address in a greeting.
 pub fn seen_client(greeting: &str) -> Ipv4Addr {
+    match seen_address(greeting) {
+        IpAddr::V4(v4) => v4,
+        IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+    }
+}
+
+/// The client address in a greeting (`<pod> <address>:<port>`), IPv4 or IPv6.
+pub fn seen_address(greeting: &str) -> IpAddr {
     greeting
         .split(' ')
         .nth(1)
-        .and_then(|a| a.split(':').next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(Ipv4Addr::UNSPECIFIED)
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(a, _)| a.parse().ok())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+}
+
+/// Every agent's log and its non-zero path counters, for failure messages.
+pub fn logs_and_reasons(agents: &[crate::Agent]) -> String {
+    agents
+        .iter()
+        .map(|a| {
+            let reasons: Vec<String> = a
+                .metrics()
+                .lines()
+                .filter(|l| l.starts_with("lbagent_xdp_reason_packets_total") && !l.ends_with(" 0"))
+                .map(|l| l.trim_start_matches("lbagent_xdp_reason_packets_total").to_owned())
+                .collect();
+            format!("{}\nreasons: {}", a.log_text(), reasons.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n----\n")
 }
 
 impl Host {
+    /// A session to `addr:port`, retried for 5 s while the path settles (ARP or NDP,
+    /// neighbours); panics with `logs()` when none opens.
+    pub fn settled_session(&self, addr: impl Into<IpAddr>, port: u16, logs: impl Fn() -> String) -> Session {
+        let addr: IpAddr = addr.into();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(s) = self.session(addr, port) {
+                return s;
+            }
+            if std::time::Instant::now() > deadline {
+                panic!("no session through {}:\n{}", SocketAddr::new(addr, port), logs());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Opens a session to `addr:port`; `None` if it cannot connect or gets no greeting.
-    pub fn session(&self, addr: Ipv4Addr, port: u16) -> Option<Session> {
+    pub fn session(&self, addr: impl Into<IpAddr>, port: u16) -> Option<Session> {
+        let addr: IpAddr = addr.into();
         let stream = run_in(self.ns.name(), move || {
             TcpStream::connect_timeout(&SocketAddr::from((addr, port)), Duration::from_millis(1000)).ok()
         })?;
@@ -206,8 +315,10 @@ impl Host {
     }
 
     /// Sends one UDP datagram to `addr:port` and returns the answer (empty if none).
-    pub fn udp_ask(&self, addr: Ipv4Addr, port: u16) -> String {
-        let socket = run_in(self.ns.name(), || UdpSocket::bind("0.0.0.0:0").expect("a UDP socket"));
+    pub fn udp_ask(&self, addr: impl Into<IpAddr>, port: u16) -> String {
+        let addr: IpAddr = addr.into();
+        let any = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+        let socket = run_in(self.ns.name(), move || UdpSocket::bind(any).expect("a UDP socket"));
         let _ = socket.set_read_timeout(Some(Duration::from_millis(1000)));
         let _ = socket.send_to(b"hello", (addr, port));
         let mut buf = [0u8; 2048];
@@ -256,19 +367,24 @@ pub const LAB_VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
 pub fn service_config(
     lab: &Lab,
     name: &str,
-    vip: Ipv4Addr,
+    vip: impl Into<IpAddr>,
     port: u16,
     target_port: u16,
     mode: &str,
     pods: &[usize],
 ) -> String {
+    let vip: IpAddr = vip.into();
     let mut yaml = format!(
-        "  - name: {name}\n    vip: {vip}\n    remoteMode: {mode}\n    ports:\n      - {{port: {port}, targetPort: {target_port}}}\n      \
+        "  - name: {name}\n    vip: '{vip}'\n    remoteMode: {mode}\n    ports:\n      - {{port: {port}, targetPort: {target_port}}}\n      \
          - {{port: {port}, protocol: UDP, targetPort: {target_port}}}\n    endpoints:\n"
     );
     for &p in pods {
         let pod = &lab.pods[p];
-        yaml.push_str(&format!("      - {{address: {}, node: {}}}\n", pod.ip, lab.nodes[pod.node].name));
+        let address: IpAddr = match vip {
+            IpAddr::V4(_) => pod.ip.into(),
+            IpAddr::V6(_) => pod.ip6.expect("a pod with IPv6 (Lab::enable_ipv6 before add_pod)").into(),
+        };
+        yaml.push_str(&format!("      - {{address: '{address}', node: {}}}\n", lab.nodes[pod.node].name));
     }
     yaml
 }

@@ -34,6 +34,7 @@ pub fn load_uplink() -> Ebpf {
     let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).expect("loading the embedded object");
     let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
     program.load().expect("the verifier accepts lb_xdp");
+    lb_agent::dataplane::load_ipv6_path(&mut ebpf).expect("the verifier accepts the IPv6 path");
     ebpf
 }
 
@@ -84,7 +85,8 @@ pub fn ifindex_of(ns: &Netns, dev: &str) -> u32 {
 
 /// Makes `ip` reachable at `mac` on `dev` in `ns` for good, so the program's FIB lookups
 /// find every neighbour the fixtures expect.
-pub fn permanent_neighbour(ns: &Netns, ip: Ipv4Addr, mac: [u8; 6], dev: &str) {
+pub fn permanent_neighbour(ns: &Netns, ip: impl Into<std::net::IpAddr>, mac: [u8; 6], dev: &str) {
+    let ip: std::net::IpAddr = ip.into();
     let mac = crate::format_mac(&mac);
     ns.run_cmd(&["ip", "neigh", "replace", &ip.to_string(), "lladdr", &mac, "dev", dev, "nud", "permanent"]);
 }

@@ -240,6 +240,8 @@ pub struct Lab {
     pub client: Host,
     pub switch: Netns,
     dir: PathBuf,
+    /// [`Lab::enable_ipv6`] ran: pods get IPv6 addresses too.
+    ipv6: bool,
 }
 
 static LABS: AtomicU32 = AtomicU32::new(0);
@@ -277,7 +279,8 @@ impl Lab {
         // VIPs live on the segment: the client resolves them with ARP, as a host on the VIPs'
         // L2 network would.
         client.ns.run_cmd(&["ip", "route", "add", VIP_RANGE, "dev", Host::IFACE]);
-        let lab = Lab { pass_programs: Vec::new(), pods: Vec::new(), id, nodes, client, switch, dir };
+        let lab =
+            Lab { pass_programs: Vec::new(), pods: Vec::new(), id, nodes, client, switch, dir, ipv6: false };
         lab.make_nodes_routers();
         lab
     }
@@ -345,7 +348,8 @@ impl Lab {
     /// Gives every host the IPv6 addresses of [`Host::link_local`] and [`Host::global6`]
     /// (without DAD, and without the kernel's own link-local, so each host has exactly one),
     /// and the client an on-link route to [`VIP6_RANGE`].
-    pub fn enable_ipv6(&self) {
+    pub fn enable_ipv6(&mut self) {
+        self.ipv6 = true;
         for host in self.nodes.iter().chain([&self.client]) {
             let conf = format!("net.ipv6.conf.{}", Host::IFACE);
             // Without bringing the link down, which would take the lab's routes with it.
@@ -361,6 +365,7 @@ impl Lab {
             }
         }
         self.client.ns.run_cmd(&["ip", "-6", "route", "add", VIP6_RANGE, "dev", Host::IFACE]);
+        self.route_pods6();
     }
 
     /// Plugs a cut node back in.

@@ -210,6 +210,23 @@ pub fn checksum(bytes: &[u8]) -> u16 {
 
 /// A TCP or UDP segment with a correct checksum over the IPv4 pseudo-header.
 pub fn transport(protocol: u8, src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, data: &[u8]) -> Vec<u8> {
+    segment(protocol, sport, dport, data, |s| transport_checksum(protocol, src, dst, s))
+}
+
+/// As [`transport`] over IPv6 (the RFC 8200 §8.1 pseudo-header).
+pub fn transport6(
+    protocol: u8,
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    sport: u16,
+    dport: u16,
+    data: &[u8],
+) -> Vec<u8> {
+    segment(protocol, sport, dport, data, |s| transport_checksum6(protocol, src, dst, s))
+}
+
+/// A TCP (SYN|ACK) or UDP segment carrying `data`, checksummed by `sum`.
+fn segment(protocol: u8, sport: u16, dport: u16, data: &[u8], sum: impl Fn(&[u8]) -> u16) -> Vec<u8> {
     let mut segment = Vec::new();
     segment.extend_from_slice(&sport.to_be_bytes());
     segment.extend_from_slice(&dport.to_be_bytes());
@@ -223,7 +240,7 @@ pub fn transport(protocol: u8, src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: 
         6
     };
     segment.extend_from_slice(data);
-    let mut c = transport_checksum(protocol, src, dst, &segment);
+    let mut c = sum(&segment);
     if protocol == 17 && c == 0 {
         c = 0xffff;
     }
@@ -239,6 +256,17 @@ pub fn transport_checksum(protocol: u8, src: Ipv4Addr, dst: Ipv4Addr, segment: &
     pseudo.extend_from_slice(&dst.octets());
     pseudo.extend_from_slice(&[0, protocol]);
     pseudo.extend_from_slice(&(segment.len() as u16).to_be_bytes());
+    pseudo.extend_from_slice(segment);
+    checksum(&pseudo)
+}
+
+/// As [`transport_checksum`] over IPv6.
+pub fn transport_checksum6(protocol: u8, src: Ipv6Addr, dst: Ipv6Addr, segment: &[u8]) -> u16 {
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&src.octets());
+    pseudo.extend_from_slice(&dst.octets());
+    pseudo.extend_from_slice(&(segment.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, protocol]);
     pseudo.extend_from_slice(segment);
     checksum(&pseudo)
 }

@@ -8,7 +8,8 @@ fn the_standalone_example_config_is_valid() {
     let config = lb_agent::config::Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.vips.len(), 2);
     assert_eq!(config.services.len(), 2);
-    assert!(!lb_agent::service_plan::plan(&config, "node-b").local_endpoints.is_empty());
+    let plan: lb_agent::service_plan::DataplanePlan = lb_agent::service_plan::plan(&config, "node-b");
+    assert!(!plan.local_endpoints.is_empty());
 }
 
 /// Every manifest in `deploy/` parses into the k8s-openapi type of its kind, and the

@@ -62,35 +62,14 @@ impl Cluster {
         self.agents[node].metric(&format!("lbagent_xdp_reason_packets_total{{reason=\"{reason}\"}}"))
     }
 
-    /// A session through the VIP, retried while the path settles (ARP, neighbours).
+    /// A session through the VIP, retried while the path settles.
     fn session(&self, port: u16) -> Session {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if let Some(s) = self.lab.client.session(VIP, port) {
-                return s;
-            }
-            if Instant::now() > deadline {
-                panic!("no session through {VIP}:{port}:\n{}", self.logs());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.lab.client.settled_session(VIP, port, || self.logs())
     }
 
     /// Every agent's log and non-zero path counters, for failure messages.
     fn logs(&self) -> String {
-        self.agents
-            .iter()
-            .map(|a| {
-                let reasons: Vec<String> = a
-                    .metrics()
-                    .lines()
-                    .filter(|l| l.starts_with("lbagent_xdp_reason_packets_total") && !l.ends_with(" 0"))
-                    .map(|l| l.trim_start_matches("lbagent_xdp_reason_packets_total").to_owned())
-                    .collect();
-                format!("{}\nreasons: {}", a.log_text(), reasons.join(", "))
-            })
-            .collect::<Vec<_>>()
-            .join("\n----\n")
+        lb_lab::cluster::logs_and_reasons(&self.agents)
     }
 
     fn pod_name(&self, pod: usize) -> &str {

@@ -301,7 +301,7 @@ fn an_ipv6_uplink_flap_ends_with_one_owner_announced_again() {
 /// attaches anything, naming the field and the address.
 #[test]
 fn an_ipv6_address_the_node_lacks_is_refused_with_its_field() {
-    let lab = Lab::new(2);
+    let mut lab = Lab::new(2);
     lab.enable_ipv6();
     let config = dual_stack_group(&lab, 0, &[200, 100], "")
         .replace(&format!("address6: {}\n", lab.nodes[0].link_local()), "address6: fe80::99\n");

@@ -105,7 +105,7 @@ impl Fixture {
             let array: aya::maps::PerCpuArray<_, lb_common::maps::PacketCounter> = map.try_into().unwrap();
             MapData::from_id(array.map().info().unwrap().id()).unwrap()
         };
-        let mut maps = ServiceMaps::take(&mut ebpf, None).expect("the service maps");
+        let mut maps = ServiceMaps::take(&mut ebpf, None, None).expect("the service maps");
         maps.set_settings(Settings {
             node_addr: NODE.octets(),
             snat_port_min: 61_000,
@@ -194,7 +194,7 @@ fn services_beyond_capacity_are_refused_and_the_rest_keeps_forwarding() {
         let full = config(&[2, 3], 4);
         let report = f.sync(&full);
         let refused: Vec<(u16, &str)> =
-            report.refused.iter().map(|r| (u16::from_be_bytes(r.key.port), r.refusal.what)).collect();
+            report.refused.iter().map(|r| (entry_port(&r.entry), r.refusal.what)).collect();
         assert_eq!(refused, [(83, "services"), (84, "services")], "{report:?}");
         assert_eq!(report.refused[0].name, "extra-2");
         for port in [80, 81, 82] {
@@ -219,7 +219,7 @@ fn services_beyond_capacity_are_refused_and_the_rest_keeps_forwarding() {
         let web = std::sync::Arc::make_mut(bigger.services.iter_mut().find(|s| s.name == "web").unwrap());
         for host in 50..55u8 {
             web.endpoints.push(lb_agent::config::Endpoint {
-                address: Ipv4Addr::new(10, 244, 1, host),
+                address: Ipv4Addr::new(10, 244, 1, host).into(),
                 node: "n1".into(),
             });
         }
@@ -268,7 +268,7 @@ fn traffic_per_vip_is_counted_at_its_slot_and_a_reused_slot_starts_from_zero() {
             }
         };
         let counted = |f: &Fixture, vip: u8| -> (u64, u32) {
-            let slot = f.maps.vip_slots()[&Ipv4Addr::new(198, 51, 100, vip)];
+            let slot = f.maps.vip_slots()[&Ipv4Addr::new(198, 51, 100, vip).into()];
             let array: PerCpuArray<_, PacketCounter> =
                 PerCpuArray::try_from(aya::maps::Map::PerCpuArray(clone(&f.vip_traffic))).unwrap();
             (array.get(&slot, 0).unwrap().iter().map(|c| c.packets).sum(), slot)
@@ -284,7 +284,7 @@ fn traffic_per_vip_is_counted_at_its_slot_and_a_reused_slot_starts_from_zero() {
         // .10 leaves and .12 arrives in one sync: .12 takes the freed slot, from zero.
         let report = f.sync(&vips_config(&[11, 12]));
         assert_eq!((report.services_added, report.services_removed), (1, 1), "{report:?}");
-        assert!(!f.maps.vip_slots().contains_key(&Ipv4Addr::new(198, 51, 100, 10)));
+        assert!(!f.maps.vip_slots().contains_key(&Ipv4Addr::new(198, 51, 100, 10).into()));
         assert_eq!(counted(&f, 12), (0, ten_slot), "the reused slot starts from zero");
         send_to(&f, 12, 1);
         assert_eq!(counted(&f, 12).0, 1);
@@ -295,4 +295,9 @@ fn traffic_per_vip_is_counted_at_its_slot_and_a_reused_slot_starts_from_zero() {
 /// Another handle on the same map.
 fn clone(map: &MapData) -> MapData {
     MapData::from_id(map.info().unwrap().id()).unwrap()
+}
+
+/// The port of a refused service's entry (`198.51.100.10:83/TCP`).
+fn entry_port(entry: &str) -> u16 {
+    entry.split(['/', ':']).nth(1).and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("an entry: {entry}"))
 }

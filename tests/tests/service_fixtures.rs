@@ -85,7 +85,7 @@ impl Fixture {
             HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
         owned.insert(VipKey::new(VIP.octets()), OwnedVip::new(NODE_MAC), 0).unwrap();
         let config = Config::parse(CONFIG).expect("the fixture config is valid");
-        let mut maps = ServiceMaps::take(&mut ebpf, None).expect("the service maps");
+        let mut maps = ServiceMaps::take(&mut ebpf, None, None).expect("the service maps");
         maps.set_settings(Settings {
             node_addr: NODE.octets(),
             snat_port_min: SNAT_FIRST,
@@ -178,7 +178,7 @@ fn services_are_served_on_their_uplink_and_sourced_from_the_egress_one() {
             uplinks.insert(UplinkKey::new(ifindex, 0), entry, 0).unwrap();
         };
         set_uplink(&mut f, 1);
-        let moved = f.maps.set_vip_uplinks(std::sync::Arc::new([(VIP.octets(), 2)].into())).unwrap();
+        let moved = f.maps.set_vip_uplinks(std::sync::Arc::new([(VIP.into(), 2)].into())).unwrap();
         assert_eq!(moved, 6, "every service entry of the VIP took its uplink");
         let to_node = (CLIENT_MAC, NODE_MAC);
 

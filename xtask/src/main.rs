@@ -77,6 +77,9 @@ enum Bench {
         /// Skip the TCP (wrk) part.
         #[arg(long)]
         no_tcp: bool,
+        /// Over IPv6, against ip6tables and `ip6` nftables (UDP only).
+        #[arg(long)]
+        ipv6: bool,
     },
     /// Control path at cluster scale: cold start, endpoint changes, bursts and memory for
     /// 1,000 to 20,000 Services, against kube-proxy's iptables and nftables shapes.
@@ -132,7 +135,7 @@ fn main() -> Result<()> {
             }
             run_bench("bench-scale", &args)
         }
-        Task::Bench { which: Bench::Dataplane { quick, flows, no_tcp } } => {
+        Task::Bench { which: Bench::Dataplane { quick, flows, no_tcp, ipv6 } } => {
             prepare_bench()?;
             cargo(&["build", "--release", "--package", "lb-lab", "--bin", "bench-http"])?;
             let flows = flows.to_string();
@@ -142,6 +145,9 @@ fn main() -> Result<()> {
             }
             if no_tcp {
                 args.push("--no-tcp");
+            }
+            if ipv6 {
+                args.push("--ipv6");
             }
             run_bench("bench-dataplane", &args)
         }

@@ -30,6 +30,35 @@ pub struct DataplaneConfig {
     /// and replaces the pinned maps.
     #[serde(default)]
     pub capacity: Capacity,
+    /// How much the IPv6 service maps hold (they are IPv4's over 16-byte addresses, so their
+    /// entries are larger): half of IPv4's by default, for the many clusters that serve mostly
+    /// IPv4. `ringSize` is `capacity`'s, for both.
+    #[serde(default)]
+    pub capacity6: Capacity6,
+}
+
+/// The sizes of the IPv6 service maps (see [`Capacity`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Capacity6 {
+    pub services: u32,
+    pub backends: u32,
+    pub flows: u32,
+    pub reply_nat: u32,
+    pub local_endpoints: u32,
+}
+
+impl Default for Capacity6 {
+    fn default() -> Self {
+        let v4 = Capacity::default();
+        Self {
+            services: v4.services / 2,
+            backends: v4.backends / 2,
+            flows: v4.flows / 2,
+            reply_nat: v4.reply_nat / 2,
+            local_endpoints: v4.local_endpoints / 2,
+        }
+    }
 }
 
 /// The sizes of the service maps. Past a limit, the services that do not fit are refused
@@ -77,6 +106,7 @@ impl Default for DataplaneConfig {
             snat_ports: PortRange::default(),
             snat_idle_timeout: default_snat_idle_timeout(),
             capacity: Capacity::default(),
+            capacity6: Capacity6::default(),
         }
     }
 }
@@ -110,27 +140,46 @@ impl DataplaneConfig {
                 format!("at least {MIN_SNAT_IDLE_TIMEOUT:?}, got {:?}", self.snat_idle_timeout),
             ));
         }
-        self.capacity.validate()
+        self.capacity.validate()?;
+        let c = &self.capacity6;
+        check_sizes(
+            "capacity6",
+            [
+                ("services", c.services),
+                ("backends", c.backends),
+                ("flows", c.flows),
+                ("replyNat", c.reply_nat),
+                ("localEndpoints", c.local_endpoints),
+            ],
+        )
     }
+}
+
+/// Each map size of `dataplane.<block>` is a number of entries the kernel takes.
+fn check_sizes(block: &str, sizes: [(&str, u32); 5]) -> Result<(), ConfigError> {
+    for (field, value) in sizes {
+        if !(1..=MAX_MAP_ENTRIES).contains(&value) {
+            return Err(ConfigError::new(
+                format!("dataplane.{block}.{field}"),
+                format!("a number of entries from 1 to {MAX_MAP_ENTRIES}, got {value}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Capacity {
     fn validate(&self) -> Result<(), ConfigError> {
-        let sizes = [
-            ("services", self.services),
-            ("backends", self.backends),
-            ("flows", self.flows),
-            ("replyNat", self.reply_nat),
-            ("localEndpoints", self.local_endpoints),
-        ];
-        for (field, value) in sizes {
-            if !(1..=MAX_MAP_ENTRIES).contains(&value) {
-                return Err(ConfigError::new(
-                    format!("dataplane.capacity.{field}"),
-                    format!("a number of entries from 1 to {MAX_MAP_ENTRIES}, got {value}"),
-                ));
-            }
-        }
+        check_sizes(
+            "capacity",
+            [
+                ("services", self.services),
+                ("backends", self.backends),
+                ("flows", self.flows),
+                ("replyNat", self.reply_nat),
+                ("localEndpoints", self.local_endpoints),
+            ],
+        )?;
         if !crate::maglev::TABLE_SIZES.contains(&self.ring_size) {
             return Err(ConfigError::new(
                 "dataplane.capacity.ringSize",
@@ -229,6 +278,10 @@ mod tests {
         let e = Config::parse("interface: eth0\ndataplane:\n  capacity: {ringSize: 1000}\n").unwrap_err();
         assert_eq!(e.field, "dataplane.capacity.ringSize");
         assert!(e.expected.contains("1021"), "{e}");
+        let e = Config::parse("interface: eth0\ndataplane:\n  capacity6: {flows: 0}\n").unwrap_err();
+        assert_eq!(e.field, "dataplane.capacity6.flows");
+        let c = Config::parse("interface: eth0\ndataplane:\n  capacity6: {flows: 1000}\n").unwrap();
+        assert_eq!((c.dataplane.capacity6.flows, c.dataplane.capacity6.services), (1000, 16_384));
         let e = Config::parse("interface: eth0\ndataplane:\n  capacity: {sessions: 5}\n").unwrap_err();
         assert!(e.field.starts_with("dataplane.capacity"), "{e}");
     }

@@ -8,7 +8,7 @@
 use std::{
     collections::BTreeMap,
     fmt,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::{Path, PathBuf},
     str::FromStr,
     sync::Arc,
@@ -21,7 +21,7 @@ use crate::error::Error;
 mod dataplane;
 mod group;
 mod service;
-pub use dataplane::{Capacity, DataplaneConfig, PortRange};
+pub use dataplane::{Capacity, Capacity6, DataplaneConfig, PortRange};
 pub use group::{Authentication, GarpConfig, GroupConfig, GroupNode, GroupVip, VipMode};
 pub use service::{Endpoint, MAX_ENDPOINTS, Protocol, RemoteMode, ServiceConfig, ServicePort, TrafficPolicy};
 
@@ -60,6 +60,13 @@ pub struct Config {
     /// IPv4 address).
     #[serde(default)]
     pub node_addresses: BTreeMap<String, Ipv4Addr>,
+    /// This node's IPv6 address on the default uplink: the source of IPv6 full NAT and of
+    /// IPv6-in-IPv6 leaving by it. Defaults to the uplink's first global IPv6 address.
+    #[serde(default)]
+    pub node_address6: Option<Ipv6Addr>,
+    /// The same for other uplinks, by interface name.
+    #[serde(default)]
+    pub node_addresses6: BTreeMap<String, Ipv6Addr>,
     /// Services: what traffic to the VIPs is forwarded to.
     #[serde(default)]
     pub services: Vec<Arc<ServiceConfig>>,
@@ -189,6 +196,28 @@ impl Config {
                     format!(
                         "the same address as nodeAddress for the default uplink {interface}, or no entry"
                     ),
+                ));
+            }
+        }
+        let sources6 = self.node_address6.map(|a| ("nodeAddress6".to_owned(), a)).into_iter().chain(
+            self.node_addresses6.iter().map(|(interface, a)| (format!("nodeAddresses6.{interface}"), *a)),
+        );
+        for (field, address) in sources6 {
+            check_unicast(&field, address.into())?;
+            if address.is_unicast_link_local() {
+                return Err(ConfigError::new(
+                    field,
+                    format!("an IPv6 address the endpoints can route to (not link-local), got {address}"),
+                ));
+            }
+        }
+        for interface in self.node_addresses6.keys() {
+            let field = format!("nodeAddresses6.{interface}");
+            check_interface_name(&field, interface)?;
+            if *interface == self.interface && self.node_address6.is_some() {
+                return Err(ConfigError::new(
+                    field,
+                    format!("no entry for the default uplink {interface}: nodeAddress6 sets it"),
                 ));
             }
         }
@@ -327,6 +356,27 @@ mod tests {
 
     fn err(yaml: &str) -> ConfigError {
         Config::parse(yaml).expect_err("config should be rejected")
+    }
+
+    #[test]
+    fn ipv6_node_addresses_are_checked() {
+        let c = Config::parse(
+            "interface: eth0\nnodeAddress6: '2001:db8:2::10'\nnodeAddresses6: {eth1: '2001:db8:3::10'}\n",
+        )
+        .unwrap();
+        assert_eq!(c.node_address6, Some("2001:db8:2::10".parse().unwrap()));
+        assert_eq!(c.node_addresses6["eth1"], "2001:db8:3::10".parse::<Ipv6Addr>().unwrap());
+        let e = err("interface: eth0\nnodeAddress6: 'fe80::10'\n");
+        assert_eq!(e.field, "nodeAddress6");
+        assert!(e.expected.contains("not link-local"), "{e}");
+        let e = err("interface: eth0\nnodeAddresses6: {eth1: 'ff02::1'}\n");
+        assert_eq!(e.field, "nodeAddresses6.eth1");
+        let e = err(
+            "interface: eth0\nnodeAddress6: '2001:db8:2::10'\nnodeAddresses6: {eth0: '2001:db8:2::11'}\n",
+        );
+        assert_eq!(e.field, "nodeAddresses6.eth0");
+        let e = err("interface: eth0\nnodeAddress6: 192.0.2.10\n");
+        assert_eq!(e.field, "nodeAddress6");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! with the node it runs on. The same shape the Kubernetes source produces from Services and
 //! EndpointSlices.
 
-use std::{collections::HashMap, net::Ipv4Addr};
+use std::{collections::HashMap, net::IpAddr};
 
 use serde::Deserialize;
 
@@ -13,8 +13,9 @@ use super::{ConfigError, check_unicast, is_unicast};
 pub struct ServiceConfig {
     /// For logs and metrics, e.g. `default/web`.
     pub name: String,
-    /// One of the config's VIPs (`vips[]` or `groups[].vips[]`).
-    pub vip: Ipv4Addr,
+    /// One of the config's VIPs (`vips[]` or `groups[].vips[]`), IPv4 or IPv6; its endpoints
+    /// are of the same family.
+    pub vip: IpAddr,
     pub ports: Vec<ServicePort>,
     #[serde(default)]
     pub endpoints: Vec<Endpoint>,
@@ -48,7 +49,7 @@ impl ServicePort {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Endpoint {
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     /// The node the endpoint runs on, by name.
     pub node: String,
 }
@@ -149,11 +150,21 @@ impl ServiceConfig {
             ));
         }
         // Most services have a few endpoints: scanning the earlier ones allocates nothing.
-        let mut addresses: HashMap<Ipv4Addr, usize, foldhash::fast::FixedState> = HashMap::default();
+        let mut addresses: HashMap<IpAddr, usize, foldhash::fast::FixedState> = HashMap::default();
         let few = self.endpoints.len() <= 16;
         for (e, endpoint) in self.endpoints.iter().enumerate() {
-            if !is_unicast(endpoint.address.into()) {
-                check_unicast(&at(&format!("endpoints[{e}].address")), endpoint.address.into())?;
+            if !is_unicast(endpoint.address) {
+                check_unicast(&at(&format!("endpoints[{e}].address")), endpoint.address)?;
+            }
+            if endpoint.address.is_ipv4() != self.vip.is_ipv4() {
+                let family = if self.vip.is_ipv4() { "an IPv4" } else { "an IPv6" };
+                return Err(ConfigError::new(
+                    at(&format!("endpoints[{e}].address")),
+                    format!(
+                        "{family} address, as the service's VIP {} is, got {}",
+                        self.vip, endpoint.address
+                    ),
+                ));
             }
             if endpoint.node.is_empty() {
                 return Err(ConfigError::new(
@@ -181,12 +192,12 @@ pub(super) fn validate_services(
     services: &[std::sync::Arc<ServiceConfig>],
     vips: &std::collections::BTreeMap<std::net::IpAddr, super::VipField>,
 ) -> Result<(), ConfigError> {
-    let mut seen: HashMap<(Ipv4Addr, u16, Protocol), (usize, usize), foldhash::fast::FixedState> =
+    let mut seen: HashMap<(IpAddr, u16, Protocol), (usize, usize), foldhash::fast::FixedState> =
         HashMap::with_capacity_and_hasher(services.len(), Default::default());
     for (s, service) in services.iter().enumerate() {
         let at = |field: &str| format!("services[{s}].{field}");
         service.validate().map_err(|e| ConfigError { field: at(&e.field), ..e })?;
-        if !vips.contains_key(&service.vip.into()) {
+        if !vips.contains_key(&service.vip) {
             return Err(ConfigError::new(
                 at("vip"),
                 format!("one of the VIPs in `vips` or `groups[].vips`, but {} is in neither", service.vip),
@@ -272,5 +283,20 @@ mod tests {
         );
         assert_eq!(e.field, "services[0].endpoints[0]");
         assert!(e.expected.contains("node"), "{e}");
+    }
+
+    #[test]
+    fn an_endpoint_of_the_other_family_is_named() {
+        let head = "interface: eth0\nvips:\n  - address: 198.51.100.10\n  - address: 2001:db8:6::10\n";
+        let e = Config::parse(&format!(
+            "{head}services:\n  - name: a\n    vip: 2001:db8:6::10\n    ports: [{{port: 80}}]\n    endpoints: [{{address: 'fd00:10:244::2', node: n0}}, {{address: 10.244.0.2, node: n0}}]\n"
+        ))
+        .expect_err("an IPv4 endpoint behind an IPv6 VIP");
+        assert_eq!(e.field, "services[0].endpoints[1].address");
+        assert!(e.expected.contains("an IPv6 address") && e.expected.contains("10.244.0.2"), "{e}");
+        Config::parse(&format!(
+            "{head}services:\n  - name: a\n    vip: 2001:db8:6::10\n    ports: [{{port: 80}}]\n    endpoints: [{{address: 'fd00:10:244::2', node: n0}}]\n"
+        ))
+        .expect("an IPv6 service");
     }
 }

@@ -2,7 +2,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
 use aya::{
@@ -12,10 +12,10 @@ use aya::{
 use lb_common::{
     counters::{Reason, XDP_ACTION_COUNT},
     maps::{
-        ACTION_STATS, PacketCounter, REASON_STATS, VIP_STATS, VIP_STATS6, VIP_TRAFFIC, Vip6Key, VipKey,
-        VipStats,
+        ACTION_STATS, PacketCounter, REASON_STATS, VIP_STATS, VIP_STATS6, VIP_TRAFFIC, VIP_TRAFFIC6, Vip6Key,
+        VipKey, VipStats,
     },
-    service::{BACKEND_STATS, Backend},
+    service::{Address, BACKEND_STATS, BACKEND_STATS6, BackendOf},
 };
 
 use crate::error::{Error, Result};
@@ -27,11 +27,30 @@ pub struct XdpCounters {
     vips: PerCpuHashMap<MapData, VipKey, VipStats>,
     vips6: PerCpuHashMap<MapData, Vip6Key, VipStats>,
     vip_traffic: PerCpuArray<MapData, PacketCounter>,
+    vip_traffic6: PerCpuArray<MapData, PacketCounter>,
     backend_stats: PerCpuArray<MapData, PacketCounter>,
-    /// The backend in each slot, as the last service sync left them.
-    backends: BTreeMap<Backend, u32>,
-    /// Each VIP's slot in `VIP_TRAFFIC`, as the last service sync left them.
-    vip_slots: BTreeMap<Ipv4Addr, u32>,
+    backend_stats6: PerCpuArray<MapData, PacketCounter>,
+    /// The backend in each slot of its family's `BACKEND_STATS`, as the last service sync left
+    /// them.
+    backends: BTreeMap<BackendId, u32>,
+    /// Each VIP's slot in its family's `VIP_TRAFFIC`, as the last service sync left them.
+    vip_slots: BTreeMap<IpAddr, u32>,
+}
+
+/// A backend as metrics and `status` name it, of either family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BackendId {
+    /// The endpoint's address and port (its identity for Maglev too).
+    pub endpoint: SocketAddr,
+    /// A `Delivery`.
+    pub delivery: u8,
+}
+
+impl BackendId {
+    pub fn of<A: Address>(backend: &BackendOf<A>) -> Self {
+        let endpoint = SocketAddr::new(backend.addr.to_ip(), u16::from_be_bytes(backend.port));
+        Self { endpoint, delivery: backend.delivery }
+    }
 }
 
 /// A VIP's counters, summed over CPUs: its ARP replies (Neighbor Advertisements for an IPv6
@@ -57,7 +76,7 @@ pub struct CounterSnapshot {
     /// Indexed by [`Reason`].
     pub reasons: Vec<PacketCounter>,
     pub vips: BTreeMap<IpAddr, VipCounters>,
-    pub backends: BTreeMap<Backend, PacketCounter>,
+    pub backends: BTreeMap<BackendId, PacketCounter>,
 }
 
 impl CounterSnapshot {
@@ -77,21 +96,30 @@ impl XdpCounters {
             vips6: PerCpuHashMap::try_from(super::take_map(ebpf, VIP_STATS6)?).map_err(err(VIP_STATS6))?,
             vip_traffic: PerCpuArray::try_from(super::take_map(ebpf, VIP_TRAFFIC)?)
                 .map_err(err(VIP_TRAFFIC))?,
+            vip_traffic6: PerCpuArray::try_from(super::take_map(ebpf, VIP_TRAFFIC6)?)
+                .map_err(err(VIP_TRAFFIC6))?,
             backend_stats: PerCpuArray::try_from(super::take_map(ebpf, BACKEND_STATS)?)
                 .map_err(err(BACKEND_STATS))?,
+            backend_stats6: PerCpuArray::try_from(super::take_map(ebpf, BACKEND_STATS6)?)
+                .map_err(err(BACKEND_STATS6))?,
             backends: BTreeMap::new(),
             vip_slots: BTreeMap::new(),
         })
     }
 
-    /// Records which VIP counts in which `VIP_TRAFFIC` slot, after a service sync.
-    pub fn set_vip_slots(&mut self, slots: BTreeMap<Ipv4Addr, u32>) {
-        self.vip_slots = slots;
+    /// Records which VIP of family `A` counts in which `VIP_TRAFFIC` slot, after a service
+    /// sync.
+    pub fn set_vip_slots<A: Address>(&mut self, slots: BTreeMap<IpAddr, u32>) {
+        let ipv4 = A::ZERO.to_ip().is_ipv4();
+        self.vip_slots.retain(|vip, _| vip.is_ipv4() != ipv4);
+        self.vip_slots.extend(slots);
     }
 
-    /// Records which backend sits in which slot, after a service sync.
-    pub fn set_backends(&mut self, backends: BTreeMap<Backend, u32>) {
-        self.backends = backends;
+    /// Records which backend of family `A` sits in which slot, after a service sync.
+    pub fn set_backends<A: Address>(&mut self, backends: &BTreeMap<BackendOf<A>, u32>) {
+        let ipv4 = A::ZERO.to_ip().is_ipv4();
+        self.backends.retain(|b, _| b.endpoint.is_ipv4() != ipv4);
+        self.backends.extend(backends.iter().map(|(b, slot)| (BackendId::of(b), *slot)));
     }
 
     pub fn snapshot(&self) -> Result<CounterSnapshot> {
@@ -107,14 +135,21 @@ impl XdpCounters {
             vips.entry(vip).or_default().arp_replies = count;
         }
         for (vip, slot) in &self.vip_slots {
-            let traffic = sum_counters(&self.vip_traffic.get(slot, 0).map_err(err(VIP_TRAFFIC))?);
-            let counters = vips.entry((*vip).into()).or_default();
+            let (array, name) = match vip {
+                IpAddr::V4(_) => (&self.vip_traffic, VIP_TRAFFIC),
+                IpAddr::V6(_) => (&self.vip_traffic6, VIP_TRAFFIC6),
+            };
+            let traffic = sum_counters(&array.get(slot, 0).map_err(err(name))?);
+            let counters = vips.entry(*vip).or_default();
             (counters.packets, counters.bytes) = (traffic.packets, traffic.bytes);
         }
         let mut backends = BTreeMap::new();
         for (backend, slot) in &self.backends {
-            let values = self.backend_stats.get(slot, 0).map_err(err(BACKEND_STATS))?;
-            backends.insert(*backend, sum_counters(&values));
+            let (array, name) = match backend.endpoint {
+                SocketAddr::V4(_) => (&self.backend_stats, BACKEND_STATS),
+                SocketAddr::V6(_) => (&self.backend_stats6, BACKEND_STATS6),
+            };
+            backends.insert(*backend, sum_counters(&array.get(slot, 0).map_err(err(name))?));
         }
         Ok(CounterSnapshot {
             backends,

@@ -42,7 +42,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::HashMap,
+    maps::{HashMap, ProgramArray},
     programs::{
         SchedClassifier, TcAttachType, Xdp, XdpMode,
         links::{FdLink, LinkOrder, PinnedLink},
@@ -53,23 +53,24 @@ use aya::{
 use lb_common::{
     maps::{
         ACTION_STATS, OWNED_VIPS, OWNED_VIPS6, REASON_STATS, UPLINKS, VIP_LEASES, VIP_STATS, VIP_STATS6,
-        VIP_TRAFFIC, VRRP_SPEAKERS, VRRP_SPEAKERS6,
+        VIP_TRAFFIC, VIP_TRAFFIC6, VRRP_SPEAKERS, VRRP_SPEAKERS6,
     },
     service::{
-        BACKEND_STATS, BACKENDS, FLOWS, LAYOUT_VERSION, LOCAL_ENDPOINTS, MAGLEV_RINGS, REPLY_NAT, SERVICES,
-        SETTINGS, SNAT_REPLIES,
+        BACKEND_STATS, BACKEND_STATS6, BACKENDS, BACKENDS6, FLOWS, FLOWS6, IPV6_SERVICE_PROGRAMS,
+        IPV6_SERVICES, LAYOUT_VERSION, LOCAL_ENDPOINTS, LOCAL_ENDPOINTS6, MAGLEV_RINGS, REPLY_NAT,
+        REPLY_NAT6, SERVICES, SERVICES6, SETTINGS, SNAT_REPLIES, SNAT_REPLIES6, UPLINK_ADDRS6,
     },
 };
 use tracing::{info, warn};
 
 use crate::{
-    config::{Capacity, XdpModeSetting},
+    config::{DataplaneConfig, XdpModeSetting},
     error::{Error, Result},
     netdev::Interface,
 };
 
 pub use counters::XdpCounters;
-pub use services::ServiceMaps;
+pub use services::{ServiceMaps, ServiceMapsByFamily};
 
 /// The BPF object built by `cargo xtask build-ebpf`, embedded at compile time.
 pub static EMBEDDED_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJECT"));
@@ -82,7 +83,7 @@ pub const PASS_PROGRAM: &str = "lb_pass";
 pub const REPLY_PROGRAM: &str = "lb_reply";
 
 /// Every map, pinned by name.
-pub const PINNED_MAPS: [&str; 20] = [
+pub const PINNED_MAPS: [&str; 30] = [
     OWNED_VIPS,
     OWNED_VIPS6,
     VIP_LEASES,
@@ -103,6 +104,17 @@ pub const PINNED_MAPS: [&str; 20] = [
     VRRP_SPEAKERS6,
     UPLINKS,
     SNAT_REPLIES,
+    SERVICES6,
+    BACKENDS6,
+    BACKEND_STATS6,
+    VIP_TRAFFIC6,
+    FLOWS6,
+    REPLY_NAT6,
+    SNAT_REPLIES6,
+    LOCAL_ENDPOINTS6,
+    UPLINK_ADDRS6,
+    // Holds the IPv6 path's programs: pinned, so they outlive the agent with the links.
+    IPV6_SERVICES,
 ];
 
 /// Maps no other map refers to, and whose loss costs only counts or what the agent writes
@@ -166,8 +178,8 @@ impl Dataplane {
         interfaces: &[&str],
         setting: XdpModeSetting,
         pin_path: &Path,
-        capacity: &Capacity,
-    ) -> Result<(Self, XdpCounters, ServiceMaps)> {
+        capacity: &DataplaneConfig,
+    ) -> Result<(Self, XdpCounters, ServiceMapsByFamily)> {
         let pin_dir = pin_dir(pin_path);
         prepare_pin_dir(&pin_dir)?;
         take_over_earlier_layouts(pin_path, &pin_dir, interfaces)?;
@@ -188,6 +200,7 @@ impl Dataplane {
         reply_program(&mut ebpf)?
             .load()
             .map_err(|source| Error::BpfProgram { program: REPLY_PROGRAM, source })?;
+        load_ipv6_path(&mut ebpf)?;
 
         let owned_vips = vips::OwnedMaps {
             v4: HashMap::try_from(take_map(&mut ebpf, OWNED_VIPS)?)
@@ -200,9 +213,10 @@ impl Dataplane {
             take_map(&mut ebpf, VRRP_SPEAKERS)?,
             take_map(&mut ebpf, VRRP_SPEAKERS6)?,
         )?;
-        let uplink_map = uplinks::UplinkMap::take(take_map(&mut ebpf, UPLINKS)?)?;
+        let uplink_map =
+            uplinks::UplinkMap::take(take_map(&mut ebpf, UPLINKS)?, take_map(&mut ebpf, UPLINK_ADDRS6)?)?;
         let counters = XdpCounters::take(&mut ebpf)?;
-        let services = ServiceMaps::take(&mut ebpf, Some(&pin_dir))?;
+        let services = ServiceMapsByFamily::take(&mut ebpf, Some(&pin_dir))?;
         let dataplane = Self {
             ebpf,
             pin_dir,
@@ -297,8 +311,8 @@ impl Dataplane {
     }
 
     /// Makes the uplink map hold `wanted`, touching only entries that differ.
-    pub fn set_uplinks(&mut self, wanted: &uplinks::UplinkSet) -> Result<()> {
-        self.uplink_map.apply(wanted)
+    pub fn set_uplinks(&mut self, wanted: &uplinks::UplinkSet, wanted6: &uplinks::Uplink6Set) -> Result<()> {
+        self.uplink_map.apply(wanted, wanted6)
     }
 
     /// Makes the owned-VIP map equal `desired`, touching only entries that differ.
@@ -345,17 +359,27 @@ impl Dataplane {
 /// a replaced ring stays registered until the sync has switched every service over.
 /// `VIP_TRAFFIC` has a slot per service entry, so VIPs never outnumber its slots.
 /// `SNAT_REPLIES` holds as many reply translations as `REPLY_NAT`.
-pub fn map_sizes(capacity: &Capacity) -> [(&'static str, u32); 9] {
+/// The IPv6 maps take `capacity6`'s sizes; the rings of both families share `MAGLEV_RINGS`.
+pub fn map_sizes(config: &DataplaneConfig) -> [(&'static str, u32); 17] {
+    let (capacity, six) = (&config.capacity, &config.capacity6);
     [
         (SERVICES, capacity.services),
         (VIP_TRAFFIC, capacity.services),
-        (MAGLEV_RINGS, capacity.services.saturating_mul(2)),
+        (MAGLEV_RINGS, capacity.services.saturating_add(six.services).saturating_mul(2)),
         (BACKENDS, capacity.backends),
         (BACKEND_STATS, capacity.backends),
         (FLOWS, capacity.flows),
         (REPLY_NAT, capacity.reply_nat),
         (SNAT_REPLIES, capacity.reply_nat),
         (LOCAL_ENDPOINTS, capacity.local_endpoints),
+        (SERVICES6, six.services),
+        (VIP_TRAFFIC6, six.services),
+        (BACKENDS6, six.backends),
+        (BACKEND_STATS6, six.backends),
+        (FLOWS6, six.flows),
+        (REPLY_NAT6, six.reply_nat),
+        (SNAT_REPLIES6, six.reply_nat),
+        (LOCAL_ENDPOINTS6, six.local_endpoints),
     ]
 }
 
@@ -640,6 +664,32 @@ fn reply_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier> {
         .ok_or(Error::BpfProgram { program: REPLY_PROGRAM, source: aya::programs::ProgramError::NotLoaded })?
         .try_into()
         .map_err(|source| Error::BpfProgram { program: REPLY_PROGRAM, source })
+}
+
+/// Loads the IPv6 service path's programs and puts each in its `IPV6_SERVICES` slot, where
+/// the uplink program tail-calls them. The array is pinned with the maps, so a stopped agent's
+/// data plane keeps serving IPv6; a new agent puts its own programs in.
+pub fn load_ipv6_path(ebpf: &mut Ebpf) -> Result<()> {
+    let mut fds = Vec::with_capacity(IPV6_SERVICE_PROGRAMS.len());
+    for name in IPV6_SERVICE_PROGRAMS {
+        let program: &mut Xdp = ebpf
+            .program_mut(name)
+            .ok_or(Error::BpfProgram { program: name, source: aya::programs::ProgramError::NotLoaded })?
+            .try_into()
+            .map_err(|source| Error::BpfProgram { program: name, source })?;
+        program.load().map_err(|source| Error::BpfProgram { program: name, source })?;
+        let fd = program.fd().map_err(|source| Error::BpfProgram { program: name, source })?;
+        fds.push(fd.try_clone().map_err(|e| Error::io(format!("duplicating the fd of program {name}"), e))?);
+    }
+    // Borrowed, not taken: the object keeps the array open (without a pin, the kernel empties
+    // a program array when its last open handle goes).
+    let map = ebpf.map_mut(IPV6_SERVICES).ok_or(Error::BpfMapMissing(IPV6_SERVICES))?;
+    let mut slots =
+        ProgramArray::try_from(map).map_err(|source| Error::BpfMap { map: IPV6_SERVICES, source })?;
+    for (slot, fd) in fds.iter().enumerate() {
+        slots.set(slot as u32, fd, 0).map_err(|source| Error::BpfMap { map: IPV6_SERVICES, source })?;
+    }
+    Ok(())
 }
 
 fn pin(link: FdLink, path: &Path) -> Result<FdLink> {

@@ -11,7 +11,7 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
 };
 
 use rtnetlink::packet_route::neighbour::{NeighbourFlags, NeighbourState};
@@ -23,7 +23,7 @@ use crate::error::Result;
 #[derive(Default)]
 pub struct NextHops {
     /// Address → (its references, its next hop: interface and neighbour).
-    routes: HashMap<Ipv4Addr, (u32, Option<(u32, IpAddr)>)>,
+    routes: HashMap<IpAddr, (u32, Option<(u32, IpAddr)>)>,
 }
 
 impl NextHops {
@@ -32,8 +32,8 @@ impl NextHops {
     pub async fn update(
         &mut self,
         handle: &rtnetlink::Handle,
-        added: &[Ipv4Addr],
-        removed: &[Ipv4Addr],
+        added: &[IpAddr],
+        removed: &[IpAddr],
     ) -> Result<usize> {
         for address in removed {
             if let Some(entry) = self.routes.get_mut(address) {
@@ -56,13 +56,18 @@ impl NextHops {
             entry.0 += 1;
             if entry.0 == 1 {
                 // No route is not fatal: that endpoint is unreachable, the others still count.
-                let route = match table.lookup(*address) {
+                // The dump holds IPv4 routes: IPv6 endpoints are asked one by one.
+                let from_table = match address {
+                    IpAddr::V4(v4) => table.lookup(*v4),
+                    IpAddr::V6(_) => None,
+                };
+                let route = match from_table {
                     Some(route) => Ok(Some(route)),
-                    None if table.complete => Ok(None),
-                    None => crate::netdev::route_to(handle, IpAddr::V4(*address)).await,
+                    None if table.complete && address.is_ipv4() => Ok(None),
+                    None => crate::netdev::route_to(handle, *address).await,
                 };
                 let hop = match route {
-                    Ok(route) => route.map(|r| (r.oif, r.gateway.unwrap_or(IpAddr::V4(*address)))),
+                    Ok(route) => route.map(|r| (r.oif, r.gateway.unwrap_or(*address))),
                     Err(e) => {
                         tracing::debug!(%address, error = %e, "no route to an endpoint");
                         None

@@ -21,6 +21,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
+    net::IpAddr,
     os::fd::{AsFd, AsRawFd},
     sync::Arc,
 };
@@ -30,11 +31,10 @@ use aya::{
     util::nr_cpus,
 };
 use lb_common::{
-    maps::{PacketCounter, VIP_TRAFFIC},
+    maps::PacketCounter,
     service::{
-        BACKEND_STATS, BACKENDS, Backend, Delivery, INNER_MAP_FLAGS, LOCAL_ENDPOINTS, LocalEndpoint,
-        LocalEndpointKey, MAGLEV_RINGS, RingEntry, SERVICES, SETTINGS, Service, ServiceKey, Settings,
-        ring_entries,
+        Addr4, Addr6, Address, BackendOf, Delivery, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKeyOf,
+        MAGLEV_RINGS, RingEntry, SETTINGS, Service, ServiceKeyOf, Settings, ring_entries,
     },
 };
 
@@ -54,13 +54,16 @@ pub struct Limits {
     pub local_endpoints: u32,
 }
 
-pub struct ServiceMaps {
-    services: BpfHashMap<MapData, ServiceKey, Service>,
-    backends: Array<MapData, Backend>,
+/// One family's service maps (IPv4's by default). Both families' rings live in the one
+/// `MAGLEV_RINGS`, each in its own range of ids ([`Address::RING_IDS`]).
+pub struct ServiceMaps<A: Address = Addr4> {
+    services: BpfHashMap<MapData, ServiceKeyOf<A>, Service>,
+    backends: Array<MapData, BackendOf<A>>,
     backend_stats: PerCpuArray<MapData, PacketCounter>,
     rings: HashOfMaps<MapData, u32, Ring>,
-    local_endpoints: BpfHashMap<MapData, LocalEndpointKey, LocalEndpoint>,
-    settings: Array<MapData, Settings>,
+    local_endpoints: BpfHashMap<MapData, LocalEndpointKeyOf<A>, LocalEndpoint>,
+    /// Node-wide, written through IPv4's maps.
+    settings: Option<Array<MapData, Settings>>,
     limits: Limits,
     /// A second handle on `MAGLEV_RINGS`, for batch writes (aya's type does not lend its fd).
     /// A second handle on MAGLEV_RINGS for batch writes (a dup of its fd: getting one by id
@@ -70,45 +73,45 @@ pub struct ServiceMaps {
     rings_outer_bytes: u64,
     cpus: usize,
     /// What `SERVICES` holds, with the backends each entry references.
-    installed: HashMap<ServiceKey, Installed>,
+    installed: HashMap<ServiceKeyOf<A>, Installed<A>>,
     /// Backend → slot, as `BACKENDS` holds them.
-    slots: BTreeMap<Backend, u32>,
+    slots: BTreeMap<BackendOf<A>, u32>,
     /// How many installed services reference each backend.
-    refs: HashMap<Backend, u32>,
+    refs: HashMap<BackendOf<A>, u32>,
     /// Unused slots, the longest unused first.
     free: VecDeque<u32>,
     ring_ids: HashSet<u32>,
     next_ring: u32,
     /// Kernel memory of one ring, by ring size (measured once per size).
     ring_bytes: HashMap<u32, u64>,
-    local: HashMap<LocalEndpointKey, LocalEndpoint>,
+    local: HashMap<LocalEndpointKeyOf<A>, LocalEndpoint>,
     /// Rings replaced or removed, still in `MAGLEV_RINGS` (their ids reserved).
     retired: Vec<u32>,
     /// Services that did not fit, waiting for room.
-    refused: BTreeMap<ServiceKey, (PlannedService, Refusal)>,
+    refused: BTreeMap<ServiceKeyOf<A>, (PlannedService<A>, Refusal)>,
     /// Endpoint addresses of the backends added and removed since last taken (one per
     /// backend), for the next-hop resolver.
-    address_changes: (Vec<std::net::Ipv4Addr>, Vec<std::net::Ipv4Addr>),
+    address_changes: (Vec<IpAddr>, Vec<IpAddr>),
     /// Traffic per VIP, written here only to zero a slot before a VIP takes it.
     vip_traffic: PerCpuArray<MapData, PacketCounter>,
     /// Each VIP's `VIP_TRAFFIC` slot and how many installed services use it.
-    vip_slots: HashMap<[u8; 4], (u32, u32)>,
+    vip_slots: HashMap<A, (u32, u32)>,
     /// Unused `VIP_TRAFFIC` slots.
     free_vip_slots: VecDeque<u32>,
     /// A slot was taken in this sync: free it at the end if no service of its VIP got in.
     vip_slots_unused: bool,
     /// The uplink slot each VIP is served on; absent: any.
-    vip_uplinks: Arc<HashMap<[u8; 4], u8>>,
+    vip_uplinks: Arc<HashMap<IpAddr, u8>>,
     /// Full NAT's source ports.
-    snat: super::snat::SnatTable,
+    snat: super::snat::SnatTable<A>,
 }
 
 #[derive(Clone, Debug)]
-struct Installed {
+struct Installed<A> {
     entry: Service,
     name: String,
     /// Empty for an entry read back from the pins and not yet adopted by a plan.
-    backends: Vec<Backend>,
+    backends: Vec<BackendOf<A>>,
 }
 
 /// Why a service is not in the maps.
@@ -117,14 +120,16 @@ pub struct Refusal {
     /// The full map: `services`, `backends` or `localEndpoints` (as in `dataplane.capacity`).
     pub what: &'static str,
     pub limit: u32,
+    /// Where that limit is set: `capacity` (IPv4's maps) or `capacity6`.
+    pub block: &'static str,
 }
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "the data plane holds at most {} {} (dataplane.capacity.{})",
-            self.limit, self.what, self.what
+            "the data plane holds at most {} {} (dataplane.{}.{})",
+            self.limit, self.what, self.block, self.what
         )
     }
 }
@@ -132,7 +137,8 @@ impl std::fmt::Display for Refusal {
 /// A service (one VIP, port and protocol) left out of the maps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RefusedService {
-    pub key: ServiceKey,
+    /// `VIP:port/protocol` (see [`entry`]).
+    pub entry: String,
     pub name: String,
     pub refusal: Refusal,
 }
@@ -155,6 +161,18 @@ impl SyncReport {
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
     }
+
+    /// Adds another family's report to this one.
+    pub fn add(&mut self, other: SyncReport) {
+        self.services_added += other.services_added;
+        self.services_changed += other.services_changed;
+        self.services_removed += other.services_removed;
+        self.rings_written += other.rings_written;
+        self.backends_added += other.backends_added;
+        self.backends_removed += other.backends_removed;
+        self.local_endpoints_changed += other.local_endpoints_changed;
+        self.refused.extend(other.refused);
+    }
 }
 
 fn err(map: &'static str) -> impl Fn(MapError) -> Error {
@@ -165,11 +183,47 @@ fn batch_err(map: &'static str) -> impl Fn(std::io::Error) -> Error {
     move |e| Error::io(format!("batch update of BPF map {map}"), e)
 }
 
-impl ServiceMaps {
-    /// Takes the service maps from `ebpf`. The agent shares the backend counters with the
-    /// metrics reader, so it passes `pin_dir` and this side opens its own handle through the
-    /// pin; without one (fixture tests) the map itself is taken.
+/// Both families' service maps.
+pub struct ServiceMapsByFamily {
+    pub v4: ServiceMaps<Addr4>,
+    pub v6: ServiceMaps<Addr6>,
+}
+
+impl ServiceMapsByFamily {
+    /// See [`ServiceMaps::take`].
     pub fn take(ebpf: &mut aya::Ebpf, pin_dir: Option<&std::path::Path>) -> Result<Self> {
+        let v4 = ServiceMaps::take(ebpf, pin_dir, None)?;
+        let v6 = ServiceMaps::take(ebpf, pin_dir, Some(v4.rings_handle()?))?;
+        Ok(Self { v4, v6 })
+    }
+}
+
+/// Where family `A`'s map sizes are set (`dataplane.capacity`, `dataplane.capacity6`).
+fn capacity_block<A: Address>() -> &'static str {
+    if A::ZERO.to_ip().is_ipv4() { "capacity" } else { "capacity6" }
+}
+
+/// `198.51.100.10:80/TCP`, `[2001:db8::10]:80/TCP`.
+pub fn entry<A: Address>(key: &ServiceKeyOf<A>) -> String {
+    let proto = match key.proto {
+        lb_common::service::PROTO_UDP => "UDP",
+        _ => "TCP",
+    };
+    format!("{}/{proto}", std::net::SocketAddr::new(key.vip.to_ip(), u16::from_be_bytes(key.port)))
+}
+
+impl<A: Address> ServiceMaps<A> {
+    /// Takes the family's service maps from `ebpf`. The agent shares the backend counters with
+    /// the metrics reader, so it passes `pin_dir` and this side opens its own handle through
+    /// the pin; without one (fixture tests) the map itself is taken. `MAGLEV_RINGS` is
+    /// shared: the first family takes it, the second gets a handle from it (`rings`, see
+    /// [`ServiceMaps::rings_handle`]). The first also writes the node-wide settings.
+    pub fn take(
+        ebpf: &mut aya::Ebpf,
+        pin_dir: Option<&std::path::Path>,
+        rings: Option<aya::maps::Map>,
+    ) -> Result<Self> {
+        let names = A::MAPS;
         let mut shared = |name| match pin_dir {
             Some(dir) => {
                 let data = MapData::from_pin(dir.join(name)).map_err(err(name))?;
@@ -177,22 +231,30 @@ impl ServiceMaps {
             }
             None => super::take_map(ebpf, name),
         };
-        let stats = shared(BACKEND_STATS)?;
-        let vip_traffic = PerCpuArray::try_from(shared(VIP_TRAFFIC)?).map_err(err(VIP_TRAFFIC))?;
+        let stats = shared(names.backend_stats)?;
+        let vip_traffic =
+            PerCpuArray::try_from(shared(names.vip_traffic)?).map_err(err(names.vip_traffic))?;
         let mut take = |name| super::take_map(ebpf, name);
-        let services: BpfHashMap<MapData, ServiceKey, Service> =
-            BpfHashMap::try_from(take(SERVICES)?).map_err(err(SERVICES))?;
-        let local_endpoints: BpfHashMap<MapData, LocalEndpointKey, LocalEndpoint> =
-            BpfHashMap::try_from(take(LOCAL_ENDPOINTS)?).map_err(err(LOCAL_ENDPOINTS))?;
-        let backends: Array<MapData, Backend> = Array::try_from(take(BACKENDS)?).map_err(err(BACKENDS))?;
-        let snat = super::snat::SnatTable::take(take(lb_common::service::SNAT_REPLIES)?)?;
+        let services: BpfHashMap<MapData, ServiceKeyOf<A>, Service> =
+            BpfHashMap::try_from(take(names.services)?).map_err(err(names.services))?;
+        let local_endpoints: BpfHashMap<MapData, LocalEndpointKeyOf<A>, LocalEndpoint> =
+            BpfHashMap::try_from(take(names.local_endpoints)?).map_err(err(names.local_endpoints))?;
+        let backends: Array<MapData, BackendOf<A>> =
+            Array::try_from(take(names.backends)?).map_err(err(names.backends))?;
+        let snat = super::snat::SnatTable::take(take(names.snat_replies)?)?;
         let max_entries = |map: &MapData, name| map.info().map(|i| i.max_entries()).map_err(err(name));
         let limits = Limits {
-            services: max_entries(services.map(), SERVICES)?,
+            services: max_entries(services.map(), names.services)?,
             backends: backends.len(),
-            local_endpoints: max_entries(local_endpoints.map(), LOCAL_ENDPOINTS)?,
+            local_endpoints: max_entries(local_endpoints.map(), names.local_endpoints)?,
         };
-        let rings = take(MAGLEV_RINGS)?;
+        let first = rings.is_none();
+        let rings = match rings {
+            Some(rings) => rings,
+            None => take(MAGLEV_RINGS)?,
+        };
+        let settings =
+            if first { Some(Array::try_from(take(SETTINGS)?).map_err(err(SETTINGS))?) } else { None };
         let aya::maps::Map::HashOfMaps(data) = &rings else {
             return Err(Error::BpfMap {
                 map: MAGLEV_RINGS,
@@ -208,10 +270,10 @@ impl ServiceMaps {
         let mut maps = Self {
             services,
             backends,
-            backend_stats: PerCpuArray::try_from(stats).map_err(err(BACKEND_STATS))?,
+            backend_stats: PerCpuArray::try_from(stats).map_err(err(names.backend_stats))?,
             rings: HashOfMaps::try_from(rings).map_err(err(MAGLEV_RINGS))?,
             local_endpoints,
-            settings: Array::try_from(take(SETTINGS)?).map_err(err(SETTINGS))?,
+            settings,
             limits,
             rings_fd,
             rings_outer_bytes,
@@ -221,7 +283,7 @@ impl ServiceMaps {
             refs: HashMap::new(),
             free: VecDeque::new(),
             ring_ids: HashSet::new(),
-            next_ring: 1,
+            next_ring: A::RING_IDS.start,
             ring_bytes: HashMap::new(),
             local: HashMap::new(),
             retired: Vec::new(),
@@ -241,12 +303,12 @@ impl ServiceMaps {
     /// Rebuilds the mirror from the maps, and drops rings no service points at (left by an
     /// agent that stopped between writing a ring and switching to it).
     fn read_back(&mut self) -> Result<()> {
-        let slots =
-            batch::read_array(&self.backends).map_err(|e| Error::io("reading BPF map BACKENDS", e))?;
+        let slots = batch::read_array(&self.backends)
+            .map_err(|e| Error::io(format!("reading BPF map {}", A::MAPS.backends), e))?;
         let mut last_used = None;
         for (slot, backend) in slots.into_iter().enumerate() {
             if Delivery::from_u8(backend.delivery).is_some() {
-                self.address_changes.0.push(backend.addr.into());
+                self.address_changes.0.push(backend.addr.to_ip());
                 self.slots.insert(backend, slot as u32);
                 last_used = Some(slot as u32);
             }
@@ -257,21 +319,26 @@ impl ServiceMaps {
         self.free = (start..self.limits.backends).chain(0..start).filter(|s| !used.contains(s)).collect();
 
         for entry in self.services.iter() {
-            let (key, entry) = entry.map_err(err(SERVICES))?;
+            let (key, entry) = entry.map_err(err(A::MAPS.services))?;
             self.vip_slots.entry(key.vip).or_insert((entry.vip_slot(), 0)).1 += 1;
             self.installed.insert(key, Installed { entry, name: String::new(), backends: Vec::new() });
         }
         let used: HashSet<u32> = self.vip_slots.values().map(|(slot, _)| *slot).collect();
         self.free_vip_slots = (0..self.vip_traffic.len()).filter(|s| !used.contains(s)).collect();
         self.ring_ids = self.installed.values().map(|s| s.entry.ring_id).filter(|&id| id != 0).collect();
-        self.next_ring = self.ring_ids.iter().max().map_or(1, |m| m + 1);
-        let stale: Vec<u32> =
-            self.rings.keys().filter_map(|k| k.ok()).filter(|k| !self.ring_ids.contains(k)).collect();
+        self.next_ring = self.ring_ids.iter().max().map_or(A::RING_IDS.start, |m| m + 1);
+        // The other family's rings are its own business.
+        let stale: Vec<u32> = self
+            .rings
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| A::RING_IDS.contains(k) && !self.ring_ids.contains(k))
+            .collect();
         for ring in stale {
             self.rings.remove(&ring).map_err(err(MAGLEV_RINGS))?;
         }
         for entry in self.local_endpoints.iter() {
-            let (key, value) = entry.map_err(err(LOCAL_ENDPOINTS))?;
+            let (key, value) = entry.map_err(err(A::MAPS.local_endpoints))?;
             self.local.insert(key, value);
         }
         Ok(())
@@ -280,12 +347,12 @@ impl ServiceMaps {
     /// Serves each VIP on its uplink from now on: installed services whose uplink slot moved
     /// are rewritten (only the slot changes), later ones are installed with theirs. Returns
     /// how many entries were rewritten.
-    pub fn set_vip_uplinks(&mut self, uplinks: Arc<HashMap<[u8; 4], u8>>) -> Result<usize> {
+    pub fn set_vip_uplinks(&mut self, uplinks: Arc<HashMap<IpAddr, u8>>) -> Result<usize> {
         if Arc::ptr_eq(&uplinks, &self.vip_uplinks) {
             return Ok(0);
         }
         self.vip_uplinks = uplinks;
-        let moved: Vec<(ServiceKey, Service)> = self
+        let moved: Vec<(ServiceKeyOf<A>, Service)> = self
             .installed
             .iter()
             .filter(|(key, i)| i.entry.uplink() != self.uplink_of(key.vip))
@@ -301,9 +368,9 @@ impl ServiceMaps {
 
     /// Writes installed services' new entries in one batch, and into the mirror, so a sync that
     /// fails after this rewrites them next time.
-    fn rewrite_entries(&mut self, entries: Vec<(ServiceKey, Service)>) -> Result<()> {
-        let (keys, entries): (Vec<ServiceKey>, Vec<Service>) = entries.into_iter().unzip();
-        batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(SERVICES))?;
+    fn rewrite_entries(&mut self, entries: Vec<(ServiceKeyOf<A>, Service)>) -> Result<()> {
+        let (keys, entries): (Vec<ServiceKeyOf<A>>, Vec<Service>) = entries.into_iter().unzip();
+        batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(A::MAPS.services))?;
         for (key, entry) in keys.iter().zip(entries) {
             if let Some(installed) = self.installed.get_mut(key) {
                 installed.entry = entry;
@@ -312,19 +379,32 @@ impl ServiceMaps {
         Ok(())
     }
 
-    fn uplink_of(&self, vip: [u8; 4]) -> u8 {
-        self.vip_uplinks.get(&vip).copied().unwrap_or(lb_common::maps::ANY_UPLINK)
+    fn uplink_of(&self, vip: A) -> u8 {
+        self.vip_uplinks.get(&vip.to_ip()).copied().unwrap_or(lb_common::maps::ANY_UPLINK)
     }
 
+    /// Writes the node-wide settings (through the family that took `SETTINGS`).
     pub fn set_settings(&mut self, settings: Settings) -> Result<()> {
-        if self.settings.get(&0, 0).ok() != Some(settings) {
-            self.settings.set(0, settings, 0).map_err(err(SETTINGS))?;
+        if let Some(map) = &mut self.settings
+            && map.get(&0, 0).ok() != Some(settings)
+        {
+            map.set(0, settings, 0).map_err(err(SETTINGS))?;
         }
         Ok(())
     }
 
+    /// A second handle on `MAGLEV_RINGS`, for the other family's [`ServiceMaps::take`].
+    pub fn rings_handle(&self) -> Result<aya::maps::Map> {
+        let fd = self
+            .rings_fd
+            .try_clone()
+            .map_err(|e| Error::io("duplicating the fd of BPF map MAGLEV_RINGS", e))?;
+        let data = MapData::from_fd(fd).map_err(err(MAGLEV_RINGS))?;
+        Ok(aya::maps::Map::HashOfMaps(data))
+    }
+
     /// Makes the maps hold `plan` whole, retired rings removed.
-    pub fn apply(&mut self, plan: &DataplanePlan) -> Result<SyncReport> {
+    pub fn apply(&mut self, plan: &DataplanePlan<A>) -> Result<SyncReport> {
         let report = self.apply_delta(&plan.to_delta())?;
         self.remove_retired_rings()?;
         Ok(report)
@@ -332,12 +412,12 @@ impl ServiceMaps {
 
     /// Applies a change, touching only the entries it names (for a complete delta, also
     /// removing whatever it does not name).
-    pub fn apply_delta(&mut self, delta: &PlanDelta) -> Result<SyncReport> {
+    pub fn apply_delta(&mut self, delta: &PlanDelta<A>) -> Result<SyncReport> {
         let mut report = SyncReport::default();
         let mut released = Vec::new();
 
         // Removals first: they make room.
-        let mut removals: Vec<ServiceKey> =
+        let mut removals: Vec<ServiceKeyOf<A>> =
             delta.services.iter().filter(|(_, s)| s.is_none()).map(|(k, _)| *k).collect();
         if delta.complete {
             removals.extend(self.installed.keys().filter(|k| !delta.services.contains_key(k)));
@@ -346,7 +426,7 @@ impl ServiceMaps {
         for key in removals {
             self.refused.remove(&key);
             if let Some(old) = self.installed.remove(&key) {
-                self.services.remove(&key).map_err(err(SERVICES))?;
+                self.services.remove(&key).map_err(err(A::MAPS.services))?;
                 self.retire_ring(old.entry.ring_id);
                 self.release(&old.backends, &mut released);
                 self.release_vip_slot(key.vip);
@@ -355,7 +435,7 @@ impl ServiceMaps {
         }
 
         // Then the new and changed services, and those refused earlier, which may fit now.
-        let mut wanted: Vec<(ServiceKey, PlannedService)> = Vec::new();
+        let mut wanted: Vec<(ServiceKeyOf<A>, PlannedService<A>)> = Vec::new();
         for (key, planned) in &delta.services {
             if let Some(planned) = planned {
                 self.refused.remove(key);
@@ -375,7 +455,11 @@ impl ServiceMaps {
         report.refused = self
             .refused
             .iter()
-            .map(|(key, (s, refusal))| RefusedService { key: *key, name: s.name.clone(), refusal: *refusal })
+            .map(|(key, (s, refusal))| RefusedService {
+                entry: entry(key),
+                name: s.name.clone(),
+                refusal: *refusal,
+            })
             .collect();
         self.apply_local_endpoints(delta, &mut report)?;
         Ok(report)
@@ -385,20 +469,20 @@ impl ServiceMaps {
     /// fit; writes the new backends in one batch. Returns the admitted services.
     fn admit(
         &mut self,
-        wanted: Vec<(ServiceKey, PlannedService)>,
+        wanted: Vec<(ServiceKeyOf<A>, PlannedService<A>)>,
         report: &mut SyncReport,
-    ) -> Result<Vec<(ServiceKey, PlannedService)>> {
+    ) -> Result<Vec<(ServiceKeyOf<A>, PlannedService<A>)>> {
         let mut admitted = Vec::with_capacity(wanted.len());
-        let mut added: Vec<(u32, Backend)> = Vec::new();
+        let mut added: Vec<(u32, BackendOf<A>)> = Vec::new();
         let mut entries = self.installed.len();
         for (key, planned) in wanted {
             let is_new = !self.installed.contains_key(&key);
-            let missing: BTreeSet<Backend> =
+            let missing: BTreeSet<BackendOf<A>> =
                 planned.backends.iter().filter(|b| !self.slots.contains_key(b)).copied().collect();
             let refusal = if is_new && entries >= self.limits.services as usize {
-                Some(Refusal { what: "services", limit: self.limits.services })
+                Some(Refusal { what: "services", limit: self.limits.services, block: capacity_block::<A>() })
             } else if missing.len() > self.free.len() {
-                Some(Refusal { what: "backends", limit: self.limits.backends })
+                Some(Refusal { what: "backends", limit: self.limits.backends, block: capacity_block::<A>() })
             } else {
                 None
             };
@@ -419,12 +503,13 @@ impl ServiceMaps {
         }
         if !added.is_empty() {
             // A reused slot starts its counters from zero; both land before any ring uses it.
-            let (slots, backends): (Vec<u32>, Vec<Backend>) = added.iter().copied().unzip();
+            let (slots, backends): (Vec<u32>, Vec<BackendOf<A>>) = added.iter().copied().unzip();
             batch::zero_per_cpu::<PacketCounter>(self.backend_stats.map().fd(), &slots, self.cpus)
-                .map_err(batch_err(BACKEND_STATS))?;
-            batch::update(self.backends.map().fd(), &slots, &backends).map_err(batch_err(BACKENDS))?;
+                .map_err(batch_err(A::MAPS.backend_stats))?;
+            batch::update(self.backends.map().fd(), &slots, &backends)
+                .map_err(batch_err(A::MAPS.backends))?;
             report.backends_added += added.len();
-            self.address_changes.0.extend(backends.iter().map(|b| std::net::Ipv4Addr::from(b.addr)));
+            self.address_changes.0.extend(backends.iter().map(|b| b.addr.to_ip()));
         }
         Ok(admitted)
     }
@@ -442,8 +527,8 @@ impl ServiceMaps {
     /// registered, so they go in batches of [`RINGS_PER_BATCH`], well inside `RLIMIT_NOFILE`.
     fn install(
         &mut self,
-        admitted: &[(ServiceKey, PlannedService)],
-        released: &mut Vec<Backend>,
+        admitted: &[(ServiceKeyOf<A>, PlannedService<A>)],
+        released: &mut Vec<BackendOf<A>>,
         report: &mut SyncReport,
     ) -> Result<()> {
         for chunk in admitted.chunks(RINGS_PER_BATCH) {
@@ -454,12 +539,12 @@ impl ServiceMaps {
 
     fn install_batch(
         &mut self,
-        admitted: &[(ServiceKey, PlannedService)],
-        released: &mut Vec<Backend>,
+        admitted: &[(ServiceKeyOf<A>, PlannedService<A>)],
+        released: &mut Vec<BackendOf<A>>,
         report: &mut SyncReport,
     ) -> Result<()> {
-        let mut staged: Vec<(ServiceKey, &PlannedService, Service, Option<Ring>)> = Vec::new();
-        let mut in_place: Vec<(ServiceKey, &PlannedService, Service, Service, Vec<u32>)> = Vec::new();
+        let mut staged: Vec<Staged<'_, A>> = Vec::new();
+        let mut in_place: Vec<InPlace<'_, A>> = Vec::new();
         for (key, planned) in admitted {
             // Slots by backend index first: one map lookup per backend, not per ring slot.
             let slot_of: Vec<u32> = planned.backends.iter().map(|b| self.slots[b]).collect();
@@ -498,7 +583,7 @@ impl ServiceMaps {
 
         // Rings of an unchanged size are rewritten in place. Their entries say so first
         // (`REWRITING`), so that a crash in the middle is never mistaken for a finished ring.
-        let marks: Vec<(ServiceKey, Service)> = in_place
+        let marks: Vec<(ServiceKeyOf<A>, Service)> = in_place
             .iter()
             .map(|(key, _, old, _, _)| (*key, Service { ring_digest: REWRITING, ..*old }))
             .collect();
@@ -530,9 +615,9 @@ impl ServiceMaps {
                 }
             }
         }
-        let keys: Vec<ServiceKey> = staged.iter().map(|(k, ..)| *k).collect();
+        let keys: Vec<ServiceKeyOf<A>> = staged.iter().map(|(k, ..)| *k).collect();
         let entries: Vec<Service> = staged.iter().map(|(_, _, e, _)| *e).collect();
-        batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(SERVICES))?;
+        batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(A::MAPS.services))?;
 
         for (key, planned, entry, _) in staged {
             let new = Installed { entry, name: planned.name.clone(), backends: planned.backends.clone() };
@@ -557,7 +642,7 @@ impl ServiceMaps {
 
     /// The VIP's `VIP_TRAFFIC` slot: its own while any of its services is installed, else a
     /// free one, zeroed (its counters start from nothing) before any service entry names it.
-    fn vip_slot(&mut self, vip: [u8; 4]) -> Result<u32> {
+    fn vip_slot(&mut self, vip: A) -> Result<u32> {
         if let Some((slot, _)) = self.vip_slots.get(&vip) {
             return Ok(*slot);
         }
@@ -568,7 +653,7 @@ impl ServiceMaps {
             .pop_front()
             .ok_or(Error::Capacity { what: "VIPs", limit: self.vip_traffic.len() })?;
         batch::zero_per_cpu::<PacketCounter>(self.vip_traffic.map().fd(), &[slot], self.cpus)
-            .map_err(batch_err(VIP_TRAFFIC))?;
+            .map_err(batch_err(A::MAPS.vip_traffic))?;
         // Counted once its first service is installed; freed at the end of the sync if none is.
         self.vip_slots.insert(vip, (slot, 0));
         self.vip_slots_unused = true;
@@ -577,7 +662,7 @@ impl ServiceMaps {
 
     /// One service of the VIP fewer; the last one frees the slot at once, for a VIP that
     /// arrives in the same sync.
-    fn release_vip_slot(&mut self, vip: [u8; 4]) {
+    fn release_vip_slot(&mut self, vip: A) {
         if let Some((slot, services)) = self.vip_slots.get_mut(&vip) {
             *services = services.saturating_sub(1);
             if *services == 0 {
@@ -602,12 +687,12 @@ impl ServiceMaps {
     }
 
     /// Each VIP's `VIP_TRAFFIC` slot, for the counters.
-    pub fn vip_slots(&self) -> BTreeMap<std::net::Ipv4Addr, u32> {
-        self.vip_slots.iter().map(|(vip, (slot, _))| ((*vip).into(), *slot)).collect()
+    pub fn vip_slots(&self) -> BTreeMap<IpAddr, u32> {
+        self.vip_slots.iter().map(|(vip, (slot, _))| (vip.to_ip(), *slot)).collect()
     }
 
     /// Drops one reference to each backend; those nobody references go to `released`.
-    fn release(&mut self, backends: &[Backend], released: &mut Vec<Backend>) {
+    fn release(&mut self, backends: &[BackendOf<A>], released: &mut Vec<BackendOf<A>>) {
         for backend in backends {
             if let Some(count) = self.refs.get_mut(backend) {
                 *count -= 1;
@@ -620,29 +705,29 @@ impl ServiceMaps {
     }
 
     /// Empties the slots of released backends that no ring references any more.
-    fn free_slots(&mut self, released: Vec<Backend>, report: &mut SyncReport) -> Result<()> {
+    fn free_slots(&mut self, released: Vec<BackendOf<A>>, report: &mut SyncReport) -> Result<()> {
         let mut freed = Vec::new();
         for backend in released {
             if self.refs.contains_key(&backend) {
                 continue; // taken up again by another service in this sync
             }
             if let Some(slot) = self.slots.remove(&backend) {
-                self.address_changes.1.push(backend.addr.into());
+                self.address_changes.1.push(backend.addr.to_ip());
                 freed.push(slot);
             }
         }
         if freed.is_empty() {
             return Ok(());
         }
-        let empties = vec![EMPTY_BACKEND; freed.len()];
-        batch::update(self.backends.map().fd(), &freed, &empties).map_err(batch_err(BACKENDS))?;
+        let empties = vec![BackendOf::<A>::EMPTY; freed.len()];
+        batch::update(self.backends.map().fd(), &freed, &empties).map_err(batch_err(A::MAPS.backends))?;
         report.backends_removed += freed.len();
         self.free.extend(freed);
         Ok(())
     }
 
-    fn apply_local_endpoints(&mut self, delta: &PlanDelta, report: &mut SyncReport) -> Result<()> {
-        let mut changes: Vec<(LocalEndpointKey, Option<LocalEndpoint>)> =
+    fn apply_local_endpoints(&mut self, delta: &PlanDelta<A>, report: &mut SyncReport) -> Result<()> {
+        let mut changes: Vec<(LocalEndpointKeyOf<A>, Option<LocalEndpoint>)> =
             delta.local_endpoints.iter().map(|(k, v)| (*k, *v)).collect();
         if delta.complete {
             changes.extend(
@@ -655,7 +740,7 @@ impl ServiceMaps {
             match value {
                 None => {
                     if self.local.remove(&key).is_some() {
-                        self.local_endpoints.remove(&key).map_err(err(LOCAL_ENDPOINTS))?;
+                        self.local_endpoints.remove(&key).map_err(err(A::MAPS.local_endpoints))?;
                         report.local_endpoints_changed += 1;
                     }
                 }
@@ -664,13 +749,17 @@ impl ServiceMaps {
                     if !self.local.contains_key(&key)
                         && self.local.len() >= self.limits.local_endpoints as usize
                     {
-                        let refusal = Refusal { what: "localEndpoints", limit: self.limits.local_endpoints };
+                        let refusal = Refusal {
+                            what: "localEndpoints",
+                            limit: self.limits.local_endpoints,
+                            block: capacity_block::<A>(),
+                        };
                         let name =
                             self.installed.get(&key.service).map(|s| s.name.clone()).unwrap_or_default();
-                        report.refused.push(RefusedService { key: key.service, name, refusal });
+                        report.refused.push(RefusedService { entry: entry(&key.service), name, refusal });
                         continue;
                     }
-                    self.local_endpoints.insert(key, value, 0).map_err(err(LOCAL_ENDPOINTS))?;
+                    self.local_endpoints.insert(key, value, 0).map_err(err(A::MAPS.local_endpoints))?;
                     self.local.insert(key, value);
                     report.local_endpoints_changed += 1;
                 }
@@ -705,11 +794,13 @@ impl ServiceMaps {
 
     /// A ring id no ring uses (retired ones included, until they are removed).
     fn ring_id(&mut self) -> u32 {
-        let mut id = self.next_ring.max(1);
+        let ids = A::RING_IDS;
+        let within = |id: u32| if ids.contains(&id) { id } else { ids.start };
+        let mut id = within(self.next_ring);
         while self.ring_ids.contains(&id) {
-            id = id.wrapping_add(1).max(1);
+            id = within(id.wrapping_add(1));
         }
-        self.next_ring = id.wrapping_add(1).max(1);
+        self.next_ring = within(id.wrapping_add(1));
         self.ring_ids.insert(id);
         id
     }
@@ -741,17 +832,17 @@ impl ServiceMaps {
     }
 
     /// Backend slot → backend, for metrics and status.
-    pub fn backends(&self) -> &BTreeMap<Backend, u32> {
+    pub fn backends(&self) -> &BTreeMap<BackendOf<A>, u32> {
         &self.slots
     }
 
     /// Endpoint addresses added and removed (one per backend) since the last call.
-    pub fn take_address_changes(&mut self) -> (Vec<std::net::Ipv4Addr>, Vec<std::net::Ipv4Addr>) {
+    pub fn take_address_changes(&mut self) -> (Vec<IpAddr>, Vec<IpAddr>) {
         std::mem::take(&mut self.address_changes)
     }
 
     /// Full NAT's source ports (see [`super::snat`]).
-    pub fn snat(&mut self) -> &mut super::snat::SnatTable {
+    pub fn snat(&mut self) -> &mut super::snat::SnatTable<A> {
         &mut self.snat
     }
 
@@ -781,21 +872,26 @@ impl ServiceMaps {
             })
             .sum();
         let of = |map: &aya::maps::MapFd| batch::memlock(map).unwrap_or(0);
+        let names = A::MAPS;
         vec![
-            (SERVICES, of(self.services.map().fd())),
-            (BACKENDS, of(self.backends.map().fd())),
-            (BACKEND_STATS, of(self.backend_stats.map().fd())),
-            (MAGLEV_RINGS, self.rings_outer_bytes + rings),
-            (LOCAL_ENDPOINTS, of(self.local_endpoints.map().fd())),
+            (names.services, of(self.services.map().fd())),
+            (names.backends, of(self.backends.map().fd())),
+            (names.backend_stats, of(self.backend_stats.map().fd())),
+            // The outer map once, with the first family's rings.
+            (MAGLEV_RINGS, if self.settings.is_some() { self.rings_outer_bytes } else { 0 } + rings),
+            (names.local_endpoints, of(self.local_endpoints.map().fd())),
         ]
     }
 }
 
+/// A service ready to point at its ring: key, plan, new entry, and the ring when it is new.
+type Staged<'a, A> = (ServiceKeyOf<A>, &'a PlannedService<A>, Service, Option<Ring>);
+/// A service whose ring is rewritten in place: key, plan, old entry, new entry, new slots.
+type InPlace<'a, A> = (ServiceKeyOf<A>, &'a PlannedService<A>, Service, Service, Vec<u32>);
+
 /// New rings registered per map-of-maps write: each write costs one RCU grace period, each
 /// ring an open file until then.
 const RINGS_PER_BATCH: usize = 1024;
-
-const EMPTY_BACKEND: Backend = Backend { addr: [0; 4], port: [0; 2], delivery: 0, _pad: 0, node: [0; 4] };
 
 /// FNV-1a over the ring's slots: equal digests mean the pinned ring is already right.
 /// FNV-1a of the ring's slots, never [`REWRITING`].

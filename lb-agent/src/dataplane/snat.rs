@@ -6,13 +6,14 @@
 use std::time::Duration;
 
 use aya::maps::{HashMap, IterableMap, MapData};
-use lb_common::service::{FlowKey, SNAT_REPLIES, SnatEntry};
+use lb_common::service::{Addr4, Address, FlowKeyOf, SnatEntryOf};
 
 use super::batch;
 use crate::error::{Error, Result};
 
-pub struct SnatTable {
-    map: HashMap<MapData, FlowKey, SnatEntry>,
+/// One family's `SNAT_REPLIES` (IPv4's by default).
+pub struct SnatTable<A: Address = Addr4> {
+    map: HashMap<MapData, FlowKeyOf<A>, SnatEntryOf<A>>,
 }
 
 /// What an expiry pass found.
@@ -23,21 +24,22 @@ pub struct Expiry {
     pub removed: usize,
 }
 
-impl SnatTable {
+impl<A: Address> SnatTable<A> {
     pub fn take(map: aya::maps::Map) -> Result<Self> {
-        let map = HashMap::try_from(map).map_err(|source| Error::BpfMap { map: SNAT_REPLIES, source })?;
+        let map =
+            HashMap::try_from(map).map_err(|source| Error::BpfMap { map: A::MAPS.snat_replies, source })?;
         Ok(Self { map })
     }
 
     /// The map itself.
-    pub fn map_mut(&mut self) -> &mut HashMap<MapData, FlowKey, SnatEntry> {
+    pub fn map_mut(&mut self) -> &mut HashMap<MapData, FlowKeyOf<A>, SnatEntryOf<A>> {
         &mut self.map
     }
 
     /// Removes the entries not seen for `idle` by `now_ns` (CLOCK_MONOTONIC).
     pub fn expire(&mut self, now_ns: u64, idle: Duration) -> Result<Expiry> {
-        let entries: Vec<(FlowKey, SnatEntry)> = batch::read_all(self.map.map().fd())
-            .map_err(|e| Error::io(format!("reading BPF map {SNAT_REPLIES}"), e))?;
+        let entries: Vec<(FlowKeyOf<A>, SnatEntryOf<A>)> = batch::read_all(self.map.map().fd())
+            .map_err(|e| Error::io(format!("reading BPF map {}", A::MAPS.snat_replies), e))?;
         let stale = idle_keys(&entries, now_ns, idle);
         // One by one: a key the program removed or rewrote meanwhile must not fail the rest.
         let mut removed = 0;
@@ -52,7 +54,11 @@ impl SnatTable {
 
 /// The keys of `entries` not seen for `idle` by `now_ns`. An entry stamped after `now_ns` (the
 /// program's coarse clock runs a little behind or ahead) is not idle.
-pub fn idle_keys(entries: &[(FlowKey, SnatEntry)], now_ns: u64, idle: Duration) -> Vec<FlowKey> {
+pub fn idle_keys<A: Address>(
+    entries: &[(FlowKeyOf<A>, SnatEntryOf<A>)],
+    now_ns: u64,
+    idle: Duration,
+) -> Vec<FlowKeyOf<A>> {
     let idle = idle.as_nanos() as u64;
     entries.iter().filter(|(_, e)| now_ns.saturating_sub(e.last_seen_ns) > idle).map(|(k, _)| *k).collect()
 }
@@ -60,7 +66,7 @@ pub fn idle_keys(entries: &[(FlowKey, SnatEntry)], now_ns: u64, idle: Duration) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lb_common::service::ReplyNat;
+    use lb_common::service::{FlowKey, ReplyNat, SnatEntry};
 
     #[test]
     fn only_entries_idle_past_the_timeout_go() {

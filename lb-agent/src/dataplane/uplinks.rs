@@ -5,12 +5,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use aya::maps::{HashMap, MapData, MapError};
-use lb_common::maps::{ANY_UPLINK, UPLINKS, Uplink, UplinkKey};
+use lb_common::{
+    maps::{ANY_UPLINK, UPLINKS, Uplink, UplinkKey, Vip6Key},
+    service::UPLINK_ADDRS6,
+};
 
 use crate::error::{Error, Result};
 
 /// What the uplink map must hold.
 pub type UplinkSet = BTreeMap<UplinkKey, Uplink>;
+
+/// This node's IPv6 address on each uplink that has one (`UPLINK_ADDRS6`).
+pub type Uplink6Set = BTreeMap<UplinkKey, Vip6Key>;
 
 /// Slots by interface name: stable while an interface stays an uplink, the lowest free one
 /// for a new uplink.
@@ -48,32 +54,48 @@ impl Slots {
 
 pub struct UplinkMap {
     map: HashMap<MapData, UplinkKey, Uplink>,
+    addresses6: HashMap<MapData, UplinkKey, Vip6Key>,
 }
 
 impl UplinkMap {
-    pub fn take(map: aya::maps::Map) -> Result<Self> {
+    pub fn take(map: aya::maps::Map, addresses6: aya::maps::Map) -> Result<Self> {
         let map = HashMap::try_from(map).map_err(|source| Error::BpfMap { map: UPLINKS, source })?;
-        Ok(Self { map })
+        let addresses6 =
+            HashMap::try_from(addresses6).map_err(|source| Error::BpfMap { map: UPLINK_ADDRS6, source })?;
+        Ok(Self { map, addresses6 })
     }
 
-    /// Writes the entries of `wanted` that differ and removes the others. New entries go in
-    /// before stale ones leave, so an uplink being re-keyed is never missing.
-    pub fn apply(&mut self, wanted: &UplinkSet) -> Result<()> {
-        let map_err = |source: MapError| Error::BpfMap { map: UPLINKS, source };
-        let current: UplinkSet = self.map.iter().collect::<std::result::Result<_, _>>().map_err(map_err)?;
-        let (write, remove) = diff(&current, wanted);
-        for key in write {
-            self.map.insert(key, wanted[&key], 0).map_err(map_err)?;
-        }
-        for key in remove {
-            self.map.remove(&key).map_err(map_err)?;
-        }
-        Ok(())
+    /// Writes the entries of `wanted` (and of `wanted6`) that differ and removes the others.
+    /// New entries go in before stale ones leave, so an uplink being re-keyed is never missing.
+    pub fn apply(&mut self, wanted: &UplinkSet, wanted6: &Uplink6Set) -> Result<()> {
+        apply(&mut self.map, UPLINKS, wanted)?;
+        apply(&mut self.addresses6, UPLINK_ADDRS6, wanted6)
     }
 }
 
+fn apply<V: aya::Pod + PartialEq>(
+    map: &mut HashMap<MapData, UplinkKey, V>,
+    name: &'static str,
+    wanted: &BTreeMap<UplinkKey, V>,
+) -> Result<()> {
+    let map_err = |source: MapError| Error::BpfMap { map: name, source };
+    let current: BTreeMap<UplinkKey, V> =
+        map.iter().collect::<std::result::Result<_, _>>().map_err(map_err)?;
+    let (write, remove) = diff(&current, wanted);
+    for key in write {
+        map.insert(key, wanted[&key], 0).map_err(map_err)?;
+    }
+    for key in remove {
+        map.remove(&key).map_err(map_err)?;
+    }
+    Ok(())
+}
+
 /// The keys to write and the keys to remove.
-fn diff(current: &UplinkSet, wanted: &UplinkSet) -> (Vec<UplinkKey>, Vec<UplinkKey>) {
+fn diff<V: PartialEq>(
+    current: &BTreeMap<UplinkKey, V>,
+    wanted: &BTreeMap<UplinkKey, V>,
+) -> (Vec<UplinkKey>, Vec<UplinkKey>) {
     let write = wanted.iter().filter(|(k, v)| current.get(k) != Some(v)).map(|(k, _)| *k).collect();
     let remove = current.keys().filter(|k| !wanted.contains_key(k)).copied().collect();
     (write, remove)

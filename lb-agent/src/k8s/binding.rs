@@ -3,9 +3,10 @@
 //! A Service is ours when it has `spec.loadBalancerClass: lb-agent.io/vrrp`, or the annotation
 //! `lb-agent.io/group`, or is a class-less LoadBalancer and a group is marked `default`.
 //! `spec.externalIPs` are honoured only inside the group's `allowedExternalIPs`: anything else
-//! is refused (CVE-2020-8554, the externalIPs man-in-the-middle). Services are served over IPv4
-//! only for now: an IPv6-only Service is refused, a dual-stack one gets its IPv4 address alone,
-//! and IPv6 addresses it asks for are refused, each saying so (`FamilyNotServed`).
+//! is refused (CVE-2020-8554, the externalIPs man-in-the-middle). Kubernetes Services are served
+//! over IPv4 only for now (the data path forwards IPv6, the standalone YAML serves it; IPv6
+//! allocation is not built): an IPv6-only Service is refused, a dual-stack one gets its IPv4
+//! address alone, and IPv6 addresses it asks for are refused, each saying so (`FamilyNotServed`).
 
 use std::{borrow::Borrow, collections::BTreeMap, net::Ipv4Addr};
 
@@ -107,7 +108,7 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
     let families = spec.ip_families.as_deref().unwrap_or_default();
     if !families.is_empty() && !families.iter().any(|f| f == "IPv4") {
         let message = format!(
-            "ipFamilies {families:?}: lb-agent forwards IPv4 only for now, so this Service gets no address \
+            "ipFamilies {families:?}: lb-agent serves Kubernetes Services over IPv4 only for now, so this Service gets no address \
              from group {group_name:?}"
         );
         return (None, vec![refuse(FAMILY_NOT_SERVED, message)]);
@@ -116,7 +117,7 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
         refusals.push(refuse(
             FAMILY_NOT_SERVED,
             format!(
-                "ipFamilies {families:?}: only the IPv4 address is allocated and served (lb-agent forwards IPv4 \
+                "ipFamilies {families:?}: only the IPv4 address is allocated and served (lb-agent serves Kubernetes Services over IPv4 \
                  only for now)"
             ),
         ));
@@ -185,7 +186,7 @@ pub const FAMILY_NOT_SERVED: &str = "FamilyNotServed";
 
 fn ipv6_not_served(field: &str, address: &str) -> String {
     format!(
-        "{field}: {address} is an IPv6 address, and lb-agent forwards IPv4 only for now; it is not served"
+        "{field}: {address} is an IPv6 address, and lb-agent serves Kubernetes Services over IPv4 only for now; it is not served"
     )
 }
 

@@ -33,7 +33,7 @@ impl Pools {
                 .is_some_and(|a| a.trim().parse::<std::net::Ipv6Addr>().is_ok());
             let bad = || {
                 let why = if ipv6 {
-                    " (IPv6 pools are not allocated from yet: lb-agent forwards IPv4 only for now)"
+                    " (IPv6 pools are not allocated from yet: lb-agent serves Kubernetes Services over IPv4 only for now)"
                 } else {
                     ""
                 };

@@ -164,7 +164,7 @@ struct Translated {
     vips: Vec<GroupVip>,
     configs: Vec<Arc<ServiceConfig>>,
     /// What its configs serve, kept beside them for the pass's conflict check.
-    ports: SmallVec<[(Ipv4Addr, u16, Protocol); 2]>,
+    ports: SmallVec<[(IpAddr, u16, Protocol); 2]>,
     /// Where its configs start in the last config's services, when they are there.
     at: Option<usize>,
 }
@@ -430,7 +430,7 @@ impl Translator {
         let mut unserved = Vec::new();
         let mut bound: HashMap<&str, GroupOutput, FixedState> = HashMap::default();
         let mut vips_seen: HashSet<IpAddr, FixedState> = HashSet::default();
-        let mut served: HashMap<(Ipv4Addr, u16, Protocol), &str, FixedState> =
+        let mut served: HashMap<(IpAddr, u16, Protocol), &str, FixedState> =
             HashMap::with_capacity_and_hasher(self.services.len(), FixedState::default());
         for translated in self.services.values() {
             refusals.extend(translated.refusals.iter().cloned());
@@ -805,7 +805,7 @@ services:
                 "VRRP plan on {node}"
             );
             assert_eq!(
-                service_plan::plan(&from_cluster.config, node),
+                service_plan::plan::<lb_common::service::Addr4>(&from_cluster.config, node),
                 service_plan::plan(&from_yaml, node),
                 "data plane on {node}"
             );

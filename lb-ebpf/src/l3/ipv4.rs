@@ -6,14 +6,15 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::Reason,
-    service::{PROTO_ICMP, PROTO_IPIP, PROTO_TCP, PROTO_UDP, PROTO_VRRP},
+    service::{FlowKey, PROTO_ICMP, PROTO_IPIP, PROTO_TCP, PROTO_UDP, PROTO_VRRP},
 };
 use network_types::ip::Ipv4Hdr;
 
 use super::icmp;
 use crate::{
+    family::V4,
     owned::{is_owned, is_owned_exclusively},
-    packet::{self, ETH_LEN, FRAGMENT_MASK, IPV4_LEN, header},
+    packet::{self, ETH_LEN, FRAGMENT_MASK, IPV4_LEN, L4_OFFSET, Ports, header},
     services::{self, encap},
     stats, vrrp,
 };
@@ -60,7 +61,14 @@ pub fn handle(ctx: &XdpContext) -> u32 {
         );
     }
     match proto {
-        PROTO_TCP | PROTO_UDP => services::transport(ctx, proto, tot_len),
+        PROTO_TCP | PROTO_UDP => {
+            let Some(ports) = header::<Ports>(ctx, L4_OFFSET) else {
+                return stats::verdict(Reason::MalformedIpv4, bytes, XDP_PASS);
+            };
+            // SAFETY: bounds-checked by `header`; copied out.
+            let flow = unsafe { FlowKey::new(src, dst, (*ports).sport, (*ports).dport, proto) };
+            services::transport::<V4>(ctx, &flow, tot_len)
+        }
         PROTO_ICMP => icmp::answer_echo(ctx),
         PROTO_IPIP => encap::decapsulate(ctx),
         PROTO_VRRP => vrrp::observe(ctx, src),

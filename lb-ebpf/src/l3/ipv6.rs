@@ -1,7 +1,7 @@
-//! IPv6: validate the fixed header, learn VRRP advertisement sources (see `vrrp`), answer
-//! ICMPv6 echo for owned VIPs (RFC 4443 §4.2), and
-//! drop what else reaches a VIP only this node holds. Nothing is forwarded over IPv6 yet: the
-//! kernel gets every other packet.
+//! IPv6: validate the fixed header, learn VRRP advertisement sources (see `vrrp`), hand TCP and
+//! UDP to the service path and IPv6-in-IPv6 to DSR's decapsulation, answer ICMPv6 echo for
+//! owned VIPs (RFC 4443 §4.2), and drop what else reaches a VIP only this node holds.
+//! Extension headers and fragments are the kernel's (counted when aimed at an owned VIP).
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
@@ -11,17 +11,28 @@ use lb_common::{
     counters::Reason,
     maps::Vip6Key,
     ndp::{ECHO_REPLY, ECHO_REQUEST, ICMPV6},
-    service::PROTO_VRRP,
+    service::{PROTO_IPV6, PROTO_TCP, PROTO_UDP, PROTO_VRRP},
 };
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
 use super::icmp::EchoHdr;
 use crate::{
-    maps::OWNED_VIPS6,
+    family::{Family, V6},
+    maps::{IPV6_SERVICES, OWNED_VIPS6, STATE6},
     owned,
-    packet::{self, header},
+    packet::{self, IPV6_LEN, Ports, header},
+    services::{self, encap6},
     stats, uplink, vrrp,
 };
+
+/// Extension headers (RFC 8200 §4.1) and others that can come before TCP/UDP.
+const HOP_BY_HOP: u8 = 0;
+const ROUTING: u8 = 43;
+const FRAGMENT: u8 = 44;
+const ESP: u8 = 50;
+const AUTHENTICATION: u8 = 51;
+const DESTINATION_OPTIONS: u8 = 60;
+const MOBILITY: u8 = 135;
 
 const REPLY_HOP_LIMIT: u8 = 64;
 
@@ -44,13 +55,28 @@ pub fn handle(ctx: &XdpContext) -> u32 {
     if version != 6 || bytes < EthHdr::LEN + Ipv6Hdr::LEN + usize::from(payload_len) {
         return stats::verdict(Reason::MalformedIpv6, bytes, XDP_PASS);
     }
-    if next_hdr == PROTO_VRRP {
-        return vrrp::observe6(ctx, src);
+    match next_hdr {
+        PROTO_VRRP => return vrrp::observe6(ctx, src),
+        PROTO_TCP | PROTO_UDP | PROTO_IPV6 => {
+            // SAFETY: a tail call replaces this program; it returns only when it fails.
+            let _ = unsafe { IPV6_SERVICES.tail_call(ctx, 0) };
+            // The agent writes the program at start, before attaching: only a broken load
+            // gets here.
+            return stats::verdict(Reason::Ipv6Passed, bytes, XDP_PASS);
+        }
+        _ => {}
     }
     // SAFETY: copied out at once.
     let Some(owned) = (unsafe { OWNED_VIPS6.get(&Vip6Key::new(dst)) }).copied() else {
         return stats::verdict(Reason::Ipv6Passed, bytes, XDP_PASS);
     };
+    match next_hdr {
+        FRAGMENT => return stats::verdict(Reason::Fragment, bytes, XDP_PASS),
+        HOP_BY_HOP | ROUTING | ESP | AUTHENTICATION | DESTINATION_OPTIONS | MOBILITY => {
+            return stats::verdict(Reason::Ipv6Extension, bytes, XDP_PASS);
+        }
+        _ => {}
+    }
     if !uplink::accepts(ctx, owned.uplink) {
         return stats::verdict(Reason::WrongInterface, bytes, XDP_PASS);
     }
@@ -71,8 +97,38 @@ pub fn handle(ctx: &XdpContext) -> u32 {
     if owned.kernel_too() {
         return stats::verdict(Reason::Ipv6Passed, bytes, XDP_PASS);
     }
-    // Only this node's data plane holds the VIP, and it serves nothing else over IPv6 yet.
+    // Only this node's data plane holds the VIP, and no service takes this.
     stats::verdict(Reason::UnexposedPort, bytes, XDP_DROP)
+}
+
+/// The IPv6 service path: TCP and UDP to services (and full NAT's replies), and DSR's IPv6 in
+/// IPv6. It runs as a program of its own (`lb_xdp6`), tail-called from [`handle`] through
+/// `IPV6_SERVICES`: inlined beside IPv4's path, the two paths' stack slots add up past BPF's
+/// 512 bytes, and a BPF-to-BPF call would share the caller's 512; a tail call starts afresh.
+/// The header was validated by [`handle`].
+#[inline(always)]
+pub fn serve(ctx: &XdpContext) -> u32 {
+    let bytes = packet::len(ctx);
+    let (Some(ip), Some(ports)) = (header::<Ipv6Hdr>(ctx, EthHdr::LEN), header::<Ports>(ctx, V6::L4_OFFSET))
+    else {
+        return stats::verdict(Reason::MalformedIpv6, bytes, XDP_PASS);
+    };
+    // SAFETY: bounds-checked by `header`.
+    let ip = unsafe { &*ip };
+    let ip_len = IPV6_LEN as u16 + u16::from_be_bytes(ip.payload_len);
+    if ip.next_hdr == PROTO_IPV6 {
+        return encap6::decapsulate(ctx);
+    }
+    // The 5-tuple in this CPU's state slot, where the stages find it (see `services::stages6`).
+    let Some(state) = STATE6.get_ptr_mut(0) else {
+        return stats::verdict(Reason::Ipv6Passed, bytes, XDP_PASS);
+    };
+    // SAFETY: bounds-checked by `header`; this CPU's slot, used by this packet alone.
+    let flow = unsafe {
+        packet::flow_key6(ip, &*ports, &mut (*state).flow);
+        &(*state).flow
+    };
+    services::transport::<V6>(ctx, flow, ip_len)
 }
 
 /// Turns an echo request into its reply in place. Swapping the addresses leaves the

@@ -20,7 +20,8 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use super::flow::Picked;
 use crate::{
-    maps::{self, LOCAL_ENDPOINTS},
+    family::{Family, V4},
+    maps,
     packet::{self, ETH_LEN, ETHERTYPE_IPV4, FRAGMENT_MASK, IPV4_LEN, Ports, header, l4_layout},
     rewrite,
     route::{self, remember_reply, route_out},
@@ -37,7 +38,7 @@ const OUTER_TTL: u8 = 64;
 pub fn encapsulate(
     ctx: &XdpContext,
     flow: &FlowKey,
-    picked: &mut Picked,
+    picked: &mut Picked<[u8; 4]>,
     tot_len: u16,
     now: u64,
 ) -> (u32, Reason) {
@@ -49,7 +50,7 @@ pub fn encapsulate(
         return (XDP_DROP, Reason::TooBig);
     }
     let backend = picked.backend;
-    let hop = match route::cached_lookup(
+    let hop = match route::cached_lookup::<V4>(
         ctx,
         picked.entry(),
         settings.node_addr,
@@ -61,7 +62,7 @@ pub fn encapsulate(
         Err(Reason::TooBig) => return (XDP_DROP, Reason::TooBig),
         Err(reason) => return (XDP_PASS, reason),
     };
-    picked.remember(flow, [0; 2], &hop, now);
+    picked.remember::<V4>(flow, [0; 2], &hop, now);
     let source = uplink::source(hop.ifindex).unwrap_or(settings.node_addr);
     let Some(inner) = header::<Ipv4Hdr>(ctx, ETH_LEN) else {
         return (XDP_DROP, Reason::MalformedIpv4);
@@ -139,17 +140,17 @@ pub fn decapsulate(ctx: &XdpContext) -> u32 {
         addr: endpoint,
     };
     // SAFETY: copied out at once.
-    let Some(target) = (unsafe { LOCAL_ENDPOINTS.get(&key) }).copied() else {
+    let Some(target) = (unsafe { V4::local_endpoints().get(&key) }).copied() else {
         return stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS);
     };
     if inner.ttl <= 1 {
         return stats::verdict(Reason::TtlExpired, bytes, XDP_PASS);
     }
-    let hop = match route::lookup(ctx, flow.src, endpoint, inner_len) {
+    let hop = match route::lookup::<V4>(ctx, flow.src, endpoint, inner_len) {
         Ok(hop) => hop,
         Err(reason) => return stats::verdict(reason, bytes, XDP_PASS),
     };
-    remember_reply(endpoint, target.target_port, &flow);
+    remember_reply::<V4>(endpoint, target.target_port, &flow);
 
     // Move the Ethernet header forward over the outer IP header, then drop the gap.
     let Some(new_eth) = header::<EthHdr>(ctx, IPV4_LEN) else {
@@ -162,6 +163,6 @@ pub fn decapsulate(ctx: &XdpContext) -> u32 {
         return stats::verdict(Reason::BadDecapsulation, bytes, XDP_DROP);
     }
     let to = ReplyNat::new(flow.src, endpoint, flow.sport, target.target_port);
-    let (action, reason) = route_out(ctx, layout, &to, &hop, Reason::DsrDecapsulated);
+    let (action, reason) = route_out::<V4>(ctx, layout, &to, &hop, Reason::DsrDecapsulated);
     stats::verdict(reason, bytes, action)
 }

@@ -13,9 +13,13 @@
 //!   `nftables` (kube-proxy's rule shapes, with conntrack).
 //! - Marginal cost per packet: 1/pps(mode) − 1/pps(xdp-drop), from the same run.
 //! - TCP: wrk against two HTTP responders in pods on n0, through the VIP.
+//! - `--ipv6`: the same over IPv6 (VIP 2001:db8:6::10, pods with IPv6 addresses, the UDP
+//!   checksum computed by the generator, where IPv4 sends none), against kube-proxy's
+//!   ip6tables and `ip6` nftables shapes; no bare-DNAT mode (it is IPv4's yardstick for issue
+//!   12) and no TCP run.
 
 use std::{
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     process::Command,
     time::{Duration, Instant},
 };
@@ -27,9 +31,15 @@ use aya::{
 };
 use lb_agent::dataplane::{EMBEDDED_OBJECT, PASS_PROGRAM};
 use lb_common::service::bench::{BENCH_CONFIG, BENCH_COUNT, BenchConfig};
-use lb_lab::{Agent, Lab, Netns, agent::AGENT_LISTEN, packet::ipv4_frame, spawn_in};
+use lb_lab::{
+    Agent, Lab, Netns,
+    agent::AGENT_LISTEN,
+    packet::{ipv4_frame, ipv6_frame},
+    spawn_in,
+};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, 0x10);
 const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
 const TARGET_PORT: u16 = 8080;
 const GENERATOR_CPU: usize = 0;
@@ -61,6 +71,8 @@ impl Mode {
 /// What stays up across modes.
 struct Bench {
     lab: Lab,
+    /// The run is over IPv6 (`--ipv6`).
+    ipv6: bool,
     pod_sinks: Vec<Ebpf>,
     _switch_pass: Ebpf,
     napi_thread: u32,
@@ -93,17 +105,19 @@ fn main() {
         .unwrap_or(1);
     let repetitions = if quick { 1 } else { 5 };
     let packets: u32 = if quick { 300_000 } else { 2_000_000 };
+    let ipv6 = args.iter().any(|a| a == "--ipv6");
+    let modes: Vec<Mode> = Mode::ALL.into_iter().filter(|m| !(ipv6 && *m == Mode::XdpDnat)).collect();
 
-    let bench = Bench::new();
+    let bench = Bench::new(ipv6);
     let machine = machine();
     eprintln!("machine: {machine}");
 
     // Every run's sample, by mode; repetition r of each mode ran back to back.
-    let mut samples: Vec<(Mode, Vec<Sample>)> = Mode::ALL.iter().map(|m| (*m, Vec::new())).collect();
+    let mut samples: Vec<(Mode, Vec<Sample>)> = modes.iter().map(|m| (*m, Vec::new())).collect();
     // The kernel times each BPF program run (`run_time_ns`), for the program-cost column.
     std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").expect("enabling BPF run-time stats");
     for rep in 0..repetitions {
-        for (i, &mode) in Mode::ALL.iter().enumerate() {
+        for (i, &mode) in modes.iter().enumerate() {
             let active = bench.activate(mode);
             let sample = bench.measure(active.as_ref(), packets, flows);
             drop(active);
@@ -119,8 +133,8 @@ fn main() {
         }
     }
     let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
-    print_tables(&machine, flows, packets, repetitions, &samples);
-    if !args.iter().any(|a| a == "--no-tcp") {
+    print_tables(&machine, flows, packets, repetitions, &samples, ipv6);
+    if !ipv6 && !args.iter().any(|a| a == "--no-tcp") {
         println!();
         bench.tcp(if quick { 2 } else { 5 }, repetitions);
     }
@@ -156,6 +170,7 @@ fn print_tables(
     packets: u32,
     repetitions: usize,
     samples: &[(Mode, Vec<Sample>)],
+    ipv6: bool,
 ) {
     let of = |m: Mode| &samples.iter().find(|(x, _)| *x == m).unwrap().1;
     let drop = of(Mode::XdpDrop);
@@ -172,7 +187,9 @@ fn print_tables(
     };
 
     println!(
-        "Machine: {machine}. 64-byte UDP, {flows} flow(s), {packets} packets per run, {repetitions} runs per mode alternating; medians (range); ratios taken within each repetition, then their median."
+        "Machine: {machine}. {}-byte UDP over {}, {flows} flow(s), {packets} packets per run, {repetitions} runs per mode alternating; medians (range); ratios taken within each repetition, then their median.",
+        if ipv6 { 84 } else { 64 },
+        if ipv6 { "IPv6" } else { "IPv4" },
     );
     println!();
     println!(
@@ -204,9 +221,10 @@ fn print_tables(
         } else {
             ("—".to_owned(), "—".to_owned())
         };
+        let name = if ipv6 { mode.name().replace("iptables", "ip6tables") } else { mode.name().to_owned() };
         println!(
             "| {} | {} | {} | {marg} | {marg_ratio} | {cpu} | {cpu_ratio} | {prog} | {prog_ratio} |",
-            mode.name(),
+            name,
             fmt_range(&kpps, 0),
             fmt_range(&pps_ratio, 2),
         );
@@ -214,16 +232,20 @@ fn print_tables(
 }
 
 impl Bench {
-    fn new() -> Bench {
+    fn new(ipv6: bool) -> Bench {
         let mut lab = Lab::new(1);
+        if ipv6 {
+            lab.enable_ipv6();
+        }
         let pods: Vec<usize> = (0..2).map(|_| lab.add_pod(0)).collect();
         let node = &lab.nodes[0];
-        // Frames straight to n0: no ARP in the measurement.
+        let vip: IpAddr = if ipv6 { VIP6.into() } else { VIP.into() };
+        // Frames straight to n0: no ARP (NDP) in the measurement.
         lab.client.ns.run_cmd(&[
             "ip",
             "neigh",
             "replace",
-            &VIP.to_string(),
+            &vip.to_string(),
             "lladdr",
             &node.mac_string(),
             "dev",
@@ -263,6 +285,7 @@ impl Bench {
             .collect();
         Bench {
             lab,
+            ipv6,
             pod_sinks,
             _switch_pass: switch_pass,
             napi_thread,
@@ -276,7 +299,21 @@ impl Bench {
         &self.lab.nodes[0].ns
     }
 
+    /// Pod `k`'s address in this run's family.
+    fn pod(&self, k: usize) -> IpAddr {
+        let pod = &self.lab.pods[k];
+        if self.ipv6 { pod.ip6.expect("IPv6 pods").into() } else { pod.ip.into() }
+    }
+
+    /// `address:port` as iptables' and nftables' DNAT take it (`[address]:port` for IPv6).
+    fn to(&self, k: usize) -> String {
+        std::net::SocketAddr::new(self.pod(k), TARGET_PORT).to_string()
+    }
+
     fn activate(&self, mode: Mode) -> Option<Active> {
+        if self.ipv6 {
+            return self.activate6(mode);
+        }
         let pod = self.lab.pods[0].ip;
         match mode {
             Mode::XdpDrop => Some(Active::Sink(self.node().run(|| attach("bench_sink", "eth0")))),
@@ -364,14 +401,68 @@ impl Bench {
         }
     }
 
+    /// As [`Bench::activate`] over IPv6: kube-proxy's ip6tables and `ip6` nftables shapes
+    /// (the UDP service of the IPv4 run; TCP is not measured over IPv6).
+    fn activate6(&self, mode: Mode) -> Option<Active> {
+        let (vip, to) = (VIP6, self.to(0));
+        match mode {
+            Mode::XdpDrop => Some(Active::Sink(self.node().run(|| attach("bench_sink", "eth0")))),
+            Mode::LbAgent => {
+                let config = format!(
+                    "node: n0\ninterface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\nvips: [{{address: '{vip}'}}]\n\
+                     dataplane: {{keepOnExit: false}}\nservices:\n  - name: bench\n    vip: '{vip}'\n    ports:\n      \
+                     - {{port: 80, protocol: UDP, targetPort: {TARGET_PORT}}}\n    endpoints:\n      - {{address: '{}', node: n0}}\n",
+                    self.pod(0)
+                );
+                let mut agent = self.lab.start_agent(0, &config);
+                agent.wait_ready();
+                Some(Active::Agent(agent))
+            }
+            Mode::XdpDnat => None,
+            Mode::Iptables => {
+                let rules = format!(
+                    "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-BENCH - [0:0]\n:KUBE-SEP-BENCH - [0:0]\n\
+                     -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+                     -A KUBE-SERVICES -d {vip}/128 -p udp -m udp --dport 80 -j KUBE-SVC-BENCH\n\
+                     -A KUBE-SVC-BENCH -j KUBE-SEP-BENCH\n\
+                     -A KUBE-SEP-BENCH -p udp -m udp -j DNAT --to-destination {to}\n\
+                     COMMIT\n"
+                );
+                let path = self.lab.path("ip6tables.rules");
+                std::fs::write(&path, rules).unwrap();
+                let restore = format!("{}-restore < {}", ip6tables(), path.display());
+                self.node().run_cmd(&["sh", "-c", &restore]);
+                Some(Active::Rules)
+            }
+            Mode::Nftables => {
+                let ruleset = format!(
+                    "table ip6 kube-proxy {{\n\
+                     chain endpoint-udp {{ meta l4proto udp dnat to {to}; }}\n\
+                     chain service-udp {{ numgen random mod 1 vmap {{ 0 : goto endpoint-udp }}; }}\n\
+                     map service-ips {{ type ipv6_addr . inet_proto . inet_service : verdict; \
+                     elements = {{ {vip} . udp . 80 : goto service-udp }}; }}\n\
+                     chain services {{ ip6 daddr . meta l4proto . th dport vmap @service-ips; }}\n\
+                     chain nat-prerouting {{ type nat hook prerouting priority dstnat; policy accept; jump services; }}\n\
+                     }}\n"
+                );
+                let path = self.lab.path("nftables6.rules");
+                std::fs::write(&path, ruleset).unwrap();
+                self.node().run_cmd(&["nft", "-f", path.to_str().unwrap()]);
+                Some(Active::Rules)
+            }
+        }
+    }
+
     fn deactivate(&self, mode: Mode) {
         match mode {
             Mode::Iptables => {
-                self.node().run_cmd(&[&iptables(), "-t", "nat", "-F"]);
-                self.node().run_cmd(&[&iptables(), "-t", "nat", "-X"]);
+                let iptables = if self.ipv6 { ip6tables() } else { iptables() };
+                self.node().run_cmd(&[&iptables, "-t", "nat", "-F"]);
+                self.node().run_cmd(&[&iptables, "-t", "nat", "-X"]);
             }
             Mode::Nftables => {
-                self.node().run_cmd(&["nft", "delete", "table", "ip", "kube-proxy"]);
+                let family = if self.ipv6 { "ip6" } else { "ip" };
+                self.node().run_cmd(&["nft", "delete", "table", family, "kube-proxy"]);
             }
             _ => {}
         }
@@ -395,7 +486,20 @@ impl Bench {
             udp.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
             udp.extend_from_slice(&[0, 0]);
             udp.extend_from_slice(&payload);
-            ipv4_frame(self.lab.client.mac, self.lab.nodes[0].mac, CLIENT, VIP, 64, 17, &udp)
+            if self.ipv6 {
+                // The generator writes the UDP checksum.
+                ipv6_frame(
+                    self.lab.client.mac,
+                    self.lab.nodes[0].mac,
+                    self.lab.client.global6(),
+                    VIP6,
+                    64,
+                    17,
+                    &udp,
+                )
+            } else {
+                ipv4_frame(self.lab.client.mac, self.lab.nodes[0].mac, CLIENT, VIP, 64, 17, &udp)
+            }
         };
         let client_if = ifindex(&self.lab.client.ns, "eth0");
         // LB_BENCH_PERF=<dir>: a kernel profile of the forwarder thread per mode, for finding
@@ -550,6 +654,12 @@ impl Drop for Active {
             let _ = agent.wait_exit(Duration::from_secs(10));
         }
     }
+}
+
+/// The ip6tables command of the IPv6 run: Debian's `ip6tables` (nf_tables backend), or
+/// `LB_BENCH_IP6TABLES`.
+fn ip6tables() -> String {
+    std::env::var("LB_BENCH_IP6TABLES").unwrap_or_else(|_| "ip6tables".into())
 }
 
 /// The iptables command the iptables mode uses: Debian's `iptables` (the nf_tables backend,

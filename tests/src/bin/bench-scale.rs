@@ -295,11 +295,11 @@ fn sighup_changes(agent: &Agent, yaml: &str, path: &std::path::Path) -> Duration
 /// The service maps, unpinned, sized as `config` says (keep the object alive beside them).
 fn service_maps(config: &Config) -> (aya::Ebpf, ServiceMaps) {
     let mut loader = EbpfLoader::new();
-    for (name, size) in map_sizes(&config.dataplane.capacity) {
+    for (name, size) in map_sizes(&config.dataplane) {
         loader.map_max_entries(name, size);
     }
     let mut ebpf = loader.load(EMBEDDED_OBJECT).expect("loading the BPF object");
-    let maps = ServiceMaps::take(&mut ebpf, None).expect("the service maps");
+    let maps = ServiceMaps::take(&mut ebpf, None, None).expect("the service maps");
     (ebpf, maps)
 }
 
@@ -370,7 +370,7 @@ fn in_process_changes(yaml: &str, n: usize) -> (Duration, Duration, Duration, Du
         let service = (k * 7919) % n;
         let endpoint = k % ENDPOINTS;
         std::sync::Arc::make_mut(&mut config.services[service]).endpoints[endpoint].address =
-            scale_endpoint(service, endpoint, ENDPOINTS, generation);
+            scale_endpoint(service, endpoint, ENDPOINTS, generation).into();
     };
     let mut times = Vec::with_capacity(CHANGES);
     let all = Instant::now();

@@ -1,0 +1,90 @@
+//! IPv6's delivery paths as programs of their own, tail-called from `lb_xdp6` through
+//! `IPV6_SERVICES` (slot 0 is `lb_xdp6` itself). A tail call starts a fresh 512-byte stack:
+//! IPv6's keys, backends and reply targets are each several times IPv4's, and the paths
+//! inlined together, or as BPF functions (whose frames add up along a call chain), pass it.
+//! What `lb_xdp6` decided (the 5-tuple, the backend) reaches a stage in this CPU's `STATE6`
+//! slot: a packet runs on one CPU from `lb_xdp6` to the end of its stage.
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_PASS},
+    helpers::bpf_ktime_get_coarse_ns,
+    programs::XdpContext,
+};
+use lb_common::{
+    counters::Reason,
+    service::{Addr6, FlowKey6},
+};
+
+use super::{encap6, flow::Picked, nat};
+use crate::{
+    family::{Family, V6},
+    maps::{IPV6_SERVICES, STATE6},
+    packet::{self, l4_layout},
+    stats,
+};
+
+/// `IPV6_SERVICES` slots (0 is `lb_xdp6`).
+pub const LOCAL: u32 = 1;
+pub const FULL_NAT: u32 = 2;
+pub const DSR: u32 = 3;
+
+/// [`translate_reply`]: not a reply of ours.
+pub const NOT_A_REPLY: u64 = u64::MAX;
+
+/// Hands the picked backend to stage `slot` and tail-calls it; returns only if that fails
+/// (the agent fills the slots before it attaches anything: a broken load), passing the packet.
+#[inline(always)]
+pub fn enter(ctx: &XdpContext, picked: &Picked<Addr6>, ip_len: u16, slot: u32) -> (u32, Reason) {
+    if let Some(state) = STATE6.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot, used by this packet alone.
+        unsafe {
+            (*state).backend = picked.backend;
+            (*state).id = picked.id;
+            (*state).ip_len = ip_len;
+            (*state).had_entry = u8::from(picked.entry.is_some());
+            let _ = IPV6_SERVICES.tail_call(ctx, slot);
+        }
+    }
+    (XDP_PASS, Reason::Ipv6Passed)
+}
+
+/// Runs stage `which` on the state `lb_xdp6` left, and counts what `lb_xdp6` would have
+/// counted after it (the backend, the reason; the caller counts the action).
+#[inline(always)]
+pub fn run(ctx: &XdpContext, which: u32) -> u32 {
+    let bytes = packet::len(ctx);
+    let Some(state) = STATE6.get_ptr_mut(0) else {
+        return stats::verdict(Reason::Ipv6Passed, bytes, XDP_PASS);
+    };
+    // SAFETY: this CPU's slot, written by `lb_xdp6` for this packet.
+    let state = unsafe { &*state };
+    let flow = &state.flow;
+    let Some(layout) = l4_layout(flow.proto) else {
+        return stats::verdict(Reason::MalformedL4, bytes, XDP_DROP);
+    };
+    let entry = if state.had_entry != 0 {
+        V6::flows().get_ptr_mut(flow).and_then(core::ptr::NonNull::new)
+    } else {
+        None
+    };
+    let mut picked = Picked { id: state.id, backend: state.backend, entry };
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let (action, reason) = match which {
+        LOCAL => nat::local::<V6>(ctx, layout, flow, &mut picked, state.ip_len, now),
+        FULL_NAT => nat::full_nat::<V6>(ctx, layout, flow, &mut picked, state.ip_len, now),
+        _ => encap6::encapsulate(ctx, flow, &mut picked, state.ip_len, now),
+    };
+    if action != XDP_PASS && action != XDP_DROP {
+        stats::count_backend(V6::backend_stats(), picked.id, bytes);
+    }
+    stats::verdict(reason, bytes, action)
+}
+
+/// Full NAT's replies, in a BPF function of its own inside `lb_xdp6` (its frame is only
+/// added to `lb_xdp6`'s). The action, or [`NOT_A_REPLY`].
+#[inline(never)]
+pub fn translate_reply(ctx: &XdpContext, flow: &FlowKey6, ip_len: u16) -> u64 {
+    let Some(layout) = l4_layout(flow.proto) else { return NOT_A_REPLY };
+    nat::translate_reply::<V6>(ctx, layout, flow, ip_len).map_or(NOT_A_REPLY, u64::from)
+}

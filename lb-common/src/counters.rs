@@ -55,7 +55,8 @@ pub enum Reason {
     NoNeighbor = 21,
     /// The route lookup failed (no route, forwarding disabled, unreachable): left to the kernel.
     NoRoute = 22,
-    /// Encapsulation would exceed the uplink MTU: dropped.
+    /// Encapsulation would exceed the uplink MTU: dropped (IPv4), or answered with ICMPv6
+    /// Packet Too Big (IPv6).
     TooBig = 23,
     /// IPIP to a local endpoint whose inner packet is malformed or for no known service: dropped.
     BadDecapsulation = 24,

@@ -385,14 +385,31 @@ fn an_agent_of_a_newer_layout_takes_over_an_older_ones_pins_without_a_gap() {
     assert!(!older.exists(), "the older layout's pins are removed");
 }
 
-/// An upgrade from the build before several uplinks: its pins have no uplink map and a
-/// reason-counter array one reason shorter. The new agent adds the first and replaces only the
-/// second (counts restart): every other map, flows and translations with them, is kept.
+/// An upgrade from an earlier build: its pins have no uplink map, no IPv6 service maps and a
+/// reason-counter array one reason shorter. The new agent adds the missing maps and replaces
+/// only the counter array (counts restart): every other map, flows and translations with them,
+/// is kept.
 #[test]
 fn an_upgrade_that_grows_a_counter_map_keeps_every_other_map() {
     let (c, log, ()) = restart_the_endpoints_agent(|c| {
         let pins = lb_agent::dataplane::pin_dir(&c.lab.pin_path(1));
         std::fs::remove_file(pins.join(lb_common::maps::UPLINKS)).unwrap();
+        // Nor had it the IPv6 service maps, nor the IPv6 path's program array.
+        use lb_common::service::*;
+        for map in [
+            SERVICES6,
+            BACKENDS6,
+            BACKEND_STATS6,
+            FLOWS6,
+            REPLY_NAT6,
+            SNAT_REPLIES6,
+            LOCAL_ENDPOINTS6,
+            UPLINK_ADDRS6,
+            IPV6_SERVICES,
+            lb_common::maps::VIP_TRAFFIC6,
+        ] {
+            std::fs::remove_file(pins.join(map)).unwrap();
+        }
         let reasons = pins.join(lb_common::maps::REASON_STATS);
         std::fs::remove_file(&reasons).unwrap();
         let shorter = (lb_common::counters::Reason::COUNT - 1).to_string();

@@ -53,7 +53,7 @@ services:
   - name: dsr
     vip: '2001:db8:6::10'
     remoteMode: dsr
-    ports: [{port: 82, targetPort: 8080}]
+    ports: [{port: 82, targetPort: 8080}, {port: 82, protocol: UDP, targetPort: 8080}]
     endpoints: [{address: 'fd00:10:244:1::2', node: n1}]
   - name: dsr-here
     vip: '2001:db8:6::10'
@@ -101,7 +101,7 @@ impl Fixture {
             })
             .unwrap();
         let plan: DataplanePlan<Addr6> = service_plan::plan(&config, "n0");
-        assert_eq!(plan.services.len(), 6, "every IPv6 service port planned");
+        assert_eq!(plan.services.len(), 7, "every IPv6 service port planned");
         maps.v6.apply(&plan).expect("syncing the fixture services");
         Fixture { ebpf, _maps: maps, ifindex }
     }
@@ -220,6 +220,30 @@ fn fixtures(ifindex: u32, pod_mac: [u8; 6], host_mac: [u8; 6]) {
     let input = encapsulated((PEER_MAC, NODE_MAC), PEER6, local, &inner);
     let expected = segment_frame(to_pod, CLIENT6, local, 63, 6, (40_004, 8080));
     check(&f, "DSR decapsulation", &input, XDP_REDIRECT, &expected);
+
+    // Too big for the tunnel (1480 bytes and 40 more over a 1500-byte route): ICMPv6 Packet
+    // Too Big back to the client from the VIP, with the route's MTU less the outer header and
+    // the packet's first 1232 bytes (RFC 4443 §3.2: at most 1280 in all).
+    let big = ipv6_frame(
+        CLIENT_MAC,
+        NODE_MAC,
+        CLIENT6,
+        VIP6,
+        64,
+        17,
+        &transport6(17, CLIENT6, VIP6, 40_010, 82, &[0x5a; 1480 - 40 - 8]),
+    );
+    let mut message = vec![2, 0, 0, 0];
+    message.extend_from_slice(&1460u32.to_be_bytes());
+    message.extend_from_slice(&big[14..14 + 1232]);
+    let check = lb_lab::packet::icmpv6_checksum(VIP6, CLIENT6, &message);
+    message[2..4].copy_from_slice(&check.to_be_bytes());
+    let expected = ipv6_frame(NODE_MAC, CLIENT_MAC, VIP6, CLIENT6, 64, 58, &message);
+    let before = f.reason(Reason::TooBig);
+    let (action, out) = f.run(&big);
+    assert_eq!(action, XDP_TX, "too big: action");
+    assert_eq!(out, expected, "too big: the Packet Too Big frame");
+    assert_eq!(f.reason(Reason::TooBig), before + 1, "too big: counted");
 
     // Dropped: a port no service exposes, a service without endpoints, a cut-short header.
     let unexposed = segment_frame(to_node, CLIENT6, VIP6, 64, 6, (40_005, 99));

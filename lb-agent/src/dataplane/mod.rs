@@ -359,13 +359,16 @@ impl Dataplane {
 /// a replaced ring stays registered until the sync has switched every service over.
 /// `VIP_TRAFFIC` has a slot per service entry, so VIPs never outnumber its slots.
 /// `SNAT_REPLIES` holds as many reply translations as `REPLY_NAT`.
-/// The IPv6 maps take `capacity6`'s sizes; the rings of both families share `MAGLEV_RINGS`.
+/// The IPv6 maps take `capacity6`'s sizes. The rings of both families share `MAGLEV_RINGS`,
+/// whose size stays twice `capacity.services` (`capacity6.services` is half of that by
+/// default, which leaves room for replacements): a pinned map of another size would make an
+/// upgrade replace every map, connections' state included.
 pub fn map_sizes(config: &DataplaneConfig) -> [(&'static str, u32); 17] {
     let (capacity, six) = (&config.capacity, &config.capacity6);
     [
         (SERVICES, capacity.services),
         (VIP_TRAFFIC, capacity.services),
-        (MAGLEV_RINGS, capacity.services.saturating_add(six.services).saturating_mul(2)),
+        (MAGLEV_RINGS, capacity.services.saturating_mul(2)),
         (BACKENDS, capacity.backends),
         (BACKEND_STATS, capacity.backends),
         (FLOWS, capacity.flows),

@@ -5,8 +5,8 @@
 //! how to translate the reply, which leaves for the client directly.
 
 use aya_ebpf::{
-    bindings::xdp_action::{XDP_DROP, XDP_PASS},
-    helpers::bpf_xdp_adjust_head,
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    helpers::{bpf_csum_diff, bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
     programs::XdpContext,
 };
 use lb_common::{
@@ -43,7 +43,14 @@ pub fn encapsulate(
     let hop =
         match route::cached_lookup::<V6>(ctx, picked.entry(), [0; 16], backend.addr, outer_len as u16, now) {
             Ok((hop, _)) => hop,
-            Err(Reason::TooBig) => return (XDP_DROP, Reason::TooBig),
+            Err(Reason::TooBig) => {
+                // The route's MTU, from a lookup small enough to pass (RFC 8201: the client
+                // then sends what fits the tunnel).
+                return match route::lookup::<V6>(ctx, [0; 16], backend.addr, IPV6_LEN as u16) {
+                    Ok(hop) => packet_too_big(ctx, hop.mtu),
+                    Err(_) => (XDP_DROP, Reason::TooBig),
+                };
+            }
             Err(reason) => return (XDP_PASS, reason),
         };
     let Some(source) = V6::uplink_source(hop.ifindex) else {
@@ -83,6 +90,84 @@ pub fn encapsulate(
         Some(action) => (action, Reason::ForwardedDsr),
         None => (XDP_DROP, Reason::MalformedEthernet),
     }
+}
+
+/// The most of the invoking packet a Packet Too Big carries: the message may not exceed the
+/// minimum IPv6 MTU (RFC 4443 §3.2), 1280 bytes, less its IPv6 and ICMPv6 headers.
+const INVOKING_BYTES: usize = 1280 - IPV6_LEN - PTB_LEN;
+/// ICMPv6 Packet Too Big's header: type 2, code 0, checksum, MTU.
+const PTB_LEN: usize = 8;
+const PACKET_TOO_BIG: u8 = 2;
+const ICMPV6: u8 = 58;
+
+/// Answers a packet too big for the tunnel (its route's MTU `route_mtu`, less the outer
+/// header) with ICMPv6 Packet Too Big (RFC 4443 §3.2), from the VIP it was sent to, carrying
+/// its first 1232 bytes: IPv6 routers do not fragment, and a client that hears nothing keeps
+/// sending what cannot pass. The packet must be longer than that (it is: it did not fit an
+/// MTU of at least 1280 with 40 bytes more).
+#[inline(always)]
+fn packet_too_big(ctx: &XdpContext, route_mtu: u16) -> (u32, Reason) {
+    let frame = packet::len(ctx);
+    if frame < ETH_LEN + INVOKING_BYTES || route_mtu < 1280 + IPV6_LEN as u16 {
+        return (XDP_DROP, Reason::TooBig);
+    }
+    let Some(ip) = header::<Ipv6Hdr>(ctx, ETH_LEN) else {
+        return (XDP_DROP, Reason::TooBig);
+    };
+    // SAFETY: bounds-checked by `header`; copied out before the frame changes.
+    let (client, vip, eth_src, eth_dst) = unsafe {
+        let eth = &*(ctx.data() as *const EthHdr);
+        ((*ip).src_addr, (*ip).dst_addr, eth.src_addr, eth.dst_addr)
+    };
+    // Keep the invoking packet's first bytes, then make room for the new headers.
+    let cut = (frame - ETH_LEN - INVOKING_BYTES) as i32;
+    // SAFETY: helper calls; packet pointers are re-derived afterwards.
+    if unsafe { bpf_xdp_adjust_tail(ctx.ctx, -cut) } != 0
+        || unsafe { bpf_xdp_adjust_head(ctx.ctx, -((IPV6_LEN + PTB_LEN) as i32)) } != 0
+    {
+        return (XDP_DROP, Reason::TooBig);
+    }
+    const MESSAGE: usize = ETH_LEN + IPV6_LEN;
+    let (Some(eth), Some(outer), Some(icmp)) = (
+        header::<EthHdr>(ctx, 0),
+        header::<Ipv6Hdr>(ctx, ETH_LEN),
+        header::<[u8; PTB_LEN + INVOKING_BYTES]>(ctx, MESSAGE),
+    ) else {
+        return (XDP_DROP, Reason::TooBig);
+    };
+    // SAFETY: bounds-checked by `header`; the three do not overlap.
+    let (eth, outer, icmp) = unsafe { (&mut *eth, &mut *outer, &mut *icmp) };
+    eth.dst_addr = eth_src;
+    eth.src_addr = eth_dst;
+    eth.ether_type = ETHERTYPE_IPV6.to_be();
+    outer.vcf = [0x60, 0, 0, 0];
+    outer.payload_len = ((PTB_LEN + INVOKING_BYTES) as u16).to_be_bytes();
+    outer.next_hdr = ICMPV6;
+    outer.hop_limit = OUTER_HOP_LIMIT;
+    outer.src_addr = vip;
+    outer.dst_addr = client;
+    icmp[0] = PACKET_TOO_BIG;
+    icmp[1] = 0;
+    icmp[2] = 0;
+    icmp[3] = 0;
+    icmp[4..8].copy_from_slice(&u32::from(route_mtu - IPV6_LEN as u16).to_be_bytes());
+    // The checksum over the pseudo-header and the whole message, by the kernel's helper in
+    // chunks it takes (at most 512 bytes each), in memory order (see `rewrite::rewrite6`).
+    let mut sum = (u32::from(ICMPV6) + (PTB_LEN + INVOKING_BYTES) as u32).to_be() as u64;
+    for address in [&outer.src_addr, &outer.dst_addr] {
+        // SAFETY: 16 readable bytes.
+        sum = unsafe { bpf_csum_diff(core::ptr::null_mut(), 0, address.as_ptr() as *mut u32, 16, sum as u32) }
+            as u64;
+    }
+    for (at, len) in [(0, 512), (512, 512), (1024, PTB_LEN + INVOKING_BYTES - 1024)] {
+        // SAFETY: within the message, bounds-checked above.
+        sum = unsafe {
+            bpf_csum_diff(core::ptr::null_mut(), 0, icmp[at..].as_ptr() as *mut u32, len as u32, sum as u32)
+        } as u64;
+    }
+    let check = !lb_common::csum::fold(sum as u32);
+    icmp[2..4].copy_from_slice(&check.to_ne_bytes());
+    (XDP_TX, Reason::TooBig)
 }
 
 /// IPv6-in-IPv6 whose outer destination is one of this node's endpoints and whose inner packet

@@ -75,7 +75,8 @@ pub fn run(ctx: &XdpContext, which: u32) -> u32 {
         FULL_NAT => nat::full_nat::<V6>(ctx, layout, flow, &mut picked, state.ip_len, now),
         _ => encap6::encapsulate(ctx, flow, &mut picked, state.ip_len, now),
     };
-    if action != XDP_PASS && action != XDP_DROP {
+    // Sent on to the backend (a Packet Too Big goes back to the client instead).
+    if action != XDP_PASS && action != XDP_DROP && reason != Reason::TooBig {
         stats::count_backend(V6::backend_stats(), picked.id, bytes);
     }
     stats::verdict(reason, bytes, action)

@@ -185,3 +185,28 @@ fn full_nat_takes_the_configured_ipv6_source() {
     assert_eq!(s.seen_address(), IpAddr::V6(source), "{}", s.greeting);
     assert_eq!(s.echo("hello", ECHO_WAIT).as_deref(), Some("n1p0 hello"));
 }
+
+/// The IPv6 path's programs sit in a pinned program array: with the endpoint's agent killed
+/// (no handover), its node keeps unwrapping and translating IPv6 DSR, and the next agent takes
+/// the pins over without a gap.
+#[test]
+fn ipv6_forwarding_outlives_a_killed_agent() {
+    let mut c = cluster(&[0, 1]);
+    let services = service_config(&c.lab, "dsr", VIP6, 82, TARGET_PORT, "dsr", &[0]);
+    c.start(&services);
+    let mut session = c.session(82);
+    assert_eq!(session.pod(), "n1p0");
+
+    c.agents[1].kill();
+    for i in 0..5 {
+        let gap = format!("gap {i}");
+        assert_eq!(session.echo(&gap, ECHO_WAIT), Some(format!("n1p0 {gap}")), "{}", c.logs());
+    }
+    let mut agent = c.lab.start_agent(1, &config(&c.lab, 1, &services));
+    agent.wait_ready();
+    let log = agent.log_text();
+    assert!(log.contains("resumed=true"), "the links were taken over, not attached afresh:\n{log}");
+    c.agents[1] = agent;
+    assert_eq!(session.echo("back", ECHO_WAIT).as_deref(), Some("n1p0 back"), "{}", c.logs());
+    assert!(c.reason(1, "dsr_decapsulated") > 0.0, "{}", c.logs());
+}

@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::Reason,
-    maps::{PacketCounter, UplinkKey, Vip6Key},
+    maps::{PacketCounter, UplinkKey},
     service::{
         Addr4, Addr6, Address, Backend6, BackendOf, Flow, FlowKey6, FlowKeyOf, LocalEndpoint,
         LocalEndpointKeyOf, ReplyNatOf, Service, ServiceKeyOf, Settings, SnatEntry6, SnatEntryOf,
@@ -18,8 +18,7 @@ use lb_common::{
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 
 use crate::{
-    maps::{self, OWNED_VIPS6},
-    owned,
+    maps, owned,
     packet::{ETH_LEN, IPV6_LEN, L4Layout, header},
     rewrite, uplink,
 };
@@ -230,9 +229,7 @@ impl Family for V6 {
     }
     #[inline(always)]
     fn is_owned_exclusively(ctx: &XdpContext, addr: Addr6) -> bool {
-        // SAFETY: two bytes copied out at once.
-        let owned = unsafe { OWNED_VIPS6.get(&Vip6Key::new(addr)) }.map(|v| (v.kernel_too(), v.uplink));
-        owned.is_some_and(|(kernel_too, slot)| !kernel_too && uplink::accepts(ctx, slot))
+        owned::is_owned_exclusively6(ctx, addr)
     }
     #[inline(always)]
     fn with_fib_params<R>(f: impl FnOnce(&mut bpf_fib_lookup) -> R) -> Option<R> {

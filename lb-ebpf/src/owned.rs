@@ -6,11 +6,11 @@
 //! backup takes over (see the agent's `vrrp::router::Claim`), and from then on this program
 //! stops claiming the VIP (ARP, ping) while still forwarding flows that reach it.
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::XdpContext};
-use lb_common::maps::{OwnedVip, VipKey};
+use aya_ebpf::{helpers::bpf_ktime_get_ns, maps::HashMap, programs::XdpContext};
+use lb_common::maps::{OwnedVip, Vip6Key, VipKey};
 
 use crate::{
-    maps::{OWNED_VIPS, VIP_LEASES},
+    maps::{OWNED_VIPS, OWNED_VIPS6, VIP_LEASES},
     uplink,
 };
 
@@ -35,7 +35,18 @@ pub fn is_owned(addr: [u8; 4]) -> bool {
 /// is dropped rather than left to the kernel (which holds the address too in VIP mode `both`).
 #[inline(always)]
 pub fn is_owned_exclusively(ctx: &XdpContext, addr: [u8; 4]) -> bool {
+    exclusively(ctx, &OWNED_VIPS, &VipKey::new(addr))
+}
+
+/// [`is_owned_exclusively`] for an IPv6 VIP.
+#[inline(always)]
+pub fn is_owned_exclusively6(ctx: &XdpContext, addr: [u8; 16]) -> bool {
+    exclusively(ctx, &OWNED_VIPS6, &Vip6Key::new(addr))
+}
+
+#[inline(always)]
+fn exclusively<K>(ctx: &XdpContext, owned_vips: &HashMap<K, OwnedVip>, key: &K) -> bool {
     // SAFETY: two bytes copied out at once.
-    let owned = unsafe { OWNED_VIPS.get(&VipKey::new(addr)) }.map(|v| (v.kernel_too(), v.uplink));
+    let owned = unsafe { owned_vips.get(key) }.map(|v| (v.kernel_too(), v.uplink));
     owned.is_some_and(|(kernel_too, slot)| !kernel_too && uplink::accepts(ctx, slot))
 }

@@ -49,6 +49,21 @@ pub fn reason_packets(ebpf: &Ebpf, reason: Reason) -> u64 {
     counted(ebpf, REASON_STATS, reason as u32)
 }
 
+/// Runs each case `(name, frame, action, reason)` through the uplink program of `ebpf` (as
+/// received on `ifindex`) and checks its action, that a passed frame is left untouched, and
+/// that `reason` counted it once.
+pub fn expect_verdicts(ebpf: &Ebpf, ifindex: u32, cases: Vec<(&str, Vec<u8>, u32, Reason)>) {
+    for (name, input, action, reason) in cases {
+        let before = reason_packets(ebpf, reason);
+        let (got, out) = run_uplink(ebpf, &input, ifindex);
+        assert_eq!(got, action, "{name}");
+        if action == XDP_PASS {
+            assert_eq!(out, input, "{name}: passed untouched");
+        }
+        assert_eq!(reason_packets(ebpf, reason), before + 1, "{name}: counted as {}", reason.label());
+    }
+}
+
 /// Runs the loaded uplink program of `ebpf` on `input`, as received on `ifindex`; returns
 /// the verdict and the frame as the program left it.
 pub fn run_uplink(ebpf: &Ebpf, input: &[u8], ifindex: u32) -> (u32, Vec<u8>) {

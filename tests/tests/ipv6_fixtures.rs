@@ -170,15 +170,7 @@ fn malformed_foreign_and_unserved_ipv6_is_never_answered_and_is_counted() {
         ("UDP to a VIP the kernel holds too", udp_to(SHARED_VIP), XDP_PASS, Reason::Ipv6Passed),
         ("version 4 in an IPv6 frame", with_byte(udp, 14, 0x40), XDP_PASS, Reason::MalformedIpv6),
     ];
-    for (name, input, action, counted) in cases {
-        let before = reason(&ebpf, counted);
-        let (got, out) = run(&ebpf, &input);
-        assert_eq!(got, action, "{name}");
-        if action == XDP_PASS {
-            assert_eq!(out, input, "{name}: passed untouched");
-        }
-        assert_eq!(reason(&ebpf, counted), before + 1, "{name}: counted as {}", counted.label());
-    }
+    fixture::expect_verdicts(&ebpf, 1, cases);
 }
 
 fn udp_to(vip: Ipv6Addr) -> Vec<u8> {

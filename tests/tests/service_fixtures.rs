@@ -6,11 +6,7 @@
 
 use std::net::Ipv4Addr;
 
-use aya::{
-    Ebpf,
-    maps::{HashMap, PerCpuArray},
-    programs::Xdp,
-};
+use aya::{Ebpf, maps::HashMap, programs::Xdp};
 use lb_agent::{
     config::Config,
     dataplane::{EMBEDDED_OBJECT, ServiceMaps, UPLINK_PROGRAM},
@@ -19,14 +15,14 @@ use lb_agent::{
 use lb_common::{
     counters::Reason,
     hash::flow_hash,
-    maps::{OWNED_VIPS, OwnedVip, PacketCounter, REASON_STATS, VipKey},
+    maps::{OWNED_VIPS, OwnedVip, VipKey},
     service::{FlowKey, Settings},
 };
 use lb_lab::{
     Lab,
     fixture::{
         CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, VIP, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX,
-        ifindex_of, mac_of, permanent_neighbour, run_uplink,
+        expect_verdicts, ifindex_of, mac_of, permanent_neighbour, reason_packets, run_uplink,
     },
     packet::{checksum, checksums_valid, ipv4_frame, transport},
 };
@@ -101,9 +97,7 @@ impl Fixture {
     }
 
     fn reason(&self, reason: Reason) -> u64 {
-        let array: PerCpuArray<_, PacketCounter> =
-            PerCpuArray::try_from(self.ebpf.map(REASON_STATS).unwrap()).unwrap();
-        array.get(&(reason as u32), 0).unwrap().iter().map(|c| c.packets).sum()
+        reason_packets(&self.ebpf, reason)
     }
 }
 
@@ -283,16 +277,16 @@ fn fixtures(ifindex: u32, local: LocalMacs) {
     short[24..26].copy_from_slice(&[0, 0]);
     let c = checksum(&short[14..34]);
     short[24..26].copy_from_slice(&c.to_be_bytes());
-    for (name, input, reason) in [
+    let cases = [
         ("unexposed port", unexposed, Reason::UnexposedPort),
         ("no endpoints", empty, Reason::NoBackend),
         ("truncated TCP", short, Reason::MalformedL4),
-    ] {
-        let before = f.reason(reason);
-        let (action, _) = f.run(&input);
-        assert_eq!(action, XDP_DROP, "{name}");
-        assert_eq!(f.reason(reason), before + 1, "{name} counts as {reason:?}");
-    }
+    ];
+    expect_verdicts(
+        &f.ebpf,
+        f.ifindex,
+        cases.into_iter().map(|(name, input, reason)| (name, input, XDP_DROP, reason)).collect(),
+    );
 
     // Passed untouched to the kernel, and counted.
     let base = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_008, 80));
@@ -309,7 +303,7 @@ fn fixtures(ifindex: u32, local: LocalMacs) {
     options[14] = 0x46;
     let total = u16::from_be_bytes([options[16], options[17]]) + 4;
     let options = with_header(options, 16, &total.to_be_bytes());
-    for (name, input, reason) in [
+    let cases = [
         ("more fragments", with_header(base.clone(), 20, &[0x20, 0x00]), Reason::Fragment),
         ("a later fragment", with_header(base.clone(), 20, &[0x00, 0x10]), Reason::Fragment),
         ("IP options", options, Reason::IpOptions),
@@ -327,13 +321,12 @@ fn fixtures(ifindex: u32, local: LocalMacs) {
             encapsulated((PEER_MAC, NODE_MAC), PEER, Ipv4Addr::new(10, 244, 0, 9), &base),
             Reason::Ipv4Passed,
         ),
-    ] {
-        let before = f.reason(reason);
-        let (action, out) = f.run(&input);
-        assert_eq!(action, XDP_PASS, "{name}");
-        assert_eq!(out, input, "{name}: passed unmodified");
-        assert_eq!(f.reason(reason), before + 1, "{name} counts as {reason:?}");
-    }
+    ];
+    expect_verdicts(
+        &f.ebpf,
+        f.ifindex,
+        cases.into_iter().map(|(name, input, reason)| (name, input, XDP_PASS, reason)).collect(),
+    );
 
     // UDP without a checksum keeps none through a rewrite.
     let mut input = segment_frame(to_node, CLIENT, VIP, 64, 17, (40_010, 80));

@@ -175,6 +175,14 @@ pub async fn primary_ipv6(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Op
     }))
 }
 
+/// The interface's IPv6 link-local address: where its IPv6 VRRP adverts come from.
+pub async fn link_local_ipv6(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Option<std::net::Ipv6Addr>> {
+    Ok(addresses(handle, ifindex).await?.into_iter().find_map(|a| match a {
+        (IpAddr::V6(v6), false, _) if v6.is_unicast_link_local() => Some(v6),
+        _ => None,
+    }))
+}
+
 /// The name of the interface this node uses to reach `address` (as `ip route get`).
 pub async fn route_interface(handle: &rtnetlink::Handle, address: IpAddr) -> Result<Option<String>> {
     let Some(route) = route_to(handle, address).await? else { return Ok(None) };

@@ -2,7 +2,7 @@
 //! picked so this fake could be used): the leader's plan-and-write loop converges, gives every
 //! Service at most one address from the pool, never one address twice, and then writes nothing.
 
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{Api, api::ListParams};
@@ -91,7 +91,7 @@ async fn the_leader_converges_and_never_hands_out_an_address_twice() {
     let mut seen = BTreeSet::new();
     let (mut served, mut refused) = (0, 0);
     for s in &services {
-        let ips: Vec<Ipv4Addr> = status::current_ingress(s);
+        let ips: Vec<IpAddr> = status::current_ingress(s);
         let condition = s
             .status
             .as_ref()

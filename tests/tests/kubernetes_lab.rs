@@ -1,10 +1,11 @@
 //! `lb-agent run --kubernetes` in the lab: two nodes read the same cluster (a fake API server on
 //! each node's loopback) — a LoadBalancerGroup, a LoadBalancer Service with its address, its
 //! EndpointSlice and the Nodes — elect the VIP's owner, forward to the pod, and write status.
+//! A dual-stack Service gets an address of each family, and both are owned and served.
 
 use std::{
     collections::BTreeMap,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::{Duration, Instant},
 };
 
@@ -204,4 +205,131 @@ fn an_endpoint_slice_event_moves_new_connections_to_the_new_pod() {
             "the event was translated for its Service alone:\n{log}"
         );
     }
+}
+
+const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, 1);
+
+/// A dual-stack cluster: the group has pools of both families; `web` asks for both
+/// (`RequireDualStack`) and holds no address yet; its pod has an IPv4 and an IPv6 slice; n0's
+/// Node carries the link-local address its agent publishes (the fake API does not apply
+/// patches, so the list says what the agent's patch would), and n1's none yet.
+fn dual_stack_cluster(lab: &Lab, pod: usize) -> Lists {
+    let mut lists = cluster(lab, lab.pods[pod].ip);
+    let group = &mut lists.get_mut("/apis/lb-agent.io/v1alpha1/loadbalancergroups").unwrap()[0];
+    group["spec"]["addressPools"] = json!(["198.51.100.0/29", "2001:db8:6::/125"]);
+    let service = &mut lists.get_mut("/api/v1/services").unwrap()[0];
+    service["spec"]["ipFamilies"] = json!(["IPv4", "IPv6"]);
+    service["spec"]["ipFamilyPolicy"] = json!("RequireDualStack");
+    service["status"] = json!({});
+    let slices = lists.get_mut("/apis/discovery.k8s.io/v1/endpointslices").unwrap();
+    let mut slice6 = slices[0].clone();
+    slice6["addressType"] = json!("IPv6");
+    slice6["metadata"]["name"] = json!("web-2");
+    slice6["endpoints"][0]["addresses"] = json!([lab.pods[pod].ip6.unwrap().to_string()]);
+    slices.push(slice6);
+    let published = json!({"edge": lab.nodes[0].link_local().to_string()}).to_string();
+    lists.get_mut("/api/v1/nodes").unwrap()[0]["metadata"]["annotations"] =
+        json!({"lb-agent.io/group-addresses6": published});
+    lists
+}
+
+#[test]
+fn a_dual_stack_service_gets_both_addresses_owned_and_served() {
+    let mut lab = Lab::new(2);
+    lab.enable_ipv6();
+    for node in 0..2 {
+        lab.enable_native_xdp(node);
+    }
+    let pod = lab.add_pod(1);
+    let _server = lab.pods[pod].serve(8080);
+    let lists = dual_stack_cluster(&lab, pod);
+    let apis: Vec<KubeApi> =
+        (0..2).map(|i| KubeApi::start(&lab.nodes[i].ns, &lab.path(""), API_PORT, lists.clone())).collect();
+    let base = format!("interface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\n");
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| {
+            let name = lab.nodes[i].name.clone();
+            let kubeconfig = apis[i].kubeconfig.to_str().unwrap().to_owned();
+            let mut agent = lab.start_agent_with(
+                i,
+                &base,
+                &["--kubernetes", "--node", &name],
+                &[("KUBECONFIG", &kubeconfig)],
+            );
+            agent.wait_ready();
+            agent
+        })
+        .collect();
+    let logs = || agents.iter().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n");
+
+    // Each agent leads its own API: it allocates one address of each family, IPv4 first as
+    // `ipFamilies` says. n1 publishes its real link-local address on the group's interface;
+    // n0's Node already shows its own, so n0 patches nothing.
+    for (i, api) in apis.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let writes = api.writes();
+            let ingress = writes.iter().find_map(|(m, p, b)| {
+                (m == "PATCH" && p == "/api/v1/namespaces/shop/services/web/status")
+                    .then(|| b["status"]["loadBalancer"]["ingress"].clone())
+                    .filter(|i| !i.is_null())
+            });
+            if let Some(ingress) = ingress {
+                assert_eq!(
+                    ingress,
+                    json!([{"ip": VIP.to_string(), "ipMode": "VIP"}, {"ip": VIP6.to_string(), "ipMode": "VIP"}])
+                );
+                let node_patches: Vec<&Value> = writes
+                    .iter()
+                    .filter(|(m, p, _)| m == "PATCH" && p.starts_with("/api/v1/nodes/"))
+                    .map(|(_, _, b)| b)
+                    .collect();
+                let expected: Vec<Value> = match i {
+                    0 => vec![],
+                    _ => vec![json!({"metadata": {"annotations": {
+                        "lb-agent.io/group-addresses": null,
+                        "lb-agent.io/group-addresses6": json!({"edge": lab.nodes[1].link_local().to_string()}).to_string(),
+                    }}})],
+                };
+                assert_eq!(node_patches, expected.iter().collect::<Vec<_>>(), "node {i}'s Node patches");
+                break;
+            }
+            assert!(Instant::now() < deadline, "node {i}: no addresses for web: {writes:#?}\n{}", logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    // The cluster now shows the addresses: both VIPs are owned (once each) and served, DSR to
+    // the pod on n1 with the client's own address in each family.
+    let mut service = lists["/api/v1/services"][0].clone();
+    service["metadata"]["resourceVersion"] = json!("2");
+    service["status"] =
+        json!({"loadBalancer": {"ingress": [{"ip": VIP.to_string()}, {"ip": VIP6.to_string()}]}});
+    for api in &apis {
+        assert_eq!(api.push("/api/v1/services", "MODIFIED", service.clone()), 1);
+    }
+    let client6: IpAddr = lab.client.global6().into();
+    for (vip, client) in [(IpAddr::V4(VIP), IpAddr::V4(lab.client.ip)), (IpAddr::V6(VIP6), client6)] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let session = loop {
+            if let Some(s) = lab.client.session(vip, 80) {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "no session through [{vip}]:80:\n{}", logs());
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(session.pod(), lab.pods[pod].name);
+        assert_eq!(session.seen_address(), client, "DSR keeps the client address over {vip}");
+    }
+    let owned: f64 = agents.iter().map(|a| a.metric("lbagent_owned_vips")).sum();
+    assert_eq!(owned, 2.0, "each VIP has exactly one owner");
+    // n1 has not (as the cluster shows) published its link-local address: it runs the IPv4
+    // instance and no IPv6 one, and n0 owns the IPv6 VIP.
+    let families = |node: usize| -> Vec<String> {
+        let status: Value = serde_json::from_str(&agents[node].admin("GET", "/status", "").unwrap()).unwrap();
+        let instances = status["instances"].as_array().cloned().unwrap_or_default();
+        instances.iter().map(|i| format!("{}:{}", i["family"].as_str().unwrap(), i["state"])).collect()
+    };
+    assert!(families(1).iter().all(|f| f.starts_with("ipv4:")), "{:?}", families(1));
+    assert!(families(0).iter().any(|f| f == "ipv6:\"master\""), "{:?}", families(0));
 }

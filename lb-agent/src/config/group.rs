@@ -232,7 +232,16 @@ pub(super) fn validate_groups(
         }
         let mut members = BTreeSet::new();
         let mut addresses: BTreeSet<IpAddr> = BTreeSet::new();
-        let has_ipv6 = group.vips.iter().any(|v| v.address.is_ipv6());
+        // A node needs an IPv6 address when it may own one of the group's IPv6 VIPs (with
+        // manual priorities, every member runs every instance).
+        let manual = group.vrid.is_some() && group.priorities.is_some();
+        let may_own_ipv6 = |node: &str| {
+            group.vips.iter().any(|v| {
+                v.address.is_ipv6()
+                    && (manual
+                        || v.eligible_nodes.as_ref().is_none_or(|nodes| nodes.iter().any(|n| n == node)))
+            })
+        };
         for (n, node) in group.nodes.iter().enumerate() {
             let field = at(&format!("nodes[{n}]"));
             if node.name.is_empty() || !members.insert(node.name.as_str()) {
@@ -266,12 +275,12 @@ pub(super) fn validate_groups(
                             .insert((node.name.as_str(), interface), (address6, format!("{field}.address6")));
                     }
                 }
-            } else if has_ipv6 {
+            } else if may_own_ipv6(&node.name) {
                 return Err(ConfigError::new(
                     format!("{field}.address6"),
                     format!(
                         "this node's IPv6 address on {interface} (its link-local address, for multicast \
-                         adverts), since the group has IPv6 VIPs"
+                         adverts), since the group has IPv6 VIPs it may own"
                     ),
                 ));
             }
@@ -475,6 +484,16 @@ mod tests {
             ]
         );
         assert_eq!(plan.locals[&("eth0".to_owned(), Family::V6)], ip("fe80::a"));
+
+        // A node no IPv6 VIP may go to needs no IPv6 address (Kubernetes: a member that has
+        // not published its link-local address yet).
+        let spread = BASE
+            .replace("address: 192.0.2.10\n", "address: 192.0.2.10\n        address6: fe80::a\n")
+            + "    vips:\n      - address: 198.51.100.10\n      - {address: 2001:db8:6::10, eligibleNodes: [n0]}\n";
+        let c = Config::parse(&spread).unwrap();
+        assert!(crate::node_plan::node_plan(&c, "n1").instances.iter().all(|i| i.family == Family::V4));
+        let e = Config::parse(&spread.replace("eligibleNodes: [n0]", "eligibleNodes: [n0, n1]")).unwrap_err();
+        assert_eq!(e.field, "groups[0].nodes[1].address6");
 
         let e = Config::parse(&dual.replace("2001:db8:6::10", "fe80::10")).unwrap_err();
         assert_eq!(e.field, "groups[0].vips[1].address");

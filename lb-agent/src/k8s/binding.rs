@@ -3,12 +3,12 @@
 //! A Service is ours when it has `spec.loadBalancerClass: lb-agent.io/vrrp`, or the annotation
 //! `lb-agent.io/group`, or is a class-less LoadBalancer and a group is marked `default`.
 //! `spec.externalIPs` are honoured only inside the group's `allowedExternalIPs`: anything else
-//! is refused (CVE-2020-8554, the externalIPs man-in-the-middle). Kubernetes Services are served
-//! over IPv4 only for now (the data path forwards IPv6, the standalone YAML serves it; IPv6
-//! allocation is not built): an IPv6-only Service is refused, a dual-stack one gets its IPv4
-//! address alone, and IPv6 addresses it asks for are refused, each saying so (`FamilyNotServed`).
+//! is refused (CVE-2020-8554, the externalIPs man-in-the-middle). A Service is served in the
+//! families of its `spec.ipFamilies` (one address each): an address it asks for, or an
+//! externalIP, of another family has no endpoints to go to and is refused
+//! (`AddressFamilyMismatch`).
 
-use std::{borrow::Borrow, collections::BTreeMap, net::Ipv4Addr};
+use std::{borrow::Borrow, collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 
@@ -16,7 +16,8 @@ use super::crd::{
     ANNOTATION_GROUP, ANNOTATION_IPS, ANNOTATION_SHARED, ANNOTATION_SPREAD, LOAD_BALANCER_CLASS,
     LoadBalancerGroup,
 };
-use super::ipam::Pools;
+use super::ipam::{Pools, family_name};
+use crate::vrrp::family::Family;
 
 /// A Service this agent serves.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -26,13 +27,17 @@ pub struct Bound {
     pub group: String,
     /// `lb-agent.io/spread`, when set.
     pub spread: Option<bool>,
+    /// Its families, primary first (`spec.ipFamilies`; IPv4 on objects without it).
+    pub families: Vec<Family>,
+    /// `ipFamilyPolicy: PreferDualStack`: a family its group has no pool of is left out.
+    pub prefer_dual_stack: bool,
     /// Addresses it asks for (`lb-agent.io/ips`, or the deprecated `spec.loadBalancerIP`).
-    pub requested: Vec<Ipv4Addr>,
+    pub requested: Vec<IpAddr>,
     pub shared_key: Option<String>,
     /// Whether it needs a LoadBalancer address (type LoadBalancer).
     pub wants_load_balancer_ip: bool,
     /// `spec.externalIPs` inside the group's allowed CIDRs.
-    pub external_ips: Vec<Ipv4Addr>,
+    pub external_ips: Vec<IpAddr>,
 }
 
 /// Something a user should hear about: the Service's Warning Event and condition.
@@ -105,23 +110,35 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
 
     let mut refusals = Vec::new();
     // `spec.ipFamilies` as the API server filled it in; empty on old objects (IPv4).
-    let families = spec.ip_families.as_deref().unwrap_or_default();
-    if !families.is_empty() && !families.iter().any(|f| f == "IPv4") {
+    let mut families: Vec<Family> = Vec::new();
+    for name in spec.ip_families.iter().flatten() {
+        let family = match name.as_str() {
+            "IPv4" => Family::V4,
+            "IPv6" => Family::V6,
+            other => {
+                refusals
+                    .push(refuse("BadIPFamily", format!("ipFamilies: expected IPv4 or IPv6, got {other:?}")));
+                continue;
+            }
+        };
+        if !families.contains(&family) {
+            families.push(family);
+        }
+    }
+    if families.is_empty() {
+        families.push(Family::V4);
+    }
+    let families_text =
+        || format!("[{}]", families.iter().map(|f| family_name(*f)).collect::<Vec<_>>().join(", "));
+    // An address of a family the Service is not served in: nothing would answer it there.
+    let mismatch = |field: &str, ip: IpAddr| {
         let message = format!(
-            "ipFamilies {families:?}: lb-agent serves Kubernetes Services over IPv4 only for now, so this Service gets no address \
-             from group {group_name:?}"
+            "{field}: {ip} is an {} address, but the Service's ipFamilies are {}; it is not served",
+            family_name(Family::of(ip)),
+            families_text()
         );
-        return (None, vec![refuse(FAMILY_NOT_SERVED, message)]);
-    }
-    if families.iter().any(|f| f == "IPv6") {
-        refusals.push(refuse(
-            FAMILY_NOT_SERVED,
-            format!(
-                "ipFamilies {families:?}: only the IPv4 address is allocated and served (lb-agent serves Kubernetes Services over IPv4 \
-                 only for now)"
-            ),
-        ));
-    }
+        refuse(ADDRESS_FAMILY_MISMATCH, message)
+    };
     let spread = match annotations.get(ANNOTATION_SPREAD).map(String::as_str) {
         None => None,
         Some("true") => Some(true),
@@ -137,35 +154,45 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
     let mut requested = Vec::new();
     if let Some(list) = annotations.get(ANNOTATION_IPS) {
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            match item.parse::<Ipv4Addr>() {
-                Ok(ip) => requested.push(ip),
-                Err(_) if item.parse::<std::net::Ipv6Addr>().is_ok() => {
-                    refusals.push(refuse(FAMILY_NOT_SERVED, ipv6_not_served(ANNOTATION_IPS, item)));
-                }
+            match item.parse::<IpAddr>() {
+                Ok(ip) if families.contains(&Family::of(ip)) => requested.push(ip),
+                Ok(ip) => refusals.push(mismatch(ANNOTATION_IPS, ip)),
                 Err(_) => refusals.push(refuse(
                     "BadAnnotation",
-                    format!("{ANNOTATION_IPS}: expected comma-separated IPv4 addresses, got {item:?}"),
+                    format!(
+                        "{ANNOTATION_IPS}: expected comma-separated IPv4 or IPv6 addresses, got {item:?}"
+                    ),
                 )),
             }
         }
-    } else if let Some(ip) = spec.load_balancer_ip.as_deref().and_then(|s| s.parse().ok()) {
-        requested.push(ip);
+    } else if let Some(ip) = spec.load_balancer_ip.as_deref().and_then(|s| s.parse::<IpAddr>().ok()) {
+        if families.contains(&Family::of(ip)) {
+            requested.push(ip);
+        } else {
+            refusals.push(mismatch("loadBalancerIP", ip));
+        }
     }
 
-    let allowed = Pools::parse(&group.spec.allowed_external_ips).unwrap_or_default();
+    let allowed = Pools::parse_allowed(&group.spec.allowed_external_ips).unwrap_or_default();
     let mut external_ips = Vec::new();
     for text in spec.external_ips.iter().flatten() {
-        match text.parse::<Ipv4Addr>() {
-            Ok(ip) if allowed.contains(ip) || allowed_cidr(&group.spec.allowed_external_ips, ip) => external_ips.push(ip),
-            Err(_) if text.parse::<std::net::Ipv6Addr>().is_ok() => {
-                refusals.push(refuse(FAMILY_NOT_SERVED, ipv6_not_served("externalIPs", text)));
-            }
-            _ => refusals.push(refuse(
+        match text.parse::<IpAddr>() {
+            Ok(ip) if !allowed.contains(ip) => refusals.push(refuse(
                 "ExternalIPNotAllowed",
                 format!(
                     "externalIP {text} is outside group {group_name:?}'s allowedExternalIPs ({}); it is not served",
-                    if group.spec.allowed_external_ips.is_empty() { "none".into() } else { group.spec.allowed_external_ips.join(", ") }
+                    if group.spec.allowed_external_ips.is_empty() {
+                        "none".into()
+                    } else {
+                        group.spec.allowed_external_ips.join(", ")
+                    }
                 ),
+            )),
+            Ok(ip) if !families.contains(&Family::of(ip)) => refusals.push(mismatch("externalIPs", ip)),
+            Ok(ip) => external_ips.push(ip),
+            Err(_) => refusals.push(refuse(
+                "ExternalIPNotAllowed",
+                format!("externalIPs: expected an IPv4 or IPv6 address, got {text:?}; it is not served"),
             )),
         }
     }
@@ -173,6 +200,8 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
         service: name.clone(),
         group: group_name,
         spread,
+        families,
+        prefer_dual_stack: spec.ip_family_policy.as_deref() == Some("PreferDualStack"),
         requested,
         shared_key: annotations.get(ANNOTATION_SHARED).cloned(),
         wants_load_balancer_ip: is_lb,
@@ -181,25 +210,8 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
     (Some(bound), refusals)
 }
 
-/// The reason of a refusal for an address family lb-agent does not serve yet.
-pub const FAMILY_NOT_SERVED: &str = "FamilyNotServed";
-
-fn ipv6_not_served(field: &str, address: &str) -> String {
-    format!(
-        "{field}: {address} is an IPv6 address, and lb-agent serves Kubernetes Services over IPv4 only for now; it is not served"
-    )
-}
-
-/// `Pools::parse` excludes a CIDR's network and broadcast addresses; for externalIPs every
-/// address of an allowed CIDR counts.
-fn allowed_cidr(cidrs: &[String], ip: Ipv4Addr) -> bool {
-    cidrs.iter().any(|c| {
-        let Some((net, len)) = c.split_once('/') else { return false };
-        let (Ok(net), Ok(len)) = (net.parse::<Ipv4Addr>(), len.parse::<u32>()) else { return false };
-        let mask = if len == 0 { 0 } else { u32::MAX.checked_shl(32 - len.min(32)).unwrap_or(0) };
-        u32::from(ip) & mask == u32::from(net) & mask
-    })
-}
+/// The reason of a refusal of an address of a family the Service is not served in.
+pub const ADDRESS_FAMILY_MISMATCH: &str = "AddressFamilyMismatch";
 
 #[cfg(test)]
 mod tests {
@@ -218,32 +230,62 @@ mod tests {
         serde_yaml::from_str(yaml).unwrap()
     }
 
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
     #[test]
-    fn ipv6_is_refused_as_not_served_yet_and_dual_stack_keeps_ipv4() {
+    fn families_follow_ip_families_and_other_families_are_refused() {
         let groups = [group("edge", true, &["198.51.100.0/24", "2001:db8:6::/64"])];
         let only_ipv6 = service(
-            "metadata: {name: a, namespace: ns}\nspec: {type: LoadBalancer, ipFamilies: [IPv6], ipFamilyPolicy: SingleStack}\n",
+            "metadata: {name: a, namespace: ns, annotations: {lb-agent.io/ips: \"198.51.100.7, 2001:db8:6::7\"}}\n\
+             spec: {type: LoadBalancer, ipFamilies: [IPv6], ipFamilyPolicy: SingleStack, externalIPs: [198.51.100.8]}\n",
         );
         let (bound, refusals) = bind(&only_ipv6, &groups);
-        assert!(bound.is_none(), "no IPv4 address for an IPv6-only Service");
-        assert_eq!(refusals.len(), 1);
-        assert_eq!(refusals[0].reason, FAMILY_NOT_SERVED);
-        assert!(refusals[0].message.contains("IPv4 only"), "{}", refusals[0].message);
+        let bound = bound.expect("served over IPv6");
+        assert_eq!((bound.families.as_slice(), bound.prefer_dual_stack), (&[Family::V6][..], false));
+        assert_eq!(bound.requested, [ip("2001:db8:6::7")]);
+        assert!(bound.external_ips.is_empty());
+        let refused: Vec<(&str, &str)> = refusals.iter().map(|r| (r.reason, r.message.as_str())).collect();
+        assert_eq!(
+            refused,
+            [
+                (
+                    ADDRESS_FAMILY_MISMATCH,
+                    "lb-agent.io/ips: 198.51.100.7 is an IPv4 address, but the Service's ipFamilies are [IPv6]; it is not served"
+                ),
+                (
+                    ADDRESS_FAMILY_MISMATCH,
+                    "externalIPs: 198.51.100.8 is an IPv4 address, but the Service's ipFamilies are [IPv6]; it is not served"
+                ),
+            ]
+        );
 
         let dual = service(
             "metadata: {name: b, namespace: ns, annotations: {lb-agent.io/ips: \"198.51.100.7, 2001:db8:6::7\"}}\n\
-             spec: {type: LoadBalancer, ipFamilies: [IPv4, IPv6], ipFamilyPolicy: PreferDualStack, \
-             externalIPs: [\"2001:db8:6::8\", 198.51.100.8]}\n",
+             spec: {type: LoadBalancer, ipFamilies: [IPv6, IPv4], ipFamilyPolicy: PreferDualStack, \
+             externalIPs: [\"2001:db8:6::8\", 198.51.100.8, \"2001:db8:7::8\"]}\n",
         );
         let (bound, refusals) = bind(&dual, &groups);
-        let bound = bound.expect("served over IPv4");
-        assert_eq!(bound.requested, vec![Ipv4Addr::new(198, 51, 100, 7)]);
-        assert_eq!(bound.external_ips, vec![Ipv4Addr::new(198, 51, 100, 8)]);
-        let reasons: Vec<(&str, bool)> =
-            refusals.iter().map(|r| (r.reason, r.message.contains("IPv4 only"))).collect();
-        assert_eq!(reasons, vec![(FAMILY_NOT_SERVED, true); 3], "{refusals:?}");
-        assert!(
-            refusals[1].message.contains("2001:db8:6::7") && refusals[2].message.contains("2001:db8:6::8")
+        let bound = bound.expect("served");
+        assert_eq!(
+            (bound.families.as_slice(), bound.prefer_dual_stack),
+            (&[Family::V6, Family::V4][..], true)
+        );
+        assert_eq!(bound.requested, [ip("198.51.100.7"), ip("2001:db8:6::7")]);
+        assert_eq!(bound.external_ips, [ip("2001:db8:6::8"), ip("198.51.100.8")]);
+        assert_eq!(refusals.len(), 1, "{refusals:?}");
+        assert_eq!(refusals[0].reason, "ExternalIPNotAllowed");
+        assert!(refusals[0].message.contains("2001:db8:7::8"), "{}", refusals[0].message);
+
+        // Objects from before ipFamilies are IPv4.
+        let old = service(
+            "metadata: {name: c, namespace: ns}\nspec: {type: LoadBalancer, loadBalancerIP: 198.51.100.9}\n",
+        );
+        let bound = bind(&old, &groups).0.unwrap();
+        assert_eq!(
+            (bound.families.as_slice(), bound.requested.as_slice()),
+            (&[Family::V4][..], &[ip("198.51.100.9")][..])
         );
     }
 
@@ -282,7 +324,7 @@ mod tests {
         );
         let (bound, refusals) = bind(&s, &groups);
         let bound = bound.unwrap();
-        assert_eq!(bound.requested, [Ipv4Addr::new(198, 51, 100, 3)]);
+        assert_eq!(bound.requested, [ip("198.51.100.3")]);
         assert_eq!(bound.spread, None);
         assert_eq!(refusals.len(), 2);
         assert!(refusals.iter().all(|r| r.reason == "BadAnnotation"));
@@ -297,7 +339,7 @@ mod tests {
         );
         let (bound, refusals) = bind(&s, &groups);
         let bound = bound.unwrap();
-        assert_eq!(bound.external_ips, [Ipv4Addr::new(203, 0, 113, 0), Ipv4Addr::new(203, 0, 113, 7)]);
+        assert_eq!(bound.external_ips, [ip("203.0.113.0"), ip("203.0.113.7")]);
         assert!(!bound.wants_load_balancer_ip);
         assert_eq!(refusals.len(), 1);
         assert_eq!(refusals[0].reason, "ExternalIPNotAllowed");

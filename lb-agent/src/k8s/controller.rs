@@ -319,21 +319,23 @@ impl Shell {
 }
 
 impl Shell {
-    /// Publishes this node's address on each of its groups' interfaces other than the default
-    /// uplink ([`source::GROUP_ADDRESSES_ANNOTATION`]): the other members learn it from there
-    /// (a Node's InternalIP is its default uplink's). Patched only when the Node says
-    /// otherwise, and not again until the watch has shown the last patch.
+    /// Publishes this node's addresses on its groups' interfaces: the IPv4 one on each
+    /// interface other than the default uplink ([`source::GROUP_ADDRESSES_ANNOTATION`]; a
+    /// Node's InternalIP is its default uplink's), and the IPv6 link-local one on every one
+    /// ([`source::GROUP_ADDRESSES6_ANNOTATION`]; no Node field has it). The other members learn
+    /// them from there. Patched only when the Node says otherwise, and not again until the
+    /// watch has shown the last patch.
     async fn publish_group_addresses(
         &self,
         groups: &[std::sync::Arc<LoadBalancerGroup>],
         nodes: &[std::sync::Arc<Node>],
         routes: &BTreeMap<std::net::IpAddr, String>,
-        published: &mut Option<BTreeMap<String, Ipv4Addr>>,
+        published: &mut Option<GroupAddresses>,
     ) {
         let Some(me) = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(self.node.as_str())) else {
             return;
         };
-        let mut addresses = BTreeMap::new();
+        let mut addresses = GroupAddresses::default();
         for group in groups.iter().filter(|g| source::selects(g, me)) {
             let interface = match (&group.spec.interface, &group.spec.interface_from_ip) {
                 (Some(interface), _) => interface,
@@ -343,35 +345,45 @@ impl Shell {
                 },
                 (None, None) => continue,
             };
+            let Ok(Some(link)) = crate::netdev::find(&self.netlink, interface).await else { continue };
+            let name = group.metadata.name.clone().unwrap_or_default();
+            if let Ok(Some(address6)) = crate::netdev::link_local_ipv6(&self.netlink, link.index).await {
+                addresses.ipv6.insert(name.clone(), address6);
+            }
             if *interface == self.base.interface {
                 continue;
             }
-            let Ok(Some(link)) = crate::netdev::find(&self.netlink, interface).await else { continue };
             if let Ok(Some(address)) = crate::netdev::primary_ipv4(&self.netlink, link.index).await {
-                addresses.insert(group.metadata.name.clone().unwrap_or_default(), address);
+                addresses.ipv4.insert(name, address);
             }
         }
-        if source::published_addresses(me) == addresses {
+        let on_node =
+            GroupAddresses { ipv4: source::published_addresses(me), ipv6: source::published_addresses6(me) };
+        if on_node == addresses {
             *published = None;
             return;
         }
         if published.as_ref() == Some(&addresses) {
             return;
         }
-        let value = if addresses.is_empty() {
-            serde_json::Value::Null
-        } else {
-            serde_json::Value::String(serde_json::to_string(&addresses).unwrap_or_default())
-        };
-        let patch =
-            serde_json::json!({"metadata": {"annotations": {source::GROUP_ADDRESSES_ANNOTATION: value}}});
+        fn annotation<A: serde::Serialize>(addresses: &BTreeMap<String, A>) -> serde_json::Value {
+            if addresses.is_empty() {
+                serde_json::Value::Null
+            } else {
+                serde_json::Value::String(serde_json::to_string(addresses).unwrap_or_default())
+            }
+        }
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            source::GROUP_ADDRESSES_ANNOTATION: annotation(&addresses.ipv4),
+            source::GROUP_ADDRESSES6_ANNOTATION: annotation(&addresses.ipv6),
+        }}});
         let api: Api<Node> = Api::all(self.client.clone());
         match api
             .patch(&self.node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
             .await
         {
             Ok(_) => {
-                info!(?addresses, "published this node's addresses on its groups' interfaces");
+                info!(ipv4 = ?addresses.ipv4, ipv6 = ?addresses.ipv6, "published this node's addresses on its groups' interfaces");
                 *published = Some(addresses);
             }
             Err(e) => {
@@ -379,6 +391,13 @@ impl Shell {
             }
         }
     }
+}
+
+/// This node's addresses on its groups' interfaces, as it publishes them.
+#[derive(Debug, Default, PartialEq)]
+struct GroupAddresses {
+    ipv4: BTreeMap<String, Ipv4Addr>,
+    ipv6: BTreeMap<String, std::net::Ipv6Addr>,
 }
 
 trait Ready {
@@ -420,11 +439,44 @@ mod tests {
         json!({"interface": "eth0", "addressPools": ["198.51.100.0/29"], "default": true, "advertInterval": "10ms"})
     }
 
+    /// What the mock API server lists: the group `edge`'s spec and the objects of each kind.
+    struct Fixture {
+        edge: Value,
+        services: Value,
+        slices: Value,
+        nodes: Value,
+    }
+
+    impl Fixture {
+        /// `web` holding 198.51.100.1 with a pod on n1, `new` without an address, nodes n0, n1.
+        fn new(edge: Value) -> Self {
+            Fixture {
+                edge,
+                services: json!([
+                    {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop", "finalizers": ["lb-agent.io/ipam"]},
+                     "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "targetPort": 8080}]},
+                     "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}}},
+                    {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "new", "namespace": "shop"},
+                     "spec": {"type": "LoadBalancer", "ports": [{"port": 443}]}}
+                ]),
+                slices: json!([{
+                    "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                    "metadata": {"name": "web-1", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
+                    "endpoints": [{"addresses": ["10.244.1.5"], "nodeName": "n1"}]}]),
+                nodes: json!([
+                    {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n0"}, "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.10"}]}},
+                    {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.11"}]}}
+                ]),
+            }
+        }
+    }
+
     async fn api_server(
         mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
         writes: Writes,
-        edge: Value,
+        fixture: Fixture,
     ) {
+        let Fixture { edge, services, slices, nodes } = fixture;
         let mut open_watches = Vec::new();
         let mut service_lists = 0;
         while let Some((request, send)) = handle.next_request().await {
@@ -459,44 +511,13 @@ mod tests {
                             json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "etcd is sad", "code": 500}),
                         )
                     } else {
-                        reply(
-                            200,
-                            list(
-                                "Service",
-                                "v1",
-                                json!([
-                                    {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop", "finalizers": ["lb-agent.io/ipam"]},
-                                     "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "targetPort": 8080}]},
-                                     "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}}},
-                                    {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "new", "namespace": "shop"},
-                                     "spec": {"type": "LoadBalancer", "ports": [{"port": 443}]}}
-                                ]),
-                            ),
-                        )
+                        reply(200, list("Service", "v1", services.clone()))
                     }
                 }
-                ("GET", "/apis/discovery.k8s.io/v1/endpointslices") => reply(
-                    200,
-                    list(
-                        "EndpointSlice",
-                        "discovery.k8s.io/v1",
-                        json!([{
-                    "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-                    "metadata": {"name": "web-1", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
-                    "endpoints": [{"addresses": ["10.244.1.5"], "nodeName": "n1"}]}]),
-                    ),
-                ),
-                ("GET", "/api/v1/nodes") => reply(
-                    200,
-                    list(
-                        "Node",
-                        "v1",
-                        json!([
-                            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n0"}, "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.10"}]}},
-                            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.11"}]}}
-                        ]),
-                    ),
-                ),
+                ("GET", "/apis/discovery.k8s.io/v1/endpointslices") => {
+                    reply(200, list("EndpointSlice", "discovery.k8s.io/v1", slices.clone()))
+                }
+                ("GET", "/api/v1/nodes") => reply(200, list("Node", "v1", nodes.clone())),
                 ("GET", p) if p.ends_with("/leases/lb-agent-leader") => reply(
                     404,
                     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
@@ -524,11 +545,11 @@ mod tests {
         impersonated: watch::Sender<Impersonations>,
     }
 
-    /// Runs the shell of node n0 (default uplink eth0) against the mock API server with the
-    /// fixture group `edge`; its recorded writes go to `writes`.
-    fn run_shell(edge: Value, writes: &Writes) -> AgentSide {
+    /// Runs the shell of node n0 (default uplink eth0) against the mock API server listing
+    /// `fixture`; its recorded writes go to `writes`.
+    fn run_shell(fixture: Fixture, writes: &Writes) -> AgentSide {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        tokio::spawn(api_server(handle, writes.clone(), edge));
+        tokio::spawn(api_server(handle, writes.clone(), fixture));
         let shell = Shell {
             client: Client::new(service, "default"),
             netlink: crate::netdev::connect().unwrap(),
@@ -565,7 +586,7 @@ mod tests {
     #[tokio::test]
     async fn the_cluster_becomes_a_config_and_the_leader_writes_status() {
         let writes: Writes = Arc::default();
-        let mut agent = run_shell(edge_spec(), &writes);
+        let mut agent = run_shell(Fixture::new(edge_spec()), &writes);
         let (refused_tx, foreign_tx, impersonated_tx) =
             (agent.refused.clone(), agent.foreign.clone(), agent.impersonated.clone());
 
@@ -687,7 +708,7 @@ mod tests {
         // `lo` is the one interface every test host has, with 127.0.0.1.
         let mut edge = edge_spec();
         edge["interface"] = json!("lo");
-        let mut agent = run_shell(edge, &writes);
+        let mut agent = run_shell(Fixture::new(edge), &writes);
         let config = tokio::time::timeout(Duration::from_secs(20), agent.configs.recv())
             .await
             .expect("a config")
@@ -711,12 +732,91 @@ mod tests {
         };
         assert_eq!(
             patches[0],
-            json!({"metadata": {"annotations": {source::GROUP_ADDRESSES_ANNOTATION: "{\"edge\":\"127.0.0.1\"}"}}})
+            json!({"metadata": {"annotations": {
+                source::GROUP_ADDRESSES_ANNOTATION: "{\"edge\":\"127.0.0.1\"}",
+                // `lo` has no link-local address.
+                source::GROUP_ADDRESSES6_ANNOTATION: null,
+            }}})
         );
         // Not patched again while the watch has not shown it (the mock never does).
         tokio::time::sleep(Duration::from_millis(500)).await;
         let again =
             writes.lock().unwrap().iter().filter(|(m, p, _)| m == "PATCH" && p == "/api/v1/nodes/n0").count();
         assert_eq!(again, 1);
+    }
+
+    /// A dual-stack cluster: a group with pools of both families, members that published their
+    /// link-local addresses, a Service holding one address of each family with pods of each,
+    /// and a new `RequireDualStack` one. The config serves both families, and the leader gives
+    /// the new Service the lowest free address of each, primary family first.
+    #[tokio::test]
+    async fn a_dual_stack_service_is_served_and_allocated_in_both_families() {
+        let writes: Writes = Arc::default();
+        let mut edge = edge_spec();
+        edge["addressPools"] = json!(["198.51.100.0/29", "2001:db8:6::/125"]);
+        let mut fixture = Fixture::new(edge);
+        fixture.services = json!([
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop", "finalizers": ["lb-agent.io/ipam"]},
+             "spec": {"type": "LoadBalancer", "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack",
+                      "ports": [{"port": 80, "targetPort": 8080}]},
+             "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}, {"ip": "2001:db8:6::1"}]}}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "new", "namespace": "shop"},
+             "spec": {"type": "LoadBalancer", "ipFamilies": ["IPv6", "IPv4"], "ipFamilyPolicy": "RequireDualStack",
+                      "ports": [{"port": 443}]}}
+        ]);
+        fixture.slices = json!([
+            {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+             "metadata": {"name": "web-4", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
+             "endpoints": [{"addresses": ["10.244.1.5"], "nodeName": "n1"}]},
+            {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv6",
+             "metadata": {"name": "web-6", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
+             "endpoints": [{"addresses": ["fd00:244:1::5"], "nodeName": "n1"}]}
+        ]);
+        for (i, node) in fixture.nodes.as_array_mut().unwrap().iter_mut().enumerate() {
+            node["metadata"]["annotations"] =
+                json!({source::GROUP_ADDRESSES6_ANNOTATION: format!("{{\"edge\":\"fe80::{i}\"}}")});
+        }
+        let mut agent = run_shell(fixture, &writes);
+        let config = tokio::time::timeout(Duration::from_secs(20), agent.configs.recv())
+            .await
+            .expect("a config in time")
+            .unwrap();
+        let group = &config.groups[0];
+        let members: Vec<(&str, Option<String>)> =
+            group.nodes.iter().map(|n| (n.name.as_str(), n.address6.map(|a| a.to_string()))).collect();
+        assert_eq!(members, [("n0", Some("fe80::".to_owned())), ("n1", Some("fe80::1".to_owned()))]);
+        let vips: Vec<String> = group.vips.iter().map(|v| v.address.to_string()).collect();
+        assert_eq!(vips, ["198.51.100.1", "2001:db8:6::1"]);
+        let served: Vec<(String, String)> = config
+            .services
+            .iter()
+            .map(|s| (s.vip.to_string(), s.endpoints.iter().map(|e| e.address.to_string()).collect()))
+            .collect();
+        assert_eq!(
+            served,
+            [
+                ("198.51.100.1".to_owned(), "10.244.1.5".to_owned()),
+                ("2001:db8:6::1".to_owned(), "fd00:244:1::5".to_owned())
+            ]
+        );
+
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen = writes.lock().unwrap().clone();
+            let status = seen
+                .iter()
+                .find(|(m, p, _)| m == "PATCH" && p == "/api/v1/namespaces/shop/services/new/status");
+            if let Some((_, _, body)) = status {
+                assert_eq!(
+                    *body,
+                    json!({"apiVersion": "v1", "kind": "Service", "status": {"loadBalancer": {"ingress": [
+                        {"ip": "2001:db8:6::2", "ipMode": "VIP"}, {"ip": "198.51.100.2", "ipMode": "VIP"}
+                    ]}}})
+                );
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no address for new: {seen:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }

@@ -56,12 +56,13 @@ pub struct LoadBalancerGroupSpec {
     /// Or: each node uses the interface that routes to this address (IPv4 or IPv6).
     #[serde(default, rename = "interfaceFromIP", skip_serializing_if = "Option::is_none")]
     pub interface_from_ip: Option<std::net::IpAddr>,
-    /// Where LoadBalancer Services get their addresses: CIDRs (`198.51.100.0/28`) or ranges
-    /// (`198.51.100.10-198.51.100.20`).
+    /// Where LoadBalancer Services get their addresses: CIDRs (`198.51.100.0/28`,
+    /// `2001:db8:6::/112`) or ranges (`198.51.100.10-198.51.100.20`), of either family. A
+    /// dual-stack Service gets one address of each of its `ipFamilies`.
     #[serde(default)]
     pub address_pools: Vec<String>,
-    /// CIDRs that `spec.externalIPs` may use in Services of this group. Anything else is
-    /// refused (CVE-2020-8554). Empty: no externalIPs at all.
+    /// CIDRs (IPv4 or IPv6) that `spec.externalIPs` may use in Services of this group.
+    /// Anything else is refused (CVE-2020-8554). Empty: no externalIPs at all.
     #[serde(default, rename = "allowedExternalIPs")]
     pub allowed_external_ips: Vec<String>,
     /// VRIDs other routers on the segment use.

@@ -6,69 +6,126 @@
 //! 2. addresses Services ask for (`lb-agent.io/ips`), in Service-name order;
 //! 3. the lowest free address of the group's pools, in Service-name order.
 //!
+//! Each of a Service's families (`spec.ipFamilies`) gets its address on its own terms: a
+//! dual-stack Service has one address per family, and a family that fails (its pool exhausted)
+//! costs it only that family's address, never the other's.
+//!
 //! Sharing is explicit: two Services may hold one address only when both carry the same
 //! `lb-agent.io/allow-shared-ip` key and their ports do not overlap (MetalLB's rule).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-/// A group's pools: inclusive ranges of addresses.
+use crate::vrrp::family::Family;
+
+/// An inclusive range of addresses of one family, as integers (IPv4's in the low 32 bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Range {
+    family: Family,
+    first: u128,
+    last: u128,
+}
+
+fn to_bits(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(v4) => u32::from(v4).into(),
+        IpAddr::V6(v6) => v6.into(),
+    }
+}
+
+fn from_bits(family: Family, bits: u128) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::V4(Ipv4Addr::from(bits as u32)),
+        Family::V6 => IpAddr::V6(Ipv6Addr::from(bits)),
+    }
+}
+
+/// The Kubernetes name of a family (`spec.ipFamilies`).
+pub fn family_name(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "IPv4",
+        Family::V6 => "IPv6",
+    }
+}
+
+/// A group's pools: inclusive ranges of addresses, of either family.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Pools {
-    ranges: Vec<(u32, u32)>,
+    ranges: Vec<Range>,
 }
 
 impl Pools {
-    /// Parses `198.51.100.0/28` (network and broadcast addresses excluded below /31) or
-    /// `198.51.100.10-198.51.100.20`. The error names the entry and what was expected.
+    /// Parses `addressPools`: CIDRs (`198.51.100.0/28`, `2001:db8:6::/112`) or ranges of one
+    /// family (`198.51.100.10-198.51.100.20`, `2001:db8:6::10-2001:db8:6::20`). A CIDR's
+    /// addresses that are not a host's are left out: IPv4's network and broadcast addresses
+    /// below /31 (RFC 3021), IPv6's Subnet-Router anycast address below /127 (RFC 4291 §2.6.1,
+    /// RFC 6164). The error names the entry and what was expected.
     pub fn parse(entries: &[String]) -> Result<Pools, String> {
+        Self::parse_field("addressPools", entries, true)
+    }
+
+    /// Parses `allowedExternalIPs`: the same forms, every address of a CIDR included (an
+    /// externalIP is whatever the user routes there).
+    pub fn parse_allowed(entries: &[String]) -> Result<Pools, String> {
+        Self::parse_field("allowedExternalIPs", entries, false)
+    }
+
+    fn parse_field(field: &str, entries: &[String], hosts_only: bool) -> Result<Pools, String> {
         let mut ranges = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
-            let ipv6 = entry
-                .split(['/', '-'])
-                .next()
-                .is_some_and(|a| a.trim().parse::<std::net::Ipv6Addr>().is_ok());
             let bad = || {
-                let why = if ipv6 {
-                    " (IPv6 pools are not allocated from yet: lb-agent serves Kubernetes Services over IPv4 only for now)"
-                } else {
-                    ""
-                };
                 format!(
-                    "addressPools[{i}]: expected an IPv4 CIDR or a range like 198.51.100.10-198.51.100.20{why}, got {entry:?}"
+                    "{field}[{i}]: expected a CIDR (198.51.100.0/28, 2001:db8:6::/112) or a range of one family \
+                     (198.51.100.10-198.51.100.20), got {entry:?}"
                 )
             };
             let range = if let Some((a, b)) = entry.split_once('-') {
-                let (a, b): (Ipv4Addr, Ipv4Addr) =
+                let (a, b): (IpAddr, IpAddr) =
                     (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
-                if u32::from(a) > u32::from(b) {
+                if Family::of(a) != Family::of(b) || to_bits(a) > to_bits(b) {
                     return Err(bad());
                 }
-                (u32::from(a), u32::from(b))
+                Range { family: Family::of(a), first: to_bits(a), last: to_bits(b) }
             } else {
                 let (net, len) = entry.split_once('/').ok_or_else(bad)?;
-                let net: Ipv4Addr = net.parse().map_err(|_| bad())?;
-                let len: u32 = len.parse().ok().filter(|l| *l <= 32).ok_or_else(bad)?;
-                let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-                let first = u32::from(net) & mask;
-                let last = first | !mask;
-                if len <= 30 { (first + 1, last - 1) } else { (first, last) }
+                let net: IpAddr = net.trim().parse().map_err(|_| bad())?;
+                let family = Family::of(net);
+                let bits = if family == Family::V4 { 32 } else { 128 };
+                let len: u32 = len.trim().parse().ok().filter(|l| *l <= bits).ok_or_else(bad)?;
+                // The host part's bits, within the family's width.
+                let host = if len == 0 { u128::MAX >> (128 - bits) } else { (1u128 << (bits - len)) - 1 };
+                let first = to_bits(net) & !host;
+                let last = first | host;
+                match (hosts_only, family) {
+                    (true, Family::V4) if len <= 30 => Range { family, first: first + 1, last: last - 1 },
+                    (true, Family::V6) if len <= 126 => Range { family, first: first + 1, last },
+                    _ => Range { family, first, last },
+                }
             };
             ranges.push(range);
         }
         Ok(Pools { ranges })
     }
 
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        let ip = u32::from(ip);
-        self.ranges.iter().any(|(a, b)| (*a..=*b).contains(&ip))
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let (family, bits) = (Family::of(ip), to_bits(ip));
+        self.ranges.iter().any(|r| r.family == family && (r.first..=r.last).contains(&bits))
     }
 
-    fn addresses(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
-        self.ranges.iter().flat_map(|(a, b)| (*a..=*b).map(Ipv4Addr::from))
+    /// Whether any pool is of `family`.
+    pub fn has(&self, family: Family) -> bool {
+        self.ranges.iter().any(|r| r.family == family)
+    }
+
+    /// `family`'s addresses, pool by pool, lowest first (lazily: a /64 is not listed).
+    fn addresses(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {
+        self.ranges
+            .iter()
+            .filter(move |r| r.family == family)
+            .flat_map(|r| (r.first..=r.last).map(move |bits| from_bits(r.family, bits)))
     }
 }
 
@@ -78,21 +135,47 @@ pub struct Request {
     /// `namespace/name`.
     pub service: String,
     pub group: String,
+    /// The families it needs an address of, primary first (`spec.ipFamilies`; empty: IPv4).
+    pub families: Vec<Family>,
+    /// `ipFamilyPolicy: PreferDualStack`: a family the group has no pool of (and that it asks
+    /// no address of) is left out rather than refused.
+    pub prefer_dual_stack: bool,
     /// What it holds now.
-    pub current: Vec<Ipv4Addr>,
-    /// What it asks for; empty: any one address.
-    pub requested: Vec<Ipv4Addr>,
+    pub current: Vec<IpAddr>,
+    /// What it asks for; none of a family: any one address of that family.
+    pub requested: Vec<IpAddr>,
     pub shared_key: Option<String>,
     /// (port, protocol) pairs, to decide whether sharing is possible.
     pub ports: BTreeSet<(u16, String)>,
 }
 
+impl Request {
+    /// The families it gets an address of from `pool`, in its order.
+    fn needs(&self, pool: &Pools) -> Vec<Family> {
+        let families = if self.families.is_empty() { &[Family::V4][..] } else { &self.families };
+        families
+            .iter()
+            .copied()
+            .filter(|f| {
+                !self.prefer_dual_stack
+                    || pool.has(*f)
+                    || self.requested.iter().any(|ip| Family::of(*ip) == *f)
+            })
+            .collect()
+    }
+
+    fn requested_of(&self, family: Family) -> Vec<IpAddr> {
+        self.requested.iter().copied().filter(|ip| Family::of(*ip) == family).collect()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IpamError {
     UnknownGroup { group: String },
-    NotInPool { ip: Ipv4Addr, group: String },
-    InUse { ip: Ipv4Addr, by: String },
-    Exhausted { group: String },
+    NotInPool { ip: IpAddr, group: String },
+    InUse { ip: IpAddr, by: String },
+    Exhausted { group: String, family: Family },
+    NoPool { group: String, family: Family },
 }
 
 impl IpamError {
@@ -103,6 +186,7 @@ impl IpamError {
             IpamError::NotInPool { .. } => "AddressNotInPool",
             IpamError::InUse { .. } => "AddressInUse",
             IpamError::Exhausted { .. } => "PoolExhausted",
+            IpamError::NoPool { .. } => "NoPoolForFamily",
         }
     }
 }
@@ -118,94 +202,116 @@ impl fmt::Display for IpamError {
                 f,
                 "{ip} is already used by {by} (sharing needs the same lb-agent.io/allow-shared-ip key on both and no common port)"
             ),
-            IpamError::Exhausted { group } => write!(f, "the address pools of group {group:?} are exhausted"),
+            IpamError::Exhausted { group, family } => {
+                write!(f, "the {} address pools of group {group:?} are exhausted", family_name(*family))
+            }
+            IpamError::NoPool { group, family } => write!(
+                f,
+                "group {group:?} has no {} address pool, and the Service's ipFamilies need one \
+                 (ipFamilyPolicy PreferDualStack would leave that family out)",
+                family_name(*family)
+            ),
         }
     }
 }
 
-/// The outcome: each Service's addresses, or why it has none.
+/// The outcome: each Service's addresses, and why it lacks any it needs. A dual-stack Service
+/// may be in both: it keeps the family it got.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Allocation {
-    pub addresses: BTreeMap<String, Vec<Ipv4Addr>>,
+    /// In the order of the Service's families.
+    pub addresses: BTreeMap<String, Vec<IpAddr>>,
+    /// The first failure of each Service that has one.
     pub errors: BTreeMap<String, IpamError>,
-}
-
-struct Holder<'a> {
-    request: &'a Request,
 }
 
 pub fn allocate(pools: &BTreeMap<String, Pools>, requests: &[Request]) -> Allocation {
     let mut sorted: Vec<&Request> = requests.iter().collect();
     sorted.sort_by(|a, b| a.service.cmp(&b.service));
-    let mut holders: BTreeMap<Ipv4Addr, Vec<Holder>> = BTreeMap::new();
+    let mut holders: BTreeMap<IpAddr, Vec<&Request>> = BTreeMap::new();
+    // Each (Service, family)'s addresses, as the passes settle them.
+    let mut settled: BTreeMap<(&str, Family), Vec<IpAddr>> = BTreeMap::new();
     let mut out = Allocation::default();
     let may_join =
-        |holders: &BTreeMap<Ipv4Addr, Vec<Holder>>, ip: Ipv4Addr, r: &Request| -> Result<(), String> {
-            match holders.get(&ip) {
+        |holders: &BTreeMap<IpAddr, Vec<&Request>>, ip: IpAddr, r: &Request| -> Result<(), String> {
+            match holders.get(&ip).and_then(|existing| existing.iter().find(|h| !can_share(h, r))) {
                 None => Ok(()),
-                Some(existing) => match existing.iter().find(|h| !can_share(h.request, r)) {
-                    None => Ok(()),
-                    Some(h) => Err(h.request.service.clone()),
-                },
+                Some(h) => Err(h.service.clone()),
             }
         };
 
     // 1. Keep what is held, when it is still valid.
     for r in &sorted {
         let Some(pool) = pools.get(&r.group) else { continue };
-        let keep: Vec<Ipv4Addr> = r
-            .current
-            .iter()
-            .copied()
-            .filter(|ip| pool.contains(*ip) && (r.requested.is_empty() || r.requested.contains(ip)))
-            .filter(|ip| may_join(&holders, *ip, r).is_ok())
-            .collect();
-        if !keep.is_empty() && (r.requested.is_empty() || keep.len() == r.requested.len()) {
-            for ip in &keep {
-                holders.entry(*ip).or_default().push(Holder { request: r });
+        for family in r.needs(pool) {
+            let requested = r.requested_of(family);
+            let keep: Vec<IpAddr> = r
+                .current
+                .iter()
+                .copied()
+                .filter(|ip| Family::of(*ip) == family && pool.contains(*ip))
+                .filter(|ip| requested.is_empty() || requested.contains(ip))
+                .filter(|ip| may_join(&holders, *ip, r).is_ok())
+                .collect();
+            if !keep.is_empty() && (requested.is_empty() || keep.len() == requested.len()) {
+                for ip in &keep {
+                    holders.entry(*ip).or_default().push(r);
+                }
+                settled.insert((r.service.as_str(), family), keep);
             }
-            out.addresses.insert(r.service.clone(), keep);
         }
     }
-    // 2 and 3. Everyone else, in name order.
+    // 2 and 3. Everything else, in name order.
     for r in &sorted {
-        if out.addresses.contains_key(&r.service) {
-            continue;
-        }
         let Some(pool) = pools.get(&r.group) else {
             out.errors.insert(r.service.clone(), IpamError::UnknownGroup { group: r.group.clone() });
             continue;
         };
-        let result = if r.requested.is_empty() {
-            pool.addresses()
-                .find(|ip| {
-                    may_join(&holders, *ip, r).is_ok()
-                        && (!holders.contains_key(ip) || r.shared_key.is_some())
-                })
-                .or_else(|| pool.addresses().find(|ip| !holders.contains_key(ip)))
-                .map(|ip| vec![ip])
-                .ok_or(IpamError::Exhausted { group: r.group.clone() })
-        } else {
-            r.requested
-                .iter()
-                .map(|ip| {
-                    if !pool.contains(*ip) {
-                        return Err(IpamError::NotInPool { ip: *ip, group: r.group.clone() });
+        let mut addresses = Vec::new();
+        for family in r.needs(pool) {
+            if let Some(kept) = settled.get(&(r.service.as_str(), family)) {
+                addresses.extend(kept);
+                continue;
+            }
+            let requested = r.requested_of(family);
+            let result = if !pool.has(family) && requested.is_empty() {
+                Err(IpamError::NoPool { group: r.group.clone(), family })
+            } else if requested.is_empty() {
+                pool.addresses(family)
+                    .find(|ip| {
+                        may_join(&holders, *ip, r).is_ok()
+                            && (!holders.contains_key(ip) || r.shared_key.is_some())
+                    })
+                    .or_else(|| pool.addresses(family).find(|ip| !holders.contains_key(ip)))
+                    .map(|ip| vec![ip])
+                    .ok_or(IpamError::Exhausted { group: r.group.clone(), family })
+            } else {
+                requested
+                    .iter()
+                    .map(|ip| {
+                        if !pool.contains(*ip) {
+                            return Err(IpamError::NotInPool { ip: *ip, group: r.group.clone() });
+                        }
+                        may_join(&holders, *ip, r)
+                            .map(|()| *ip)
+                            .map_err(|by| IpamError::InUse { ip: *ip, by })
+                    })
+                    .collect()
+            };
+            match result {
+                Ok(ips) => {
+                    for ip in &ips {
+                        holders.entry(*ip).or_default().push(r);
                     }
-                    may_join(&holders, *ip, r).map(|()| *ip).map_err(|by| IpamError::InUse { ip: *ip, by })
-                })
-                .collect()
-        };
-        match result {
-            Ok(ips) => {
-                for ip in &ips {
-                    holders.entry(*ip).or_default().push(Holder { request: r });
+                    addresses.extend(ips);
                 }
-                out.addresses.insert(r.service.clone(), ips);
+                Err(e) => {
+                    out.errors.entry(r.service.clone()).or_insert(e);
+                }
             }
-            Err(e) => {
-                out.errors.insert(r.service.clone(), e);
-            }
+        }
+        if !addresses.is_empty() {
+            out.addresses.insert(r.service.clone(), addresses);
         }
     }
     out
@@ -232,6 +338,8 @@ mod tests {
         Request {
             service: service.into(),
             group: "g".into(),
+            families: Vec::new(),
+            prefer_dual_stack: false,
             current: current.iter().map(|a| a.parse().unwrap()).collect(),
             requested: requested.iter().map(|a| a.parse().unwrap()).collect(),
             shared_key: None,
@@ -239,20 +347,105 @@ mod tests {
         }
     }
 
-    fn ip(s: &str) -> Ipv4Addr {
+    fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
     #[test]
     fn pools_parse_cidrs_and_ranges_and_name_bad_entries() {
         let p = Pools::parse(&["198.51.100.0/30".into(), "198.51.100.10-198.51.100.11".into()]).unwrap();
-        let all: Vec<Ipv4Addr> = p.addresses().collect();
+        let all: Vec<IpAddr> = p.addresses(Family::V4).collect();
         assert_eq!(all, [ip("198.51.100.1"), ip("198.51.100.2"), ip("198.51.100.10"), ip("198.51.100.11")]);
+        assert_eq!(p.addresses(Family::V6).count(), 0);
         let e = Pools::parse(&["198.51.100.0/28".into(), "10.0.0.9-10.0.0.1".into()]).unwrap_err();
         assert!(e.starts_with("addressPools[1]"), "{e}");
         assert!(Pools::parse(&["198.51.100.0/33".into()]).is_err());
-        let e = Pools::parse(&["198.51.100.0/28".into(), "2001:db8:6::/64".into()]).unwrap_err();
-        assert!(e.starts_with("addressPools[1]:") && e.contains("IPv4 only for now"), "{e}");
+        let e = Pools::parse(&["2001:db8:6::/129".into()]).unwrap_err();
+        assert!(e.starts_with("addressPools[0]:") && e.contains("2001:db8:6::/112"), "{e}");
+        let e = Pools::parse(&["198.51.100.0/28".into(), "198.51.100.1-2001:db8::9".into()]).unwrap_err();
+        assert!(e.starts_with("addressPools[1]:") && e.contains("range of one family"), "{e}");
+    }
+
+    #[test]
+    fn ipv6_pools_leave_out_the_subnet_router_anycast_address() {
+        let p = Pools::parse(&[
+            "2001:db8:6::/126".into(),
+            "2001:db8:7::/127".into(),
+            "2001:db8:8::5-2001:db8:8::6".into(),
+            "2001:db8:9::/64".into(),
+        ])
+        .unwrap();
+        let all: Vec<IpAddr> = p.addresses(Family::V6).take(8).collect();
+        let expected: Vec<IpAddr> = [
+            "2001:db8:6::1",
+            "2001:db8:6::2",
+            "2001:db8:6::3",
+            "2001:db8:7::",
+            "2001:db8:7::1",
+            "2001:db8:8::5",
+        ]
+        .into_iter()
+        .chain(["2001:db8:8::6", "2001:db8:9::1"])
+        .map(ip)
+        .collect();
+        assert_eq!(all, expected);
+        assert!(p.has(Family::V6) && !p.has(Family::V4));
+        assert!(p.contains(ip("2001:db8:9::ffff:ffff:ffff:ffff")) && !p.contains(ip("2001:db8:9::")));
+        assert!(!p.contains(ip("2001:db8:a::1")) && !p.contains(ip("198.51.100.1")));
+        // allowedExternalIPs: every address of a CIDR, of either family.
+        let allowed = Pools::parse_allowed(&["2001:db8:6::/64".into(), "203.0.113.0/24".into()]).unwrap();
+        assert!(allowed.contains(ip("2001:db8:6::")) && allowed.contains(ip("203.0.113.0")));
+        assert!(allowed.contains(ip("203.0.113.255")) && !allowed.contains(ip("2001:db8:7::")));
+        let e = Pools::parse_allowed(&["2001:db8::/64/1".into()]).unwrap_err();
+        assert!(e.starts_with("allowedExternalIPs[0]:"), "{e}");
+    }
+
+    fn dual(service: &str, current: &[&str], requested: &[&str]) -> Request {
+        Request { families: vec![Family::V4, Family::V6], ..req(service, current, requested) }
+    }
+
+    #[test]
+    fn a_dual_stack_service_gets_one_address_per_family_primary_first() {
+        let p = pools(&["198.51.100.0/29", "2001:db8:6::/125"]);
+        let mut v6_first = dual("ns/b", &[], &[]);
+        v6_first.families.reverse();
+        let a = allocate(&p, &[dual("ns/a", &[], &[]), v6_first, req("ns/c", &[], &[])]);
+        assert_eq!(a.addresses["ns/a"], [ip("198.51.100.1"), ip("2001:db8:6::1")]);
+        assert_eq!(a.addresses["ns/b"], [ip("2001:db8:6::2"), ip("198.51.100.2")]);
+        assert_eq!(a.addresses["ns/c"], [ip("198.51.100.3")], "single stack: IPv4 alone");
+        assert!(a.errors.is_empty(), "{:?}", a.errors);
+
+        // Held addresses are kept per family; asked-for ones of each family are checked.
+        let a = allocate(
+            &p,
+            &[dual("ns/a", &["2001:db8:6::5"], &[]), dual("ns/b", &[], &["2001:db8:6::5", "198.51.100.2"])],
+        );
+        assert_eq!(a.addresses["ns/a"], [ip("198.51.100.1"), ip("2001:db8:6::5")]);
+        assert_eq!(a.addresses["ns/b"], [ip("198.51.100.2")], "its IPv4 address is served");
+        assert_eq!(a.errors["ns/b"], IpamError::InUse { ip: ip("2001:db8:6::5"), by: "ns/a".into() });
+    }
+
+    #[test]
+    fn a_missing_or_exhausted_family_costs_only_that_family() {
+        let only_v4 = pools(&["198.51.100.0/30"]);
+        let mut prefer = dual("ns/p", &[], &[]);
+        prefer.prefer_dual_stack = true;
+        let a = allocate(&only_v4, &[dual("ns/r", &[], &[]), prefer.clone()]);
+        assert_eq!(a.addresses["ns/p"], [ip("198.51.100.1")], "PreferDualStack: IPv4 alone");
+        assert!(!a.errors.contains_key("ns/p"));
+        assert_eq!(a.addresses["ns/r"], [ip("198.51.100.2")], "RequireDualStack keeps what it got");
+        assert_eq!(a.errors["ns/r"], IpamError::NoPool { group: "g".into(), family: Family::V6 });
+        assert!(a.errors["ns/r"].to_string().contains("no IPv6 address pool"), "{}", a.errors["ns/r"]);
+        // PreferDualStack asking for an IPv6 address still gets it checked.
+        prefer.requested = vec![ip("2001:db8:6::1")];
+        let a = allocate(&only_v4, &[prefer]);
+        assert_eq!(a.errors["ns/p"].reason(), "AddressNotInPool");
+
+        let one_v6 = pools(&["198.51.100.0/29", "2001:db8:6::1-2001:db8:6::1"]);
+        let a = allocate(&one_v6, &[dual("ns/a", &[], &[]), dual("ns/b", &[], &[])]);
+        assert_eq!(a.addresses["ns/b"], [ip("198.51.100.2")]);
+        assert_eq!(a.errors["ns/b"], IpamError::Exhausted { group: "g".into(), family: Family::V6 });
+        assert!(a.errors["ns/b"].to_string().contains("IPv6 address pools"), "{}", a.errors["ns/b"]);
     }
 
     #[test]
@@ -285,7 +478,7 @@ mod tests {
         let mut other = req("ns/z", &[], &[]);
         other.group = "nope".into();
         let a = allocate(&p, &[req("ns/a", &[], &[]), req("ns/b", &[], &[]), other]);
-        assert_eq!(a.errors["ns/b"], IpamError::Exhausted { group: "g".into() });
+        assert_eq!(a.errors["ns/b"], IpamError::Exhausted { group: "g".into(), family: Family::V4 });
         assert_eq!(a.errors["ns/z"].reason(), "UnknownGroup");
     }
 
@@ -305,20 +498,34 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the requests and their order, no address goes to two Services unless they
-        /// may share, every address is in the pool, and the result does not depend on order.
+        /// Whatever the requests, their families and their order, no address goes to two
+        /// Services unless they may share, every address is in the pool, a Service has at most
+        /// one address of each family it needs, and the result does not depend on order.
         #[test]
         fn never_twice_and_order_independent(
             n in 1usize..12,
-            held in proptest::collection::vec(proptest::option::of(0u8..10), 12),
+            held in proptest::collection::vec((proptest::option::of(0u8..10), proptest::option::of(0u8..6)), 12),
+            stacks in proptest::collection::vec(0u8..4, 12),
             seed in any::<u64>(),
         ) {
-            let p = pools(&["198.51.100.0/29"]);
+            let p = pools(&["198.51.100.0/29", "2001:db8:6::/126"]);
             let mut requests: Vec<Request> = (0..n)
                 .map(|i| {
-                    let current: Vec<String> = held[i].map(|h| format!("198.51.100.{h}")).into_iter().collect();
+                    let (v4, v6) = held[i];
+                    let current: Vec<String> = v4
+                        .map(|h| format!("198.51.100.{h}"))
+                        .into_iter()
+                        .chain(v6.map(|h| format!("2001:db8:6::{h}")))
+                        .collect();
                     let current: Vec<&str> = current.iter().map(String::as_str).collect();
-                    req(&format!("ns/s{i:02}"), &current, &[])
+                    let mut r = req(&format!("ns/s{i:02}"), &current, &[]);
+                    r.families = match stacks[i] {
+                        0 => vec![],
+                        1 => vec![Family::V6],
+                        2 => vec![Family::V4, Family::V6],
+                        _ => vec![Family::V6, Family::V4],
+                    };
+                    r
                 })
                 .collect();
             let first = allocate(&p, &requests);
@@ -332,7 +539,13 @@ mod tests {
                     prop_assert!(seen.insert(*ip), "{ip} allocated twice");
                 }
             }
-            prop_assert_eq!(first.addresses.len() + first.errors.len(), n);
+            for r in &requests {
+                let got = first.addresses.get(&r.service).cloned().unwrap_or_default();
+                let needs = r.needs(&p["g"]);
+                prop_assert!(got.len() == needs.len() || first.errors.contains_key(&r.service));
+                let families: Vec<Family> = got.iter().map(|ip| Family::of(*ip)).collect();
+                prop_assert!(needs.starts_with(&families) || families.len() == 1 && needs.contains(&families[0]));
+            }
         }
     }
 }

@@ -15,7 +15,7 @@
 use std::{
     borrow::Borrow,
     collections::{BTreeMap, HashMap, HashSet},
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     sync::Arc,
 };
 
@@ -52,6 +52,12 @@ pub struct ClusterState {
 /// default uplink has its members' addresses from there (the InternalIP is the default
 /// uplink's), for the allow-list and unicast.
 pub const GROUP_ADDRESSES_ANNOTATION: &str = "lb-agent.io/group-addresses";
+
+/// The Node annotation where each agent publishes its IPv6 link-local address on each of its
+/// groups' interfaces, as JSON (`{"edge": "fe80::1"}`): IPv6 adverts are sent from it (RFC 5798
+/// §5.1.2.1), and no Node field has it. A member that has not published one owns none of the
+/// group's IPv6 VIPs. Its own annotation, so agents that predate it read theirs unchanged.
+pub const GROUP_ADDRESSES6_ANNOTATION: &str = "lb-agent.io/group-addresses6";
 
 /// Refusals about a group rather than a Service carry this prefix before the group's name.
 pub const GROUP_REFUSAL_PREFIX: &str = "LoadBalancerGroup/";
@@ -133,7 +139,16 @@ impl Frame {
 #[derive(Debug, PartialEq)]
 struct Context {
     groups: Vec<(Option<String>, super::crd::LoadBalancerGroupSpec)>,
-    members: Vec<Vec<(String, Ipv4Addr)>>,
+    members: Vec<Vec<Member>>,
+}
+
+/// A group's member node, with its addresses on the group's interface.
+#[derive(Clone, Debug, PartialEq)]
+struct Member {
+    name: String,
+    address: Ipv4Addr,
+    /// Its link-local address there, when it published one.
+    address6: Option<Ipv6Addr>,
 }
 
 impl Context {
@@ -225,7 +240,7 @@ fn groups_by_name<'a>(state: &'a ClusterState, context: &'a Option<Context>) -> 
 }
 
 /// Each group, with its members, by name.
-type GroupsByName<'a> = HashMap<&'a str, (&'a LoadBalancerGroup, &'a [(String, Ipv4Addr)]), FixedState>;
+type GroupsByName<'a> = HashMap<&'a str, (&'a LoadBalancerGroup, &'a [Member]), FixedState>;
 
 /// A group's VIPs and services, as the pass collects them.
 type GroupOutput = (Vec<GroupVip>, Vec<Arc<ServiceConfig>>);
@@ -474,7 +489,10 @@ impl Translator {
             }
             let nodes: Vec<Value> = members
                 .iter()
-                .map(|(node, address)| json!({"name": node, "address": address.to_string()}))
+                .map(|m| match m.address6 {
+                    Some(address6) => json!({"name": m.name, "address": m.address, "address6": address6}),
+                    None => json!({"name": m.name, "address": m.address}),
+                })
                 .collect();
             let (vips, mine) = bound.remove(name.as_str()).unwrap_or_default();
             services.extend(mine);
@@ -553,20 +571,21 @@ fn translate_service(
         translated.bound = Some(b);
         return Ok(translated);
     };
-    let mine: Vec<&EndpointSlice> = slices.iter().map(|s| s.as_ref()).collect();
     let addresses = service_vips(&b, service);
     // `externalTrafficPolicy: Local`: only members with a ready endpoint may own it.
     let local = service.spec.as_ref().and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
-    let eligible: Option<Vec<String>> = local.then(|| {
-        let with_endpoints = ready_endpoint_nodes(&mine);
-        members.iter().filter(|(m, _)| with_endpoints.contains(m)).map(|(m, _)| m.clone()).collect()
-    });
     for address in &addresses {
+        // The VIP's family's EndpointSlices: an IPv6 VIP forwards to IPv6 pods.
+        let address_type = if address.is_ipv4() { "IPv4" } else { "IPv6" };
+        let mine: Vec<&EndpointSlice> =
+            slices.iter().map(|s| s.as_ref()).filter(|s| s.address_type == address_type).collect();
+        let eligible =
+            eligible_members(members, address.is_ipv6(), local.then(|| ready_endpoint_nodes(&mine)));
         translated.vips.push(GroupVip {
-            address: IpAddr::V4(*address),
+            address: *address,
             service: Some(b.service.clone()),
             spread: b.spread,
-            eligible_nodes: eligible.clone(),
+            eligible_nodes: eligible,
         });
         let document = service_document(&b, service, *address, &mine, group.spec.remote_mode);
         let config: ServiceConfig =
@@ -590,9 +609,27 @@ fn translate_service(
     Ok(translated)
 }
 
+/// The members that may own a VIP: for an IPv6 one, those that published their link-local
+/// address; under `externalTrafficPolicy: Local`, those of `with_endpoints`. `None`: all.
+fn eligible_members(
+    members: &[Member],
+    ipv6: bool,
+    with_endpoints: Option<std::collections::BTreeSet<String>>,
+) -> Option<Vec<String>> {
+    let restricted = with_endpoints.is_some() || (ipv6 && members.iter().any(|m| m.address6.is_none()));
+    restricted.then(|| {
+        members
+            .iter()
+            .filter(|m| !ipv6 || m.address6.is_some())
+            .filter(|m| with_endpoints.as_ref().is_none_or(|nodes| nodes.contains(&m.name)))
+            .map(|m| m.name.clone())
+            .collect()
+    })
+}
+
 /// The names of the nodes in a group, in order.
 pub fn member_names<N: Borrow<Node>>(nodes: &[N], group: &LoadBalancerGroup) -> Vec<String> {
-    members(nodes, group, false).into_iter().map(|(n, _)| n).collect()
+    members(nodes, group, false).into_iter().map(|m| m.name).collect()
 }
 
 /// Whether `node` is one of `group`'s.
@@ -601,16 +638,12 @@ pub fn selects(group: &LoadBalancerGroup, node: &Node) -> bool {
     group.spec.node_selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
 }
 
-/// Nodes of `group`, with their address for it, in name order: the one the node published for
-/// the group ([`GROUP_ADDRESSES_ANNOTATION`]), else (unless `published_only`) its IPv4
-/// InternalIP.
-fn members<N: Borrow<Node>>(
-    nodes: &[N],
-    group: &LoadBalancerGroup,
-    published_only: bool,
-) -> Vec<(String, Ipv4Addr)> {
+/// Nodes of `group`, with their addresses for it, in name order: the one the node published
+/// for the group ([`GROUP_ADDRESSES_ANNOTATION`]), else (unless `published_only`) its IPv4
+/// InternalIP; and the link-local one it published ([`GROUP_ADDRESSES6_ANNOTATION`]).
+fn members<N: Borrow<Node>>(nodes: &[N], group: &LoadBalancerGroup, published_only: bool) -> Vec<Member> {
     let name = group.metadata.name.as_deref().unwrap_or_default();
-    let mut out: Vec<(String, Ipv4Addr)> = nodes
+    let mut out: Vec<Member> = nodes
         .iter()
         .map(Borrow::<Node>::borrow)
         .filter(|n| selects(group, n))
@@ -624,19 +657,32 @@ fn members<N: Borrow<Node>>(
                     (a.type_ == "InternalIP").then(|| a.address.parse::<Ipv4Addr>().ok()).flatten()
                 })
             })?;
-            Some((n.metadata.name.clone()?, address))
+            let address6 = published_addresses6(n).remove(name);
+            Some(Member { name: n.metadata.name.clone()?, address, address6 })
         })
         .collect();
-    out.sort();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
     out
 }
 
 /// The addresses `node`'s agent published for its groups; an unreadable annotation is none.
 pub fn published_addresses(node: &Node) -> BTreeMap<String, Ipv4Addr> {
+    published(node, GROUP_ADDRESSES_ANNOTATION)
+}
+
+/// The IPv6 link-local addresses `node`'s agent published for its groups; an unreadable
+/// annotation, or an address that is not link-local, is none.
+pub fn published_addresses6(node: &Node) -> BTreeMap<String, Ipv6Addr> {
+    let mut addresses: BTreeMap<String, Ipv6Addr> = published(node, GROUP_ADDRESSES6_ANNOTATION);
+    addresses.retain(|_, a| a.is_unicast_link_local());
+    addresses
+}
+
+fn published<A: serde::de::DeserializeOwned>(node: &Node, annotation: &str) -> BTreeMap<String, A> {
     node.metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(GROUP_ADDRESSES_ANNOTATION))
+        .and_then(|a| a.get(annotation))
         .and_then(|text| serde_json::from_str(text).ok())
         .unwrap_or_default()
 }
@@ -653,7 +699,7 @@ fn ready_endpoint_nodes(slices: &[&EndpointSlice]) -> std::collections::BTreeSet
 
 /// A Service's VIPs: its LoadBalancer addresses (written by the IPAM leader into
 /// `status.loadBalancer.ingress`) and its allowed externalIPs.
-fn service_vips(bound: &Bound, service: &Service) -> Vec<Ipv4Addr> {
+fn service_vips(bound: &Bound, service: &Service) -> Vec<IpAddr> {
     let mut vips = super::status::current_ingress(service);
     vips.extend(bound.external_ips.iter().copied());
     vips.dedup();
@@ -664,12 +710,11 @@ fn service_vips(bound: &Bound, service: &Service) -> Vec<Ipv4Addr> {
 fn service_document(
     bound: &Bound,
     service: &Service,
-    vip: Ipv4Addr,
-    slices: &[&EndpointSlice],
+    vip: IpAddr,
+    mine: &[&EndpointSlice],
     mode: RemoteMode,
 ) -> Value {
     let spec = service.spec.clone().unwrap_or_default();
-    let mine: Vec<&EndpointSlice> = slices.iter().copied().filter(|s| s.address_type == "IPv4").collect();
     let ports: Vec<Value> = spec
         .ports
         .unwrap_or_default()
@@ -822,6 +867,116 @@ services:
         // The refused externalIP is reported, not served.
         assert_eq!(from_cluster.refusals.len(), 1, "{:?}", from_cluster.refusals);
         assert_eq!(from_cluster.refusals[0].reason, "ExternalIPNotAllowed");
+    }
+
+    /// `cluster()` made dual-stack: `web` and `dns` get IPv6 addresses and IPv6 pods, and n2 has
+    /// not published its link-local address.
+    fn dual_stack_cluster() -> ClusterState {
+        let mut state = cluster();
+        let group = Arc::make_mut(&mut state.groups[0]);
+        group.spec.address_pools.push("2001:db8:6::/64".into());
+        group.spec.allowed_external_ips.push("2001:db8:7::/64".into());
+        for node in &mut state.nodes {
+            let address6 = match node.metadata.name.as_deref() {
+                Some("n1") => "fe80::a",
+                Some("n2") => "fe80::b",
+                _ => "not an address",
+            };
+            let annotation = format!("{{\"edge\": \"{address6}\"}}");
+            Arc::make_mut(node).metadata.annotations =
+                Some([(GROUP_ADDRESSES6_ANNOTATION.to_owned(), annotation)].into());
+        }
+        state.services = objects(
+            "metadata: {name: web, namespace: shop, annotations: {lb-agent.io/spread: 'false'}}\n\
+             spec: {type: LoadBalancer, ipFamilies: [IPv4, IPv6], ipFamilyPolicy: RequireDualStack, ports: [{port: 80, targetPort: http}], externalIPs: ['2001:db8:7::9']}\n\
+             status: {loadBalancer: {ingress: [{ip: 198.51.100.1}, {ip: '2001:db8:6::1'}]}}\n---\n\
+             metadata: {name: dns, namespace: kube-system, annotations: {lb-agent.io/group: edge}}\n\
+             spec: {type: LoadBalancer, ipFamilies: [IPv6], externalTrafficPolicy: Local, ports: [{port: 53, protocol: UDP}]}\n\
+             status: {loadBalancer: {ingress: [{ip: '2001:db8:6::2'}]}}",
+        );
+        state.slices = objects(
+            "metadata: {name: web-4, namespace: shop, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\n\
+             endpoints: [{addresses: [10.244.1.5], nodeName: n1}]\n---\n\
+             metadata: {name: web-6, namespace: shop, labels: {kubernetes.io/service-name: web}}\naddressType: IPv6\nports: [{name: http, port: 8086}]\n\
+             endpoints: [{addresses: ['fd00:244:2::7'], nodeName: n2}]\n---\n\
+             metadata: {name: dns-6, namespace: kube-system, labels: {kubernetes.io/service-name: dns}}\naddressType: IPv6\n\
+             endpoints: [{addresses: ['fd00:244:1::9'], nodeName: n1}, {addresses: ['fd00:244:2::9'], nodeName: n2}]\n---\n\
+             metadata: {name: dns-4, namespace: kube-system, labels: {kubernetes.io/service-name: dns}}\naddressType: IPv4\n\
+             endpoints: [{addresses: [10.244.0.9], nodeName: n0}]",
+        );
+        state
+    }
+
+    /// The standalone YAML that says what `dual_stack_cluster()` says: each VIP's endpoints are
+    /// of its family, named ports are looked up in that family's slices, and IPv6 VIPs may go
+    /// only to members with a link-local address (n0 published garbage).
+    const DUAL_STACK_EQUIVALENT: &str = "
+interface: eth0
+node: n0
+groups:
+  - name: edge
+    advertInterval: 10ms
+    authentication: {keyFile: /etc/lb-agent-vrrp-keys/edge}
+    nodes:
+      - {name: n0, address: 192.0.2.10}
+      - {name: n1, address: 192.0.2.11, address6: 'fe80::a'}
+      - {name: n2, address: 192.0.2.12, address6: 'fe80::b'}
+    vips:
+      - {address: '2001:db8:6::2', service: kube-system/dns, eligibleNodes: [n1, n2]}
+      - {address: 198.51.100.1, service: shop/web, spread: false}
+      - {address: '2001:db8:6::1', service: shop/web, spread: false, eligibleNodes: [n1, n2]}
+      - {address: '2001:db8:7::9', service: shop/web, spread: false, eligibleNodes: [n1, n2]}
+services:
+  - name: kube-system/dns
+    vip: '2001:db8:6::2'
+    remoteMode: dsr
+    trafficPolicy: Local
+    ports: [{port: 53, protocol: UDP, targetPort: 53}]
+    endpoints: [{address: 'fd00:244:1::9', node: n1}, {address: 'fd00:244:2::9', node: n2}]
+  - name: shop/web
+    vip: 198.51.100.1
+    remoteMode: dsr
+    ports: [{port: 80, targetPort: 8080}]
+    endpoints: [{address: 10.244.1.5, node: n1}]
+  - name: shop/web
+    vip: '2001:db8:6::1'
+    remoteMode: dsr
+    ports: [{port: 80, targetPort: 8086}]
+    endpoints: [{address: 'fd00:244:2::7', node: n2}]
+  - name: shop/web
+    vip: '2001:db8:7::9'
+    remoteMode: dsr
+    ports: [{port: 80, targetPort: 8086}]
+    endpoints: [{address: 'fd00:244:2::7', node: n2}]
+";
+
+    #[test]
+    fn a_dual_stack_cluster_and_its_yaml_give_the_same_plan() {
+        let base = Config::parse(BASE).unwrap();
+        let from_cluster = translate(&dual_stack_cluster(), &base).unwrap();
+        assert!(from_cluster.refusals.is_empty(), "{:?}", from_cluster.refusals);
+        let from_yaml = Config::parse(DUAL_STACK_EQUIVALENT).unwrap();
+        for node in ["n0", "n1", "n2"] {
+            assert_eq!(
+                node_plan(&from_cluster.config, node),
+                node_plan(&from_yaml, node),
+                "VRRP plan on {node}"
+            );
+            assert_eq!(
+                service_plan::plan::<lb_common::service::Addr4>(&from_cluster.config, node),
+                service_plan::plan(&from_yaml, node),
+                "IPv4 data plane on {node}"
+            );
+            assert_eq!(
+                service_plan::plan::<lb_common::service::Addr6>(&from_cluster.config, node),
+                service_plan::plan(&from_yaml, node),
+                "IPv6 data plane on {node}"
+            );
+        }
+        // n0 runs the IPv4 instance only; an IPv6 one runs where the IPv6 VIPs may go.
+        use crate::vrrp::family::Family;
+        assert!(node_plan(&from_cluster.config, "n0").instances.iter().all(|i| i.family == Family::V4));
+        assert!(node_plan(&from_cluster.config, "n1").instances.iter().any(|i| i.family == Family::V6));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! finalizer, Warning Events for refusals, and each group's status. Pure: computed from the
 //! cluster objects, so re-running it changes nothing that is already right.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::api::core::v1::Service;
 
@@ -34,7 +34,7 @@ pub struct ServiceCondition {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StatusPlan {
     /// `(namespace, name)` → the addresses `status.loadBalancer.ingress` must list.
-    pub ingress: BTreeMap<(String, String), Vec<Ipv4Addr>>,
+    pub ingress: BTreeMap<(String, String), Vec<IpAddr>>,
     /// Services that need the finalizer added.
     pub add_finalizer: Vec<(String, String)>,
     /// Services being deleted whose finalizer can go.
@@ -97,6 +97,8 @@ pub fn plan(
         requests.push(ipam::Request {
             service: bound.service.clone(),
             group: bound.group.clone(),
+            families: bound.families.clone(),
+            prefer_dual_stack: bound.prefer_dual_stack,
             current: current_ingress(service),
             requested: bound.requested.clone(),
             shared_key: bound.shared_key.clone(),
@@ -125,10 +127,7 @@ pub fn plan(
         let service = allocation
             .addresses
             .iter()
-            .find(|(s, ips)| {
-                ips.iter().any(|ip| std::net::IpAddr::V4(*ip) == *vip)
-                    && by_name.get(*s).is_some_and(|(_, g)| g == group)
-            })
+            .find(|(s, ips)| ips.contains(vip) && by_name.get(*s).is_some_and(|(_, g)| g == group))
             .map(|(s, _)| s.clone());
         if let Some((ns, name)) = service.as_deref().and_then(|s| s.split_once('/')) {
             let event_reason = if reason == "VridsExhausted" { "VridsExhausted" } else { "NoEligibleNode" };
@@ -153,7 +152,7 @@ pub fn plan(
     // One condition per Service aimed at us: the first problem, or served.
     let mut verdicts: BTreeMap<String, (&'static str, String, String)> = BTreeMap::new();
     for (service, ips) in &allocation.addresses {
-        let list: Vec<String> = ips.iter().map(Ipv4Addr::to_string).collect();
+        let list: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
         verdicts.insert(service.clone(), ("True", "Served".into(), format!("served at {}", list.join(", "))));
     }
     for ((ns, name), reason, message) in &out.warnings {
@@ -202,7 +201,7 @@ pub fn plan(
                     vips.push(VipStatus {
                         address: ip.to_string(),
                         service: service.clone(),
-                        owner: owners.get(&std::net::IpAddr::V4(*ip)).cloned(),
+                        owner: owners.get(ip).cloned(),
                     });
                 }
             }
@@ -277,7 +276,7 @@ fn has_finalizer(service: &Service) -> bool {
 }
 
 /// The addresses in a Service's `status.loadBalancer.ingress`.
-pub fn current_ingress(service: &Service) -> Vec<Ipv4Addr> {
+pub fn current_ingress(service: &Service) -> Vec<IpAddr> {
     service
         .status
         .as_ref()
@@ -331,7 +330,7 @@ mod tests {
         assert_eq!((c.status, c.reason.as_str()), ("False", CAPACITY_EXCEEDED));
         assert!(c.message.contains("dataplane.capacity.services"), "{}", c.message);
         assert!(p.warnings.iter().any(|(key, reason, _)| *key == k && *reason == CAPACITY_EXCEEDED));
-        assert_eq!(p.ingress[&k], [Ipv4Addr::new(198, 51, 100, 1)], "the address stays allocated");
+        assert_eq!(p.ingress[&k], [IpAddr::from([198, 51, 100, 1])], "the address stays allocated");
     }
 
     #[test]
@@ -367,7 +366,7 @@ mod tests {
         let p =
             plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
         let k = ("shop".to_owned(), "web".to_owned());
-        assert_eq!(p.ingress[&k], [Ipv4Addr::new(198, 51, 100, 1)]);
+        assert_eq!(p.ingress[&k], [IpAddr::from([198, 51, 100, 1])]);
         assert_eq!(p.add_finalizer, std::slice::from_ref(&k));
         assert_eq!((p.conditions[&k].status, p.conditions[&k].reason.as_str()), ("True", "Served"));
         let g = &p.groups["edge"];
@@ -402,6 +401,42 @@ mod tests {
         let degraded = edge.conditions.iter().find(|c| c.kind == "Degraded").unwrap();
         assert_eq!(degraded.status, "True");
         assert!(degraded.message.contains("198.51.100.1"), "{}", degraded.message);
+    }
+
+    #[test]
+    fn a_dual_stack_service_gets_an_address_per_family_and_a_missing_family_is_reported() {
+        let mut s = state(
+            "metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer, ipFamilies: [IPv6, IPv4], ipFamilyPolicy: RequireDualStack, ports: [{port: 80}]}\n---\n\
+             metadata: {name: api, namespace: shop}\nspec: {type: LoadBalancer, ipFamilies: [IPv6], ports: [{port: 80}]}\n---\n\
+             metadata: {name: old, namespace: shop}\nspec: {type: LoadBalancer, ipFamilies: [IPv4, IPv6], ipFamilyPolicy: PreferDualStack, ports: [{port: 81}]}",
+        );
+        std::sync::Arc::make_mut(&mut s.groups[0]).spec.address_pools.push("2001:db8:6::/127".into());
+        let v6: IpAddr = "2001:db8:6::1".parse().unwrap();
+        let owners = BTreeMap::from([(v6, "n0".to_owned())]);
+        let p = plan(&s, &owners, &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
+        let ips = |name: &str| -> Vec<String> {
+            p.ingress[&("shop".to_owned(), name.to_owned())].iter().map(IpAddr::to_string).collect()
+        };
+        // In name order: api takes 2001:db8:6::, old both, and web finds the IPv6 pool empty.
+        assert_eq!(ips("api"), ["2001:db8:6::"]);
+        assert_eq!(ips("old"), ["198.51.100.1", "2001:db8:6::1"]);
+        assert_eq!(ips("web"), ["198.51.100.2"], "web keeps the family it could get");
+        let web = &p.conditions[&("shop".to_owned(), "web".to_owned())];
+        assert_eq!((web.status, web.reason.as_str()), ("False", "PoolExhausted"));
+        assert!(web.message.contains("IPv6 address pools"), "{}", web.message);
+        let vips: Vec<(String, Option<String>)> =
+            p.groups["edge"].vips.iter().map(|v| (v.address.clone(), v.owner.clone())).collect();
+        assert_eq!(
+            vips,
+            [
+                ("2001:db8:6::".to_owned(), None),
+                ("198.51.100.1".to_owned(), None),
+                ("2001:db8:6::1".to_owned(), Some("n0".to_owned())),
+                ("198.51.100.2".to_owned(), None),
+            ]
+        );
+        let old = &p.conditions[&("shop".to_owned(), "old".to_owned())];
+        assert_eq!((old.status, old.message.as_str()), ("True", "served at 198.51.100.1, 2001:db8:6::1"));
     }
 
     #[test]

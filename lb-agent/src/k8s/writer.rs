@@ -125,7 +125,7 @@ mod tests {
     //! tower-test scenarios in the style of controller-rs's ApiServerVerifier: the exact
     //! requests, in order, with their bodies.
 
-    use std::{collections::BTreeMap, net::Ipv4Addr};
+    use std::{collections::BTreeMap, net::IpAddr};
 
     use http::{Request, Response};
     use kube::client::Body;
@@ -167,7 +167,7 @@ mod tests {
             crate::k8s::crd::LoadBalancerGroupStatus { member_count: 3, ..Default::default() },
         );
         let plan = StatusPlan {
-            ingress: [(key.clone(), vec![Ipv4Addr::new(198, 51, 100, 1)])].into(),
+            ingress: [(key.clone(), vec![IpAddr::from([198, 51, 100, 1])])].into(),
             add_finalizer: vec![key.clone()],
             groups,
             ..Default::default()

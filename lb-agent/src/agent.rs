@@ -231,8 +231,11 @@ pub async fn run(
     for seen in agent.dataplane.impersonations() {
         agent.impersonations_seen.insert(seen.source, (seen.adverts, None, seen.adverts));
     }
-    // A crashed earlier run may have left VIP addresses behind: start from none.
+    // A crashed earlier run may have left VIP addresses behind: start from none, and have
+    // them gone before VRRP starts and readiness is reported (the kernel would answer ARP for
+    // a VIP another node owns).
     agent.apply_ownership().await;
+    agent.vip_addresses.flush(Duration::from_secs(2)).await;
     agent.log_plan();
     agent.reconfigure_vrrp();
     if let Some(vrrp) = &mut agent.vrrp {

@@ -132,8 +132,9 @@ impl VipAddresses {
         });
     }
 
-    /// Waits (at most `bound`) until what was last set is on the uplinks: before the agent
-    /// exits, so it leaves no VIP behind.
+    /// Waits (at most `bound`) until what was last set is on the uplinks: at start, so a
+    /// crashed run's VIPs are gone before VRRP runs, and before the agent exits, so it leaves
+    /// no VIP behind.
     pub async fn flush(&mut self, bound: Duration) {
         let target = self.wanted.borrow().generation;
         let _ = tokio::time::timeout(bound, self.applied.wait_for(|applied| *applied >= target)).await;

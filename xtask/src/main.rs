@@ -80,6 +80,9 @@ enum Bench {
         /// Over IPv6, against ip6tables and `ip6` nftables (UDP only).
         #[arg(long)]
         ipv6: bool,
+        /// Only the XDP modes (the ceiling, lb-agent, the bare DNAT), for work on the program.
+        #[arg(long)]
+        xdp_only: bool,
     },
     /// Control path at cluster scale: cold start, endpoint changes, bursts and memory for
     /// 1,000 to 20,000 Services, against kube-proxy's iptables and nftables shapes.
@@ -135,7 +138,7 @@ fn main() -> Result<()> {
             }
             run_bench("bench-scale", &args)
         }
-        Task::Bench { which: Bench::Dataplane { quick, flows, no_tcp, ipv6 } } => {
+        Task::Bench { which: Bench::Dataplane { quick, flows, no_tcp, ipv6, xdp_only } } => {
             prepare_bench()?;
             cargo(&["build", "--release", "--package", "lb-lab", "--bin", "bench-http"])?;
             let flows = flows.to_string();
@@ -148,6 +151,9 @@ fn main() -> Result<()> {
             }
             if ipv6 {
                 args.push("--ipv6");
+            }
+            if xdp_only {
+                args.push("--xdp-only");
             }
             run_bench("bench-dataplane", &args)
         }

@@ -106,7 +106,14 @@ fn main() {
     let repetitions = if quick { 1 } else { 5 };
     let packets: u32 = if quick { 300_000 } else { 2_000_000 };
     let ipv6 = args.iter().any(|a| a == "--ipv6");
-    let modes: Vec<Mode> = Mode::ALL.into_iter().filter(|m| !(ipv6 && *m == Mode::XdpDnat)).collect();
+    // `--xdp-only`: the ceiling, lb-agent and the bare DNAT, for work on the program (the
+    // kernel modes take most of a run's time).
+    let xdp_only = args.iter().any(|a| a == "--xdp-only");
+    let modes: Vec<Mode> = Mode::ALL
+        .into_iter()
+        .filter(|m| !(ipv6 && *m == Mode::XdpDnat))
+        .filter(|m| !(xdp_only && matches!(m, Mode::Iptables | Mode::Nftables)))
+        .collect();
 
     let bench = Bench::new(ipv6);
     let machine = machine();

@@ -88,6 +88,9 @@ pub struct Translator {
     /// What every translation depends on besides its own objects; when it changes, every
     /// Service is translated afresh.
     context: Option<Context>,
+    /// The groups and nodes (their allocations) and default uplink `context` was made from:
+    /// while the stores hand out the same objects, a pass reads no Node's annotations.
+    context_from: Option<ContextObjects>,
     /// What the assembly of the translations into a config depends on besides them.
     frame: Option<Frame>,
     /// The last pass's result, which a pass that changes only endpoints patches.
@@ -96,6 +99,9 @@ pub struct Translator {
     /// The agent's default uplink, as the last pass's base named it.
     default_interface: String,
 }
+
+/// The groups, the nodes and the default uplink a [`Context`] was made from.
+type ContextObjects = (Vec<Arc<LoadBalancerGroup>>, Vec<Arc<Node>>, String);
 
 /// What changed since the last pass, as the watches saw it.
 #[derive(Debug)]
@@ -290,8 +296,20 @@ impl Translator {
     /// the first pass, and any after the groups, their members, VRIDs or routes changed.
     pub fn needs_everything(&self, state: &ClusterState) -> bool {
         self.last.is_none()
-            || self.context.as_ref() != Some(&Context::of(state, &self.default_interface))
+            || (!self.context_made_from(state, &self.default_interface)
+                && self.context.as_ref() != Some(&Context::of(state, &self.default_interface)))
             || self.frame.as_ref() != Some(&Frame::of(state))
+    }
+
+    /// Whether `state`'s groups and nodes are the very objects the context was made from.
+    fn context_made_from(&self, state: &ClusterState, default_interface: &str) -> bool {
+        self.context_from.as_ref().is_some_and(|(groups, nodes, interface)| {
+            interface == default_interface
+                && groups.len() == state.groups.len()
+                && groups.iter().zip(&state.groups).all(|(a, b)| Arc::ptr_eq(a, b))
+                && nodes.len() == state.nodes.len()
+                && nodes.iter().zip(&state.nodes).all(|(a, b)| Arc::ptr_eq(a, b))
+        })
     }
 
     /// As [`Translator::translate`], told what changed since the last pass. When only
@@ -306,13 +324,18 @@ impl Translator {
         changed: Changed,
     ) -> Result<Translation, String> {
         self.default_interface.clone_from(&base.interface);
-        let context = Context::of(state, &base.interface);
+        let same_context = self.context_made_from(state, &base.interface) || {
+            let context = Context::of(state, &base.interface);
+            let same = self.context.as_ref() == Some(&context);
+            if !same {
+                self.services.clear();
+            }
+            self.context = Some(context);
+            self.context_from = Some((state.groups.clone(), state.nodes.clone(), base.interface.clone()));
+            same
+        };
         let frame = Frame::of(state);
-        let unchanged = self.context.as_ref() == Some(&context) && self.frame.as_ref() == Some(&frame);
-        if self.context.as_ref() != Some(&context) {
-            self.services.clear();
-        }
-        self.context = Some(context);
+        let unchanged = same_context && self.frame.as_ref() == Some(&frame);
         self.frame = Some(frame);
         self.rebuilt = 0;
         match changed {
@@ -869,8 +892,8 @@ services:
         assert_eq!(from_cluster.refusals[0].reason, "ExternalIPNotAllowed");
     }
 
-    /// `cluster()` made dual-stack: `web` and `dns` get IPv6 addresses and IPv6 pods, and n2 has
-    /// not published its link-local address.
+    /// `cluster()` made dual-stack: `web` and `dns` get IPv6 addresses and IPv6 pods, and n0
+    /// has published no usable link-local address.
     fn dual_stack_cluster() -> ClusterState {
         let mut state = cluster();
         let group = Arc::make_mut(&mut state.groups[0]);
@@ -977,6 +1000,40 @@ services:
         use crate::vrrp::family::Family;
         assert!(node_plan(&from_cluster.config, "n0").instances.iter().all(|i| i.family == Family::V4));
         assert!(node_plan(&from_cluster.config, "n1").instances.iter().any(|i| i.family == Family::V6));
+    }
+
+    #[test]
+    fn a_node_publishing_its_link_local_address_joins_the_ipv6_side_of_its_group() {
+        let base = Config::parse(BASE).unwrap();
+        let mut state = dual_stack_cluster();
+        let mut translator = Translator::default();
+        let eligible = |t: &Translation| -> Vec<Option<Vec<String>>> {
+            let vips = &t.config.groups[0].vips;
+            vips.iter().filter(|v| v.address.is_ipv6()).map(|v| v.eligible_nodes.clone()).collect()
+        };
+        let first = translator.translate(&state, &base).unwrap();
+        assert!(
+            eligible(&first)
+                .iter()
+                .all(|e| e.as_ref().is_some_and(|nodes| !nodes.contains(&"n0".to_owned())))
+        );
+        // The same objects again: nothing is read again, nothing rebuilt.
+        assert_eq!(translator.translate(&state, &base).unwrap(), first);
+        assert_eq!(translator.rebuilt(), 0);
+        // n0's Node, a new object, now shows its address: every IPv6 VIP may go to any member
+        // (dns's to those with its endpoints).
+        let n0 = state.nodes.iter_mut().find(|n| n.metadata.name.as_deref() == Some("n0")).unwrap();
+        Arc::make_mut(n0).metadata.annotations =
+            Some([(GROUP_ADDRESSES6_ANNOTATION.to_owned(), r#"{"edge": "fe80::c"}"#.to_owned())].into());
+        assert!(translator.needs_everything(&state));
+        let next = translator.translate(&state, &base).unwrap();
+        assert_eq!(
+            eligible(&next),
+            [Some(vec!["n1".to_owned(), "n2".to_owned()]), None, None],
+            "dns's (Local) is still its endpoints' nodes"
+        );
+        let n0 = next.config.groups[0].nodes.iter().find(|n| n.name == "n0").unwrap();
+        assert_eq!(n0.address6, Some("fe80::c".parse().unwrap()));
     }
 
     #[test]

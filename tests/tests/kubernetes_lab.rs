@@ -58,12 +58,23 @@ fn cluster(lab: &Lab, pod_ip: Ipv4Addr) -> Lists {
 /// [`cluster`], and an agent on each running `--kubernetes` against it. Returns the lab, the
 /// pod's index, the served lists, the APIs and the agents.
 fn kubernetes_cluster() -> (Lab, usize, Lists, Vec<KubeApi>, Vec<Agent>) {
+    kubernetes_cluster_with(false, |lab, pod| cluster(lab, lab.pods[pod].ip))
+}
+
+/// As [`kubernetes_cluster`], IPv6 too when `ipv6`, the APIs serving `lists(lab, pod)`.
+fn kubernetes_cluster_with(
+    ipv6: bool,
+    lists: impl Fn(&Lab, usize) -> Lists,
+) -> (Lab, usize, Lists, Vec<KubeApi>, Vec<Agent>) {
     let mut lab = Lab::new(2);
+    if ipv6 {
+        lab.enable_ipv6();
+    }
     for node in 0..2 {
         lab.enable_native_xdp(node);
     }
     let pod = lab.add_pod(1);
-    let lists = cluster(&lab, lab.pods[pod].ip);
+    let lists = lists(&lab, pod);
     let apis: Vec<KubeApi> =
         (0..2).map(|i| KubeApi::start(&lab.nodes[i].ns, &lab.path(""), API_PORT, lists.clone())).collect();
     // Only the agent's own settings in the file: groups and services come from the cluster.
@@ -235,31 +246,8 @@ fn dual_stack_cluster(lab: &Lab, pod: usize) -> Lists {
 
 #[test]
 fn a_dual_stack_service_gets_both_addresses_owned_and_served() {
-    let mut lab = Lab::new(2);
-    lab.enable_ipv6();
-    for node in 0..2 {
-        lab.enable_native_xdp(node);
-    }
-    let pod = lab.add_pod(1);
+    let (lab, pod, lists, apis, agents) = kubernetes_cluster_with(true, dual_stack_cluster);
     let _server = lab.pods[pod].serve(8080);
-    let lists = dual_stack_cluster(&lab, pod);
-    let apis: Vec<KubeApi> =
-        (0..2).map(|i| KubeApi::start(&lab.nodes[i].ns, &lab.path(""), API_PORT, lists.clone())).collect();
-    let base = format!("interface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\n");
-    let agents: Vec<Agent> = (0..2)
-        .map(|i| {
-            let name = lab.nodes[i].name.clone();
-            let kubeconfig = apis[i].kubeconfig.to_str().unwrap().to_owned();
-            let mut agent = lab.start_agent_with(
-                i,
-                &base,
-                &["--kubernetes", "--node", &name],
-                &[("KUBECONFIG", &kubeconfig)],
-            );
-            agent.wait_ready();
-            agent
-        })
-        .collect();
     let logs = || agents.iter().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n");
 
     // Each agent leads its own API: it allocates one address of each family, IPv4 first as

@@ -861,23 +861,28 @@ services:
     endpoints: [{address: 10.244.1.5, node: n1}, {address: 10.244.2.7, node: n2}]
 ";
 
+    /// Every node's VRRP plan and both families' data-plane plans are the same from either.
+    fn assert_same_plans(from_cluster: &Config, from_yaml: &Config) {
+        for node in ["n0", "n1", "n2"] {
+            assert_eq!(node_plan(from_cluster, node), node_plan(from_yaml, node), "VRRP plan on {node}");
+            assert_eq!(
+                service_plan::plan::<lb_common::service::Addr4>(from_cluster, node),
+                service_plan::plan(from_yaml, node),
+                "IPv4 data plane on {node}"
+            );
+            assert_eq!(
+                service_plan::plan::<lb_common::service::Addr6>(from_cluster, node),
+                service_plan::plan(from_yaml, node),
+                "IPv6 data plane on {node}"
+            );
+        }
+    }
+
     #[test]
     fn kubernetes_and_yaml_sources_give_the_same_plan() {
         let base = Config::parse(BASE).unwrap();
         let from_cluster = translate(&cluster(), &base).unwrap();
-        let from_yaml = Config::parse(EQUIVALENT).unwrap();
-        for node in ["n0", "n1", "n2"] {
-            assert_eq!(
-                node_plan(&from_cluster.config, node),
-                node_plan(&from_yaml, node),
-                "VRRP plan on {node}"
-            );
-            assert_eq!(
-                service_plan::plan::<lb_common::service::Addr4>(&from_cluster.config, node),
-                service_plan::plan(&from_yaml, node),
-                "data plane on {node}"
-            );
-        }
+        assert_same_plans(&from_cluster.config, &Config::parse(EQUIVALENT).unwrap());
         // `Local` policy: only n0 has a dns endpoint, so only n0 may own its VIP.
         let vip = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 2));
         for node in ["n1", "n2"] {
@@ -978,24 +983,7 @@ services:
         let base = Config::parse(BASE).unwrap();
         let from_cluster = translate(&dual_stack_cluster(), &base).unwrap();
         assert!(from_cluster.refusals.is_empty(), "{:?}", from_cluster.refusals);
-        let from_yaml = Config::parse(DUAL_STACK_EQUIVALENT).unwrap();
-        for node in ["n0", "n1", "n2"] {
-            assert_eq!(
-                node_plan(&from_cluster.config, node),
-                node_plan(&from_yaml, node),
-                "VRRP plan on {node}"
-            );
-            assert_eq!(
-                service_plan::plan::<lb_common::service::Addr4>(&from_cluster.config, node),
-                service_plan::plan(&from_yaml, node),
-                "IPv4 data plane on {node}"
-            );
-            assert_eq!(
-                service_plan::plan::<lb_common::service::Addr6>(&from_cluster.config, node),
-                service_plan::plan(&from_yaml, node),
-                "IPv6 data plane on {node}"
-            );
-        }
+        assert_same_plans(&from_cluster.config, &Config::parse(DUAL_STACK_EQUIVALENT).unwrap());
         // n0 runs the IPv4 instance only; an IPv6 one runs where the IPv6 VIPs may go.
         use crate::vrrp::family::Family;
         assert!(node_plan(&from_cluster.config, "n0").instances.iter().all(|i| i.family == Family::V4));

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use crate::{Host, Lab, Netns, Process, netns::run_in, spawn_in};
+use crate::{Agent, Host, Lab, Netns, Process, netns::run_in, spawn_in};
 
 /// A pod: a namespace with one interface towards its node.
 pub struct Pod {
@@ -333,6 +333,80 @@ impl Host {
 /// many agents side by side on two cores, with debug builds: a 20 ms interval (a 60 ms lease)
 /// is shorter than the stalls seen there, and every stall is a real failover.
 pub const LAB_ADVERT_INTERVAL_MS: u64 = 100;
+
+/// The service labs' cluster: pods with a server on one port in each, and an agent on every
+/// node, each configured by `config(lab, node, services)`. Dropping it stops the servers and
+/// agents before the lab.
+pub struct ServiceLab {
+    // Drop order: servers and agents before the lab.
+    _servers: Vec<Process>,
+    pub agents: Vec<Agent>,
+    pub lab: Lab,
+    vip: IpAddr,
+    config: fn(&Lab, usize, &str) -> String,
+}
+
+impl ServiceLab {
+    /// `pods[i]` pods on node i (with IPv6 addresses too when `ipv6`), native XDP everywhere,
+    /// a server on `port` in every pod, no agents yet. Sessions go to `vip`.
+    pub fn new(
+        pods: &[usize],
+        ipv6: bool,
+        port: u16,
+        vip: impl Into<IpAddr>,
+        config: fn(&Lab, usize, &str) -> String,
+    ) -> Self {
+        let mut lab = Lab::new(pods.len());
+        if ipv6 {
+            lab.enable_ipv6();
+        }
+        for (node, &count) in pods.iter().enumerate() {
+            lab.enable_native_xdp(node);
+            for _ in 0..count {
+                lab.add_pod(node);
+            }
+        }
+        let servers = lab.pods.iter().map(|p| p.serve(port)).collect();
+        ServiceLab { _servers: servers, agents: Vec::new(), lab, vip: vip.into(), config }
+    }
+
+    /// Starts every node's agent with `services`, and waits until n0 owns the VIP.
+    pub fn start(&mut self, services: &str) {
+        self.start_with(services, "", &[]);
+    }
+
+    /// As [`ServiceLab::start`], with `extra` (top-level YAML) in n0's config, each agent run
+    /// through `wrapper` (see [`Agent::spawn_under`]).
+    pub fn start_with(&mut self, services: &str, extra: &str, wrapper: &[&str]) {
+        for i in 0..self.lab.nodes.len() {
+            let head = if i == 0 { extra } else { "" };
+            let config = format!("{head}{}", (self.config)(&self.lab, i, services));
+            let mut agent = self.lab.start_agent_under(i, &config, &[], &[], wrapper);
+            agent.wait_ready();
+            self.agents.push(agent);
+        }
+        self.agents[0].wait_metric("lbagent_owned_vips", 1.0);
+    }
+
+    /// `node`'s count of packets that took the XDP path `reason`.
+    pub fn reason(&self, node: usize, reason: &str) -> f64 {
+        self.agents[node].metric(&format!("lbagent_xdp_reason_packets_total{{reason=\"{reason}\"}}"))
+    }
+
+    /// A session through the VIP, retried while the path settles.
+    pub fn session(&self, port: u16) -> Session {
+        self.lab.client.settled_session(self.vip, port, || self.logs())
+    }
+
+    /// Every agent's log and non-zero path counters, for failure messages.
+    pub fn logs(&self) -> String {
+        logs_and_reasons(&self.agents)
+    }
+
+    pub fn pod_name(&self, pod: usize) -> &str {
+        &self.lab.pods[pod].name
+    }
+}
 
 /// An agent config for `lab` node `me`: one VRRP group over every node at
 /// [`LAB_ADVERT_INTERVAL_MS`], n0 preferred, then n1, then n2; the VIP 198.51.100.10; then

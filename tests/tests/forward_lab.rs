@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lb_lab::{Agent, Lab, Session};
+use lb_lab::{Lab, Session, cluster::ServiceLab};
 
 const VIP: Ipv4Addr = lb_lab::cluster::LAB_VIP;
 const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
@@ -23,58 +23,11 @@ fn service(lab: &Lab, name: &str, port: u16, mode: &str, pods: &[usize]) -> Stri
     lb_lab::cluster::service_config(lab, name, VIP, port, TARGET_PORT, mode, pods)
 }
 
-struct Cluster {
-    // Drop order: servers and agents before the lab.
-    _servers: Vec<lb_lab::Process>,
-    agents: Vec<Agent>,
-    lab: Lab,
-}
+type Cluster = ServiceLab;
 
-/// `nodes` nodes with `pods[i]` pods on node i, servers in every pod, no agents yet.
+/// `pods[i]` pods on node i, servers in every pod, no agents yet.
 fn cluster(pods: &[usize]) -> Cluster {
-    let mut lab = Lab::new(pods.len());
-    for (node, &count) in pods.iter().enumerate() {
-        lab.enable_native_xdp(node);
-        for _ in 0..count {
-            lab.add_pod(node);
-        }
-    }
-    let servers = lab.pods.iter().map(|p| p.serve(TARGET_PORT)).collect();
-    Cluster { _servers: servers, agents: Vec::new(), lab }
-}
-
-impl Cluster {
-    fn start(&mut self, services: &str) {
-        self.start_under(services, &[]);
-    }
-
-    /// As [`Cluster::start`], each agent run through `wrapper`.
-    fn start_under(&mut self, services: &str, wrapper: &[&str]) {
-        for i in 0..self.lab.nodes.len() {
-            let mut agent = self.lab.start_agent_under(i, &config(&self.lab, i, services), &[], &[], wrapper);
-            agent.wait_ready();
-            self.agents.push(agent);
-        }
-        self.agents[0].wait_metric("lbagent_owned_vips", 1.0);
-    }
-
-    fn reason(&self, node: usize, reason: &str) -> f64 {
-        self.agents[node].metric(&format!("lbagent_xdp_reason_packets_total{{reason=\"{reason}\"}}"))
-    }
-
-    /// A session through the VIP, retried while the path settles.
-    fn session(&self, port: u16) -> Session {
-        self.lab.client.settled_session(VIP, port, || self.logs())
-    }
-
-    /// Every agent's log and non-zero path counters, for failure messages.
-    fn logs(&self) -> String {
-        lb_lab::cluster::logs_and_reasons(&self.agents)
-    }
-
-    fn pod_name(&self, pod: usize) -> &str {
-        &self.lab.pods[pod].name
-    }
+    ServiceLab::new(pods, false, TARGET_PORT, VIP, config)
 }
 
 #[test]
@@ -612,7 +565,7 @@ fn runs_and_forwards_under(command: &[String], capabilities: &[String]) {
     let command: Vec<&str> = command.iter().map(String::as_str).collect();
     let mut c = cluster(&[0, 1]);
     let services = service(&c.lab, "dsr", 82, "dsr", &[0]);
-    c.start_under(&services, &command);
+    c.start_with(&services, "", &command);
 
     // It is the program meant (wrappers exec'd into it), and really runs without the others.
     let program = command[command.iter().rposition(|a| *a == "--").map_or(0, |i| i + 1)];

@@ -9,31 +9,21 @@ use std::{
     time::Duration,
 };
 
-use lb_lab::{Agent, Lab, Session, agent::AGENT_LISTEN, cluster::service_config};
+use lb_lab::{
+    Lab, Session,
+    agent::AGENT_LISTEN,
+    cluster::{ServiceLab, service_config},
+};
 
 const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, 0x10);
 const TARGET_PORT: u16 = 8080;
 const ECHO_WAIT: Duration = Duration::from_secs(5);
 
-struct Cluster {
-    // Drop order: servers and agents before the lab.
-    _servers: Vec<lb_lab::Process>,
-    agents: Vec<Agent>,
-    lab: Lab,
-}
+type Cluster = ServiceLab;
 
 /// `pods[i]` pods on node i, IPv6 everywhere, servers in every pod, no agents yet.
 fn cluster(pods: &[usize]) -> Cluster {
-    let mut lab = Lab::new(pods.len());
-    lab.enable_ipv6();
-    for (node, &count) in pods.iter().enumerate() {
-        lab.enable_native_xdp(node);
-        for _ in 0..count {
-            lab.add_pod(node);
-        }
-    }
-    let servers = lab.pods.iter().map(|p| p.serve(TARGET_PORT)).collect();
-    Cluster { _servers: servers, agents: Vec::new(), lab }
+    ServiceLab::new(pods, true, TARGET_PORT, VIP6, config)
 }
 
 /// One VRRP group over every node, VRRPv3 over IPv6 (link-local members), n0 preferred, the
@@ -59,41 +49,6 @@ fn config(lab: &Lab, me: usize, services: &str) -> String {
     }
     yaml.push_str(&format!("    vips:\n      - address: '{VIP6}'\nservices:\n{services}"));
     yaml
-}
-
-impl Cluster {
-    fn start(&mut self, services: &str) {
-        self.start_with(services, "");
-    }
-
-    /// As [`Cluster::start`], with `extra` (top-level YAML) in n0's config.
-    fn start_with(&mut self, services: &str, extra: &str) {
-        for i in 0..self.lab.nodes.len() {
-            let head = if i == 0 { extra } else { "" };
-            let mut agent = self.lab.start_agent(i, &format!("{head}{}", config(&self.lab, i, services)));
-            agent.wait_ready();
-            self.agents.push(agent);
-        }
-        self.agents[0].wait_metric("lbagent_owned_vips", 1.0);
-    }
-
-    fn reason(&self, node: usize, reason: &str) -> f64 {
-        self.agents[node].metric(&format!("lbagent_xdp_reason_packets_total{{reason=\"{reason}\"}}"))
-    }
-
-    /// A session through the VIP, retried while the path settles.
-    fn session(&self, port: u16) -> Session {
-        self.lab.client.settled_session(VIP6, port, || self.logs())
-    }
-
-    /// Every agent's log and non-zero path counters, for failure messages.
-    fn logs(&self) -> String {
-        lb_lab::cluster::logs_and_reasons(&self.agents)
-    }
-
-    fn pod_name(&self, pod: usize) -> &str {
-        &self.lab.pods[pod].name
-    }
 }
 
 #[test]
@@ -180,7 +135,7 @@ fn full_nat_takes_the_configured_ipv6_source() {
     let source: Ipv6Addr = "2001:db8:2::1:10".parse().unwrap();
     c.lab.nodes[0].ns.run_cmd(&["ip", "-6", "addr", "add", &format!("{source}/64"), "dev", "eth0", "nodad"]);
     let services = service_config(&c.lab, "full-nat", VIP6, 81, TARGET_PORT, "fullNat", &[0]);
-    c.start_with(&services, &format!("nodeAddress6: '{source}'\n"));
+    c.start_with(&services, &format!("nodeAddress6: '{source}'\n"), &[]);
     let mut s = c.session(81);
     assert_eq!(s.seen_address(), IpAddr::V6(source), "{}", s.greeting);
     assert_eq!(s.echo("hello", ECHO_WAIT).as_deref(), Some("n1p0 hello"));

@@ -417,6 +417,16 @@ pub fn agent_config(lab: &Lab, me: usize, services: &str) -> String {
 
 /// As [`agent_config`], advertising every `interval_ms`.
 pub fn agent_config_advertising_every(lab: &Lab, me: usize, services: &str, interval_ms: u64) -> String {
+    group_config(lab, me, services, interval_ms, LAB_VIP.into())
+}
+
+/// As [`agent_config`], with the IPv6 VIP `vip`: the group speaks VRRPv3 over IPv6, from each
+/// node's link-local address.
+pub fn agent_config6(lab: &Lab, me: usize, services: &str, vip: Ipv6Addr) -> String {
+    group_config(lab, me, services, LAB_ADVERT_INTERVAL_MS, vip.into())
+}
+
+fn group_config(lab: &Lab, me: usize, services: &str, interval_ms: u64, vip: IpAddr) -> String {
     let mut yaml = format!(
         "node: {}\ninterface: eth0\nxdpMode: native\nlisten: {}\ngroups:\n  - name: web\n    vrid: 20\n    \
          advertInterval: {interval_ms}ms\n    nodes:\n",
@@ -425,12 +435,16 @@ pub fn agent_config_advertising_every(lab: &Lab, me: usize, services: &str, inte
     );
     for node in &lab.nodes {
         yaml.push_str(&format!("      - name: {}\n        address: {}\n", node.name, node.ip));
+        if vip.is_ipv6() {
+            yaml.push_str(&format!("        address6: {}\n", node.link_local()));
+        }
     }
     yaml.push_str("    priorities:\n");
     for (i, node) in lab.nodes.iter().enumerate() {
         yaml.push_str(&format!("      {}: {}\n", node.name, 200 - 50 * i));
     }
-    yaml.push_str(&format!("    vips:\n      - address: {LAB_VIP}\nservices:\n{services}"));
+    let vip = if vip.is_ipv6() { format!("'{vip}'") } else { vip.to_string() };
+    yaml.push_str(&format!("    vips:\n      - address: {vip}\nservices:\n{services}"));
     yaml
 }
 

@@ -11,7 +11,6 @@ use std::{
 
 use lb_lab::{
     Lab, Session,
-    agent::AGENT_LISTEN,
     cluster::{ServiceLab, service_config},
 };
 
@@ -29,26 +28,7 @@ fn cluster(pods: &[usize]) -> Cluster {
 /// One VRRP group over every node, VRRPv3 over IPv6 (link-local members), n0 preferred, the
 /// IPv6 VIP, then `services`.
 fn config(lab: &Lab, me: usize, services: &str) -> String {
-    let mut yaml = format!(
-        "node: {}\ninterface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\ngroups:\n  - name: web\n    vrid: 20\n    \
-         advertInterval: {}ms\n    nodes:\n",
-        lab.nodes[me].name,
-        lb_lab::cluster::LAB_ADVERT_INTERVAL_MS
-    );
-    for node in &lab.nodes {
-        yaml.push_str(&format!(
-            "      - name: {}\n        address: {}\n        address6: {}\n",
-            node.name,
-            node.ip,
-            node.link_local()
-        ));
-    }
-    yaml.push_str("    priorities:\n");
-    for (i, node) in lab.nodes.iter().enumerate() {
-        yaml.push_str(&format!("      {}: {}\n", node.name, 200 - 50 * i));
-    }
-    yaml.push_str(&format!("    vips:\n      - address: '{VIP6}'\nservices:\n{services}"));
-    yaml
+    lb_lab::cluster::agent_config6(lab, me, services, VIP6)
 }
 
 #[test]

@@ -219,14 +219,24 @@ impl Shell {
                     Err(e) => warn!(%ip, error = %e, "looking up the route for interfaceFromIP failed"),
                 }
             }
-            let mut missing_interfaces = std::collections::BTreeSet::new();
-            for name in groups_now.iter().filter_map(|g| g.spec.interface.as_ref()) {
-                if let Ok(None) = crate::netdev::find(&self.netlink, name).await {
-                    missing_interfaces.insert(name.clone());
+            // Each group interface's link, looked up once a pass: for the missing ones, and for
+            // the addresses this node publishes there.
+            let mut links = BTreeMap::new();
+            for name in groups_now.iter().filter_map(|g| g.spec.interface.as_ref()).chain(routes.values()) {
+                if !links.contains_key(name)
+                    && let Ok(link) = crate::netdev::find(&self.netlink, name).await
+                {
+                    links.insert(name.clone(), link);
                 }
             }
+            let missing_interfaces = groups_now
+                .iter()
+                .filter_map(|g| g.spec.interface.as_ref())
+                .filter(|name| matches!(links.get(*name), Some(None)))
+                .cloned()
+                .collect();
             let nodes_now = snapshot(&nodes);
-            self.publish_group_addresses(&groups_now, &nodes_now, &routes, &mut published).await;
+            self.publish_group_addresses(&groups_now, &nodes_now, &routes, &links, &mut published).await;
             let changes = std::mem::take(&mut pending);
             status_due |= changes.all || changes.service_objects;
             let mut state = ClusterState {
@@ -330,6 +340,7 @@ impl Shell {
         groups: &[std::sync::Arc<LoadBalancerGroup>],
         nodes: &[std::sync::Arc<Node>],
         routes: &BTreeMap<std::net::IpAddr, String>,
+        links: &BTreeMap<String, Option<crate::netdev::Interface>>,
         published: &mut Option<GroupAddresses>,
     ) {
         let Some(me) = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(self.node.as_str())) else {
@@ -345,7 +356,7 @@ impl Shell {
                 },
                 (None, None) => continue,
             };
-            let Ok(Some(link)) = crate::netdev::find(&self.netlink, interface).await else { continue };
+            let Some(Some(link)) = links.get(interface) else { continue };
             let name = group.metadata.name.clone().unwrap_or_default();
             if let Ok(Some(address6)) = crate::netdev::link_local_ipv6(&self.netlink, link.index).await {
                 addresses.ipv6.insert(name.clone(), address6);

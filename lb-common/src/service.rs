@@ -13,8 +13,11 @@ pub const SERVICES: &str = "SERVICES";
 pub const BACKENDS: &str = "BACKENDS";
 /// `HashOfMaps<u32, Array<u32>>`: ring id → Maglev ring of backend ids.
 pub const MAGLEV_RINGS: &str = "MAGLEV_RINGS";
-/// `LruHashMap<FlowKey, Flow>`: client flow → chosen backend.
+/// `LruHashMap<ConnectionKey, Flow>`: client flow → chosen backend.
 pub const FLOWS: &str = "FLOWS";
+/// `Array<NextHopEntry>` indexed by backend id: the next hop towards each backend, as the FIB
+/// last gave it.
+pub const NEXT_HOPS: &str = "NEXT_HOPS";
 /// `LruHashMap<FlowKey, ReplyNat>`: reply flow (as it leaves the backend) → rewritten addresses,
 /// for local and DSR delivery (and, from before `SNAT_REPLIES`, full NAT's).
 pub const REPLY_NAT: &str = "REPLY_NAT";
@@ -38,6 +41,7 @@ pub const SERVICES6: &str = "SERVICES6";
 pub const BACKENDS6: &str = "BACKENDS6";
 pub const BACKEND_STATS6: &str = "BACKEND_STATS6";
 pub const FLOWS6: &str = "FLOWS6";
+pub const NEXT_HOPS6: &str = "NEXT_HOPS6";
 pub const REPLY_NAT6: &str = "REPLY_NAT6";
 pub const SNAT_REPLIES6: &str = "SNAT_REPLIES6";
 pub const LOCAL_ENDPOINTS6: &str = "LOCAL_ENDPOINTS6";
@@ -52,6 +56,8 @@ pub const IPV6_SERVICES: &str = "IPV6_SERVICES";
 pub const IPV6_SERVICE_PROGRAMS: [&str; 4] = ["lb_xdp6", "lb_xdp6_local", "lb_xdp6_full_nat", "lb_xdp6_dsr"];
 
 pub const MAX_SERVICES: u32 = 16_384;
+/// Service numbers ([`Service::number`]) are 16 bits: no family holds more services.
+pub const MAX_SERVICE_NUMBERS: u32 = 1 << 16;
 pub const MAX_BACKENDS: u32 = 65_536;
 pub const MAX_FLOWS: u32 = 262_144;
 pub const MAX_LOCAL_ENDPOINTS: u32 = 65_536;
@@ -78,7 +84,9 @@ const BPF_F_MMAPABLE: u32 = 1 << 10;
 ///   owned VIPs carry a lease slot.
 /// - 3: flows cache their next hop (`Flow` is 32 bytes); traffic per VIP is counted in the
 ///   `VIP_TRAFFIC` array, at the slot the service entry names.
-pub const LAYOUT_VERSION: u32 = 3;
+/// - 4: the connection table is keyed by client and service number ([`ConnectionKeyOf`]) and
+///   holds 8-byte entries; next hops are cached per backend (`NEXT_HOPS`).
+pub const LAYOUT_VERSION: u32 = 4;
 
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
@@ -115,6 +123,7 @@ pub struct FamilyMaps {
     pub services: &'static str,
     pub backends: &'static str,
     pub backend_stats: &'static str,
+    pub next_hops: &'static str,
     pub vip_traffic: &'static str,
     pub local_endpoints: &'static str,
     pub snat_replies: &'static str,
@@ -127,6 +136,7 @@ impl Address for [u8; 4] {
         services: SERVICES,
         backends: BACKENDS,
         backend_stats: BACKEND_STATS,
+        next_hops: NEXT_HOPS,
         vip_traffic: crate::maps::VIP_TRAFFIC,
         local_endpoints: LOCAL_ENDPOINTS,
         snat_replies: SNAT_REPLIES,
@@ -153,6 +163,7 @@ impl Address for [u8; 16] {
         services: SERVICES6,
         backends: BACKENDS6,
         backend_stats: BACKEND_STATS6,
+        next_hops: NEXT_HOPS6,
         vip_traffic: crate::maps::VIP_TRAFFIC6,
         local_endpoints: LOCAL_ENDPOINTS6,
         snat_replies: SNAT_REPLIES6,
@@ -220,6 +231,10 @@ pub struct Service {
     /// the hot path. (Layout 3 held the slot alone here, below 2^24: its entries read as any
     /// uplink.)
     pub vip_slot_uplink: u32,
+    /// The service's number in the connection table's keys ([`ConnectionKeyOf`]), kept while
+    /// the service is installed and given to another service only late (as backend slots are).
+    pub number: u16,
+    pub _pad: [u8; 2],
 }
 
 impl Service {
@@ -320,28 +335,71 @@ impl<A> FlowKeyOf<A> {
     }
 }
 
-/// A flow's backend, and the next hop towards it as the FIB gave it: established flows skip
-/// `bpf_fib_lookup` until [`HOP_REFRESH_NS`] has passed, so a neighbour or route change is
-/// followed within that long, never trusted forever.
+/// A flow as the connection table keys it: its client's address and port, and its service's
+/// [`Service::number`] (which stands for the VIP, port and protocol). Eight bytes for IPv4,
+/// so that a table element (the kernel's 48-byte header, key and [`Flow`]) is one cache line:
+/// with many flows a lookup costs the bucket's line and the element's, not three lines.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnectionKeyOf<A> {
+    pub client: A,
+    pub client_port: [u8; 2],
+    pub service: u16,
+}
+
+pub type ConnectionKey = ConnectionKeyOf<Addr4>;
+pub type ConnectionKey6 = ConnectionKeyOf<Addr6>;
+
+impl<A: Copy> ConnectionKeyOf<A> {
+    /// `flow`'s key, its destination being the service numbered `service`.
+    #[inline(always)]
+    pub fn of(flow: &FlowKeyOf<A>, service: u16) -> Self {
+        Self { client: flow.src, client_port: flow.sport, service }
+    }
+}
+
+/// A flow's backend, and when the flow last did its periodic checks (its reply entry, its
+/// full-NAT port): every [`FLOW_CHECK_TICKS`] while it sends.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Flow {
     pub backend: u32,
     /// Full-NAT only: the source port this flow uses towards the backend.
     pub snat_port: [u8; 2],
-    /// The largest IP packet the hop takes (the FIB's MTU); a bigger one is looked up again,
-    /// so the FIB reports it.
-    pub hop_mtu: u16,
-    pub hop_smac: [u8; 6],
-    pub hop_dmac: [u8; 6],
-    /// Zero: no hop cached.
-    pub hop_ifindex: u32,
-    /// `bpf_ktime_get_coarse_ns` when the hop was looked up.
-    pub hop_checked_ns: u64,
+    /// [`flow_tick`] of the last check. It wraps every 18 minutes: a flow idle for a multiple
+    /// of that may skip one check, and does it at the next.
+    pub checked: u16,
 }
 
-/// How long a flow's cached next hop is used before the FIB is asked again.
+/// How long a cached next hop ([`NextHopEntry`]) is used before the FIB is asked again, so a
+/// neighbour or route change is followed within that long, never trusted forever.
 pub const HOP_REFRESH_NS: u64 = 500_000_000;
+
+/// A flow's clock: `bpf_ktime_get_coarse_ns` in units of 2^24 ns (16.8 ms), 16 bits.
+#[inline(always)]
+pub const fn flow_tick(now_ns: u64) -> u16 {
+    (now_ns >> 24) as u16
+}
+
+/// A flow's periodic checks are due after this many ticks (30: 503 ms).
+pub const FLOW_CHECK_TICKS: u16 = (HOP_REFRESH_NS >> 24) as u16 + 1;
+
+/// The next hop towards a backend (its address, or its node's for DSR), as the FIB gave it:
+/// shared by every flow to that backend, refreshed after [`HOP_REFRESH_NS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NextHopEntry {
+    /// Zero: nothing cached.
+    pub ifindex: u32,
+    pub smac: [u8; 6],
+    pub dmac: [u8; 6],
+    /// The largest IP packet the hop takes (the FIB's MTU); a bigger one is looked up again,
+    /// so the FIB reports it.
+    pub mtu: u16,
+    pub _pad: [u8; 6],
+    /// `bpf_ktime_get_coarse_ns` when the hop was looked up.
+    pub checked_ns: u64,
+}
 
 /// The addresses a packet must carry after translation (also the rewrite target on the
 /// forward path).
@@ -427,6 +485,8 @@ mod pod {
     unsafe impl<A: Address> aya::Pod for BackendOf<A> {}
     unsafe impl<A: Address> aya::Pod for FlowKeyOf<A> {}
     unsafe impl aya::Pod for Flow {}
+    unsafe impl<A: Address> aya::Pod for ConnectionKeyOf<A> {}
+    unsafe impl aya::Pod for NextHopEntry {}
     unsafe impl<A: Address> aya::Pod for ReplyNatOf<A> {}
     unsafe impl<A: Address> aya::Pod for SnatEntryOf<A> {}
     unsafe impl<A: Address> aya::Pod for LocalEndpointKeyOf<A> {}
@@ -442,10 +502,13 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<ServiceKey>(), 8);
-        assert_eq!(size_of::<Service>(), 20);
+        assert_eq!(size_of::<Service>(), 24);
         assert_eq!(size_of::<Backend>(), 12);
         assert_eq!(size_of::<FlowKey>(), 16);
-        assert_eq!(size_of::<Flow>(), 32);
+        assert_eq!(size_of::<Flow>(), 8);
+        assert_eq!(size_of::<ConnectionKey>(), 8);
+        assert_eq!(size_of::<ConnectionKey6>(), 20);
+        assert_eq!((size_of::<NextHopEntry>(), core::mem::align_of::<NextHopEntry>()), (32, 8));
         assert_eq!(size_of::<ReplyNat>(), 20);
         assert_eq!((size_of::<SnatEntry>(), core::mem::align_of::<SnatEntry>()), (32, 8));
         assert_eq!(size_of::<LocalEndpointKey>(), 12);

@@ -11,8 +11,9 @@ use lb_common::{
     counters::Reason,
     maps::{PacketCounter, UplinkKey},
     service::{
-        Addr4, Addr6, Address, Backend6, BackendOf, Flow, FlowKey6, FlowKeyOf, LocalEndpoint,
-        LocalEndpointKeyOf, ReplyNatOf, Service, ServiceKeyOf, Settings, SnatEntry6, SnatEntryOf,
+        Addr4, Addr6, Address, Backend6, BackendOf, ConnectionKeyOf, Flow, FlowKey6, FlowKeyOf,
+        LocalEndpoint, LocalEndpointKeyOf, NextHopEntry, ReplyNatOf, Service, ServiceKeyOf, Settings,
+        SnatEntry6, SnatEntryOf,
     },
 };
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
@@ -40,7 +41,8 @@ pub trait Family: Sized {
     fn backends() -> &'static Array<BackendOf<Self::Addr>>;
     fn backend_stats() -> &'static PerCpuArray<PacketCounter>;
     fn vip_traffic() -> &'static PerCpuArray<PacketCounter>;
-    fn flows() -> &'static LruHashMap<FlowKeyOf<Self::Addr>, Flow>;
+    fn flows() -> &'static LruHashMap<ConnectionKeyOf<Self::Addr>, Flow>;
+    fn next_hops() -> &'static Array<NextHopEntry>;
     fn reply_nat() -> &'static LruHashMap<FlowKeyOf<Self::Addr>, ReplyNatOf<Self::Addr>>;
     fn snat_replies() -> &'static HashMap<FlowKeyOf<Self::Addr>, SnatEntryOf<Self::Addr>>;
     fn local_endpoints() -> &'static HashMap<LocalEndpointKeyOf<Self::Addr>, LocalEndpoint>;
@@ -78,9 +80,11 @@ pub struct State6 {
     pub id: u32,
     /// The IP packet's length, header included.
     pub ip_len: u16,
-    /// Whether the flow had a connection-table entry (the stage finds it again).
-    pub had_entry: u8,
-    pub _pad: u8,
+    /// The rest of the flow's [`crate::services::flow::Picked`].
+    pub service: u16,
+    pub snat_port: [u8; 2],
+    pub known: u8,
+    pub check_due: u8,
     /// Full NAT's room to build a source-port candidate in (see `nat::claim_snat_port`).
     pub snat_key: FlowKey6,
     pub snat_entry: SnatEntry6,
@@ -112,8 +116,12 @@ impl Family for V4 {
         &maps::VIP_TRAFFIC
     }
     #[inline(always)]
-    fn flows() -> &'static LruHashMap<FlowKeyOf<Addr4>, Flow> {
+    fn flows() -> &'static LruHashMap<ConnectionKeyOf<Addr4>, Flow> {
         &maps::FLOWS
+    }
+    #[inline(always)]
+    fn next_hops() -> &'static Array<NextHopEntry> {
+        &maps::NEXT_HOPS
     }
     #[inline(always)]
     fn reply_nat() -> &'static LruHashMap<FlowKeyOf<Addr4>, ReplyNatOf<Addr4>> {
@@ -202,8 +210,12 @@ impl Family for V6 {
         &maps::VIP_TRAFFIC6
     }
     #[inline(always)]
-    fn flows() -> &'static LruHashMap<FlowKeyOf<Addr6>, Flow> {
+    fn flows() -> &'static LruHashMap<ConnectionKeyOf<Addr6>, Flow> {
         &maps::FLOWS6
+    }
+    #[inline(always)]
+    fn next_hops() -> &'static Array<NextHopEntry> {
+        &maps::NEXT_HOPS6
     }
     #[inline(always)]
     fn reply_nat() -> &'static LruHashMap<FlowKeyOf<Addr6>, ReplyNatOf<Addr6>> {

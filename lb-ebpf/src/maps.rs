@@ -13,10 +13,10 @@ use lb_common::{
         Vip6Key, VipKey, VipStats, VrrpSpeaker,
     },
     service::{
-        Backend, Backend6, Flow, FlowKey, FlowKey6, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKey,
-        LocalEndpointKey6, MAX_BACKENDS, MAX_FLOWS, MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE, MAX_SERVICES,
-        ReplyNat, ReplyNat6, RingEntry, Service, ServiceKey, ServiceKey6, Settings, SnatEntry, SnatEntry6,
-        ring_entries,
+        Backend, Backend6, ConnectionKey, ConnectionKey6, Flow, FlowKey, FlowKey6, INNER_MAP_FLAGS,
+        LocalEndpoint, LocalEndpointKey, LocalEndpointKey6, MAX_BACKENDS, MAX_FLOWS, MAX_LOCAL_ENDPOINTS,
+        MAX_RING_SIZE, MAX_SERVICES, NextHopEntry, ReplyNat, ReplyNat6, RingEntry, Service, ServiceKey,
+        ServiceKey6, Settings, SnatEntry, SnatEntry6, ring_entries,
     },
 };
 
@@ -58,7 +58,14 @@ pub static BACKEND_STATS: PerCpuArray<PacketCounter> = PerCpuArray::with_max_ent
 const NO_COMMON_LRU: u32 = 2;
 
 #[map]
-pub static FLOWS: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, NO_COMMON_LRU);
+pub static FLOWS: LruHashMap<ConnectionKey, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, NO_COMMON_LRU);
+
+/// Shared by all CPUs (a per-CPU copy would multiply it by the CPUs). Two CPUs refreshing one
+/// entry write the same hop; a packet reading an entry while a neighbour change is written
+/// can see part of each, and goes to neither: that packet is lost, as it would have been at
+/// the old hop.
+#[map]
+pub static NEXT_HOPS: Array<NextHopEntry> = Array::with_max_entries(MAX_BACKENDS, 0);
 
 #[map]
 pub static REPLY_NAT: LruHashMap<FlowKey, ReplyNat> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
@@ -98,7 +105,10 @@ pub static BACKEND_STATS6: PerCpuArray<PacketCounter> = PerCpuArray::with_max_en
 pub static VIP_TRAFFIC6: PerCpuArray<PacketCounter> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
 
 #[map]
-pub static FLOWS6: LruHashMap<FlowKey6, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, NO_COMMON_LRU);
+pub static FLOWS6: LruHashMap<ConnectionKey6, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, NO_COMMON_LRU);
+
+#[map]
+pub static NEXT_HOPS6: Array<NextHopEntry> = Array::with_max_entries(MAX_BACKENDS, 0);
 
 #[map]
 pub static REPLY_NAT6: LruHashMap<FlowKey6, ReplyNat6> = LruHashMap::with_max_entries(MAX_FLOWS, 0);

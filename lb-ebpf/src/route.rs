@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::Reason,
-    service::{Flow, FlowKeyOf, HOP_REFRESH_NS, ReplyNatOf},
+    service::{FlowKeyOf, HOP_REFRESH_NS, NextHopEntry, ReplyNatOf},
 };
 use network_types::eth::EthHdr;
 
@@ -29,41 +29,46 @@ pub struct NextHop {
     pub mtu: u16,
 }
 
-/// The next hop from `src` to `dst` for a packet of `len` IP bytes: the flow's cached one
-/// while it is fresh and the packet fits, else the FIB's, which is then cached in `flow`.
-/// Also says whether the FIB was asked (the flow's periodic refresh, or a new flow).
+/// The next hop from `src` to `dst`, backend `backend`'s address (or its node's), for a packet
+/// of `len` IP bytes: the backend's cached one while it is fresh and the packet fits, else the
+/// FIB's, which is then cached. The hop depends on the destination, so every flow to the
+/// backend shares it, and a busy backend's is looked up once per [`HOP_REFRESH_NS`], not once
+/// per flow. (A route chosen by source, policy routing on client addresses, is cached as the
+/// first packet after a refresh found it.)
 #[inline(always)]
 pub fn cached_lookup<F: Family>(
     ctx: &XdpContext,
-    flow: Option<&mut Flow>,
+    backend: u32,
     src: F::Addr,
     dst: F::Addr,
     len: u16,
     now: u64,
-) -> Result<(NextHop, bool), Reason> {
-    if let Some(f) = &flow
-        && f.hop_ifindex != 0
-        && now.wrapping_sub(f.hop_checked_ns) < HOP_REFRESH_NS
-        && len <= f.hop_mtu
-    {
-        let hop = NextHop { ifindex: f.hop_ifindex, smac: f.hop_smac, dmac: f.hop_dmac, mtu: f.hop_mtu };
-        return Ok((hop, false));
+) -> Result<NextHop, Reason> {
+    let cached = F::next_hops().get_ptr_mut(backend);
+    if let Some(c) = cached {
+        // SAFETY: a map value, copied out at once.
+        let c = unsafe { &*c };
+        if c.ifindex != 0 && now.wrapping_sub(c.checked_ns) < HOP_REFRESH_NS && len <= c.mtu {
+            return Ok(NextHop { ifindex: c.ifindex, smac: c.smac, dmac: c.dmac, mtu: c.mtu });
+        }
     }
     let hop = lookup::<F>(ctx, src, dst, len)?;
-    if let Some(f) = flow {
-        cache(f, &hop, now);
+    if let Some(c) = cached
+        && hop.mtu != 0
+    {
+        // SAFETY: a map value; see `maps::NEXT_HOPS` on concurrent writers.
+        unsafe {
+            *c = NextHopEntry {
+                ifindex: hop.ifindex,
+                smac: hop.smac,
+                dmac: hop.dmac,
+                mtu: hop.mtu,
+                _pad: [0; 6],
+                checked_ns: now,
+            };
+        }
     }
-    Ok((hop, true))
-}
-
-/// Writes `hop` into a flow's cache.
-#[inline(always)]
-pub fn cache(flow: &mut Flow, hop: &NextHop, now: u64) {
-    flow.hop_ifindex = hop.ifindex;
-    flow.hop_smac = hop.smac;
-    flow.hop_dmac = hop.dmac;
-    flow.hop_mtu = hop.mtu;
-    flow.hop_checked_ns = now;
+    Ok(hop)
 }
 
 /// Looks up the route from `src` to `dst` for a packet of `tot_len` IP bytes. Errors name the

@@ -38,7 +38,7 @@ pub trait Deliver: Family {
     fn encapsulate(
         ctx: &XdpContext,
         flow: &FlowKeyOf<Self::Addr>,
-        picked: &mut Picked<Self::Addr>,
+        picked: &Picked<Self::Addr>,
         ip_len: u16,
         now: u64,
     ) -> (u32, Reason);
@@ -48,7 +48,7 @@ pub trait Deliver: Family {
         ctx: &XdpContext,
         layout: L4Layout,
         flow: &FlowKeyOf<Self::Addr>,
-        picked: &mut Picked<Self::Addr>,
+        picked: &Picked<Self::Addr>,
         ip_len: u16,
         now: u64,
     ) -> (u32, Reason) {
@@ -60,7 +60,7 @@ pub trait Deliver: Family {
         ctx: &XdpContext,
         layout: L4Layout,
         flow: &FlowKeyOf<Self::Addr>,
-        picked: &mut Picked<Self::Addr>,
+        picked: &Picked<Self::Addr>,
         ip_len: u16,
         now: u64,
     ) -> (u32, Reason) {
@@ -83,7 +83,7 @@ impl Deliver for V4 {
     fn encapsulate(
         ctx: &XdpContext,
         flow: &FlowKey,
-        picked: &mut Picked<Addr4>,
+        picked: &Picked<Addr4>,
         ip_len: u16,
         now: u64,
     ) -> (u32, Reason) {
@@ -96,7 +96,7 @@ impl Deliver for V6 {
     fn encapsulate(
         ctx: &XdpContext,
         _flow: &FlowKey6,
-        picked: &mut Picked<Addr6>,
+        picked: &Picked<Addr6>,
         ip_len: u16,
         _now: u64,
     ) -> (u32, Reason) {
@@ -108,7 +108,7 @@ impl Deliver for V6 {
         ctx: &XdpContext,
         _layout: L4Layout,
         _flow: &FlowKey6,
-        picked: &mut Picked<Addr6>,
+        picked: &Picked<Addr6>,
         ip_len: u16,
         _now: u64,
     ) -> (u32, Reason) {
@@ -120,7 +120,7 @@ impl Deliver for V6 {
         ctx: &XdpContext,
         _layout: L4Layout,
         _flow: &FlowKey6,
-        picked: &mut Picked<Addr6>,
+        picked: &Picked<Addr6>,
         ip_len: u16,
         _now: u64,
     ) -> (u32, Reason) {
@@ -174,7 +174,9 @@ fn to_service<F: Deliver>(
     ip_len: u16,
 ) -> u32 {
     let bytes = packet::len(ctx);
-    let Some(mut picked) = flow::pick_backend::<F>(flow, service) else {
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let Some(picked) = flow::pick_backend::<F>(flow, service, now) else {
         return stats::verdict(Reason::NoBackend, bytes, XDP_DROP);
     };
     let Some(hop_limit) = F::hop_limit(ctx) else {
@@ -183,12 +185,10 @@ fn to_service<F: Deliver>(
     if hop_limit <= 1 {
         return stats::verdict(Reason::TtlExpired, bytes, XDP_PASS);
     }
-    // SAFETY: a helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let (action, reason) = match Delivery::from_u8(picked.backend.delivery) {
-        Some(Delivery::Local) => F::local(ctx, layout, flow, &mut picked, ip_len, now),
-        Some(Delivery::FullNat) => F::full_nat(ctx, layout, flow, &mut picked, ip_len, now),
-        Some(Delivery::Dsr) => F::encapsulate(ctx, flow, &mut picked, ip_len, now),
+        Some(Delivery::Local) => F::local(ctx, layout, flow, &picked, ip_len, now),
+        Some(Delivery::FullNat) => F::full_nat(ctx, layout, flow, &picked, ip_len, now),
+        Some(Delivery::Dsr) => F::encapsulate(ctx, flow, &picked, ip_len, now),
         None => (XDP_DROP, Reason::NoBackend),
     };
     if action != XDP_PASS && action != XDP_DROP {

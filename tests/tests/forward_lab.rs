@@ -136,11 +136,19 @@ fn connections_keep_their_endpoint_when_one_is_added() {
 
 /// The TCP flows to the VIP in n0's pinned connection table.
 fn tcp_flow_entries(c: &Cluster) -> usize {
-    use lb_common::service::{FLOWS, Flow, FlowKey, LAYOUT_VERSION};
-    let pin = c.lab.pin_path(0).join(format!("v{LAYOUT_VERSION}")).join(FLOWS);
-    let map = aya::maps::Map::LruHashMap(aya::maps::MapData::from_pin(&pin).unwrap());
-    let flows: aya::maps::HashMap<_, FlowKey, Flow> = aya::maps::HashMap::try_from(&map).unwrap();
-    flows.keys().filter_map(Result::ok).filter(|k| k.proto == 6 && k.dst == VIP.octets()).count()
+    use lb_common::service::{ConnectionKey, FLOWS, Flow, LAYOUT_VERSION, SERVICES, Service, ServiceKey};
+    let pins = c.lab.pin_path(0).join(format!("v{LAYOUT_VERSION}"));
+    let map = aya::maps::Map::HashMap(aya::maps::MapData::from_pin(pins.join(SERVICES)).unwrap());
+    let services: aya::maps::HashMap<_, ServiceKey, Service> = aya::maps::HashMap::try_from(&map).unwrap();
+    let numbers: Vec<u16> = services
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(k, _)| k.proto == 6 && k.vip == VIP.octets())
+        .map(|(_, s)| s.number)
+        .collect();
+    let map = aya::maps::Map::LruHashMap(aya::maps::MapData::from_pin(pins.join(FLOWS)).unwrap());
+    let flows: aya::maps::HashMap<_, ConnectionKey, Flow> = aya::maps::HashMap::try_from(&map).unwrap();
+    flows.keys().filter_map(Result::ok).filter(|k| numbers.contains(&k.service)).count()
 }
 
 /// A flood of new 5-tuples, from both CPUs, through a small connection table and reply table:

@@ -62,6 +62,11 @@ fn a_ring_written_through_memory_is_the_ring_written_slot_by_slot() {
 /// A DSR service on port 80 with `endpoints` pods on node n1 (10.244.1.0/24, routed via the
 /// peer), plus `extra` more single-endpoint services on ports 81….
 fn config(endpoints: &[u8], extra: u16) -> Config {
+    Config::parse(&config_yaml(endpoints, extra)).expect("a valid fixture config")
+}
+
+/// [`config`]'s YAML, for tests that add to it.
+fn config_yaml(endpoints: &[u8], extra: u16) -> String {
     let mut yaml = String::from(
         "interface: eth0\nnode: n0\nvips: [{address: 198.51.100.10}]\ngroups: []\nservices:\n  - name: web\n    vip: 198.51.100.10\n    remoteMode: dsr\n    ports: [{port: 80, targetPort: 8080}]\n    endpoints:\n",
     );
@@ -75,7 +80,7 @@ fn config(endpoints: &[u8], extra: u16) -> Config {
             200 + i
         ));
     }
-    Config::parse(&yaml).expect("a valid fixture config")
+    yaml
 }
 
 struct Fixture {
@@ -289,6 +294,47 @@ fn traffic_per_vip_is_counted_at_its_slot_and_a_reused_slot_starts_from_zero() {
         send_to(&f, 12, 1);
         assert_eq!(counted(&f, 12).0, 1);
         assert_eq!(counted(&f, 11), (2, eleven_slot), ".11 kept its slot and its count");
+    });
+}
+
+/// The connection table keys a flow by its service's number: each installed service keeps
+/// its own, distinct from the others', while it is installed; a removed service's number goes
+/// to another service only after every other free number (late, as backend slots), so a new
+/// service never meets a removed one's flows.
+#[test]
+fn service_numbers_are_distinct_kept_and_reused_late() {
+    use lb_common::service::{ConnectionKey, FLOWS, Flow};
+    in_lab_node(|ifindex| {
+        let mut f = Fixture::load(ifindex, &[]);
+        let number = |f: &Fixture, port: u16| {
+            f.maps.installed(&ServiceKey::new(VIP.octets(), port, 6)).map(|s| s.number)
+        };
+        f.sync(&config(&[1], 2));
+        let (web, first, second) =
+            (number(&f, 80).unwrap(), number(&f, 81).unwrap(), number(&f, 82).unwrap());
+        assert!(web != first && first != second && web != second, "{web} {first} {second}");
+
+        // A flow to :80 is keyed by :80's number.
+        assert_eq!(f.send(40_000, 80).0, XDP_TX);
+        let flow =
+            FlowKey::new(CLIENT.octets(), VIP.octets(), 40_000u16.to_be_bytes(), 80u16.to_be_bytes(), 6);
+        let flows: HashMap<_, ConnectionKey, Flow> = HashMap::try_from(f.ebpf.map(FLOWS).unwrap()).unwrap();
+        assert!(flows.get(&ConnectionKey::of(&flow, web), 0).is_ok(), "the flow's entry under :80's number");
+
+        // :82 leaves and three services arrive: none takes :82's number, the others keep theirs.
+        f.sync(&config(&[1], 1));
+        assert_eq!(number(&f, 82), None);
+        let mut yaml = config_yaml(&[1], 1);
+        for port in [90, 91, 92] {
+            yaml.push_str(&format!(
+                "  - name: new-{port}\n    vip: 198.51.100.10\n    remoteMode: dsr\n    ports: [{{port: {port}, targetPort: 8080}}]\n    endpoints: [{{address: 10.244.1.9, node: n1}}]\n"
+            ));
+        }
+        f.sync(&Config::parse(&yaml).unwrap());
+        assert_eq!((number(&f, 80), number(&f, 81)), (Some(web), Some(first)));
+        let new: Vec<u16> = [90, 91, 92].iter().map(|&p| number(&f, p).unwrap()).collect();
+        assert!(!new.contains(&second) && !new.contains(&web) && !new.contains(&first), "{new:?}");
+        assert_eq!(f.send(40_000, 80).0, XDP_TX, "the :80 flow carries on");
     });
 }
 

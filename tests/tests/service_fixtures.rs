@@ -16,7 +16,7 @@ use lb_common::{
     counters::Reason,
     hash::flow_hash,
     maps::{OWNED_VIPS, OwnedVip, VipKey},
-    service::{FlowKey, Settings},
+    service::{Delivery, FlowKey, Settings},
 };
 use lb_lab::{
     Lab,
@@ -361,16 +361,17 @@ fn check(f: &Fixture, name: &str, input: &[u8], action: u32, expected: &[u8]) {
     assert_eq!(out, expected, "{name}: output frame");
 }
 
-/// A flow's next hop is cached in its entry and used without asking the FIB, but only for
-/// `HOP_REFRESH_NS`: after that a replaced neighbour is followed, a removed route is noticed,
-/// and a packet bigger than the cached MTU is always looked up again.
+/// The next hop towards a backend is cached (for every flow to it) and used without asking the
+/// FIB, but only for `HOP_REFRESH_NS`: after that a replaced neighbour is followed, a removed
+/// route is noticed, and a packet bigger than the cached MTU is always looked up again. A slot
+/// another backend takes starts without one.
 #[test]
 fn cached_next_hops_are_refreshed_not_trusted_forever() {
     lb_lab::fixture::in_lab_node(next_hop_fixtures);
 }
 
 fn next_hop_fixtures(ifindex: u32) {
-    use lb_common::service::{FLOWS, Flow, HOP_REFRESH_NS};
+    use lb_common::service::{HOP_REFRESH_NS, NextHopEntry};
     const MOVED_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x99];
     // Inside the node's namespace: commands run here act on its tables.
     let ip = |args: &[&str]| {
@@ -381,23 +382,32 @@ fn next_hop_fixtures(ifindex: u32) {
     let to_node = (CLIENT_MAC, NODE_MAC);
     let input = segment_frame(to_node, CLIENT, VIP, 64, 17, (41_000, 81));
     let port = snat_port(41_000, 81, 17);
-    let via = |mac: [u8; 6]| segment_frame((NODE_MAC, mac), NODE, REMOTE_POD, 63, 17, (port, 8080));
-    let key = FlowKey::new(CLIENT.octets(), VIP.octets(), 41_000u16.to_be_bytes(), 81u16.to_be_bytes(), 17);
-    let entry = |f: &mut Fixture, change: &dyn Fn(&mut Flow)| -> Flow {
-        let mut flows: HashMap<_, FlowKey, Flow> = HashMap::try_from(f.ebpf.map_mut(FLOWS).unwrap()).unwrap();
-        let mut flow = flows.get(&key, 0).expect("the flow's entry");
-        change(&mut flow);
-        flows.insert(key, flow, 0).unwrap();
-        flow
+    let via =
+        |mac: [u8; 6], port: u16| segment_frame((NODE_MAC, mac), NODE, REMOTE_POD, 63, 17, (port, 8080));
+    let slot = *f
+        .maps
+        .backends()
+        .iter()
+        .find(|(b, _)| b.addr == REMOTE_POD.octets() && b.delivery == Delivery::FullNat as u8)
+        .expect("the full-NAT backend's slot")
+        .1;
+    let cached = |f: &mut Fixture, change: &dyn Fn(&mut NextHopEntry)| -> NextHopEntry {
+        let hops = f.maps.next_hops();
+        let mut hop = hops.get(&slot, 0).unwrap();
+        change(&mut hop);
+        hops.set(slot, hop, 0).unwrap();
+        hop
     };
-    let age = |flow: &mut Flow| flow.hop_checked_ns = flow.hop_checked_ns.saturating_sub(HOP_REFRESH_NS);
+    let age = |hop: &mut NextHopEntry| hop.checked_ns = hop.checked_ns.saturating_sub(HOP_REFRESH_NS);
 
-    check(&f, "first packet: the FIB's hop", &input, XDP_TX, &via(PEER_MAC));
-    let cached = entry(&mut f, &|_| {});
-    assert_eq!((cached.hop_dmac, cached.hop_smac), (PEER_MAC, NODE_MAC));
-    assert!(cached.hop_ifindex == ifindex && cached.hop_mtu == 1500, "{cached:?}");
+    assert_eq!(cached(&mut f, &|_| {}).ifindex, 0, "nothing cached before the first packet");
+    check(&f, "first packet: the FIB's hop", &input, XDP_TX, &via(PEER_MAC, port));
+    let hop = cached(&mut f, &|_| {});
+    assert_eq!((hop.dmac, hop.smac), (PEER_MAC, NODE_MAC));
+    assert!(hop.ifindex == ifindex && hop.mtu == 1500, "{hop:?}");
 
-    // The peer's MAC changes: the flow keeps its cached hop until the refresh is due…
+    // The peer's MAC changes: the backend's cached hop is used until the refresh is due, by
+    // this flow and by a new one…
     ip(&[
         "neigh",
         "replace",
@@ -409,29 +419,43 @@ fn next_hop_fixtures(ifindex: u32) {
         "nud",
         "permanent",
     ]);
-    check(&f, "neighbour replaced, hop still cached", &input, XDP_TX, &via(PEER_MAC));
-    // …and a new flow sees the new MAC at once.
+    check(&f, "neighbour replaced, hop still cached", &input, XDP_TX, &via(PEER_MAC, port));
     let other = segment_frame(to_node, CLIENT, VIP, 64, 17, (41_001, 81));
-    let (action, out) = f.run(&other);
-    assert_eq!((action, &out[..6]), (XDP_TX, &MOVED_MAC[..]), "a new flow asks the FIB");
-    // Once the refresh is due, the flow follows the neighbour.
-    entry(&mut f, &age);
-    check(&f, "refresh due: the new neighbour", &input, XDP_TX, &via(MOVED_MAC));
-    assert_eq!(entry(&mut f, &|_| {}).hop_dmac, MOVED_MAC, "the cache holds the new hop");
+    let other_port = snat_port(41_001, 81, 17);
+    check(&f, "a new flow, the cached hop", &other, XDP_TX, &via(PEER_MAC, other_port));
+    // …and once the refresh is due, both follow the neighbour.
+    cached(&mut f, &age);
+    check(&f, "refresh due: the new neighbour", &input, XDP_TX, &via(MOVED_MAC, port));
+    assert_eq!(cached(&mut f, &|_| {}).dmac, MOVED_MAC, "the cache holds the new hop");
+    check(&f, "the other flow: the new neighbour", &other, XDP_TX, &via(MOVED_MAC, other_port));
 
     // A packet bigger than the cached MTU is looked up again (the FIB would report it too big).
-    entry(&mut f, &|flow| flow.hop_mtu = 20);
-    check(&f, "bigger than the cached MTU", &input, XDP_TX, &via(MOVED_MAC));
-    assert_eq!(entry(&mut f, &|_| {}).hop_mtu, 1500, "looked up again, cached again");
+    cached(&mut f, &|hop| hop.mtu = 20);
+    check(&f, "bigger than the cached MTU", &input, XDP_TX, &via(MOVED_MAC, port));
+    assert_eq!(cached(&mut f, &|_| {}).mtu, 1500, "looked up again, cached again");
 
     // The route goes away: noticed at the next refresh, and the packet is left to the kernel.
     ip(&["route", "del", "10.244.1.0/24"]);
-    check(&f, "route gone, hop still cached", &input, XDP_TX, &via(MOVED_MAC));
-    entry(&mut f, &age);
+    check(&f, "route gone, hop still cached", &input, XDP_TX, &via(MOVED_MAC, port));
+    cached(&mut f, &age);
     let before = f.reason(Reason::NoRoute);
     let (action, out) = f.run(&input);
     assert_eq!((action, out), (XDP_PASS, input.clone()), "no route: passed untouched");
     assert_eq!(f.reason(Reason::NoRoute), before + 1);
+
+    // A backend taking a slot takes it without a hop: every slot's is made stale-looking
+    // first, and the endpoint is replaced by another.
+    let poison = NextHopEntry { ifindex, mtu: 1500, checked_ns: u64::MAX / 2, ..hop };
+    let slots = f.maps.next_hops().len();
+    for s in 0..slots {
+        f.maps.next_hops().set(s, poison, 0).unwrap();
+    }
+    let moved = CONFIG.replacen("10.244.1.2, node: n1}]", "10.244.1.3, node: n1}]", 1);
+    f.maps.apply(&service_plan::plan(&Config::parse(&moved).unwrap(), "n0")).unwrap();
+    let (_, &new_slot) =
+        f.maps.backends().iter().find(|(b, _)| b.addr == [10, 244, 1, 3]).expect("the new endpoint's slot");
+    let hop = f.maps.next_hops().get(&new_slot, 0).unwrap();
+    assert_eq!(hop, NextHopEntry::default(), "the new backend's slot has no hop");
 }
 
 /// A reply entry evicted while its flow's entry stays (a flood can do that to an LRU) is
@@ -443,7 +467,7 @@ fn an_evicted_reply_entry_is_written_again() {
 }
 
 fn reply_entry_fixtures(ifindex: u32) {
-    use lb_common::service::{FLOWS, Flow, HOP_REFRESH_NS, REPLY_NAT, ReplyNat};
+    use lb_common::service::{ConnectionKey, FLOW_CHECK_TICKS, FLOWS, Flow, REPLY_NAT, ReplyNat, ServiceKey};
     fn replies(f: &mut Fixture) -> HashMap<&mut aya::maps::MapData, FlowKey, ReplyNat> {
         HashMap::try_from(f.ebpf.map_mut(REPLY_NAT).unwrap()).unwrap()
     }
@@ -467,12 +491,14 @@ fn reply_entry_fixtures(ifindex: u32) {
         let again = replies(&mut f).get(&reply_key, 0).is_ok();
         assert_eq!(again, proto == 6, "proto {proto}: written again by the next packet only for TCP");
         if proto == 17 {
-            // UDP: at the next refresh of the flow's hop.
-            let mut flows: HashMap<_, FlowKey, Flow> =
+            // UDP: at the flow's next periodic check.
+            let number = f.maps.installed(&ServiceKey::new(VIP.octets(), 80, proto)).unwrap().number;
+            let key = ConnectionKey::of(&flow_key, number);
+            let mut flows: HashMap<_, ConnectionKey, Flow> =
                 HashMap::try_from(f.ebpf.map_mut(FLOWS).unwrap()).unwrap();
-            let mut flow = flows.get(&flow_key, 0).unwrap();
-            flow.hop_checked_ns = flow.hop_checked_ns.saturating_sub(HOP_REFRESH_NS);
-            flows.insert(flow_key, flow, 0).unwrap();
+            let mut flow = flows.get(&key, 0).unwrap();
+            flow.checked = flow.checked.wrapping_sub(FLOW_CHECK_TICKS);
+            flows.insert(key, flow, 0).unwrap();
             assert_eq!(f.run(&input).0, XDP_REDIRECT);
             assert!(replies(&mut f).get(&reply_key, 0).is_ok(), "UDP: written again at the refresh");
         }
@@ -486,7 +512,7 @@ fn reply_entry_fixtures(ifindex: u32) {
 #[test]
 fn full_nat_ports_stay_with_their_flows() {
     in_node_with_local_pod(|ifindex, _| {
-        use lb_common::service::{FLOWS, Flow, REPLY_NAT, ReplyNat, SnatEntry};
+        use lb_common::service::{ConnectionKey, FLOWS, Flow, REPLY_NAT, ReplyNat, ServiceKey, SnatEntry};
         let mut f = Fixture::load(ifindex);
         let to_node = (CLIENT_MAC, NODE_MAC);
         let forward = |sport: u16, port: u16| {
@@ -505,8 +531,10 @@ fn full_nat_ports_stay_with_their_flows() {
         let port = snat_port(41_100, 81, 17);
         let (input, expected) = forward(41_100, port);
         check(&f, "full NAT, first packet", &input, XDP_TX, &expected);
-        let mut flows: HashMap<_, FlowKey, Flow> = HashMap::try_from(f.ebpf.map_mut(FLOWS).unwrap()).unwrap();
-        flows.remove(&flow(41_100)).unwrap();
+        let number = f.maps.installed(&ServiceKey::new(VIP.octets(), 81, 17)).unwrap().number;
+        let mut flows: HashMap<_, ConnectionKey, Flow> =
+            HashMap::try_from(f.ebpf.map_mut(FLOWS).unwrap()).unwrap();
+        flows.remove(&ConnectionKey::of(&flow(41_100), number)).unwrap();
         check(&f, "full NAT, flow entry evicted", &input, XDP_TX, &expected);
 
         // The first candidate port of a new flow is held by another client's flow: the next one.

@@ -97,6 +97,7 @@ impl Default for Capacity {
 
 /// No map is made larger than this many entries (and 4 GiB of values would not load anyway).
 pub const MAX_MAP_ENTRIES: u32 = 1 << 24;
+pub use lb_common::service::MAX_SERVICE_NUMBERS;
 
 impl Default for DataplaneConfig {
     fn default() -> Self {
@@ -155,13 +156,15 @@ impl DataplaneConfig {
     }
 }
 
-/// Each map size of `dataplane.<block>` is a number of entries the kernel takes.
+/// Each map size of `dataplane.<block>` is a number of entries the kernel takes; services are
+/// numbered in 16 bits (the connection table's keys carry the number).
 fn check_sizes(block: &str, sizes: [(&str, u32); 5]) -> Result<(), ConfigError> {
     for (field, value) in sizes {
-        if !(1..=MAX_MAP_ENTRIES).contains(&value) {
+        let max = if field == "services" { MAX_SERVICE_NUMBERS } else { MAX_MAP_ENTRIES };
+        if !(1..=max).contains(&value) {
             return Err(ConfigError::new(
                 format!("dataplane.{block}.{field}"),
-                format!("a number of entries from 1 to {MAX_MAP_ENTRIES}, got {value}"),
+                format!("a number of entries from 1 to {max}, got {value}"),
             ));
         }
     }
@@ -278,6 +281,13 @@ mod tests {
         let e = Config::parse("interface: eth0\ndataplane:\n  capacity: {ringSize: 1000}\n").unwrap_err();
         assert_eq!(e.field, "dataplane.capacity.ringSize");
         assert!(e.expected.contains("1021"), "{e}");
+        // Service numbers are 16 bits.
+        let e = Config::parse("interface: eth0\ndataplane:\n  capacity: {services: 65537}\n").unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.expected.as_str()),
+            ("dataplane.capacity.services", "a number of entries from 1 to 65536, got 65537")
+        );
+        assert!(Config::parse("interface: eth0\ndataplane:\n  capacity6: {services: 65536}\n").is_ok());
         let e = Config::parse("interface: eth0\ndataplane:\n  capacity6: {flows: 0}\n").unwrap_err();
         assert_eq!(e.field, "dataplane.capacity6.flows");
         let c = Config::parse("interface: eth0\ndataplane:\n  capacity6: {flows: 1000}\n").unwrap();

@@ -57,8 +57,9 @@ use lb_common::{
     },
     service::{
         BACKEND_STATS, BACKEND_STATS6, BACKENDS, BACKENDS6, FLOWS, FLOWS6, IPV6_SERVICE_PROGRAMS,
-        IPV6_SERVICES, LAYOUT_VERSION, LOCAL_ENDPOINTS, LOCAL_ENDPOINTS6, MAGLEV_RINGS, REPLY_NAT,
-        REPLY_NAT6, SERVICES, SERVICES6, SETTINGS, SNAT_REPLIES, SNAT_REPLIES6, UPLINK_ADDRS6,
+        IPV6_SERVICES, LAYOUT_VERSION, LOCAL_ENDPOINTS, LOCAL_ENDPOINTS6, MAGLEV_RINGS, NEXT_HOPS,
+        NEXT_HOPS6, REPLY_NAT, REPLY_NAT6, SERVICES, SERVICES6, SETTINGS, SNAT_REPLIES, SNAT_REPLIES6,
+        UPLINK_ADDRS6,
     },
 };
 use tracing::{info, warn};
@@ -83,7 +84,7 @@ pub const PASS_PROGRAM: &str = "lb_pass";
 pub const REPLY_PROGRAM: &str = "lb_reply";
 
 /// Every map, pinned by name.
-pub const PINNED_MAPS: [&str; 30] = [
+pub const PINNED_MAPS: [&str; 32] = [
     OWNED_VIPS,
     OWNED_VIPS6,
     VIP_LEASES,
@@ -97,6 +98,7 @@ pub const PINNED_MAPS: [&str; 30] = [
     BACKEND_STATS,
     MAGLEV_RINGS,
     FLOWS,
+    NEXT_HOPS,
     REPLY_NAT,
     LOCAL_ENDPOINTS,
     SETTINGS,
@@ -109,6 +111,7 @@ pub const PINNED_MAPS: [&str; 30] = [
     BACKEND_STATS6,
     VIP_TRAFFIC6,
     FLOWS6,
+    NEXT_HOPS6,
     REPLY_NAT6,
     SNAT_REPLIES6,
     LOCAL_ENDPOINTS6,
@@ -363,7 +366,7 @@ impl Dataplane {
 /// whose size stays twice `capacity.services` (`capacity6.services` is half of that by
 /// default, which leaves room for replacements): a pinned map of another size would make an
 /// upgrade replace every map, connections' state included.
-pub fn map_sizes(config: &DataplaneConfig) -> [(&'static str, u32); 17] {
+pub fn map_sizes(config: &DataplaneConfig) -> [(&'static str, u32); 19] {
     let (capacity, six) = (&config.capacity, &config.capacity6);
     [
         (SERVICES, capacity.services),
@@ -371,6 +374,7 @@ pub fn map_sizes(config: &DataplaneConfig) -> [(&'static str, u32); 17] {
         (MAGLEV_RINGS, capacity.services.saturating_mul(2)),
         (BACKENDS, capacity.backends),
         (BACKEND_STATS, capacity.backends),
+        (NEXT_HOPS, capacity.backends),
         (FLOWS, capacity.flows),
         (REPLY_NAT, capacity.reply_nat),
         (SNAT_REPLIES, capacity.reply_nat),
@@ -379,6 +383,7 @@ pub fn map_sizes(config: &DataplaneConfig) -> [(&'static str, u32); 17] {
         (VIP_TRAFFIC6, six.services),
         (BACKENDS6, six.backends),
         (BACKEND_STATS6, six.backends),
+        (NEXT_HOPS6, six.backends),
         (FLOWS6, six.flows),
         (REPLY_NAT6, six.reply_nat),
         (SNAT_REPLIES6, six.reply_nat),

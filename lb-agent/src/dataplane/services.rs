@@ -34,7 +34,8 @@ use lb_common::{
     maps::PacketCounter,
     service::{
         Addr4, Addr6, Address, BackendOf, Delivery, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKeyOf,
-        MAGLEV_RINGS, RingEntry, SETTINGS, Service, ServiceKeyOf, Settings, ring_entries,
+        MAGLEV_RINGS, MAX_SERVICE_NUMBERS, NextHopEntry, RingEntry, SETTINGS, Service, ServiceKeyOf,
+        Settings, ring_entries,
     },
 };
 
@@ -60,6 +61,9 @@ pub struct ServiceMaps<A: Address = Addr4> {
     services: BpfHashMap<MapData, ServiceKeyOf<A>, Service>,
     backends: Array<MapData, BackendOf<A>>,
     backend_stats: PerCpuArray<MapData, PacketCounter>,
+    /// The program's next-hop cache by backend slot, written here only to empty a slot's
+    /// before another backend takes it.
+    next_hops: Array<MapData, NextHopEntry>,
     rings: HashOfMaps<MapData, u32, Ring>,
     local_endpoints: BpfHashMap<MapData, LocalEndpointKeyOf<A>, LocalEndpoint>,
     /// Node-wide, written through IPv4's maps.
@@ -80,6 +84,10 @@ pub struct ServiceMaps<A: Address = Addr4> {
     refs: HashMap<BackendOf<A>, u32>,
     /// Unused slots, the longest unused first.
     free: VecDeque<u32>,
+    /// Unused service numbers ([`Service::number`]), the longest unused first: a number goes
+    /// to another service only after every other free one, so the connection table's entries
+    /// of a removed service are long gone (or their backends' slots emptied) by then.
+    free_numbers: VecDeque<u16>,
     ring_ids: HashSet<u32>,
     next_ring: u32,
     /// Kernel memory of one ring, by ring size (measured once per size).
@@ -241,6 +249,7 @@ impl<A: Address> ServiceMaps<A> {
             BpfHashMap::try_from(take(names.local_endpoints)?).map_err(err(names.local_endpoints))?;
         let backends: Array<MapData, BackendOf<A>> =
             Array::try_from(take(names.backends)?).map_err(err(names.backends))?;
+        let next_hops = Array::try_from(take(names.next_hops)?).map_err(err(names.next_hops))?;
         let snat = super::snat::SnatTable::take(take(names.snat_replies)?)?;
         let max_entries = |map: &MapData, name| map.info().map(|i| i.max_entries()).map_err(err(name));
         let limits = Limits {
@@ -271,6 +280,7 @@ impl<A: Address> ServiceMaps<A> {
             services,
             backends,
             backend_stats: PerCpuArray::try_from(stats).map_err(err(names.backend_stats))?,
+            next_hops,
             rings: HashOfMaps::try_from(rings).map_err(err(MAGLEV_RINGS))?,
             local_endpoints,
             settings,
@@ -282,6 +292,7 @@ impl<A: Address> ServiceMaps<A> {
             slots: BTreeMap::new(),
             refs: HashMap::new(),
             free: VecDeque::new(),
+            free_numbers: VecDeque::new(),
             ring_ids: HashSet::new(),
             next_ring: A::RING_IDS.start,
             ring_bytes: HashMap::new(),
@@ -325,6 +336,14 @@ impl<A: Address> ServiceMaps<A> {
         }
         let used: HashSet<u32> = self.vip_slots.values().map(|(slot, _)| *slot).collect();
         self.free_vip_slots = (0..self.vip_traffic.len()).filter(|s| !used.contains(s)).collect();
+        // Continue after the highest number in use, as for backend slots.
+        let used: HashSet<u16> = self.installed.values().map(|s| s.entry.number).collect();
+        let start = used.iter().max().map_or(0, |&n| u32::from(n) + 1);
+        self.free_numbers = (start..MAX_SERVICE_NUMBERS)
+            .chain(0..start)
+            .map(|n| n as u16)
+            .filter(|n| !used.contains(n))
+            .collect();
         self.ring_ids = self.installed.values().map(|s| s.entry.ring_id).filter(|&id| id != 0).collect();
         self.next_ring = self.ring_ids.iter().max().map_or(A::RING_IDS.start, |m| m + 1);
         // The other family's rings are its own business.
@@ -427,6 +446,7 @@ impl<A: Address> ServiceMaps<A> {
             self.refused.remove(&key);
             if let Some(old) = self.installed.remove(&key) {
                 self.services.remove(&key).map_err(err(A::MAPS.services))?;
+                self.free_numbers.push_back(old.entry.number);
                 self.retire_ring(old.entry.ring_id);
                 self.release(&old.backends, &mut released);
                 self.release_vip_slot(key.vip);
@@ -506,6 +526,10 @@ impl<A: Address> ServiceMaps<A> {
             let (slots, backends): (Vec<u32>, Vec<BackendOf<A>>) = added.iter().copied().unzip();
             batch::zero_per_cpu::<PacketCounter>(self.backend_stats.map().fd(), &slots, self.cpus)
                 .map_err(batch_err(A::MAPS.backend_stats))?;
+            // And no next hop: a hop cached for the slot's previous backend is not this one's.
+            let no_hops = vec![NextHopEntry::default(); slots.len()];
+            batch::update(self.next_hops.map().fd(), &slots, &no_hops)
+                .map_err(batch_err(A::MAPS.next_hops))?;
             batch::update(self.backends.map().fd(), &slots, &backends)
                 .map_err(batch_err(A::MAPS.backends))?;
             report.backends_added += added.len();
@@ -549,7 +573,18 @@ impl<A: Address> ServiceMaps<A> {
             // Slots by backend index first: one map lookup per backend, not per ring slot.
             let slot_of: Vec<u32> = planned.backends.iter().map(|b| self.slots[b]).collect();
             let ring: Vec<u32> = planned.ring.iter().map(|&i| slot_of[i as usize]).collect();
+            let number = match self.installed.get(key) {
+                Some(old) => old.entry.number,
+                // `admit` refuses services past `limits.services`, at most 2^16 (the config
+                // says so), so a number is always free here.
+                None => self
+                    .free_numbers
+                    .pop_front()
+                    .ok_or(Error::Capacity { what: "service numbers", limit: MAX_SERVICE_NUMBERS })?,
+            };
             let entry = Service {
+                number,
+                _pad: [0; 2],
                 ring_id: 0,
                 ring_size: ring.len() as u32,
                 backend_count: planned.backends.len() as u32,
@@ -841,6 +876,16 @@ impl<A: Address> ServiceMaps<A> {
         std::mem::take(&mut self.address_changes)
     }
 
+    /// The entry installed for `key`.
+    pub fn installed(&self, key: &ServiceKeyOf<A>) -> Option<Service> {
+        self.installed.get(key).map(|i| i.entry)
+    }
+
+    /// The program's next-hop cache, by backend slot.
+    pub fn next_hops(&mut self) -> &mut Array<MapData, NextHopEntry> {
+        &mut self.next_hops
+    }
+
     /// Full NAT's source ports (see [`super::snat`]).
     pub fn snat(&mut self) -> &mut super::snat::SnatTable<A> {
         &mut self.snat
@@ -877,6 +922,7 @@ impl<A: Address> ServiceMaps<A> {
             (names.services, of(self.services.map().fd())),
             (names.backends, of(self.backends.map().fd())),
             (names.backend_stats, of(self.backend_stats.map().fd())),
+            (names.next_hops, of(self.next_hops.map().fd())),
             // The outer map once, with the first family's rings.
             (MAGLEV_RINGS, if self.settings.is_some() { self.rings_outer_bytes } else { 0 } + rings),
             (names.local_endpoints, of(self.local_endpoints.map().fd())),

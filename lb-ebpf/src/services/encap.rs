@@ -38,7 +38,7 @@ const OUTER_TTL: u8 = 64;
 pub fn encapsulate(
     ctx: &XdpContext,
     flow: &FlowKey,
-    picked: &mut Picked<[u8; 4]>,
+    picked: &Picked<[u8; 4]>,
     tot_len: u16,
     now: u64,
 ) -> (u32, Reason) {
@@ -52,17 +52,17 @@ pub fn encapsulate(
     let backend = picked.backend;
     let hop = match route::cached_lookup::<V4>(
         ctx,
-        picked.entry(),
+        picked.id,
         settings.node_addr,
         backend.addr,
         outer_len as u16,
         now,
     ) {
-        Ok((hop, _)) => hop,
+        Ok(hop) => hop,
         Err(Reason::TooBig) => return (XDP_DROP, Reason::TooBig),
         Err(reason) => return (XDP_PASS, reason),
     };
-    picked.remember::<V4>(flow, [0; 2], &hop, now);
+    picked.remember::<V4>(flow, [0; 2], now);
     let source = uplink::source(hop.ifindex).unwrap_or(settings.node_addr);
     let Some(inner) = header::<Ipv4Hdr>(ctx, ETH_LEN) else {
         return (XDP_DROP, Reason::MalformedIpv4);

@@ -31,7 +31,7 @@ const OUTER_HOP_LIMIT: u8 = 64;
 pub fn encapsulate(
     ctx: &XdpContext,
     flow: &FlowKey6,
-    picked: &mut Picked<Addr6>,
+    picked: &Picked<Addr6>,
     ip_len: u16,
     now: u64,
 ) -> (u32, Reason) {
@@ -40,23 +40,22 @@ pub fn encapsulate(
         return (XDP_DROP, Reason::TooBig);
     }
     let backend = picked.backend;
-    let hop =
-        match route::cached_lookup::<V6>(ctx, picked.entry(), [0; 16], backend.addr, outer_len as u16, now) {
-            Ok((hop, _)) => hop,
-            Err(Reason::TooBig) => {
-                // The route's MTU, from a lookup small enough to pass (RFC 8201: the client
-                // then sends what fits the tunnel).
-                return match route::lookup::<V6>(ctx, [0; 16], backend.addr, IPV6_LEN as u16) {
-                    Ok(hop) => packet_too_big(ctx, hop.mtu),
-                    Err(_) => (XDP_DROP, Reason::TooBig),
-                };
-            }
-            Err(reason) => return (XDP_PASS, reason),
-        };
+    let hop = match route::cached_lookup::<V6>(ctx, picked.id, [0; 16], backend.addr, outer_len as u16, now) {
+        Ok(hop) => hop,
+        Err(Reason::TooBig) => {
+            // The route's MTU, from a lookup small enough to pass (RFC 8201: the client
+            // then sends what fits the tunnel).
+            return match route::lookup::<V6>(ctx, [0; 16], backend.addr, IPV6_LEN as u16) {
+                Ok(hop) => packet_too_big(ctx, hop.mtu),
+                Err(_) => (XDP_DROP, Reason::TooBig),
+            };
+        }
+        Err(reason) => return (XDP_PASS, reason),
+    };
     let Some(source) = V6::uplink_source(hop.ifindex) else {
         return (XDP_PASS, Reason::NoSourceAddress);
     };
-    picked.remember::<V6>(flow, [0; 2], &hop, now);
+    picked.remember::<V6>(flow, [0; 2], now);
     let Some(inner) = header::<Ipv6Hdr>(ctx, ETH_LEN) else {
         return (XDP_DROP, Reason::MalformedIpv6);
     };

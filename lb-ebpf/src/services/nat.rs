@@ -11,11 +11,11 @@ use aya_ebpf::{
 use lb_common::{
     counters::Reason,
     hash::flow_hash,
-    service::{Address, BackendOf, Flow, FlowKeyOf, PROTO_TCP, ReplyNatOf, Settings, SnatEntryOf},
+    service::{Address, BackendOf, FlowKeyOf, PROTO_TCP, ReplyNatOf, Settings, SnatEntryOf},
 };
 use network_types::eth::EthHdr;
 
-use super::flow::Picked;
+use super::flow::{self, Picked};
 use crate::{
     family::Family,
     maps,
@@ -34,20 +34,19 @@ pub(super) fn local<F: Family>(
     ctx: &XdpContext,
     layout: L4Layout,
     flow: &FlowKeyOf<F::Addr>,
-    picked: &mut Picked<F::Addr>,
+    picked: &Picked<F::Addr>,
     tot_len: u16,
     now: u64,
 ) -> (u32, Reason) {
     let backend = picked.backend;
-    let (hop, refreshed) =
-        match route::cached_lookup::<F>(ctx, picked.entry(), flow.src, backend.addr, tot_len, now) {
-            Ok(hop) => hop,
-            Err(reason) => return (XDP_PASS, reason),
-        };
-    if must_check_reply(flow.proto, refreshed) {
+    let hop = match route::cached_lookup::<F>(ctx, picked.id, flow.src, backend.addr, tot_len, now) {
+        Ok(hop) => hop,
+        Err(reason) => return (XDP_PASS, reason),
+    };
+    if must_check_reply(flow.proto, picked.check_due) {
         remember_reply::<F>(backend.addr, backend.port, flow);
     }
-    picked.remember::<F>(flow, [0; 2], &hop, now);
+    picked.remember::<F>(flow, [0; 2], now);
     let to = ReplyNatOf::new(flow.src, backend.addr, flow.sport, backend.port);
     route_out::<F>(ctx, layout, &to, &hop, Reason::ForwardedLocal)
 }
@@ -59,7 +58,7 @@ pub(super) fn full_nat<F: Family>(
     ctx: &XdpContext,
     layout: L4Layout,
     flow: &FlowKeyOf<F::Addr>,
-    picked: &mut Picked<F::Addr>,
+    picked: &Picked<F::Addr>,
     tot_len: u16,
     now: u64,
 ) -> (u32, Reason) {
@@ -68,9 +67,9 @@ pub(super) fn full_nat<F: Family>(
     };
     let backend = picked.backend;
     let node = F::node_addr(&settings);
-    let (hop, refreshed) = match route::cached_lookup::<F>(
+    let hop = match route::cached_lookup::<F>(
         ctx,
-        picked.entry(),
+        picked.id,
         node.unwrap_or(<F::Addr as Address>::ZERO),
         backend.addr,
         tot_len,
@@ -88,7 +87,7 @@ pub(super) fn full_nat<F: Family>(
     let peer_mac = || header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).src_addr }).unwrap_or_default();
     let snat_port = match picked.snat_port() {
         Some(port) => {
-            if refreshed {
+            if picked.check_due {
                 keep_snat_reply::<F>(flow, &backend, source, port, peer_mac, now);
             }
             port
@@ -97,10 +96,9 @@ pub(super) fn full_nat<F: Family>(
             let Some(port) = claim_snat_port::<F>(flow, &backend, source, &settings, peer_mac(), now) else {
                 return (XDP_DROP, Reason::SnatPortsExhausted);
             };
-            // A known flow without a port changed to full NAT: its entry is rewritten whole.
-            let mut entry = Flow { backend: picked.id, snat_port: port, ..Flow::default() };
-            route::cache(&mut entry, &hop, now);
-            let _ = F::flows().insert(flow, &entry, 0);
+            // New, or a known flow without a port changed to full NAT: its entry is written
+            // whole.
+            flow::record::<F>(flow, picked.service, picked.id, port, now);
             port
         }
     };
@@ -166,14 +164,14 @@ fn snat_entry<A: Address>(flow: &FlowKeyOf<A>, peer_mac: [u8; 6], now: u64) -> S
 /// flows the reply table's LRU can evict an established flow's entry while its flow entry
 /// stays (the flood lab test caught it): the endpoint's next reply then leaves untranslated.
 /// For TCP the client answers that with a reset, which ends the connection, so every TCP
-/// packet checks (a lookup). Other protocols check when the flow's next hop is refreshed: at
-/// most `HOP_REFRESH_NS` of replies are lost, and nothing is reset.
+/// packet checks (a lookup). Other protocols check with the flow's periodic checks: at most
+/// `FLOW_CHECK_TICKS` (half a second) of replies are lost, and nothing is reset.
 #[inline(always)]
-fn must_check_reply(proto: u8, refreshed: bool) -> bool {
-    refreshed || proto == PROTO_TCP
+fn must_check_reply(proto: u8, check_due: bool) -> bool {
+    check_due || proto == PROTO_TCP
 }
 
-/// At each next-hop refresh of a full-NAT flow: marks its port's entry as seen, so the agent
+/// At each periodic check of a full-NAT flow: marks its port's entry as seen, so the agent
 /// keeps it; writes it again if the agent removed it as idle meanwhile and nobody took the port.
 /// (Should another flow hold it by then, this flow idled past the timeout and lost it, as a
 /// conntrack entry would.)

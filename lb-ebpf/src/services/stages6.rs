@@ -41,7 +41,10 @@ pub fn enter(ctx: &XdpContext, picked: &Picked<Addr6>, ip_len: u16, slot: u32) -
             (*state).backend = picked.backend;
             (*state).id = picked.id;
             (*state).ip_len = ip_len;
-            (*state).had_entry = u8::from(picked.entry.is_some());
+            (*state).service = picked.service;
+            (*state).snat_port = picked.snat_port;
+            (*state).known = u8::from(picked.known);
+            (*state).check_due = u8::from(picked.check_due);
             let _ = IPV6_SERVICES.tail_call(ctx, slot);
         }
     }
@@ -62,18 +65,20 @@ pub fn run(ctx: &XdpContext, which: u32) -> u32 {
     let Some(layout) = l4_layout(flow.proto) else {
         return stats::verdict(Reason::MalformedL4, bytes, XDP_DROP);
     };
-    let entry = if state.had_entry != 0 {
-        V6::flows().get_ptr_mut(flow).and_then(core::ptr::NonNull::new)
-    } else {
-        None
+    let picked = Picked {
+        id: state.id,
+        backend: state.backend,
+        service: state.service,
+        known: state.known != 0,
+        snat_port: state.snat_port,
+        check_due: state.check_due != 0,
     };
-    let mut picked = Picked { id: state.id, backend: state.backend, entry };
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     let (action, reason) = match which {
-        LOCAL => nat::local::<V6>(ctx, layout, flow, &mut picked, state.ip_len, now),
-        FULL_NAT => nat::full_nat::<V6>(ctx, layout, flow, &mut picked, state.ip_len, now),
-        _ => encap6::encapsulate(ctx, flow, &mut picked, state.ip_len, now),
+        LOCAL => nat::local::<V6>(ctx, layout, flow, &picked, state.ip_len, now),
+        FULL_NAT => nat::full_nat::<V6>(ctx, layout, flow, &picked, state.ip_len, now),
+        _ => encap6::encapsulate(ctx, flow, &picked, state.ip_len, now),
     };
     // Sent on to the backend (a Packet Too Big goes back to the client instead).
     if action != XDP_PASS && action != XDP_DROP && reason != Reason::TooBig {

@@ -8,7 +8,8 @@
 //! - `bench_sink_tc`: counts and drops at the pod's TC ingress, after the kernel has built the
 //!   packet's skb as for any pod traffic, whichever mode forwarded it.
 //! - `bench_dnat`: the smallest useful XDP load balancer, a fixed UDP DNAT and redirect, the
-//!   yardstick for the full program's cost.
+//!   yardstick for the full program's cost; `bench_dnat_table`: the same with a lookup in a
+//!   connection table of the agent's shape, the yardstick of a stateful one.
 
 use aya_ebpf::{
     bindings::{
@@ -17,12 +18,12 @@ use aya_ebpf::{
     },
     helpers::bpf_redirect,
     macros::{classifier, map, xdp},
-    maps::{Array, PerCpuArray},
+    maps::{Array, LruHashMap, PerCpuArray},
     programs::{TcContext, XdpContext},
 };
 use lb_common::{
     csum,
-    service::{PROTO_UDP, bench::BenchConfig},
+    service::{ConnectionKey, Flow, MAX_FLOWS, PROTO_UDP, bench::BenchConfig},
 };
 use network_types::{
     eth::EthHdr,
@@ -142,8 +143,25 @@ pub fn bench_sink_tc(ctx: TcContext) -> i32 {
     TC_ACT_SHOT
 }
 
+/// `bench_dnat_table`'s connection table: `FLOWS`'s key, value, size and flags.
+#[map]
+static BENCH_FLOWS: LruHashMap<ConnectionKey, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, 2);
+
 #[xdp]
 pub fn bench_dnat(ctx: XdpContext) -> u32 {
+    dnat(&ctx, false)
+}
+
+/// `bench_dnat` that also looks each flow up in a connection table of the agent's shape first
+/// (and records a new one): the yardstick's cost with the per-flow state every stateful load
+/// balancer keeps.
+#[xdp]
+pub fn bench_dnat_table(ctx: XdpContext) -> u32 {
+    dnat(&ctx, true)
+}
+
+#[inline(always)]
+fn dnat(ctx: &XdpContext, with_table: bool) -> u32 {
     let (start, end) = (ctx.data(), ctx.data_end());
     if start + L4_OFFSET + 8 > end {
         return XDP_PASS;
@@ -161,6 +179,17 @@ pub fn bench_dnat(ctx: XdpContext) -> u32 {
     };
     if ip.proto != PROTO_UDP || ip.dst_addr != config.vip || udp[2..4] != config.port {
         return XDP_PASS;
+    }
+    if with_table {
+        let key = ConnectionKey { client: ip.src_addr, client_port: [udp[0], udp[1]], service: 0 };
+        // SAFETY: copied out at once.
+        match unsafe { BENCH_FLOWS.get(&key) } {
+            Some(flow) if flow.backend != 0 => return XDP_PASS,
+            Some(_) => {}
+            None => {
+                let _ = BENCH_FLOWS.insert(&key, &Flow::default(), 0);
+            }
+        }
     }
     let ip_check = csum::replace32(u16::from_be_bytes(ip.check), ip.dst_addr, config.target);
     let mut l4 = csum::udp_replace32(u16::from_be_bytes([udp[6], udp[7]]), ip.dst_addr, config.target);

@@ -80,7 +80,7 @@ enum Bench {
         /// Over IPv6, against ip6tables and `ip6` nftables (UDP only).
         #[arg(long)]
         ipv6: bool,
-        /// Only the XDP modes (the ceiling, lb-agent, the bare DNAT), for work on the program.
+        /// Only the XDP modes (the ceiling, lb-agent, the bare DNATs), for work on the program.
         #[arg(long)]
         xdp_only: bool,
     },

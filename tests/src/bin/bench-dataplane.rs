@@ -9,14 +9,15 @@
 //! - Receiver: `bench_sink_tc` at the pod's TC ingress counts what arrives, once the kernel has
 //!   built its skb (GRO on, no XDP on the pod's side), as it does for any traffic to a pod.
 //! - Modes: `xdp-drop` (the ceiling: a sink on n0 itself), `lb-agent` (the full program: Maglev,
-//!   connection table, counters), `xdp-dnat` (a bare DNAT and redirect), `iptables` and
-//!   `nftables` (kube-proxy's rule shapes, with conntrack).
+//!   connection table, counters), `xdp-dnat` (a bare DNAT and redirect), `xdp-dnat-table` (the
+//!   same with a lookup in a connection table of the agent's shape), `iptables` and `nftables`
+//!   (kube-proxy's rule shapes, with conntrack).
 //! - Marginal cost per packet: 1/pps(mode) − 1/pps(xdp-drop), from the same run.
 //! - TCP: wrk against two HTTP responders in pods on n0, through the VIP.
 //! - `--ipv6`: the same over IPv6 (VIP 2001:db8:6::10, pods with IPv6 addresses, the UDP
 //!   checksum computed by the generator, where IPv4 sends none), against kube-proxy's
-//!   ip6tables and `ip6` nftables shapes; no bare-DNAT mode (it is IPv4's yardstick for issue
-//!   12) and no TCP run.
+//!   ip6tables and `ip6` nftables shapes; no bare-DNAT modes (they are IPv4's yardsticks) and no
+//!   TCP run.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -50,18 +51,21 @@ enum Mode {
     XdpDrop,
     LbAgent,
     XdpDnat,
+    XdpDnatTable,
     Iptables,
     Nftables,
 }
 
 impl Mode {
-    const ALL: [Mode; 5] = [Mode::XdpDrop, Mode::LbAgent, Mode::XdpDnat, Mode::Iptables, Mode::Nftables];
+    const ALL: [Mode; 6] =
+        [Mode::XdpDrop, Mode::LbAgent, Mode::XdpDnat, Mode::XdpDnatTable, Mode::Iptables, Mode::Nftables];
 
     fn name(self) -> &'static str {
         match self {
             Mode::XdpDrop => "XDP_DROP at the LB (ceiling)",
             Mode::LbAgent => "lb-agent (full program)",
             Mode::XdpDnat => "bare XDP DNAT + redirect",
+            Mode::XdpDnatTable => "bare XDP DNAT + connection table",
             Mode::Iptables => "kube-proxy iptables",
             Mode::Nftables => "kube-proxy nftables",
         }
@@ -86,6 +90,7 @@ enum Active {
     Agent(Agent),
     /// A program on n0; dropping it detaches it.
     Program {
+        name: &'static str,
         _attached: Ebpf,
     },
     /// The ceiling's sink on n0, which is also where packets are counted.
@@ -106,12 +111,12 @@ fn main() {
     let repetitions = if quick { 1 } else { 5 };
     let packets: u32 = if quick { 300_000 } else { 2_000_000 };
     let ipv6 = args.iter().any(|a| a == "--ipv6");
-    // `--xdp-only`: the ceiling, lb-agent and the bare DNAT, for work on the program (the
+    // `--xdp-only`: the ceiling, lb-agent and the bare DNATs, for work on the program (the
     // kernel modes take most of a run's time).
     let xdp_only = args.iter().any(|a| a == "--xdp-only");
     let modes: Vec<Mode> = Mode::ALL
         .into_iter()
-        .filter(|m| !(ipv6 && *m == Mode::XdpDnat))
+        .filter(|m| !(ipv6 && matches!(m, Mode::XdpDnat | Mode::XdpDnatTable)))
         .filter(|m| !(xdp_only && matches!(m, Mode::Iptables | Mode::Nftables)))
         .collect();
 
@@ -336,7 +341,11 @@ impl Bench {
                 agent.wait_ready();
                 Some(Active::Agent(agent))
             }
-            Mode::XdpDnat => {
+            Mode::XdpDnat | Mode::XdpDnatTable => {
+                let (program, name) = match mode {
+                    Mode::XdpDnatTable => ("bench_dnat_table", "xdp-dnat-table"),
+                    _ => ("bench_dnat", "xdp-dnat"),
+                };
                 let (_, host_mac, host_index) = self.host_ifs[0].clone();
                 let config = BenchConfig {
                     flows: 0,
@@ -349,8 +358,9 @@ impl Bench {
                     dmac: self.pod_macs[0],
                 };
                 Some(Active::Program {
+                    name,
                     _attached: self.node().run(move || {
-                        let mut ebpf = attach("bench_dnat", "eth0");
+                        let mut ebpf = attach(program, "eth0");
                         let mut map: Array<_, BenchConfig> =
                             Array::try_from(ebpf.map_mut(BENCH_CONFIG).unwrap()).unwrap();
                         map.set(0, config, 0).unwrap();
@@ -425,7 +435,7 @@ impl Bench {
                 agent.wait_ready();
                 Some(Active::Agent(agent))
             }
-            Mode::XdpDnat => None,
+            Mode::XdpDnat | Mode::XdpDnatTable => None,
             Mode::Iptables => {
                 let rules = format!(
                     "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-BENCH - [0:0]\n:KUBE-SEP-BENCH - [0:0]\n\
@@ -658,7 +668,7 @@ impl Active {
     fn name(&self) -> &'static str {
         match self {
             Active::Agent(_) => "lb-agent",
-            Active::Program { .. } => "xdp-dnat",
+            Active::Program { name, .. } => name,
             Active::Sink(_) => "xdp-drop",
             Active::Rules => "rules",
         }

@@ -338,6 +338,23 @@ fn service_numbers_are_distinct_kept_and_reused_late() {
     });
 }
 
+/// A sync that fails (here: the outer ring map is full) installs none of its new services and
+/// gives back the numbers they took, however often it is retried.
+#[test]
+fn a_failed_sync_gives_its_service_numbers_back() {
+    use lb_common::service::MAX_SERVICE_NUMBERS;
+    in_lab_node(|ifindex| {
+        let mut f = Fixture::load(ifindex, &[(MAGLEV_RINGS, 1)]);
+        let config = config(&[1], 2);
+        for attempt in 0..3 {
+            let plan = service_plan::plan(&config, "n0");
+            assert!(f.maps.apply(&plan).is_err(), "attempt {attempt}: three rings cannot fit");
+            assert_eq!(f.maps.service_count(), 0, "attempt {attempt}");
+            assert_eq!(f.maps.free_service_numbers(), MAX_SERVICE_NUMBERS as usize, "attempt {attempt}");
+        }
+    });
+}
+
 /// Another handle on the same map.
 fn clone(map: &MapData) -> MapData {
     MapData::from_id(map.info().unwrap().id()).unwrap()

@@ -556,7 +556,18 @@ impl<A: Address> ServiceMaps<A> {
         report: &mut SyncReport,
     ) -> Result<()> {
         for chunk in admitted.chunks(RINGS_PER_BATCH) {
-            self.install_batch(chunk, released, report)?;
+            // A batch that fails installs none of its new services: the numbers they took go
+            // back to the front, as they were, or a sync failing again and again would use
+            // them all up.
+            let front: Vec<u16> = self.free_numbers.iter().take(chunk.len()).copied().collect();
+            let free_before = self.free_numbers.len();
+            if let Err(e) = self.install_batch(chunk, released, report) {
+                let taken = free_before - self.free_numbers.len();
+                for &number in front[..taken].iter().rev() {
+                    self.free_numbers.push_front(number);
+                }
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -874,6 +885,11 @@ impl<A: Address> ServiceMaps<A> {
     /// Endpoint addresses added and removed (one per backend) since the last call.
     pub fn take_address_changes(&mut self) -> (Vec<IpAddr>, Vec<IpAddr>) {
         std::mem::take(&mut self.address_changes)
+    }
+
+    /// How many service numbers are free.
+    pub fn free_service_numbers(&self) -> usize {
+        self.free_numbers.len()
     }
 
     /// The entry installed for `key`.

@@ -3,6 +3,7 @@
 
 use std::{fmt, path::PathBuf, str::FromStr};
 
+use lb_common::service::MAX_SERVICE_NUMBERS;
 use serde::{Deserialize, Deserializer, de};
 
 use super::ConfigError;
@@ -97,7 +98,6 @@ impl Default for Capacity {
 
 /// No map is made larger than this many entries (and 4 GiB of values would not load anyway).
 pub const MAX_MAP_ENTRIES: u32 = 1 << 24;
-pub use lb_common::service::MAX_SERVICE_NUMBERS;
 
 impl Default for DataplaneConfig {
     fn default() -> Self {

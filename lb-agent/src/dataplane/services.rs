@@ -556,18 +556,7 @@ impl<A: Address> ServiceMaps<A> {
         report: &mut SyncReport,
     ) -> Result<()> {
         for chunk in admitted.chunks(RINGS_PER_BATCH) {
-            // A batch that fails installs none of its new services: the numbers they took go
-            // back to the front, as they were, or a sync failing again and again would use
-            // them all up.
-            let front: Vec<u16> = self.free_numbers.iter().take(chunk.len()).copied().collect();
-            let free_before = self.free_numbers.len();
-            if let Err(e) = self.install_batch(chunk, released, report) {
-                let taken = free_before - self.free_numbers.len();
-                for &number in front[..taken].iter().rev() {
-                    self.free_numbers.push_front(number);
-                }
-                return Err(e);
-            }
+            self.install_batch(chunk, released, report)?;
         }
         Ok(())
     }
@@ -580,6 +569,10 @@ impl<A: Address> ServiceMaps<A> {
     ) -> Result<()> {
         let mut staged: Vec<Staged<'_, A>> = Vec::new();
         let mut in_place: Vec<InPlace<'_, A>> = Vec::new();
+        // New services take the first free numbers, which leave the free list only once their
+        // entries are written: a batch that fails keeps them free, or a sync failing again and
+        // again would use them all up.
+        let mut numbers_taken = 0;
         for (key, planned) in admitted {
             // Slots by backend index first: one map lookup per backend, not per ring slot.
             let slot_of: Vec<u32> = planned.backends.iter().map(|b| self.slots[b]).collect();
@@ -588,10 +581,15 @@ impl<A: Address> ServiceMaps<A> {
                 Some(old) => old.entry.number,
                 // `admit` refuses services past `limits.services`, at most 2^16 (the config
                 // says so), so a number is always free here.
-                None => self
-                    .free_numbers
-                    .pop_front()
-                    .ok_or(Error::Capacity { what: "service numbers", limit: MAX_SERVICE_NUMBERS })?,
+                None => {
+                    let number = self
+                        .free_numbers
+                        .get(numbers_taken)
+                        .copied()
+                        .ok_or(Error::Capacity { what: "service numbers", limit: MAX_SERVICE_NUMBERS })?;
+                    numbers_taken += 1;
+                    number
+                }
             };
             let entry = Service {
                 number,
@@ -664,6 +662,7 @@ impl<A: Address> ServiceMaps<A> {
         let keys: Vec<ServiceKeyOf<A>> = staged.iter().map(|(k, ..)| *k).collect();
         let entries: Vec<Service> = staged.iter().map(|(_, _, e, _)| *e).collect();
         batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(A::MAPS.services))?;
+        self.free_numbers.drain(..numbers_taken);
 
         for (key, planned, entry, _) in staged {
             let new = Installed { entry, name: planned.name.clone(), backends: planned.backends.clone() };

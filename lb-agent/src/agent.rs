@@ -23,6 +23,7 @@ use tokio::{
 use tracing::{debug, error, info, warn};
 
 use crate::{
+    announcer::{Announcement, Announcer},
     config::{Config, ConfigError},
     dataplane::{Dataplane, XdpCounters, leases, vips::OwnedSet},
     error::{Error, Result},
@@ -37,12 +38,20 @@ use crate::{
     vip_addresses::{ByInterface, VipAddresses},
     vrrp::{
         family::Family,
-        garp::{GarpSocket, announcement_for},
         metrics::VrrpMetrics,
         router::{InstanceSpec, Router},
     },
     vrrp_driver::{self, Vrrp},
 };
+
+/// After a datagram, the next ones are read this much later, all at once: a group of many
+/// instances at 10 ms puts thousands of advertisements a second on the segment, and a
+/// wake-up for each cost more than the VRRP work (8 nodes × 56 instances: 7 % of a core
+/// against 5 % with the tick, in `cargo xtask bench vrrp-load`). Timers are never delayed
+/// (their branch reads what queued first), so only the reaction to a datagram can come this
+/// late: a backup's Master_Down_Timer restarts at most this much after the advertisement
+/// that restarts it, and a quiet segment (one advertisement per interval) sees no delay.
+const RECEIVE_TICK: Duration = Duration::from_millis(2);
 
 /// How long a stopping agent waits for its VRRP handovers before leaving anyway.
 const STOP_BOUND: Duration = Duration::from_secs(10);
@@ -72,11 +81,18 @@ impl Overrides {
     }
 }
 
+/// Runs the agent on the calling thread's current-thread runtime, which then holds only the
+/// VRRP loop: its sockets and timers. Everything else (the service-sync task, HTTP, the
+/// cluster side, netlink, announcements) runs on `background`, so none of it delays an
+/// advertisement, and an advertisement wakes one thread and no other (a multi-thread
+/// runtime's worker hand-offs cost a loop that wakes thousands of times a second more than
+/// the VRRP work itself).
 pub async fn run(
     config_path: PathBuf,
     node_override: Option<String>,
     overrides: Overrides,
     kubernetes: Option<KubernetesSource>,
+    background: tokio::runtime::Handle,
 ) -> Result<()> {
     let mut config = Config::load(&config_path)?;
     overrides.apply(&mut config);
@@ -85,7 +101,12 @@ pub async fn run(
     // Services the data plane has no room for, by name, for the cluster's status.
     let (refused_tx, refused_rx) = watch::channel(BTreeMap::new());
     if let Some(source) = kubernetes {
-        let client = kube::Client::try_default().await.map_err(Error::Kube)?;
+        // The client's buffer task runs where it is made.
+        let client = background
+            .spawn(kube::Client::try_default())
+            .await
+            .map_err(|e| Error::io("starting the Kubernetes client", std::io::Error::other(e)))?
+            .map_err(Error::Kube)?;
         let (configs_tx, mut configs_rx) = mpsc::channel(4);
         let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
         let (foreign_tx, foreign_rx) = watch::channel(ForeignRouters::new());
@@ -94,7 +115,7 @@ pub async fn run(
         base.node = Some(node.clone());
         let shell = crate::k8s::controller::Shell {
             client,
-            netlink: netdev::connect()?,
+            netlink: within(&background, netdev::connect)?,
             base,
             node: node.clone(),
             namespace: source.namespace,
@@ -105,7 +126,7 @@ pub async fn run(
             foreign: foreign_rx,
             impersonated: impersonated_rx,
         };
-        tokio::spawn(shell.run(configs_tx, from_agent));
+        background.spawn(shell.run(configs_tx, from_agent));
         info!("waiting for the cluster's groups and services");
         config = configs_rx
             .recv()
@@ -114,7 +135,7 @@ pub async fn run(
         (cluster_configs, owners, foreign, impersonated) =
             (Some(configs_rx), Some(owners_tx), Some(foreign_tx), Some(impersonated_tx));
     }
-    let netlink = netdev::connect()?;
+    let netlink = within(&background, netdev::connect)?;
     let config_error = |field: &str, expected: String| Error::Config {
         path: config_path.clone(),
         error: ConfigError::new(field, expected),
@@ -132,10 +153,14 @@ pub async fn run(
         .await?
         .map_err(|e| config_error(&e.field, e.expected))?;
     let node_address = uplinks.by_name[&config.interface].node_address;
-    let listener = TcpListener::bind(config.listen)
+    let listen = config.listen;
+    let listener = background
+        .spawn(TcpListener::bind(listen))
         .await
-        .map_err(|e| Error::io(format!("listening on {} (listen)", config.listen), e))?;
-    let (admin, admin_ino) = http::bind_admin(&config.admin_socket).map_err(|e| {
+        .map_err(std::io::Error::other)
+        .flatten()
+        .map_err(|e| Error::io(format!("listening on {listen} (listen)"), e))?;
+    let (admin, admin_ino) = within(&background, || http::bind_admin(&config.admin_socket)).map_err(|e| {
         Error::io(format!("listening on the admin socket {} (adminSocket)", config.admin_socket.display()), e)
     })?;
 
@@ -181,7 +206,7 @@ pub async fn run(
     sync.apply(&request).await?;
     let services_applied = sync.applied();
     let (services, requests) = watch::channel(request);
-    let sync_task = sync.spawn(requests);
+    let sync_task = within(&background, || sync.spawn(requests));
     metrics.register_xdp(counters.clone());
     let (status_requests_tx, status_requests) = mpsc::channel(8);
     let default_mode = dataplane.uplinks().get(&config.interface).map_or("none", |a| a.mode.as_str());
@@ -194,8 +219,8 @@ pub async fn run(
     };
     let state = Arc::new(HttpState { metrics, ready: Default::default(), status });
 
-    let carrier = netdev::watch_carrier()?;
-    let vip_addresses = VipAddresses::spawn(netlink.clone());
+    let carrier = within(&background, netdev::watch_carrier)?;
+    let vip_addresses = within(&background, || VipAddresses::spawn(netlink.clone()));
     let mut agent = Agent {
         config_path,
         config,
@@ -209,10 +234,12 @@ pub async fn run(
         state: state.clone(),
         vrrp: Some(vrrp),
         announced: BTreeSet::new(),
+        announcer: within(&background, Announcer::spawn),
         garp_refresh: BTreeMap::new(),
         vip_addresses,
         applied_epoch: None,
         leases_epoch: None,
+        lease_log: crate::logging::LogBudget::new(16, 1),
         node_address,
         vip_uplinks,
         services,
@@ -235,6 +262,7 @@ pub async fn run(
     // them gone before VRRP starts and readiness is reported (the kernel would answer ARP for
     // a VIP another node owns).
     agent.apply_ownership().await;
+    agent.prune_vip_counters();
     agent.vip_addresses.flush(Duration::from_secs(2)).await;
     agent.log_plan();
     agent.reconfigure_vrrp();
@@ -244,8 +272,8 @@ pub async fn run(
     }
     agent.apply_ownership().await;
 
-    let server = tokio::spawn(http::serve(listener, state.clone()));
-    let admin_server = tokio::spawn(http::serve_admin(admin, state.clone()));
+    let server = background.spawn(http::serve(listener, state.clone()));
+    let admin_server = background.spawn(http::serve_admin(admin, state.clone()));
     state.ready.store(true, Ordering::Relaxed);
     info!(config = %agent.config_path.display(), node = %agent.node, listen = %agent.config.listen, "lb-agent running");
 
@@ -301,6 +329,13 @@ fn write_uplink_map(uplinks: &mut Uplinks, dataplane: &mut Dataplane) -> Result<
     dataplane.set_uplinks(&uplinks.entries(), &uplinks.entries6())
 }
 
+/// Runs `f` in `runtime`'s context: the tasks it spawns and the sockets it registers live
+/// there (see [`run`]).
+fn within<T>(runtime: &tokio::runtime::Handle, f: impl FnOnce() -> T) -> T {
+    let _entered = runtime.enter();
+    f()
+}
+
 /// Drops `value` on a blocking thread: closing a socket or a BPF link waits for the kernel
 /// (RTNL, an RCU grace period), and the VRRP loop must not wait with it.
 pub(crate) fn drop_off_loop<T: Send + 'static>(value: T) {
@@ -351,6 +386,8 @@ struct Agent {
     vrrp: Option<Vrrp>,
     /// VRRP VIPs owned at the last apply: the ones new since then get gratuitous ARPs.
     announced: BTreeSet<IpAddr>,
+    /// Sends the gratuitous ARPs and NAs, paced.
+    announcer: Announcer,
     /// Owned VIPs by `garp.refresh` period, and when they are next announced again.
     garp_refresh: BTreeMap<Duration, (Instant, Vec<IpAddr>)>,
     /// Keeps the VIP addresses on the uplinks (modes `netlink`, `both`) without the loop
@@ -360,6 +397,8 @@ struct Agent {
     applied_epoch: Option<u64>,
     /// The ownership epoch whose leases were last written whole; `None` forces that.
     leases_epoch: Option<Option<u64>>,
+    /// Lapsed-lease warnings: a loaded host may lapse often (each is counted).
+    lease_log: crate::logging::LogBudget,
     /// The source of full-NAT and IPIP traffic leaving by the default uplink (the others'
     /// are in the uplink map).
     node_address: Ipv4Addr,
@@ -403,6 +442,8 @@ impl Agent {
         // Which VRRP socket is read first next time (see `VrrpSocket::recv_any`).
         let mut turn = 0;
         let mut stop_by: Option<Instant> = None;
+        // While set, datagrams wait in their sockets until then (see RECEIVE_TICK).
+        let mut receive_from: Option<Instant> = None;
         // XDP counts impersonating advertisements; they are read, reported and logged this
         // often, and key files re-read.
         let mut once_a_second = tokio::time::interval(Duration::from_secs(1));
@@ -418,8 +459,16 @@ impl Agent {
             }
             let vrrp_deadline =
                 self.vrrp.as_ref().and_then(|v| v.router.next_deadline()).map(Instant::from_std);
-            let deadline =
-                vrrp_deadline.into_iter().chain(self.garp_refresh.values().map(|(at, _)| *at)).min();
+            let garp_refresh = self.garp_refresh.values().map(|(at, _)| *at);
+            let deadline = vrrp_deadline.into_iter().chain(garp_refresh).chain(receive_from).min();
+            // Busy sockets are read on a tick: until it, this thread sleeps outside epoll, where
+            // every advertisement that arrives would wake it. Nothing else shares the thread
+            // (see `run`), and the sleep ends at the next deadline.
+            if receive_from.is_some()
+                && let Some(wait) = deadline.and_then(|d| d.checked_duration_since(Instant::now()))
+            {
+                std::thread::sleep(wait);
+            }
             tokio::select! {
                 // The VRRP timer first: after a freeze, every branch is ready at once, and the
                 // lapse of this master's lease must be seen as such (the loop was waiting when
@@ -429,7 +478,8 @@ impl Agent {
                     // Advertisements that queued up while this loop was busy may reset the
                     // timer that just fired: read them first, so a slow moment here never
                     // passes for a silent master.
-                    self.drain_vrrp(&mut buf);
+                    let received = self.drain_vrrp(&mut buf);
+                    receive_from = received.then(|| Instant::now() + RECEIVE_TICK);
                     if let Some(vrrp) = &mut self.vrrp {
                         let out = vrrp.router.on_timer(Instant::now().into_std());
                         vrrp.send(&out);
@@ -466,13 +516,14 @@ impl Agent {
                     self.reload().await;
                     debug!(elapsed = ?started.elapsed(), "SIGHUP handled");
                 }
-                ((interface, family), received) = or_pending(vrrp_driver::receive(&self.vrrp, &mut turn, &mut buf)) => {
+                ((interface, family), received) = or_pending(vrrp_driver::receive(&self.vrrp, &mut turn, &mut buf)), if receive_from.is_none() => {
                     match received {
                         Ok(arrived) => {
                             let vrrp = self.vrrp.as_mut().expect("recv only completes with VRRP running");
                             let datagram = arrived.datagram(&buf);
                             let out = vrrp.router.on_datagram(Instant::now().into_std(), &interface, datagram);
                             vrrp.send(&out);
+                            receive_from = Some(Instant::now() + RECEIVE_TICK);
                             self.apply_ownership().await;
                         }
                         Err(e) => warn!(%interface, %family, error = %e, "receiving VRRP failed"),
@@ -482,11 +533,10 @@ impl Agent {
         }
     }
 
-    /// Handles the datagrams already waiting on the VRRP sockets, without waiting for more.
-    fn drain_vrrp(&mut self, buf: &mut [u8]) {
-        let Some(vrrp) = &mut self.vrrp else { return };
-        let out = vrrp.drain(buf);
-        vrrp.send(&out);
+    /// Handles the datagrams already waiting on the VRRP sockets, without waiting for more;
+    /// true when there were any.
+    fn drain_vrrp(&mut self, buf: &mut [u8]) -> bool {
+        self.vrrp.as_mut().is_some_and(|vrrp| vrrp.drain(buf))
     }
 
     /// SIGTERM/SIGINT: masters resign and hand over; the loop ends when the handovers are done.
@@ -724,6 +774,7 @@ impl Agent {
         }
         self.applied_epoch = None;
         self.apply_ownership().await;
+        self.prune_vip_counters();
         let applied = started.elapsed();
         self.retire_uplinks();
         debug!(?reconfigured, ?applied, retired = ?started.elapsed(), "new plan committed");
@@ -767,29 +818,42 @@ impl Agent {
                 listening.entry(self.config.interface.clone()).or_default().insert(v6);
             }
         }
-        let claimed = claims.iter().flat_map(|(id, c)| c.vips.iter().map(move |vip| (*id, vip)));
-        for (id, vip) in claimed {
-            let Some(settings) = self.plan.vips.get(vip) else { continue };
+        for (id, claim) in &claims {
+            // An instance's VIPs are all of one group: one interface, one mode, resolved once
+            // (an instance may hold thousands).
+            let Some(settings) = claim.vips.iter().find_map(|vip| self.plan.vips.get(vip)) else { continue };
             let Some(uplink) = self.uplinks.get(&settings.interface) else { continue };
+            let mac = uplink.interface.mac.0;
+            let entry =
+                if settings.mode.uses_netlink() { OwnedVip::with_kernel(mac) } else { OwnedVip::new(mac) };
+            let entry =
+                entry.with_lease(id.lease_slot()).on_uplink(self.uplinks.slots.for_vips(&settings.interface));
+            let planned = claim.vips.iter().filter(|vip| self.plan.vips.contains_key(*vip));
             if settings.mode.uses_xdp() {
-                let mac = uplink.interface.mac.0;
-                let entry = if settings.mode.uses_netlink() {
-                    OwnedVip::with_kernel(mac)
-                } else {
-                    OwnedVip::new(mac)
-                };
-                let slot = self.uplinks.slots.for_vips(&settings.interface);
-                xdp.insert(*vip, entry.with_lease(id.lease_slot()).on_uplink(slot));
+                xdp.extend(planned.clone().map(|vip| (*vip, entry)));
             }
             if settings.mode.uses_netlink() {
-                kernel.entry(settings.interface.clone()).or_default().insert(*vip);
-            } else if let IpAddr::V6(v6) = vip {
-                listening.entry(settings.interface.clone()).or_default().insert(*v6);
+                kernel.entry(settings.interface.clone()).or_default().extend(planned);
+            } else {
+                let v6 = planned.filter_map(|vip| match vip {
+                    IpAddr::V6(v6) => Some(*v6),
+                    IpAddr::V4(_) => None,
+                });
+                listening.entry(settings.interface.clone()).or_default().extend(v6);
             }
         }
         match self.dataplane.set_owned_vips(&xdp) {
             Ok(applied) if !applied.is_empty() => {
-                info!(added = ?applied.added, changed = ?applied.changed, removed = ?applied.removed, "owned VIPs updated");
+                // Counts at info: a transition of a thousand-VIP instance is not a thousand
+                // addresses in the log. Which ones, at debug.
+                debug!(added = ?applied.added, changed = ?applied.changed, removed = ?applied.removed, "owned VIPs");
+                info!(
+                    added = applied.added.len(),
+                    changed = applied.changed.len(),
+                    removed = applied.removed.len(),
+                    owned = xdp.len(),
+                    "owned VIPs updated"
+                );
             }
             Ok(_) => {}
             Err(e) => error!(error = %e, "updating the owned-VIP map failed"),
@@ -797,11 +861,16 @@ impl Agent {
         self.state.metrics.owned_vips.set(xdp.len() as i64);
 
         let newly_owned: Vec<IpAddr> = vrrp_owned.difference(&self.announced).copied().collect();
+        self.announcer.withdraw(self.announced.difference(&vrrp_owned).copied().collect());
         self.announced = vrrp_owned;
         self.vip_addresses.set(self.with_ifindex(kernel), self.with_ifindex(listening));
         self.announce(newly_owned);
         self.schedule_garp_refresh(Instant::now());
+    }
 
+    /// Drops the per-VIP counters of VIPs the config no longer has (after a new plan: it walks
+    /// the counter maps, too slow for every ownership change).
+    fn prune_vip_counters(&self) {
         let configured: BTreeSet<IpAddr> =
             self.config.vips.iter().map(|v| v.address).chain(self.plan.vips.keys().copied()).collect();
         if let Ok(mut counters) = self.counters.lock()
@@ -850,11 +919,14 @@ impl Agent {
         match lapsed {
             Ok(lapsed) => {
                 for slot in lapsed {
-                    warn!(
-                        lease = slot,
-                        "a VIP lease ran out before the agent renewed it (the agent was stalled, frozen or \
-                         not running): the data plane stopped claiming its VIPs meanwhile"
-                    );
+                    if let Some(held_back) = self.lease_log.allow(now) {
+                        warn!(
+                            lease = slot,
+                            held_back,
+                            "a VIP lease ran out before the agent renewed it (the agent was stalled, frozen or \
+                             not running): the data plane stopped claiming its VIPs meanwhile"
+                        );
+                    }
                     let Some(id) = crate::vrrp::family::InstanceId::from_lease_slot(slot) else { continue };
                     self.state.metrics.lease_expiries.get_or_create(&VridLabels::of(id)).inc();
                 }
@@ -1035,6 +1107,10 @@ impl Agent {
     /// change); a new period's first refresh is one period away, since taking over has its own
     /// burst.
     fn schedule_garp_refresh(&mut self, now: Instant) {
+        if self.config.groups.iter().all(|g| g.garp.refresh.is_zero()) {
+            self.garp_refresh.clear();
+            return;
+        }
         let mut by_period: BTreeMap<Duration, Vec<IpAddr>> = BTreeMap::new();
         for vip in &self.announced {
             if let Some(settings) = self.plan.vips.get(vip)
@@ -1065,34 +1141,24 @@ impl Agent {
         self.send_garps(due);
     }
 
-    /// Sends `count` gratuitous ARPs for each VIP, `pause` apart (the shortest), in the
-    /// background, out of the VIP's group's uplink.
+    /// Has the announcer send `count` gratuitous ARPs for each VIP, `pause` apart, out of the
+    /// VIP's group's uplink (paced, in the background: see [`crate::announcer`]).
     fn send_garps(&self, bursts: Vec<(IpAddr, u32, Duration)>) {
-        let bursts: Vec<(IpAddr, u32, Duration, Arc<GarpSocket>, crate::config::MacAddr)> = bursts
+        let announcements = bursts
             .into_iter()
             .filter_map(|(vip, count, pause)| {
                 let interface = self.plan.vips.get(&vip).map_or(&self.config.interface, |s| &s.interface);
                 let uplink = self.uplinks.get(interface)?;
-                Some((vip, count, pause, uplink.garp.clone(), uplink.interface.mac))
+                Some(Announcement {
+                    vip,
+                    count,
+                    pause,
+                    socket: uplink.garp.clone(),
+                    mac: uplink.interface.mac,
+                })
             })
             .collect();
-        if bursts.is_empty() {
-            return;
-        }
-        tokio::spawn(async move {
-            let rounds = bursts.iter().map(|b| b.1).max().unwrap_or(0);
-            let pause = bursts.iter().map(|b| b.2).min().unwrap_or_default();
-            for round in 0..rounds {
-                for (vip, count, _, socket, mac) in &bursts {
-                    if round < *count
-                        && let Err(e) = socket.send(&announcement_for(*mac, *vip))
-                    {
-                        warn!(%vip, error = %e, "announcing the VIP (gratuitous ARP or NA) failed");
-                    }
-                }
-                tokio::time::sleep(pause).await;
-            }
-        });
+        self.announcer.announce(announcements);
     }
 
     fn log_plan(&self) {

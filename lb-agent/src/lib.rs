@@ -6,6 +6,7 @@
 //! - [`metrics`]: Prometheus metrics, with XDP counters collected at scrape time.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz` on the network; `/status` and `/loglevel` on
 //!   the admin socket.
+//! - [`announcer`]: gratuitous ARPs and NAs for VIPs taken, paced from one task.
 //! - [`admin`]: the admin socket's client (`lb-agent status`, `lb-agent log-level`).
 //! - [`status`]: `lb-agent status`: the local agent's groups, VIPs and backends.
 //! - [`logging`]: structured logs with a filter that changes at run time.
@@ -26,6 +27,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod announcer;
 pub mod config;
 pub mod dataplane;
 pub mod error;

@@ -41,3 +41,65 @@ pub fn set(filter: &str) -> Result<(), String> {
     *control.current.lock().unwrap() = filter.trim().to_owned();
     Ok(())
 }
+
+/// A token bucket for a log line that can come in storms (a VRRP transition, a lapsed
+/// lease): up to `burst` lines at once, then `per_second`; what it holds back is counted and
+/// reported with the next line it lets through, so nothing is lost from the logs but lines.
+#[derive(Clone, Debug)]
+pub struct LogBudget {
+    burst: f64,
+    per_second: f64,
+    tokens: f64,
+    refilled: Option<std::time::Instant>,
+    held_back: u64,
+}
+
+impl LogBudget {
+    pub const fn new(burst: u32, per_second: u32) -> Self {
+        Self {
+            burst: burst as f64,
+            per_second: per_second as f64,
+            tokens: burst as f64,
+            refilled: None,
+            held_back: 0,
+        }
+    }
+
+    /// `Some(lines held back since the last one)` when a line may be logged at `now`.
+    pub fn allow(&mut self, now: std::time::Instant) -> Option<u64> {
+        if let Some(at) = self.refilled {
+            let earned = now.saturating_duration_since(at).as_secs_f64() * self.per_second;
+            self.tokens = (self.tokens + earned).min(self.burst);
+        }
+        self.refilled = Some(now);
+        if self.tokens < 1.0 {
+            self.held_back += 1;
+            return None;
+        }
+        self.tokens -= 1.0;
+        Some(std::mem::take(&mut self.held_back))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::LogBudget;
+
+    #[test]
+    fn a_budget_lets_a_burst_through_then_its_rate_and_counts_the_rest() {
+        let t0 = Instant::now();
+        let mut budget = LogBudget::new(3, 2);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert_eq!([0, 0, 0].map(|ms| budget.allow(at(ms))), [Some(0); 3]);
+        assert_eq!(budget.allow(at(100)), None);
+        assert_eq!(budget.allow(at(200)), None);
+        // Half a second earns one line, which reports the two held back.
+        assert_eq!(budget.allow(at(500)), Some(2));
+        assert_eq!(budget.allow(at(600)), None);
+        // Refilled to the burst, never beyond.
+        assert_eq!((0..3).map(|_| budget.allow(at(60_000))).collect::<Vec<_>>(), [Some(1), Some(0), Some(0)]);
+        assert_eq!(budget.allow(at(60_000)), None);
+    }
+}

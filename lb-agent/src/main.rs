@@ -94,16 +94,30 @@ fn main() -> ExitCode {
     init_logging(cli.log_format, &cli.log);
     let result = match cli.command {
         Command::Run { config, node, pin_path, admin_socket, kubernetes, namespace } => {
-            tokio::runtime::Builder::new_multi_thread()
+            // The VRRP loop on this thread alone; everything else on two workers beside it
+            // (see `agent::run`).
+            let runtimes = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
+                .thread_name("lb-agent-worker")
                 .enable_all()
                 .build()
-                .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e))
-                .and_then(|rt| {
-                    let source = kubernetes.then_some(agent::KubernetesSource { namespace });
-                    let overrides = agent::Overrides { pin_path, admin_socket };
-                    rt.block_on(agent::run(config, node, overrides, source))
+                .and_then(|background| {
+                    Ok((tokio::runtime::Builder::new_current_thread().enable_all().build()?, background))
                 })
+                .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e));
+            runtimes.and_then(|(vrrp_loop, background)| {
+                let source = kubernetes.then_some(agent::KubernetesSource { namespace });
+                let overrides = agent::Overrides { pin_path, admin_socket };
+                let result = vrrp_loop.block_on(agent::run(
+                    config,
+                    node,
+                    overrides,
+                    source,
+                    background.handle().clone(),
+                ));
+                background.shutdown_timeout(std::time::Duration::from_secs(1));
+                result
+            })
         }
         Command::LogLevel { socket, filter } => {
             let answer = match &filter {

@@ -7,6 +7,7 @@
 //! - `demo`: a lab in which the agent answers ARP for a VIP from XDP.
 //! - `image`: the container image, built offline from scratch with podman.
 
+mod baseline;
 mod demo;
 mod ebpf;
 mod image;
@@ -84,6 +85,30 @@ enum Bench {
         #[arg(long)]
         xdp_only: bool,
     },
+    /// VRRP under CPU pressure: N agents in one spread group on this machine, cold start and
+    /// after disturbances (an agent stopped for 300 ms, a CPU hog), settle times, CPU and
+    /// transitions; the code at `--against` and this code alternate run by run.
+    VrrpLoad {
+        /// Two runs of 4 nodes × 100 VIPs: a smoke run of the benchmark itself.
+        #[arg(long)]
+        quick: bool,
+        #[arg(long, default_value_t = 8)]
+        nodes: u32,
+        #[arg(long, default_value_t = 1000)]
+        vips: u32,
+        /// Advertisement interval, ms.
+        #[arg(long, default_value_t = 10)]
+        interval_ms: u32,
+        /// Runs of each binary, alternating.
+        #[arg(long, default_value_t = 10)]
+        runs: u32,
+        /// Only the cold start and the settled CPU (no SIGSTOP, no CPU hog).
+        #[arg(long)]
+        no_disturb: bool,
+        /// A git revision to build and run beside this code (e.g. `HEAD~3`, a landed commit).
+        #[arg(long)]
+        against: Option<String>,
+    },
     /// Control path at cluster scale: cold start, endpoint changes, bursts and memory for
     /// 1,000 to 20,000 Services, against kube-proxy's iptables and nftables shapes.
     Scale {
@@ -125,6 +150,24 @@ fn main() -> Result<()> {
                 args.extend(["--case", case.as_str()]);
             }
             run_bench("bench-failover", &args)
+        }
+        Task::Bench {
+            which: Bench::VrrpLoad { quick, nodes, vips, interval_ms, runs, no_disturb, against },
+        } => {
+            prepare_bench()?;
+            let baseline = against.as_deref().map(baseline::build).transpose()?;
+            let (nodes, vips, runs) = if quick { (4, 100, 2) } else { (nodes, vips, runs) };
+            let [nodes, vips, interval, runs] = [nodes, vips, interval_ms, runs].map(|n| n.to_string());
+            let mut args =
+                vec!["--nodes", &nodes, "--vips", &vips, "--interval-ms", &interval, "--runs", &runs];
+            if no_disturb {
+                args.push("--no-disturb");
+            }
+            let label = against.map(|rev| format!("{rev} (baseline)"));
+            if let (Some(bin), Some(label)) = (&baseline, &label) {
+                args.extend(["--baseline", bin.to_str().context("a UTF-8 path")?, "--baseline-label", label]);
+            }
+            run_bench("bench-vrrp-load", &args)
         }
         Task::Bench { which: Bench::Scale { quick, only } } => {
             prepare_bench()?;

@@ -210,6 +210,7 @@ impl Dataplane {
                 .map_err(|source| Error::BpfMap { map: OWNED_VIPS, source })?,
             v6: HashMap::try_from(take_map(&mut ebpf, OWNED_VIPS6)?)
                 .map_err(|source| Error::BpfMap { map: OWNED_VIPS6, source })?,
+            held: None,
         };
         let leases = leases::Leases::take(take_map(&mut ebpf, VIP_LEASES)?)?;
         let speakers = speakers::Speakers::take(

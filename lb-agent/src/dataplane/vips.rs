@@ -1,6 +1,7 @@
 //! The owned-VIP maps, one per family. Userspace computes the difference between what the maps
 //! hold and what is wanted, and applies only that, so unchanged VIPs are never rewritten under
-//! live traffic.
+//! live traffic. What the maps hold is read back once (a previous agent's pins) and then
+//! remembered, so an ownership change costs the entries it changes, not a walk of the map.
 
 use std::{
     collections::BTreeMap,
@@ -19,6 +20,9 @@ pub type OwnedSet = BTreeMap<IpAddr, OwnedVip>;
 pub struct OwnedMaps {
     pub v4: HashMap<MapData, VipKey, OwnedVip>,
     pub v6: HashMap<MapData, Vip6Key, OwnedVip>,
+    /// What the maps hold, as last read or written; `None`: unknown (never read, or a write
+    /// failed half-way), so the next apply reads them back.
+    pub held: Option<OwnedSet>,
 }
 
 /// What an update changed.
@@ -50,6 +54,19 @@ pub fn diff(current: &OwnedSet, desired: &OwnedSet) -> Applied {
 }
 
 pub fn apply(maps: &mut OwnedMaps, desired: &OwnedSet) -> Result<Applied> {
+    let current = match maps.held.take() {
+        Some(held) => held,
+        None => read(maps)?,
+    };
+    let applied = diff(&current, desired);
+    write(maps, desired, &applied)?;
+    // Only once every write went through: after a failure the maps are read back next time.
+    maps.held = Some(desired.clone());
+    Ok(applied)
+}
+
+/// What the maps hold now.
+fn read(maps: &OwnedMaps) -> Result<OwnedSet> {
     let err4 = |source: MapError| Error::BpfMap { map: OWNED_VIPS, source };
     let err6 = |source: MapError| Error::BpfMap { map: OWNED_VIPS6, source };
     let mut current = OwnedSet::new();
@@ -61,7 +78,12 @@ pub fn apply(maps: &mut OwnedMaps, desired: &OwnedSet) -> Result<Applied> {
         let (key, value) = entry.map_err(err6)?;
         current.insert(Ipv6Addr::from(key.addr).into(), value);
     }
-    let applied = diff(&current, desired);
+    Ok(current)
+}
+
+fn write(maps: &mut OwnedMaps, desired: &OwnedSet, applied: &Applied) -> Result<()> {
+    let err4 = |source: MapError| Error::BpfMap { map: OWNED_VIPS, source };
+    let err6 = |source: MapError| Error::BpfMap { map: OWNED_VIPS6, source };
     for vip in applied.added.iter().chain(&applied.changed) {
         match vip {
             IpAddr::V4(v4) => maps.v4.insert(VipKey::new(v4.octets()), desired[vip], 0).map_err(err4)?,
@@ -74,7 +96,7 @@ pub fn apply(maps: &mut OwnedMaps, desired: &OwnedSet) -> Result<Applied> {
             IpAddr::V6(v6) => maps.v6.remove(&Vip6Key::new(v6.octets())).map_err(err6)?,
         }
     }
-    Ok(applied)
+    Ok(())
 }
 
 #[cfg(test)]

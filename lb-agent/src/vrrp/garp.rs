@@ -93,6 +93,13 @@ impl GarpSocket {
         Ok(Self { fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }, ifindex })
     }
 
+    /// A socket that sends nowhere (on /dev/null), for tests of what schedules sends.
+    #[cfg(test)]
+    pub fn closed() -> Self {
+        let null = std::fs::File::open("/dev/null").expect("/dev/null");
+        Self { fd: null.into(), ifindex: 0 }
+    }
+
     /// Sends a whole Ethernet frame, to the destination and EtherType it names.
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
         if frame.len() < 14 {

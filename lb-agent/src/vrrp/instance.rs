@@ -62,8 +62,10 @@ pub enum Action {
     ReleaseOwnership,
     /// Still Master, but another router acted as one: announce the addresses again.
     Reannounce,
-    /// Stopped being Master because this router fell silent past its lease: stop answering
-    /// at once (unlike [`Action::ReleaseOwnership`], no grace: another router may own them).
+    /// This master fell silent past its lease and another router took over meanwhile. If the
+    /// instance is Backup now it follows that router: stop answering at once (unlike
+    /// [`Action::ReleaseOwnership`], no grace: the other router owns them). Still Master, it
+    /// reasserts itself (preemption) and the actions that follow say so.
     LeaseLapsed,
 }
 
@@ -186,18 +188,33 @@ impl Instance {
         actions
     }
 
-    /// Fires whichever timer has expired by `now`.
+    /// Fires whichever timer has expired by `now`. A master whose lease ran out advertises
+    /// now like any late master (see [`Instance::lapsed`]).
     pub fn on_timer(&mut self, now: Instant) -> Vec<Action> {
-        if self.lapsed(now) {
-            self.become_backup(now);
-            return vec![Action::LeaseLapsed];
-        }
         match self.state {
             State::Initialize => Vec::new(),
             // §6.4.2: "If the Master_Down_Timer fires" → become Master.
             State::Backup if self.master_down_timer.is_some_and(|t| t <= now) => self.become_master(now),
             // §6.4.3: "If the Adver_Timer fires" → send an ADVERTISEMENT, reset the timer.
             State::Master if self.adver_timer.is_some_and(|t| t <= now) => {
+                self.adver_timer = Some(now + self.config.advert_interval);
+                vec![Action::SendAdvert { priority: self.config.priority }]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// A master whose Adver_Timer fires within `early` of `now` advertises now and restarts
+    /// it from now (§6.4.3, a little early): a node that is master of several instances then
+    /// sends all their advertisements in one wake-up, their timers falling into one phase.
+    /// Early by less than an interval, an advertisement never lets a backup's
+    /// Master_Down_Timer (three intervals and more) fire.
+    pub fn advertise_early(&mut self, now: Instant, early: Duration) -> Vec<Action> {
+        if self.state != State::Master || early >= self.config.advert_interval {
+            return Vec::new();
+        }
+        match self.adver_timer {
+            Some(t) if t <= now + early => {
                 self.adver_timer = Some(now + self.config.advert_interval);
                 vec![Action::SendAdvert { priority: self.config.priority }]
             }
@@ -215,11 +232,8 @@ impl Instance {
         if self.config.priority == PRIORITY_OWNER {
             return Err(Ignored::WeAreOwner);
         }
-        if self.lapsed(now) {
-            self.become_backup(now);
-            let mut actions = vec![Action::LeaseLapsed];
-            actions.extend(self.backup_receives(now, source, advert).unwrap_or_default());
-            return Ok(actions);
+        if advert.priority != PRIORITY_RESIGN && self.lapsed(now) {
+            return Ok(self.overtaken(now, source, advert));
         }
         match self.state {
             State::Initialize => Err(Ignored::NotRunning),
@@ -230,14 +244,19 @@ impl Instance {
 
     /// A master that has not advertised for three of its intervals (its process was frozen,
     /// or its host stalled) has let its lease run out (`router::master_lease`): the data
-    /// plane stopped claiming its VIPs, and a backup may have taken over. Not advertising
-    /// on, it rejoins as Backup and lets §6.4.2 decide: without preemption it follows the
-    /// new master instead of fighting it; with preemption it takes the VIPs back one
-    /// Master_Down_Interval later. The address owner (priority 255) stays Master.
+    /// plane stopped claiming its VIPs, and a backup may have taken over.
+    ///
+    /// What it does next depends on whether one did. The shell reads every advertisement that
+    /// queued up during the stall before it fires a timer, so a router that took over is
+    /// heard first ([`Instance::overtaken`]). Without one, the master simply advertises late,
+    /// as RFC 5798 has it: stepping down for a stall nobody acted on would make every node of
+    /// a loaded group pay a transition for each scheduling hiccup, and the transitions' own
+    /// cost starve the next agent (a storm that never settles). The address owner (priority
+    /// 255) never lapses.
     ///
     /// Only a lease that ran out while the shell sat idle counts: one that ran out while the
     /// shell was busy with its own work (say, putting a thousand VIPs on the uplink) is a late
-    /// advertisement, not a freeze, and stepping down for it would start that work again.
+    /// advertisement, not a freeze.
     fn lapsed(&self, now: Instant) -> bool {
         let Some(lease_end) = self.adver_timer.map(|next| next + self.config.advert_interval * 2) else {
             return false;
@@ -252,6 +271,23 @@ impl Instance {
     /// a freeze (see [`Instance::lapsed`]).
     pub fn idle_since(&mut self, at: Instant) {
         self.idle_since = Some(at);
+    }
+
+    /// A master whose lease ran out hears another router that took over meanwhile. Without
+    /// preemption it follows that router instead of fighting it ([`Action::LeaseLapsed`],
+    /// then Backup); with preemption §6.4.3 decides as for any master (it reasserts over a
+    /// lower priority, yields to a higher one), and the lapse is only reported.
+    fn overtaken(&mut self, now: Instant, source: IpAddr, advert: &Advertisement) -> Vec<Action> {
+        let mut actions = vec![Action::LeaseLapsed];
+        if self.config.preempt {
+            actions.extend(self.master_receives(now, source, advert).unwrap_or_default());
+            return actions;
+        }
+        self.master_adver_interval = CENTISECOND * u32::from(advert.max_adver_int_cs);
+        self.become_backup(now);
+        self.master = Some(source);
+        self.last_advert_at = Some(now);
+        actions
     }
 
     /// §6.4.2 Backup: "If an ADVERTISEMENT is received".
@@ -402,20 +438,21 @@ mod tests {
     const SEND_OWN: fn(u8) -> Action = |priority| Action::SendAdvert { priority };
 
     #[test]
-    fn a_master_frozen_past_its_lease_rejoins_as_backup() {
+    fn a_master_frozen_past_its_lease_advertises_late_unless_another_took_over() {
         let t0 = Instant::now();
         // Master at 4 s, advertising every second: next advertisement due at 5 s, lease to 7 s.
         let mut late = master_at_4s(t0, 200);
         assert_eq!(late.on_timer(t0 + ms(6999)), vec![SEND_OWN(200)], "still inside its lease");
+        // Frozen past its lease with nobody taking over: it advertises late and stays Master,
+        // its next advertisement one interval on.
         let mut frozen = master_at_4s(t0, 200);
-        assert_eq!(frozen.on_timer(t0 + ms(7000)), vec![Action::LeaseLapsed]);
-        assert_eq!(frozen.state(), State::Backup);
-        // Master_Down_Interval = 3 s + 56/256 s: with nobody else, Master again at 10.219 s.
-        assert!(frozen.on_timer(t0 + ms(10_218)).is_empty());
-        assert_eq!(frozen.on_timer(t0 + ms(10_219)), vec![SEND_OWN(200), Action::TakeOwnership]);
+        frozen.idle_since(t0 + ms(4000));
+        assert_eq!(frozen.on_timer(t0 + ms(7500)), vec![SEND_OWN(200)]);
+        assert_eq!(frozen.state(), State::Master);
+        assert_eq!(frozen.next_deadline(), Some(t0 + ms(8500)));
 
-        // Woken by the new (lower-priority) master's advertisement: without preemption it
-        // follows it; with preemption it discards it and preempts when its down timer fires.
+        // Woken by the advertisement of a (lower-priority) router that took over: without
+        // preemption it follows it; with preemption it reasserts, as any master does.
         let mut no_preempt = master_at_4s(t0, 200);
         no_preempt.set_preempt(false, Duration::ZERO);
         let actions = no_preempt.on_advert(t0 + ms(9000), LOWER_IP, &advert(100, 100)).unwrap();
@@ -424,26 +461,56 @@ mod tests {
         let mut preempt = master_at_4s(t0, 200);
         assert_eq!(
             preempt.on_advert(t0 + ms(9000), LOWER_IP, &advert(100, 100)).unwrap(),
-            vec![Action::LeaseLapsed]
+            vec![Action::LeaseLapsed, SEND_OWN(200), Action::Reannounce]
         );
-        assert_eq!(preempt.state(), State::Backup);
-        assert_eq!(preempt.on_timer(t0 + ms(12_219)), vec![SEND_OWN(200), Action::TakeOwnership]);
+        assert_eq!(preempt.state(), State::Master);
+        // A higher priority took over: it yields to it like any master.
+        let mut outranked = master_at_4s(t0, 200);
+        assert_eq!(
+            outranked.on_advert(t0 + ms(9000), HIGHER_IP, &advert(250, 100)).unwrap(),
+            vec![Action::LeaseLapsed, Action::ReleaseOwnership]
+        );
+        assert_eq!((outranked.state(), outranked.master()), (State::Backup, Some(HIGHER_IP)));
+        // A resignation is answered at once, lapsed or not.
+        let mut resigned = master_at_4s(t0, 200);
+        assert_eq!(
+            resigned.on_advert(t0 + ms(9000), LOWER_IP, &advert(0, 100)).unwrap(),
+            vec![SEND_OWN(200)]
+        );
 
         // A lease that ran out while the shell was busy (idle again only at 7.5 s) is a late
-        // advertisement, not a freeze.
+        // advertisement, not a freeze: a lower master heard then is reasserted over, even
+        // without preemption.
         let mut busy = master_at_4s(t0, 200);
+        busy.set_preempt(false, Duration::ZERO);
         busy.idle_since(t0 + ms(7500));
-        assert_eq!(busy.on_timer(t0 + ms(7500)), vec![SEND_OWN(200)]);
+        assert_eq!(
+            busy.on_advert(t0 + ms(7500), LOWER_IP, &advert(100, 100)).unwrap(),
+            vec![SEND_OWN(200), Action::Reannounce]
+        );
         assert_eq!(busy.state(), State::Master);
-        // One that ran out while it sat idle (since 4 s) is a freeze.
-        let mut idle = master_at_4s(t0, 200);
-        idle.idle_since(t0 + ms(4000));
-        assert_eq!(idle.on_timer(t0 + ms(7500)), vec![Action::LeaseLapsed]);
 
         // The address owner never lapses.
         let mut owner = instance(PRIORITY_OWNER);
         owner.startup(t0);
         assert_eq!(owner.on_timer(t0 + ms(60_000)), vec![SEND_OWN(PRIORITY_OWNER)]);
+    }
+
+    #[test]
+    fn a_master_advertises_a_little_early_only_as_master_and_only_within_its_slack() {
+        let t0 = Instant::now();
+        // Master at 4 s, next advertisement due at 5 s.
+        let mut master = master_at_4s(t0, 200);
+        assert!(master.advertise_early(t0 + ms(4900), ms(50)).is_empty(), "100 ms early is too early");
+        assert_eq!(master.advertise_early(t0 + ms(4960), ms(50)), vec![SEND_OWN(200)]);
+        assert_eq!(master.next_deadline(), Some(t0 + ms(5960)), "restarted from when it was sent");
+        assert!(master.advertise_early(t0 + ms(5000), ms(1000)).is_empty(), "never a whole interval early");
+        let mut backup = instance(100);
+        backup.startup(t0);
+        assert!(
+            backup.advertise_early(t0 + ms(3500), ms(1000)).is_empty(),
+            "a backup's timer never fires early"
+        );
     }
 
     #[test]

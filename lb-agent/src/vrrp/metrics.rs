@@ -75,8 +75,12 @@ pub struct VrrpMetrics {
     master: Family<MasterLabels, Gauge>,
     interface: Family<InterfaceLabels, Gauge>,
     last_interface: BTreeMap<(String, InstanceId), String>,
-    last_state: BTreeMap<(String, InstanceId), State>,
-    last_master: BTreeMap<(String, InstanceId), IpAddr>,
+    /// By instance (unique on a node): its group, and what was last exported. Looked up
+    /// without building labels, since every advertisement sent or accepted reports them.
+    last_state: BTreeMap<InstanceId, (String, State)>,
+    last_master: BTreeMap<InstanceId, (String, IpAddr)>,
+    /// Each instance's group and its (sent, received) counters, for the same reason.
+    adverts: BTreeMap<InstanceId, (String, Counter, Counter)>,
 }
 
 impl VrrpMetrics {
@@ -121,7 +125,13 @@ impl VrrpMetrics {
 
     /// Records the instance's state; returns the transition when it changed.
     pub fn state(&mut self, group: &str, id: InstanceId, state: State) -> Option<(State, State)> {
-        let previous = self.last_state.insert((group.to_owned(), id), state);
+        if self.last_state.get(&id).is_some_and(|(g, s)| g == group && *s == state) {
+            return None;
+        }
+        let previous = self
+            .last_state
+            .insert(id, (group.to_owned(), state))
+            .and_then(|(g, s)| (g == group).then_some(s));
         for s in STATES {
             self.state.get_or_create(&state_labels(group, id, s)).set(i64::from(s == state));
         }
@@ -143,34 +153,42 @@ impl VrrpMetrics {
     }
 
     pub fn master(&mut self, group: &str, id: InstanceId, master: Option<IpAddr>) {
-        let key = (group.to_owned(), id);
-        let previous = match master {
-            Some(m) => self.last_master.insert(key, m),
-            None => self.last_master.remove(&key),
-        };
-        if previous == master {
+        let current = self.last_master.get(&id).map(|(g, m)| (g.as_str(), *m));
+        if current == master.map(|m| (group, m)) {
             return;
         }
-        let labels = |master: IpAddr| MasterLabels {
+        let labels = |group: &str, master: IpAddr| MasterLabels {
             group: group.to_owned(),
             vrid: id.vrid,
             family: id.family.as_str(),
             master: master.to_string(),
         };
-        if let Some(old) = previous {
-            self.master.remove(&labels(old));
+        if let Some((old_group, old)) = self.last_master.remove(&id) {
+            self.master.remove(&labels(&old_group, old));
         }
         if let Some(new) = master {
-            self.master.get_or_create(&labels(new)).set(1);
+            self.master.get_or_create(&labels(group, new)).set(1);
+            self.last_master.insert(id, (group.to_owned(), new));
         }
     }
 
-    pub fn sent(&self, group: &str, id: InstanceId) {
-        self.sent.get_or_create(&instance_labels(group, id)).inc();
+    /// The instance's (sent, received) counters, made once per instance and group.
+    fn advert_counters(&mut self, group: &str, id: InstanceId) -> &(String, Counter, Counter) {
+        if !self.adverts.get(&id).is_some_and(|(g, _, _)| g == group) {
+            let labels = instance_labels(group, id);
+            let sent = self.sent.get_or_create(&labels).clone();
+            let received = self.received.get_or_create(&labels).clone();
+            self.adverts.insert(id, (group.to_owned(), sent, received));
+        }
+        &self.adverts[&id]
     }
 
-    pub fn received(&self, group: &str, id: InstanceId) {
-        self.received.get_or_create(&instance_labels(group, id)).inc();
+    pub fn sent(&mut self, group: &str, id: InstanceId) {
+        self.advert_counters(group, id).1.inc();
+    }
+
+    pub fn received(&mut self, group: &str, id: InstanceId) {
+        self.advert_counters(group, id).2.inc();
     }
 
     /// A datagram of `family` dropped; `vrid` when it was whole enough to name one.
@@ -214,7 +232,8 @@ impl VrrpMetrics {
         for s in STATES {
             self.state.remove(&state_labels(group, id, s));
         }
-        self.last_state.remove(&(group.to_owned(), id));
+        self.last_state.remove(&id);
+        self.adverts.remove(&id);
         if let Some(interface) = self.last_interface.remove(&(group.to_owned(), id)) {
             self.interface.remove(&InterfaceLabels {
                 group: group.to_owned(),

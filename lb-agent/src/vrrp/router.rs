@@ -25,6 +25,7 @@ use super::{
     metrics::VrrpMetrics,
     packet::{Advertisement, ChecksumMode, DecodeError, Received, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6},
 };
+use crate::logging::LogBudget;
 
 /// Multicast to the family's group (224.0.0.18, ff02::12), or unicast to each peer.
 #[derive(
@@ -147,6 +148,9 @@ struct Running {
     last_advert: Option<Instant>,
     /// When this node last sent an advertisement for this VRID (a master's lease runs from it).
     last_sent: Option<Instant>,
+    /// When this master last announced its VIPs again over a lower-priority one (see
+    /// [`REANNOUNCE_EVERY`]).
+    reannounced: Option<Instant>,
 }
 
 /// A resigned master that keeps its VIPs until a new master is heard (or a bound passes), so a
@@ -165,6 +169,11 @@ pub type Locals = BTreeMap<(String, Family), IpAddr>;
 
 pub struct Router {
     locals: Locals,
+    /// Transition log lines: a burst, then a few a second (see [`TRANSITION_LOG`]).
+    transition_log: LogBudget,
+    /// Each instance's advertisements as last encoded, with the priority they carry: the same
+    /// bytes every interval until the instance changes (unsigned groups only).
+    encoded: BTreeMap<InstanceId, (u8, Vec<Outgoing>)>,
     instances: BTreeMap<InstanceId, Running>,
     /// VIPs of a master just preempted, still answered until the given time: the new master's
     /// gratuitous ARPs are on their way, and traffic still sent here is served meanwhile.
@@ -211,6 +220,21 @@ impl ForeignRouter {
     }
 }
 
+/// Every transition of a start or a failover is logged (a node of a 16-node group runs up to
+/// 240 instances); past that, ten lines a second, each saying how many were held back.
+const TRANSITION_LOG: LogBudget = LogBudget::new(256, 10);
+
+/// A master that keeps hearing a lower-priority router act as master (one that does not hear
+/// it: a one-way partition, or a loaded segment dropping adverts) advertises over it every
+/// time, but announces its VIPs again at most this often: each reannouncement is a broadcast
+/// per VIP, and answering every advertisement with one is how a segment floods (keepalived
+/// paces the same with `vrrp_garp_lower_prio_delay`).
+pub const REANNOUNCE_EVERY: Duration = Duration::from_secs(1);
+
+/// Whenever timers fire, masters due within this long advertise too (see
+/// [`Instance::advertise_early`]).
+pub const ADVERT_EARLY: Duration = Duration::from_millis(1);
+
 /// At most one log line per foreign router and VRID in this long.
 pub const FOREIGN_LOG_EVERY: Duration = Duration::from_secs(60);
 /// Foreign routers remembered at most.
@@ -224,6 +248,8 @@ impl Router {
     pub fn new(locals: Locals, metrics: VrrpMetrics) -> Self {
         Self {
             locals,
+            transition_log: TRANSITION_LOG,
+            encoded: BTreeMap::new(),
             instances: BTreeMap::new(),
             lingering: BTreeMap::new(),
             handovers: BTreeMap::new(),
@@ -243,6 +269,7 @@ impl Router {
     /// [`Router::reconfigure`] (an instance whose interface or address changes restarts).
     pub fn set_locals(&mut self, locals: Locals) {
         self.locals = locals;
+        self.encoded.clear();
     }
 
     fn local(&self, spec: &InstanceSpec) -> IpAddr {
@@ -281,9 +308,10 @@ impl Router {
             .collect();
         for id in gone {
             self.lingering.remove(&id);
+            self.encoded.remove(&id);
             if let Some(mut running) = self.instances.remove(&id) {
                 let actions = running.machine.shutdown();
-                self.record_state(id, &running.spec.group, running.machine.state());
+                self.record_state(now, id, &running.spec.group, running.machine.state());
                 self.metrics.forget(&running.spec.group, id);
                 // Nothing will take over this VRID: the VIPs moved to other instances.
                 for action in actions {
@@ -298,6 +326,7 @@ impl Router {
         for (id, spec) in wanted {
             match self.instances.get_mut(&id) {
                 Some(running) => {
+                    self.encoded.remove(&id);
                     running.machine.set_priority(spec.priority);
                     running.machine.set_preempt(spec.preempt, spec.preempt_delay);
                     running.machine.set_advert_interval(spec.advert_interval);
@@ -312,9 +341,12 @@ impl Router {
                         preempt_delay: spec.preempt_delay,
                         primary_address: self.local(&spec),
                     });
-                    self.record_state(id, &spec.group, State::Initialize);
+                    self.record_state(now, id, &spec.group, State::Initialize);
                     self.metrics.prepare(&spec.group, id, &spec.interface);
-                    self.instances.insert(id, Running { spec, machine, last_advert: None, last_sent: None });
+                    self.instances.insert(
+                        id,
+                        Running { spec, machine, last_advert: None, last_sent: None, reannounced: None },
+                    );
                     if self.started {
                         let actions = self.instances.get_mut(&id).map(|r| r.machine.startup(now)).unwrap();
                         self.carry_out(now, id, actions, &mut out);
@@ -421,6 +453,13 @@ impl Router {
             let actions = self.instances.get_mut(&id).map(|r| r.machine.on_timer(now)).unwrap_or_default();
             self.carry_out(now, id, actions, &mut out);
         }
+        let ids: Vec<InstanceId> = self.instances.keys().copied().collect();
+        for id in ids {
+            let actions = self.instances.get_mut(&id).map(|r| r.machine.advertise_early(now, ADVERT_EARLY));
+            if let Some(actions) = actions.filter(|a| !a.is_empty()) {
+                self.carry_out(now, id, actions, &mut out);
+            }
+        }
         let expired = self.lingering.len();
         self.lingering.retain(|_, (_, until)| *until > now);
         if self.lingering.len() != expired {
@@ -479,7 +518,7 @@ impl Router {
                 }
             }
             let group = self.instances[&id].spec.group.clone();
-            self.record_state(id, &group, State::Initialize);
+            self.record_state(now, id, &group, State::Initialize);
         }
         out
     }
@@ -640,16 +679,23 @@ impl Router {
         }
         let sequence = if advertises { self.next_sequence(now) } else { self.last_sequence };
         let Some(running) = self.instances.get(&id) else { return };
+        let mut reannounced = false;
         for action in actions {
             match action {
                 Action::SendAdvert { priority } => {
-                    encode_adverts(
-                        running_local(&self.locals, &running.spec),
-                        &running.spec,
-                        priority,
-                        sequence,
-                        out,
-                    );
+                    let (local, spec) = (running_local(&self.locals, &running.spec), &running.spec);
+                    if spec.keys.is_some() {
+                        // Signed: each advert carries its own sequence.
+                        encode_adverts(local, spec, priority, sequence, out);
+                    } else {
+                        let (encoded_for, encoded) = self.encoded.entry(id).or_insert((priority, Vec::new()));
+                        if *encoded_for != priority || encoded.is_empty() {
+                            encoded.clear();
+                            encode_adverts(local, spec, priority, sequence, encoded);
+                            *encoded_for = priority;
+                        }
+                        out.extend(encoded.iter().cloned());
+                    }
                     self.metrics.sent(&running.spec.group, id);
                 }
                 // Ownership is derived from the states (see `owned_vips`), not tracked twice.
@@ -662,31 +708,47 @@ impl Router {
                     self.lingering.insert(id, (running.spec.vips.clone(), now + HANDOVER_GRACE));
                 }
                 Action::LeaseLapsed => {
+                    let following = running.machine.state() == State::Backup;
                     warn!(
                         group = %running.spec.group,
                         instance = %id,
-                        "this master fell silent past its lease (the agent was frozen or stalled): \
-                         rejoining as backup"
+                        master = ?running.machine.master(),
+                        "this master fell silent past its lease (the agent was frozen or stalled) and another \
+                         router took over meanwhile: {}",
+                        if following { "following it" } else { "reasserting (preempt)" }
                     );
-                    self.ownership_epoch += 1;
-                    self.lingering.remove(&id);
+                    if following {
+                        self.ownership_epoch += 1;
+                        self.lingering.remove(&id);
+                    }
                 }
                 Action::Reannounce => {
-                    info!(group = %running.spec.group, instance = %id, "a lower-priority router acted as master; reasserting");
                     self.metrics.reasserted(&running.spec.group, id);
+                    if running.reannounced.is_some_and(|at| now < at + REANNOUNCE_EVERY) {
+                        continue;
+                    }
+                    info!(group = %running.spec.group, instance = %id, "a lower-priority router acted as master; reasserting");
                     self.reannounce.extend(&running.spec.vips);
+                    reannounced = true;
                 }
             }
         }
         let (group, state, master) =
             (running.spec.group.clone(), running.machine.state(), running.machine.master());
-        self.record_state(id, &group, state);
+        if reannounced && let Some(r) = self.instances.get_mut(&id) {
+            r.reannounced = Some(now);
+        }
+        self.record_state(now, id, &group, state);
         self.metrics.master(&group, id, master);
     }
 
-    fn record_state(&mut self, id: InstanceId, group: &str, state: State) {
-        if let Some((from, to)) = self.metrics.state(group, id, state) {
-            info!(group, instance = %id, from = from.as_str(), to = to.as_str(), "VRRP transition");
+    /// Exports the instance's state; logs a transition while the log budget allows (a group
+    /// in trouble may flap hundreds of times a second: the metric counts every one).
+    fn record_state(&mut self, now: Instant, id: InstanceId, group: &str, state: State) {
+        if let Some((from, to)) = self.metrics.state(group, id, state)
+            && let Some(held_back) = self.transition_log.allow(now)
+        {
+            info!(group, instance = %id, from = from.as_str(), to = to.as_str(), held_back, "VRRP transition");
         }
     }
 }
@@ -753,6 +815,15 @@ fn decode_authenticated(
 }
 
 fn same_addresses(advert: &Advertisement, ours: &BTreeSet<IpAddr>) -> bool {
+    // Another lb-agent lists the first of the same sorted addresses: compared in place, with
+    // nothing allocated (this runs for every advertisement accepted).
+    if let Some(first) = advert.addresses.first() {
+        let listed_by_us =
+            ours.iter().filter(|a| a.is_ipv4() == first.is_ipv4()).take(super::packet::MAX_ADVERTISED_ADDRS);
+        if advert.addresses.iter().eq(listed_by_us) {
+            return true;
+        }
+    }
     let listed: BTreeSet<IpAddr> = advert.addresses.iter().copied().collect();
     // Large instances advertise only the first addresses (see packet::MAX_ADVERTISED_ADDRS).
     listed.len() == advert.addresses.len()
@@ -851,6 +922,32 @@ mod tests {
         let transition =
             r#"vrrp_transitions_total{group="g",vrid="9",family="ipv4",from="backup",to="master"} 1"#;
         assert!(metrics.contains(transition), "{metrics}");
+    }
+
+    #[test]
+    fn a_master_hearing_a_lower_master_advertises_every_time_but_reannounces_once_a_second() {
+        let t0 = Instant::now();
+        let (mut a, registry) = router(A, spec(200, &[B], Transport::Multicast));
+        let (mut b, _) = router(B, spec(100, &[A], Transport::Multicast));
+        a.start(t0);
+        b.start(t0);
+        a.on_timer(t0 + ms(322));
+        // B does not hear A (a one-way partition) and believes itself master.
+        let b_advert = b.on_timer(t0 + ms(361)).remove(0);
+        let heard = |a: &mut Router, at| a.on_datagram(at, "eth0", Datagram::V4(&on_wire(B, &b_advert, 255)));
+        assert_eq!(heard(&mut a, t0 + ms(400)).len(), 1, "A advertises over B");
+        assert_eq!(a.take_reannouncements(), [VIP].into());
+        for at in [410, 500, 1399] {
+            assert_eq!(heard(&mut a, t0 + ms(at)).len(), 1, "A advertises over B every time");
+            assert!(a.take_reannouncements().is_empty(), "but announces its VIPs again only once a second");
+        }
+        heard(&mut a, t0 + ms(1400));
+        assert_eq!(a.take_reannouncements(), [VIP].into());
+        let metrics = text(&registry);
+        assert!(
+            metrics.contains(r#"vrrp_reassertions_total{group="g",vrid="9",family="ipv4"} 5"#),
+            "{metrics}"
+        );
     }
 
     #[test]

@@ -20,6 +20,10 @@ use super::{
     router::Datagram,
 };
 
+/// The receive socket's buffer, in bytes (the kernel counts each datagram's whole buffer,
+/// about 1 KiB for an advertisement).
+const RECEIVE_BUFFER: i32 = 4 << 20;
+
 /// DSCP CS6 (network control), as keepalived and most routers send VRRP.
 const TOS_NETWORK_CONTROL: u32 = 0xc0;
 
@@ -65,6 +69,12 @@ impl VrrpSocket {
             IpAddr::V6(source) => open_v6(interface, ifindex, source)?,
         };
         receive.set_nonblocking(true)?;
+        // Room for every advertisement of a busy segment through a stall of a second or so (a
+        // default buffer holds ~200): one dropped here may be the one that keeps a backup
+        // from taking over. Forced past rmem_max where the agent may (CAP_NET_ADMIN).
+        if set_int(&receive, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, RECEIVE_BUFFER).is_err() {
+            receive.set_recv_buffer_size(RECEIVE_BUFFER as usize)?;
+        }
         send.set_nonblocking(true)?;
         // The send socket would queue every advert on the segment too; nobody reads it.
         send.set_recv_buffer_size(0)?;

@@ -174,7 +174,7 @@ impl VrrpMetrics {
 
     /// The instance's (sent, received) counters, made once per instance and group.
     fn advert_counters(&mut self, group: &str, id: InstanceId) -> &(String, Counter, Counter) {
-        if !self.adverts.get(&id).is_some_and(|(g, _, _)| g == group) {
+        if self.adverts.get(&id).is_none_or(|(g, _, _)| g != group) {
             let labels = instance_labels(group, id);
             let sent = self.sent.get_or_create(&labels).clone();
             let received = self.received.get_or_create(&labels).clone();

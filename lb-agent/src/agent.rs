@@ -7,13 +7,12 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr},
     path::PathBuf,
     sync::{Arc, Mutex, atomic::Ordering},
     time::Duration,
 };
 
-use lb_common::maps::OwnedVip;
 use tokio::{
     net::TcpListener,
     signal::unix::{Signal, SignalKind, signal},
@@ -25,7 +24,7 @@ use tracing::{debug, error, info, warn};
 use crate::{
     announcer::{Announcement, Announcer},
     config::{Config, ConfigError},
-    dataplane::{Dataplane, XdpCounters, leases, vips::OwnedSet},
+    dataplane::{Dataplane, XdpCounters, leases},
     error::{Error, Result},
     http::{self, HttpState, InstanceSnapshot, LoopSnapshot, StatusSource},
     k8s::controller::{ForeignRouters, FromAgent, Impersonations},
@@ -33,6 +32,7 @@ use crate::{
     metrics::{GroupLabels, MemberLabels, Metrics, ResultLabels, VridLabels, XdpLabels},
     netdev,
     node_plan::{NodePlan, node_plan},
+    ownership::{self, UplinkView, Wanted},
     service_sync::{ServiceSync, SyncMetrics, SyncRequest},
     uplinks::{self, Uplinks},
     vip_addresses::{ByInterface, VipAddresses},
@@ -797,51 +797,16 @@ impl Agent {
         self.applied_epoch = epoch;
         self.publish_owners();
         let claims = self.vrrp.as_ref().map(|v| v.router.claims()).unwrap_or_default();
-        let vrrp_owned: BTreeSet<IpAddr> = claims.values().flat_map(|c| c.vips.iter().copied()).collect();
-        let default = &self.uplinks.by_name[&self.config.interface];
-        let default_slot = self.uplinks.slots.for_vips(&self.config.interface);
-        let mut xdp: OwnedSet = self
-            .config
-            .vips
+        let uplinks: BTreeMap<String, UplinkView> = self
+            .uplinks
+            .by_name
             .iter()
-            .map(|v| {
-                (v.address, OwnedVip::new(v.mac.unwrap_or(default.interface.mac).0).on_uplink(default_slot))
+            .map(|(name, u)| {
+                (name.clone(), UplinkView { mac: u.interface.mac, slot: self.uplinks.slots.for_vips(name) })
             })
             .collect();
-        let mut kernel: BTreeMap<String, BTreeSet<IpAddr>> =
-            self.uplinks.by_name.keys().map(|name| (name.clone(), BTreeSet::new())).collect();
-        // IPv6 VIPs only XDP answers for: their solicited-node groups are joined for them.
-        let mut listening: BTreeMap<String, BTreeSet<Ipv6Addr>> =
-            self.uplinks.by_name.keys().map(|name| (name.clone(), BTreeSet::new())).collect();
-        for vip in &self.config.vips {
-            if let IpAddr::V6(v6) = vip.address {
-                listening.entry(self.config.interface.clone()).or_default().insert(v6);
-            }
-        }
-        for (id, claim) in &claims {
-            // An instance's VIPs are all of one group: one interface, one mode, resolved once
-            // (an instance may hold thousands).
-            let Some(settings) = claim.vips.iter().find_map(|vip| self.plan.vips.get(vip)) else { continue };
-            let Some(uplink) = self.uplinks.get(&settings.interface) else { continue };
-            let mac = uplink.interface.mac.0;
-            let entry =
-                if settings.mode.uses_netlink() { OwnedVip::with_kernel(mac) } else { OwnedVip::new(mac) };
-            let entry =
-                entry.with_lease(id.lease_slot()).on_uplink(self.uplinks.slots.for_vips(&settings.interface));
-            let planned = claim.vips.iter().filter(|vip| self.plan.vips.contains_key(*vip));
-            if settings.mode.uses_xdp() {
-                xdp.extend(planned.clone().map(|vip| (*vip, entry)));
-            }
-            if settings.mode.uses_netlink() {
-                kernel.entry(settings.interface.clone()).or_default().extend(planned);
-            } else {
-                let v6 = planned.filter_map(|vip| match vip {
-                    IpAddr::V6(v6) => Some(*v6),
-                    IpAddr::V4(_) => None,
-                });
-                listening.entry(settings.interface.clone()).or_default().extend(v6);
-            }
-        }
+        let Wanted { xdp, kernel, listening, vrrp_owned } =
+            ownership::wanted(&self.config, &self.plan, &uplinks, &claims);
         match self.dataplane.set_owned_vips(&xdp) {
             Ok(applied) if !applied.is_empty() => {
                 // Counts at info: a transition of a thousand-VIP instance is not a thousand

@@ -14,6 +14,7 @@
 //! - [`vrrp`]: VRRPv3 — who owns each VIP at run time.
 //! - [`vrrp_driver`]: the router with its sockets: the VRRP shell the run loop drives.
 //! - [`planner`]: the pure, deterministic plan: VIP owners and shared VRRP instances.
+//! - [`ownership`]: which VIPs this node answers, where and how (pure); the agent applies it.
 //! - [`node_plan`]: from the config and the planner to this node's VRRP instances.
 //! - [`key_files`]: the groups' VRRP key files, followed while the agent runs.
 //! - [`service_plan`]: from the config's services to this node's forwarding maps (pure).
@@ -40,6 +41,7 @@ pub mod maglev;
 pub mod metrics;
 pub mod netdev;
 pub mod node_plan;
+pub mod ownership;
 pub mod planner;
 pub mod service_plan;
 pub mod service_sync;

@@ -90,6 +90,45 @@ fn keep_on_exit_false_detaches_on_sigterm() {
     assert!(!lb_agent::dataplane::pin_dir(&lab.pin_path(0)).exists(), "and nothing stays pinned");
 }
 
+/// Whether the agent has a handler installed for `signal` (`SigCgt` in its status).
+fn catches(agent: &lb_lab::Agent, signal: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).unwrap_or_default();
+    let caught = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).map(str::trim).unwrap_or("0");
+    u64::from_str_radix(caught, 16).is_ok_and(|mask| mask & (1 << (signal - 1)) != 0)
+}
+
+/// A signal sent during start-up (`systemctl reload` right after a start, a config tool's HUP)
+/// does what it does later: SIGHUP reloads, SIGTERM stops cleanly. Before, SIGHUP 150 ms after
+/// the start killed the agent (exit 129, not a line logged): the handlers came after the first
+/// sync.
+#[test]
+fn signals_during_start_up_reload_or_stop_cleanly() {
+    let lab = Lab::new(1);
+    let config = format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\nvips: []\n");
+    let early = |agent: &lb_lab::Agent, signal| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !catches(agent, signal) {
+            assert!(std::time::Instant::now() < deadline, "no handler for {signal}:\n{}", agent.log_text());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let ready = agent.try_get("/readyz").is_some_and(|r| r.split(' ').nth(1) == Some("200"));
+        assert!(!ready, "the handler is there before readiness:\n{}", agent.log_text());
+        agent.signal(signal);
+    };
+
+    let mut agent = lab.start_agent(0, &config);
+    early(&agent, libc::SIGHUP);
+    agent.wait_ready();
+    agent.wait_metric(r#"lbagent_config_reloads_total{result="applied"}"#, 1.0);
+    stop(&mut agent);
+
+    let mut agent = lab.start_agent(0, &config);
+    early(&agent, libc::SIGTERM);
+    let status = agent.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "{status}:\n{}", agent.log_text());
+    assert!(agent.log_text().contains("SIGTERM"), "{}", agent.log_text());
+}
+
 #[test]
 fn a_pinned_map_of_another_shape_is_replaced_not_reused() {
     use aya::maps::{Array, IterableMap, MapData, MapInfo};

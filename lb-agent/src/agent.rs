@@ -33,6 +33,7 @@ use crate::{
     netdev,
     node_plan::{NodePlan, node_plan},
     ownership::{self, UplinkView, Wanted},
+    routes::{self, RouteMetrics, Routes},
     service_sync::{ServiceSync, SyncMetrics, SyncRequest},
     uplinks::{self, Uplinks},
     vip_addresses::{ByInterface, VipAddresses},
@@ -172,6 +173,7 @@ pub async fn run(
 
     let mut metrics = Metrics::new();
     let mut vrrp = Vrrp::new(Router::new(plan.locals.clone(), VrrpMetrics::register(&mut metrics.registry)));
+    let route_metrics = RouteMetrics::register(&mut metrics.registry);
     let index = |name: &str| uplinks.get(name).map(|u| u.interface.index);
     vrrp.sockets = vrrp.open_missing(&plan, index).map_err(|((interface, family), expected)| {
         config_error(&node_address_field(&config, &node, &interface, family), expected)
@@ -227,6 +229,7 @@ pub async fn run(
 
     let carrier = within(&background, netdev::watch_carrier)?;
     let vip_addresses = within(&background, || VipAddresses::spawn(netlink.clone()));
+    let routes = within(&background, || Routes::spawn(config.routes.clone(), netlink.clone(), route_metrics));
     let mut agent = Agent {
         config_path,
         config,
@@ -241,6 +244,8 @@ pub async fn run(
         vrrp: Some(vrrp),
         announced: BTreeSet::new(),
         announcer: within(&background, Announcer::spawn),
+        routes,
+        stopping: false,
         garp_refresh: BTreeMap::new(),
         vip_addresses,
         applied_epoch: None,
@@ -291,7 +296,9 @@ pub async fn run(
     http::remove_admin(&agent.config.admin_socket, admin_ino);
     agent.applied_epoch = None;
     agent.vrrp = None;
+    agent.stopping = true;
     agent.apply_ownership().await;
+    agent.routes.settled(Duration::from_secs(2)).await;
     agent.vip_addresses.flush(Duration::from_secs(2)).await;
     if agent.config.dataplane.keep_on_exit {
         agent.dataplane.keep();
@@ -394,6 +401,10 @@ struct Agent {
     announced: BTreeSet<IpAddr>,
     /// Sends the gratuitous ARPs and NAs, paced.
     announcer: Announcer,
+    /// Holds the routed VIPs' kernel routes, for the node's FRR.
+    routes: Routes,
+    /// A graceful stop began: routes are withdrawn while the rest keeps serving.
+    stopping: bool,
     /// Owned VIPs by `garp.refresh` period, and when they are next announced again.
     garp_refresh: BTreeMap<Duration, (Instant, Vec<IpAddr>)>,
     /// Keeps the VIP addresses on the uplinks (modes `netlink`, `both`) without the loop
@@ -445,6 +456,8 @@ impl Agent {
         // Which VRRP socket is read first next time (see `VrrpSocket::recv_any`).
         let mut turn = 0;
         let mut stop_by: Option<Instant> = None;
+        // After a graceful stop withdrew routes: serve until then.
+        let mut drain_until: Option<Instant> = None;
         // While set, datagrams wait in their sockets until then (see RECEIVE_TICK).
         let mut receive_from: Option<Instant> = None;
         // XDP counts impersonating advertisements; they are read, reported and logged this
@@ -453,7 +466,11 @@ impl Agent {
         loop {
             if let Some(deadline) = stop_by {
                 let handing_over = self.vrrp.as_ref().is_some_and(|v| v.router.handing_over());
-                if !handing_over || Instant::now() >= deadline {
+                let draining = drain_until.is_some_and(|until| Instant::now() < until);
+                if !(handing_over || draining) || Instant::now() >= deadline {
+                    if draining {
+                        info!("drained: stopping");
+                    }
                     return Ok(());
                 }
             }
@@ -463,7 +480,8 @@ impl Agent {
             let vrrp_deadline =
                 self.vrrp.as_ref().and_then(|v| v.router.next_deadline()).map(Instant::from_std);
             let garp_refresh = self.garp_refresh.values().map(|(at, _)| *at);
-            let deadline = vrrp_deadline.into_iter().chain(garp_refresh).chain(receive_from).min();
+            let deadline =
+                vrrp_deadline.into_iter().chain(garp_refresh).chain(receive_from).chain(drain_until).min();
             // Busy sockets are read on a tick: until it, this thread sleeps outside epoll, where
             // every advertisement that arrives would wake it. Nothing else shares the thread
             // (see `run`), and the sleep ends at the next deadline.
@@ -491,8 +509,8 @@ impl Agent {
                     self.refresh_garps(Instant::now());
                 }
                 _ = stop_signal(&mut signals.term, &mut signals.int), if stop_by.is_none() => {
-                    stop_by = Some(Instant::now() + STOP_BOUND);
-                    self.begin_stop().await;
+                    drain_until = self.begin_stop().await;
+                    stop_by = Some(drain_until.unwrap_or_else(Instant::now).max(Instant::now()) + STOP_BOUND);
                 }
                 Some(config) = or_pending(self.cluster_configs.as_mut().map(|rx| rx.recv())), if stop_by.is_none() => {
                     self.apply_config(config).await;
@@ -542,15 +560,21 @@ impl Agent {
         self.vrrp.as_mut().is_some_and(|vrrp| vrrp.drain(buf))
     }
 
-    /// SIGTERM/SIGINT: masters resign and hand over; the loop ends when the handovers are done.
-    async fn begin_stop(&mut self) {
-        info!("stopping: resigning VRRP masters");
+    /// SIGTERM/SIGINT: masters resign and hand over, routed VIPs are withdrawn; the loop ends
+    /// when the handovers are done and, if routes were held, the drain is over (until then
+    /// this node serves the flows the fabric still sends it). Returns the drain's end.
+    async fn begin_stop(&mut self) -> Option<Instant> {
+        let routed = !self.routes.held().is_empty();
+        info!(routed, "stopping: resigning VRRP masters, withdrawing routed VIPs");
         self.state.ready.store(false, Ordering::Relaxed);
+        self.stopping = true;
         if let Some(vrrp) = &mut self.vrrp {
             let out = vrrp.router.shutdown(Instant::now().into_std());
             vrrp.send(&out);
         }
+        self.applied_epoch = None;
         self.apply_ownership().await;
+        routed.then(|| Instant::now() + self.config.routes.drain)
     }
 
     /// SIGHUP. A config that fails to validate leaves everything running as it was.
@@ -603,6 +627,8 @@ impl Agent {
             ("nodeAddress", new.node_address != self.config.node_address),
             ("dataplane.pinPath", new.dataplane.pin_path != self.config.dataplane.pin_path),
             ("dataplane.capacity", new.dataplane.capacity != self.config.dataplane.capacity),
+            ("routes.device", new.routes.device != self.config.routes.device),
+            ("routes.protocol", new.routes.protocol != self.config.routes.protocol),
         ];
         for (field, changed) in restart_needed {
             if changed {
@@ -625,7 +651,9 @@ impl Agent {
         let mut dataplane = new.dataplane.clone();
         dataplane.pin_path = self.config.dataplane.pin_path.clone();
         dataplane.capacity = self.config.dataplane.capacity;
+        let routes = crate::config::RoutesConfig { drain: new.routes.drain, ..self.config.routes.clone() };
         let config = Arc::new(Config {
+            routes,
             interface: self.config.interface.clone(),
             xdp_mode: self.config.xdp_mode,
             listen: self.config.listen,
@@ -808,8 +836,13 @@ impl Agent {
                 (name.clone(), UplinkView { mac: u.interface.mac, slot: self.uplinks.slots.for_vips(name) })
             })
             .collect();
-        let Wanted { xdp, kernel, listening, vrrp_owned } =
-            ownership::wanted(&self.config, &self.plan, &uplinks, &claims);
+        let mut wanted = ownership::wanted(&self.config, &self.plan, &uplinks, &claims);
+        if self.stopping {
+            wanted = wanted.withdrawn();
+        }
+        let Wanted { xdp, kernel, listening, vrrp_owned, routes } = wanted;
+        let why = if self.stopping { routes::Why::Stopping } else { routes::Why::Changed };
+        self.routes.set(routes, why);
         match self.dataplane.set_owned_vips(&xdp) {
             Ok(applied) if !applied.is_empty() => {
                 // Counts at info: a transition of a thousand-VIP instance is not a thousand

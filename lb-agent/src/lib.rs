@@ -7,6 +7,8 @@
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz` on the network; `/status` and `/loglevel` on
 //!   the admin socket.
 //! - [`announcer`]: gratuitous ARPs and NAs for VIPs taken, paced from one task.
+//! - [`routes`]: routed VIPs (`announce: bgp`, `bgpOwner`) as kernel routes the node's FRR
+//!   redistributes, into a device that dies with the agent.
 //! - [`admin`]: the admin socket's client (`lb-agent status`, `lb-agent log-level`).
 //! - [`status`]: `lb-agent status`: the local agent's groups, VIPs and backends.
 //! - [`logging`]: structured logs with a filter that changes at run time.
@@ -43,6 +45,7 @@ pub mod netdev;
 pub mod node_plan;
 pub mod ownership;
 pub mod planner;
+pub mod routes;
 pub mod service_plan;
 pub mod service_sync;
 pub mod status;

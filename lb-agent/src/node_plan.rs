@@ -10,7 +10,7 @@ use std::{
 };
 
 use crate::{
-    config::{Config, GarpConfig, GroupConfig, VipMode},
+    config::{Announce, Config, GarpConfig, GroupConfig, VipMode},
     planner::{self, GroupInput, VipInput},
     vrrp::{
         family::Family,
@@ -25,6 +25,7 @@ pub struct VipSettings {
     /// The group's interface: the only one the VIP is answered and served on.
     pub interface: String,
     pub mode: VipMode,
+    pub announce: Announce,
     pub garp: GarpConfig,
 }
 
@@ -38,6 +39,9 @@ pub struct NodePlan {
     pub instances: Vec<InstanceSpec>,
     /// Every group VIP, whether or not this node ever owns it.
     pub vips: BTreeMap<IpAddr, VipSettings>,
+    /// The VIPs of this node's `announce: bgp` groups it is eligible for: served and routed
+    /// for as long as the node serves, no election.
+    pub routed: BTreeSet<IpAddr>,
     /// VIPs the planner could not place, with the reason, for logs and Events.
     pub unplaced: Vec<(String, IpAddr, String)>,
     /// Every planned group's VRIDs by instance (`status.vrids`): the same on every node.
@@ -74,6 +78,10 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
                 Family::V6 => others.filter_map(|n| Some(IpAddr::V6(n.address6?))).collect(),
             }
         };
+        if group.announce == Announce::Bgp {
+            plan_routed(&mut plan, group, interface, me);
+            continue;
+        }
         if let Some(node) = me_in_group {
             plan.locals.insert((interface.to_owned(), Family::V4), node.address.into());
             if let Some(address6) = node.address6 {
@@ -91,6 +99,7 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
                     group: group.name.clone(),
                     interface: interface.to_owned(),
                     mode: group.vip_mode,
+                    announce: group.announce,
                     garp: group.garp.clone(),
                 },
             );
@@ -166,4 +175,27 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
         }
     }
     plan
+}
+
+/// An `announce: bgp` group: no VRRP, so no instances, VRIDs or local addresses; this node
+/// serves (and routes) each VIP it is eligible for, on the group's interface.
+fn plan_routed(plan: &mut NodePlan, group: &GroupConfig, interface: &str, me: &str) {
+    for vip in group.vips.iter() {
+        let settings = VipSettings {
+            group: group.name.clone(),
+            interface: interface.to_owned(),
+            mode: group.vip_mode,
+            announce: group.announce,
+            garp: group.garp.clone(),
+        };
+        plan.vips.insert(vip.address, settings);
+    }
+    if !group.nodes.iter().any(|n| n.name == me) {
+        return;
+    }
+    plan.uplinks.insert(interface.to_owned());
+    let eligible = |vip: &&crate::config::GroupVip| {
+        vip.eligible_nodes.as_ref().is_none_or(|nodes| nodes.iter().any(|n| n == me))
+    };
+    plan.routed.extend(group.vips.iter().filter(eligible).map(|vip| vip.address));
 }

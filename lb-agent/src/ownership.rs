@@ -36,8 +36,20 @@ pub struct Wanted {
     /// The IPv6 VIPs only XDP answers for, per uplink: their solicited-node groups are joined
     /// for them (the kernel joins those of the addresses it holds).
     pub listening: BTreeMap<String, BTreeSet<Ipv6Addr>>,
-    /// The VIPs owned through VRRP (the ones an election can take or lose).
+    /// The VIPs owned through VRRP and announced by ARP/NDP (the ones an election can take or
+    /// lose, and gratuitous ARPs announce).
     pub vrrp_owned: BTreeSet<IpAddr>,
+    /// The VIPs routed to the fabric through the local FRR: every eligible one of the
+    /// `announce: bgp` groups, and those this node is VRRP master of in `bgpOwner` groups.
+    pub routes: BTreeSet<IpAddr>,
+}
+
+impl Wanted {
+    /// Withdrawing before stopping: the routes go (the fabric moves its flows to the other
+    /// nodes) while everything else keeps serving the flows still arriving meanwhile.
+    pub fn withdrawn(self) -> Self {
+        Self { routes: BTreeSet::new(), ..self }
+    }
 }
 
 /// The decision. `uplinks` are this node's, by interface name; `default` names the one the
@@ -63,8 +75,13 @@ pub fn wanted(
             }
         }
     }
+    for vip in &plan.routed {
+        let Some(settings) = plan.vips.get(vip) else { continue };
+        let Some(uplink) = uplinks.get(&settings.interface) else { continue };
+        wanted.xdp.insert(*vip, OwnedVip::new(uplink.mac.0).routed().on_uplink(uplink.slot));
+        wanted.routes.insert(*vip);
+    }
     for (id, claim) in claims {
-        wanted.vrrp_owned.extend(&claim.vips);
         // An instance's VIPs are all of one group: one interface, one mode, resolved once
         // (an instance may hold thousands).
         let Some(settings) = claim.vips.iter().find_map(|vip| plan.vips.get(vip)) else { continue };
@@ -74,6 +91,13 @@ pub fn wanted(
             if settings.mode.uses_netlink() { OwnedVip::with_kernel(mac) } else { OwnedVip::new(mac) };
         let entry = entry.with_lease(id.lease_slot()).on_uplink(uplink.slot);
         let planned = claim.vips.iter().filter(|vip| plan.vips.contains_key(*vip));
+        if settings.announce.routed() {
+            // bgpOwner: the master routes its VIPs; nothing is claimed on the segment.
+            wanted.xdp.extend(planned.clone().map(|vip| (*vip, entry.routed())));
+            wanted.routes.extend(planned);
+            continue;
+        }
+        wanted.vrrp_owned.extend(&claim.vips);
         if settings.mode.uses_xdp() {
             wanted.xdp.extend(planned.clone().map(|vip| (*vip, entry)));
         }
@@ -204,6 +228,76 @@ mod tests {
         assert!(w.xdp.contains_key(&ip("198.51.100.10")));
         assert!(!w.xdp.contains_key(&ip("198.51.101.10")), "eth1 is not this node's");
         assert_eq!(w.kernel.keys().collect::<Vec<_>>(), ["eth0"]);
+    }
+
+    /// Group `edge` on eth0 in mode `announce` over n0, n1 and n2: one VIP of each family for
+    /// every member, one (in `bgp`) only n1 is eligible for.
+    fn routed_config(announce: &str) -> Config {
+        let only_n1 =
+            if announce == "bgp" { "\n      - {address: 198.51.100.30, eligibleNodes: [n1]}" } else { "" };
+        Config::parse(&format!(
+            "interface: eth0\ngroups:\n  - name: edge\n    announce: {announce}\n    nodes:\n\
+             \x20     - {{name: n0, address: 192.0.2.10, address6: 'fe80::a'}}\n      - {{name: n1, address: 192.0.2.11, address6: 'fe80::b'}}\n\
+             \x20     - {{name: n2, address: 192.0.2.12, address6: 'fe80::c'}}\n\
+             \x20   vips:\n      - {{address: 198.51.100.20}}\n      - {{address: '2001:db8:6::20'}}{only_n1}\n"
+        ))
+        .expect("a valid config")
+    }
+
+    #[test]
+    fn in_bgp_every_member_serves_and_routes_the_vips_it_is_eligible_for_unanswered_on_the_segment() {
+        let config = routed_config("bgp");
+        for (node, routed) in [
+            ("n0", vec!["198.51.100.20", "2001:db8:6::20"]),
+            ("n1", vec!["198.51.100.20", "198.51.100.30", "2001:db8:6::20"]),
+            ("n3", vec![]),
+        ] {
+            let plan = node_plan(&config, node);
+            assert!(plan.instances.is_empty() && plan.locals.is_empty(), "{node}: no VRRP in bgp");
+            let w = wanted(&config, &plan, &uplinks(), &BTreeMap::new());
+            let routed: BTreeSet<IpAddr> = routed.iter().map(|s| ip(s)).collect();
+            assert_eq!(w.routes, routed, "{node}");
+            assert_eq!(w.xdp.keys().copied().collect::<BTreeSet<_>>(), routed, "{node}");
+            for entry in w.xdp.values() {
+                assert_eq!(*entry, OwnedVip::new(MAC0.0).routed().on_uplink(0), "{node}: no lease, no ARP");
+            }
+            assert!(w.vrrp_owned.is_empty() && w.listening.values().all(BTreeSet::is_empty), "{node}");
+            let draining = w.clone().withdrawn();
+            assert!(draining.routes.is_empty() && draining.xdp == w.xdp, "{node}: withdrawn, still serving");
+        }
+    }
+
+    #[test]
+    fn in_bgp_owner_only_the_master_routes_under_its_lease_and_nothing_is_announced_on_the_segment() {
+        let config = routed_config("bgpOwner");
+        let plan = node_plan(&config, "n0");
+        assert!(!plan.instances.is_empty(), "bgpOwner elects a master by VRRP");
+        let backup = wanted(&config, &plan, &uplinks(), &BTreeMap::new());
+        assert!(backup.routes.is_empty() && backup.xdp.is_empty());
+        let all: Vec<u8> = plan.instances.iter().map(|i| i.vrid).collect();
+        let master = wanted(&config, &plan, &uplinks(), &claims(&plan, &all));
+        assert_eq!(master.routes, [ip("198.51.100.20"), ip("2001:db8:6::20")].into());
+        for (vip, entry) in &master.xdp {
+            assert!(entry.is_routed() && entry.lease != OwnedVip::NO_LEASE, "{vip}: {entry:?}");
+        }
+        assert!(master.vrrp_owned.is_empty(), "no gratuitous ARP for a routed VIP");
+        assert!(master.listening.values().all(BTreeSet::is_empty));
+    }
+
+    #[test]
+    fn a_routed_group_must_leave_the_kernel_and_vrrp_settings_alone() {
+        let bad = [
+            ("announce: bgp\n    vipMode: both", "groups[0].vipMode"),
+            ("announce: bgp\n    vrid: 7\n    priorities: {n0: 100}", "groups[0].vrid"),
+            ("announce: bgpOwner\n    vipMode: netlink", "groups[0].vipMode"),
+        ];
+        for (settings, field) in bad {
+            let yaml = format!(
+                "interface: eth0\ngroups:\n  - name: edge\n    {settings}\n    nodes: [{{name: n0, address: 192.0.2.10}}]\n    vips: [{{address: 198.51.100.20}}]\n"
+            );
+            let error = Config::parse(&yaml).expect_err(settings).to_string();
+            assert!(error.contains(field), "{settings}: {error}");
+        }
     }
 
     proptest! {

@@ -90,7 +90,7 @@ impl Vip6Key {
 pub struct OwnedVip {
     /// The MAC that ARP replies carry: the uplink's, or a virtual MAC.
     pub mac: [u8; 6],
-    /// [`OwnedVip::KERNEL_TOO`] or zero.
+    /// [`OwnedVip::KERNEL_TOO`], [`OwnedVip::ROUTED`], or zero.
     pub flags: u8,
     /// The uplink slot the VIP is answered on ([`UPLINKS`]); [`ANY_UPLINK`] answers on any
     /// interface the program runs on (layout 3 wrote zero padding here, which reads so).
@@ -106,6 +106,10 @@ impl OwnedVip {
     /// The kernel also holds the address (VIP mode `both`): traffic to ports no service
     /// exposes goes to the kernel's own sockets instead of being dropped.
     pub const KERNEL_TOO: u8 = 1;
+
+    /// Routed here by the fabric (BGP): served, never answered for by ARP or NDP, which would
+    /// make every node that serves it claim it on the segment at once.
+    pub const ROUTED: u8 = 2;
 
     /// Claimed for as long as the entry exists.
     pub const NO_LEASE: u16 = 0;
@@ -128,8 +132,17 @@ impl OwnedVip {
         Self { lease, ..self }
     }
 
+    /// The same claim, routed rather than answered for (see [`OwnedVip::ROUTED`]).
+    pub const fn routed(self) -> Self {
+        Self { flags: self.flags | Self::ROUTED, ..self }
+    }
+
     pub const fn kernel_too(&self) -> bool {
         self.flags & Self::KERNEL_TOO != 0
+    }
+
+    pub const fn is_routed(&self) -> bool {
+        self.flags & Self::ROUTED != 0
     }
 }
 

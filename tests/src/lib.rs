@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod cluster;
+pub mod fabric;
 pub mod fixture;
 pub mod kube_api;
 mod netns;
@@ -426,7 +427,7 @@ fn mount_lab_bpffs() {
     }
 }
 
-fn plug(switch: &Netns, lab_id: &str, short: &str, ip: Ipv4Addr, mac: [u8; 6]) -> Host {
+pub(crate) fn plug(switch: &Netns, lab_id: &str, short: &str, ip: Ipv4Addr, mac: [u8; 6]) -> Host {
     let ns = Netns::create(format!("{lab_id}-{short}"));
     let port = format!("p-{short}");
     switch.run_cmd(&[

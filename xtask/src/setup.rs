@@ -30,6 +30,8 @@ const APT_PACKAGES: &[&str] = &[
     "python3-scapy",   // hostile VRRP advertisements crafted by a tool that is not ours
     "podman",          // builds the FROM-scratch image whose binary the image test runs
     "python3-seccomp", // applies the containers' seccomp profile to that binary in the lab
+    "frr",             // the routed-fabric lab: a ToR and each node's BGP/BFD speaker
+    "bird2",           // a second ToR implementation, so nothing rests on FRR-to-FRR quirks
 ];
 
 pub fn run() -> Result<()> {

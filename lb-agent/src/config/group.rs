@@ -51,6 +51,10 @@ pub struct GroupConfig {
     pub checksum: ChecksumMode,
     #[serde(default)]
     pub vip_mode: VipMode,
+    /// How the group's VIPs reach the network: ARP/NDP after a VRRP election, or BGP routes
+    /// (see [`Announce`]).
+    #[serde(default)]
+    pub announce: Announce,
     #[serde(default)]
     pub garp: GarpConfig,
     /// VRIDs allocated earlier, by instance (`owner/backup` as in a LoadBalancerGroup's
@@ -128,6 +132,41 @@ impl VipMode {
     }
 }
 
+/// How a group's VIPs are announced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Announce {
+    /// The VRRP master answers ARP/NDP: a shared layer-2 segment.
+    #[default]
+    Arp,
+    /// Every member node (eligible for the VIP) serves it and routes it to the local FRR, which
+    /// announces it to the fabric: the router spreads flows over the nodes by ECMP. No VRRP.
+    Bgp,
+    /// Only the VRRP master routes each VIP: active-backup over a routed fabric, failing over
+    /// at VRRP's speed rather than BGP's timers.
+    BgpOwner,
+}
+
+impl Announce {
+    /// Routed to the fabric, never answered by ARP/NDP.
+    pub fn routed(self) -> bool {
+        matches!(self, Announce::Bgp | Announce::BgpOwner)
+    }
+
+    /// Decided by a VRRP election.
+    pub fn elected(self) -> bool {
+        matches!(self, Announce::Arp | Announce::BgpOwner)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Announce::Arp => "arp",
+            Announce::Bgp => "bgp",
+            Announce::BgpOwner => "bgpOwner",
+        }
+    }
+}
+
 /// Gratuitous ARP on becoming Master, and while Master.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -193,6 +232,34 @@ pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
 
 const MAX_ADVERT_INTERVAL: Duration = Duration::from_millis(40_950);
 
+/// `announce: bgp` runs no VRRP, and a routed VIP lives in XDP alone: on every node at once in
+/// `bgp`, the kernel holding it would answer for it too.
+fn check_announce(group: &GroupConfig, at: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
+    if group.announce.routed() && group.vip_mode != VipMode::Xdp {
+        return Err(ConfigError::new(
+            at("vipMode"),
+            format!(
+                "xdp (or absent), since announce is {}: a routed VIP is served by XDP alone",
+                group.announce.as_str()
+            ),
+        ));
+    }
+    if group.announce == Announce::Bgp {
+        let vrrp_only = [
+            ("vrid", group.vrid.is_some()),
+            ("priorities", group.priorities.is_some()),
+            ("authentication", group.authentication.is_some()),
+        ];
+        if let Some((field, _)) = vrrp_only.into_iter().find(|(_, set)| *set) {
+            return Err(ConfigError::new(
+                at(field),
+                "absent, since announce is bgp: every member serves every VIP it is eligible for, without VRRP",
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn validate_groups(
     groups: &[GroupConfig],
     default_interface: &str,
@@ -230,17 +297,19 @@ pub(super) fn validate_groups(
                 format!("an absolute path to the group's key file, got {:?}", auth.key_file),
             ));
         }
+        check_announce(group, &at)?;
         let mut members = BTreeSet::new();
         let mut addresses: BTreeSet<IpAddr> = BTreeSet::new();
         // A node needs an IPv6 address when it may own one of the group's IPv6 VIPs (with
         // manual priorities, every member runs every instance).
         let manual = group.vrid.is_some() && group.priorities.is_some();
         let may_own_ipv6 = |node: &str| {
-            group.vips.iter().any(|v| {
-                v.address.is_ipv6()
-                    && (manual
-                        || v.eligible_nodes.as_ref().is_none_or(|nodes| nodes.iter().any(|n| n == node)))
-            })
+            group.announce.elected()
+                && group.vips.iter().any(|v| {
+                    v.address.is_ipv6()
+                        && (manual
+                            || v.eligible_nodes.as_ref().is_none_or(|nodes| nodes.iter().any(|n| n == node)))
+                })
         };
         for (n, node) in group.nodes.iter().enumerate() {
             let field = at(&format!("nodes[{n}]"));

@@ -20,9 +20,11 @@ use crate::error::Error;
 
 mod dataplane;
 mod group;
+mod routes;
 mod service;
 pub use dataplane::{Capacity, Capacity6, DataplaneConfig, PortRange};
-pub use group::{Authentication, GarpConfig, GroupConfig, GroupNode, GroupVip, VipMode};
+pub use group::{Announce, Authentication, GarpConfig, GroupConfig, GroupNode, GroupVip, VipMode};
+pub use routes::RoutesConfig;
 pub use service::{Endpoint, MAX_ENDPOINTS, Protocol, RemoteMode, ServiceConfig, ServicePort, TrafficPolicy};
 
 /// The agent's configuration file.
@@ -72,6 +74,9 @@ pub struct Config {
     pub services: Vec<Arc<ServiceConfig>>,
     #[serde(default)]
     pub dataplane: DataplaneConfig,
+    /// Where routed VIPs (`announce: bgp`, `bgpOwner`) are handed to the node's routing daemon.
+    #[serde(default)]
+    pub routes: RoutesConfig,
 }
 
 /// XDP attach mode.
@@ -161,6 +166,7 @@ impl Config {
     /// Every check but the services', and where each VIP is declared.
     fn validate_vips_and_groups(&self) -> Result<BTreeMap<IpAddr, VipField>, ConfigError> {
         check_interface_name("interface", &self.interface)?;
+        self.routes.validate()?;
         let mut seen: BTreeMap<IpAddr, usize> = BTreeMap::new();
         for (i, vip) in self.vips.iter().enumerate() {
             let a = vip.address;

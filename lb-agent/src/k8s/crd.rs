@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 // The group shares the standalone config's vocabulary, so the two sources cannot drift apart.
 pub use crate::{
-    config::{Authentication, RemoteMode, VipMode},
+    config::{Announce, Authentication, RemoteMode, VipMode},
     vrrp::router::Transport,
 };
 
@@ -88,6 +88,10 @@ pub struct LoadBalancerGroupSpec {
     /// How owners answer for VIPs.
     #[serde(default)]
     pub vip_mode: VipMode,
+    /// How the VIPs reach the network: `arp` (VRRP on a shared segment), `bgp` (every member
+    /// node routes them to its FRR: ECMP) or `bgpOwner` (only the VRRP master routes each).
+    #[serde(default)]
+    pub announce: Announce,
     /// How endpoints on other nodes are reached.
     #[serde(default)]
     pub remote_mode: RemoteMode,

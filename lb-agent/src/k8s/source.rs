@@ -530,6 +530,7 @@ impl Translator {
                 "excludedVrids": spec.excluded_vrids,
                 "preempt": spec.preempt,
                 "vipMode": spec.vip_mode,
+                "announce": spec.announce,
                 "authentication": spec.authentication,
                 // Keep the VRIDs the leader published, so instances are never renumbered.
                 "pinnedVrids": group.status.as_ref().map(|s| s.vrids.clone()).unwrap_or_default(),

@@ -39,6 +39,11 @@ pub fn answer_owned(ctx: &XdpContext) -> u32 {
         stats::count_reason(Reason::ArpNotOwned, bytes);
         return XDP_PASS;
     };
+    if owned.is_routed() {
+        // The fabric routes it here; on the segment it is nobody's to claim.
+        stats::count_reason(Reason::ArpNotOwned, bytes);
+        return XDP_PASS;
+    }
     if !uplink::accepts(ctx, owned.uplink) {
         stats::count_reason(Reason::WrongInterface, bytes);
         // In VIP mode `both` the kernel holds the address and would answer on any interface

@@ -75,6 +75,10 @@ pub fn answer_owned(ctx: &XdpContext) -> u32 {
     let Some(owned) = (unsafe { OWNED_VIPS6.get(&target) }).copied() else {
         return stats::verdict(Reason::NdpNotOwned, bytes, XDP_PASS);
     };
+    if owned.is_routed() {
+        // As for ARP: routed here by the fabric, nobody's to claim on the segment.
+        return stats::verdict(Reason::NdpNotOwned, bytes, XDP_PASS);
+    }
     if !uplink::accepts(ctx, owned.uplink) {
         // As for ARP: in VIP mode `both` the kernel would answer on any interface.
         let action = if owned.kernel_too() { XDP_DROP } else { XDP_PASS };

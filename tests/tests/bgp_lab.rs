@@ -1,0 +1,201 @@
+//! VIPs announced over BGP to a routed fabric, with real FRR and real packets: a ToR (FRR, ECMP
+//! over L4 hashes, BFD at 100 ms × 3) in front of three lb-agent nodes, each with FRR
+//! redistributing the routes its agent makes, and a client on a subnet behind the ToR.
+//!
+//! `announce: bgp`: every node serves; flows spread over them; a node that withdraws (SIGTERM),
+//! dies (SIGKILL) or is cut off (BFD) leaves the ECMP set and the connections that entered
+//! through it carry on through the others, to the same pods (every node's Maglev ring is the
+//! same). `announce: bgpOwner`: only the VRRP master routes the VIP, and a failover moves it.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
+
+use lb_lab::{
+    Lab, Session,
+    cluster::{LAB_VIP, ServiceLab, service_config},
+    fabric::{FAR_CLIENT, Fabric},
+};
+
+const VIP: Ipv4Addr = LAB_VIP;
+const TARGET_PORT: u16 = 8080;
+const ECHO_WAIT: Duration = Duration::from_secs(5);
+/// BGP sessions come up within a few seconds of the daemons; generous for CI's load.
+const CONVERGE: Duration = Duration::from_secs(60);
+
+/// A group `edge` over every node with the lab's VIP, announced `announce`.
+fn group_config(lab: &Lab, me: usize, services: &str, announce: &str, vrrp: &str) -> String {
+    let mut yaml = format!(
+        "node: {}\ninterface: eth0\nxdpMode: native\nlisten: {}\nroutes: {{drain: 2s}}\ngroups:\n  - name: edge\n    \
+         announce: {announce}\n{vrrp}    nodes:\n",
+        lab.nodes[me].name,
+        lb_lab::agent::AGENT_LISTEN
+    );
+    for node in &lab.nodes {
+        yaml.push_str(&format!("      - {{name: {}, address: {}}}\n", node.name, node.ip));
+    }
+    yaml.push_str(&format!("    vips:\n      - address: {VIP}\nservices:\n{services}"));
+    yaml
+}
+
+fn bgp_config(lab: &Lab, me: usize, services: &str) -> String {
+    group_config(lab, me, services, "bgp", "")
+}
+
+fn bgp_owner_config(lab: &Lab, me: usize, services: &str) -> String {
+    group_config(
+        lab,
+        me,
+        services,
+        "bgpOwner",
+        "    vrid: 30\n    advertInterval: 100ms\n    priorities: {n0: 200, n1: 150, n2: 100}\n",
+    )
+}
+
+/// DSR to the pods on n0 and n1 (none on n2, so cutting n2 off takes no pod with it).
+fn fabric(config: fn(&Lab, usize, &str) -> String) -> Fabric {
+    let cluster = ServiceLab::new(&[1, 1, 0], false, TARGET_PORT, VIP, config);
+    let mut fabric = Fabric::new(cluster);
+    let services = service_config(&fabric.cluster.lab, "web", VIP, 80, TARGET_PORT, "dsr", &[0, 1]);
+    fabric.cluster.start(&services);
+    fabric
+}
+
+/// Each node's count of packets to the VIP's services.
+fn vip_packets(fabric: &Fabric) -> Vec<f64> {
+    let sample = format!("lbagent_vip_packets_total{{vip=\"{VIP}\"}}");
+    fabric.cluster.agents.iter().map(|a| a.metric(&sample)).collect()
+}
+
+/// Opens `count` sessions from the far client; each greets with its pod.
+fn sessions(fabric: &Fabric, count: usize) -> Vec<Session> {
+    (0..count).map(|_| fabric.far.settled_session(VIP, 80, || fabric.cluster.logs())).collect()
+}
+
+/// Every session still answers, from the pod that greeted it.
+fn assert_all_answer(fabric: &Fabric, sessions: &mut [Session], after: &str) {
+    for (i, session) in sessions.iter_mut().enumerate() {
+        let pod = session.pod().to_owned();
+        let reply = session.echo(&format!("ping {i}"), ECHO_WAIT);
+        assert_eq!(
+            reply.as_deref(),
+            Some(format!("{pod} ping {i}").as_str()),
+            "session {i} ({pod}) after {after}\n{}",
+            fabric.cluster.logs()
+        );
+    }
+}
+
+/// `count` UDP datagrams to the VIP from as many source ports, sent from the far client.
+fn udp_from_distinct_ports(fabric: &Fabric, count: usize) {
+    let script = format!(
+        "import socket\nfor _ in range({count}):\n    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    \
+         s.sendto(b'x', ('{VIP}', 80))\n    s.close()\n"
+    );
+    let out = fabric.far.ns.output(&["python3", "-c", &script]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn bgp_spreads_flows_over_every_node_and_connections_survive_a_withdrawal_a_kill_and_a_hard_loss() {
+    let mut fabric = fabric(bgp_config);
+    let vip = IpAddr::V4(VIP);
+    fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+    for agent in &fabric.cluster.agents {
+        assert_eq!(agent.metric("lbagent_routed_vips"), 1.0);
+    }
+    assert!(
+        fabric.far.output_ok(&["ping", "-c", "3", "-i", "0.2", "-W", "1", &VIP.to_string()]),
+        "the far client pings the VIP through the fabric\n{}",
+        fabric.cluster.logs()
+    );
+    // Nodes answer no ARP for a routed VIP.
+    assert!(fabric.cluster.lab.client.arping(VIP, 2).is_empty(), "a routed VIP is answered on the segment");
+
+    // Spread: flows from distinct source ports, counted where they entered.
+    let before = vip_packets(&fabric);
+    let flows = 1500;
+    udp_from_distinct_ports(&fabric, flows);
+    std::thread::sleep(Duration::from_millis(500));
+    let entered: Vec<f64> = vip_packets(&fabric).iter().zip(&before).map(|(a, b)| a - b).collect();
+    let total: f64 = entered.iter().sum();
+    assert!(total >= flows as f64 * 0.99, "{total} of {flows} datagrams counted: {entered:?}");
+    for (node, count) in entered.iter().enumerate() {
+        let share = count / total;
+        assert!((0.2833..=0.3834).contains(&share), "n{node} took {share:.3} of the flows: {entered:?}");
+    }
+
+    // Long-lived connections through every node.
+    let before = vip_packets(&fabric);
+    let mut open = sessions(&fabric, 24);
+    let pods: BTreeMap<String, usize> = open.iter().fold(BTreeMap::new(), |mut m, s| {
+        *m.entry(s.pod().to_owned()).or_default() += 1;
+        m
+    });
+    assert_eq!(pods.len(), 2, "both pods serve: {pods:?}");
+    for s in &open {
+        assert_eq!(s.seen_client(), FAR_CLIENT, "DSR keeps the client's address");
+    }
+    assert_all_answer(&fabric, &mut open, "opening");
+    let entered: Vec<f64> = vip_packets(&fabric).iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(entered.iter().all(|c| *c > 0.0), "connections entered through every node: {entered:?}");
+
+    // Graceful: SIGTERM withdraws at once and serves through the drain.
+    fabric.cluster.agents[1].signal(libc::SIGTERM);
+    let withdrawn = fabric.wait_next_hops(vip, &[0, 2], Duration::from_secs(5));
+    assert!(fabric.cluster.agents[1].metric("lbagent_route_withdrawals_total{reason=\"stopping\"}") == 1.0);
+    assert_all_answer(&fabric, &mut open, "n1 withdrew (SIGTERM)");
+    let status = fabric.cluster.agents[1].wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "{status}");
+    eprintln!("SIGTERM: withdrawn from the ToR in {withdrawn:?}");
+
+    // A restart announces again.
+    let config = bgp_config(
+        &fabric.cluster.lab,
+        1,
+        &service_config(&fabric.cluster.lab, "web", VIP, 80, TARGET_PORT, "dsr", &[0, 1]),
+    );
+    let mut restarted = fabric.cluster.lab.start_agent(1, &config);
+    restarted.wait_ready();
+    fabric.cluster.agents[1] = restarted;
+    fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+    assert_all_answer(&fabric, &mut open, "n1's agent restarted");
+
+    // SIGKILL: the device dies with the process, and its routes with it.
+    fabric.cluster.agents[1].kill();
+    let killed = fabric.wait_next_hops(vip, &[0, 2], Duration::from_secs(5));
+    assert_all_answer(&fabric, &mut open, "n1's agent was killed");
+    eprintln!("SIGKILL: withdrawn from the ToR in {killed:?}");
+
+    // Hard loss: n2 cut off the segment; the ToR's link stays up, so BFD must notice.
+    fabric.wait_bfd_up(CONVERGE);
+    fabric.cluster.lab.cut(2);
+    let lost = fabric.wait_next_hops(vip, &[0], Duration::from_secs(5));
+    assert_all_answer(&fabric, &mut open, "n2 was cut off");
+    eprintln!("hard loss: n2 left the ToR's ECMP set in {lost:?}");
+}
+
+#[test]
+fn bgp_owner_routes_the_vip_from_the_vrrp_master_only_and_a_failover_moves_it() {
+    let fabric = fabric(bgp_owner_config);
+    let vip = IpAddr::V4(VIP);
+    fabric.wait_next_hops(vip, &[0], CONVERGE);
+    let agents = &fabric.cluster.agents;
+    assert_eq!(agents[0].metric("lbagent_routed_vips"), 1.0);
+    assert_eq!(agents[1].metric("lbagent_routed_vips"), 0.0);
+    assert!(fabric.cluster.lab.client.arping(VIP, 2).is_empty(), "a bgpOwner VIP is answered on the segment");
+    let mut open = sessions(&fabric, 8);
+    assert_all_answer(&fabric, &mut open, "opening");
+
+    // The master fails hard: its backup wins VRRP and routes the VIP; BFD drops the old one.
+    fabric.wait_bfd_up(CONVERGE);
+    fabric.cluster.lab.cut(0);
+    fabric.wait_next_hops(vip, &[1], Duration::from_secs(5));
+    let mut fresh = sessions(&fabric, 4);
+    for s in &fresh {
+        assert_eq!(s.pod(), fabric.cluster.pod_name(1), "only n1's pod is reachable with n0 cut off");
+    }
+    assert_all_answer(&fabric, &mut fresh, "the failover");
+}

@@ -1163,8 +1163,9 @@ impl Agent {
     }
 
     fn log_plan(&self) {
-        if !self.config.groups.is_empty() && self.plan.locals.is_empty() {
-            warn!(node = %self.node, "this node is in no group's nodes: it runs no VRRP (check `node` or --node)");
+        let member = self.config.groups.iter().any(|g| g.nodes.iter().any(|n| n.name == self.node));
+        if !self.config.groups.is_empty() && !member {
+            warn!(node = %self.node, "this node is in no group's nodes: it serves no group's VIPs (check `node` or --node)");
         }
         for spec in &self.plan.instances {
             info!(group = %spec.group, interface = %spec.interface, instance = %spec.id(), priority = spec.priority, vips = spec.vips.len(), "VRRP instance planned");

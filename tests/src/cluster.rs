@@ -378,6 +378,11 @@ impl ServiceLab {
     /// As [`ServiceLab::start`], with `extra` (top-level YAML) in n0's config, each agent run
     /// through `wrapper` (see [`Agent::spawn_under`]).
     pub fn start_with(&mut self, services: &str, extra: &str, wrapper: &[&str]) {
+        self.start_owning(services, extra, wrapper, 1.0);
+    }
+
+    /// As [`ServiceLab::start_with`], waiting until n0 owns `owned` VIPs.
+    pub fn start_owning(&mut self, services: &str, extra: &str, wrapper: &[&str], owned: f64) {
         for i in 0..self.lab.nodes.len() {
             let head = if i == 0 { extra } else { "" };
             let config = format!("{head}{}", (self.config)(&self.lab, i, services));
@@ -385,7 +390,7 @@ impl ServiceLab {
             agent.wait_ready();
             self.agents.push(agent);
         }
-        self.agents[0].wait_metric("lbagent_owned_vips", 1.0);
+        self.agents[0].wait_metric("lbagent_owned_vips", owned);
     }
 
     /// `node`'s count of packets that took the XDP path `reason`.

@@ -7,7 +7,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -22,8 +22,14 @@ pub const NODE_AS: u32 = 65001;
 /// The client's subnet behind the ToR, and its address there.
 pub const FAR_SUBNET: &str = "10.99.0.0/24";
 pub const FAR_CLIENT: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
-/// The VIP range the nodes' FRR redistributes.
+/// The VIP ranges the nodes' FRR redistributes.
 pub const VIP_PREFIX: &str = "198.51.100.0/24";
+pub const VIP6_PREFIX: &str = "2001:db8:6::/48";
+/// The ToR's global IPv6 address on the segment ([`Host::global6`] of .1), and the client's
+/// subnet and address behind it.
+pub const TOR6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 1);
+pub const FAR_SUBNET6: &str = "2001:db8:99::/64";
+pub const FAR_CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x99, 0, 0, 0, 0, 2);
 
 /// FRR's daemons in one namespace; dropping it stops them.
 pub struct Frr {
@@ -114,25 +120,77 @@ pub fn tor_config(nodes: &[Ipv4Addr]) -> String {
     for node in nodes {
         config.push_str(&format!(" neighbor {node} peer-group NODES\n"));
     }
-    config.push_str(" address-family ipv4 unicast\n  maximum-paths 16\n exit-address-family\nexit\n");
+    for family in ["ipv4", "ipv6"] {
+        config.push_str(&format!(" address-family {family} unicast\n  neighbor NODES activate\n  maximum-paths 16\n exit-address-family\n"));
+    }
+    config.push_str("exit\n");
     config
 }
 
 /// A node: eBGP to the ToR, redistributing lb-agent's VIP routes (kernel routes in the VIP range).
+/// IPv6 routes travel over the IPv4 session (MP-BGP), with the node's global and link-local
+/// addresses on the segment as their next hops.
 pub fn node_config(node: Ipv4Addr) -> String {
     format!(
         "ip prefix-list LB-VIPS seq 5 permit {VIP_PREFIX} ge 32\nroute-map LB-VIPS permit 10\n \
-         match ip address prefix-list LB-VIPS\nexit\n{BFD_PROFILE}router bgp {NODE_AS}\n bgp router-id {node}\n \
+         match ip address prefix-list LB-VIPS\nexit\n{BFD_PROFILE}bfd\n peer {TOR}\n  profile fast\n exit\nexit\n\
+         router bgp {NODE_AS}\n bgp router-id {node}\n \
          no bgp ebgp-requires-policy\n neighbor {TOR} remote-as {TOR_AS}\n neighbor {TOR} bfd profile fast\n \
-         address-family ipv4 unicast\n  redistribute kernel route-map LB-VIPS\n exit-address-family\nexit\n"
+         address-family ipv4 unicast\n  redistribute kernel route-map LB-VIPS\n exit-address-family\n \
+         address-family ipv6 unicast\n  neighbor {TOR} activate\n  redistribute kernel route-map LB-VIPS6\n exit-address-family\nexit\n\
+ipv6 prefix-list LB-VIPS6 seq 5 permit {VIP6_PREFIX} ge 128\n\
+         route-map LB-VIPS6 permit 10\n match ipv6 address prefix-list LB-VIPS6\nexit\n"
     )
+}
+
+/// What the ToR runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TorDaemon {
+    Frr,
+    /// BIRD 2, so nothing rests on FRR-to-FRR quirks.
+    Bird,
+}
+
+/// The ToR as BIRD 2: eBGP to every node with BFD, routes of equal preference merged into one
+/// multipath kernel route. A session BFD took down is retried after a second, not BIRD's
+/// default minute (a node's BFD comes up a moment after its BGP).
+pub fn bird_config(nodes: &[Ipv4Addr]) -> String {
+    let mut config = format!(
+        "router id {TOR};\nprotocol device {{}}\n\
+         protocol kernel k4 {{ ipv4 {{ import none; export all; }}; merge paths on limit 16; }}\n\
+         protocol kernel k6 {{ ipv6 {{ import none; export all; }}; merge paths on limit 16; }}\n\
+         protocol bfd {{ interface \"{iface}\" {{ min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }}; }}\n\
+         template bgp nodes {{\n  local {TOR} as {TOR_AS};\n  bfd on;\n  \
+         connect delay time 1;\n  error wait time 1, 10;\n  ipv4 {{ import all; export none; }};\n  \
+         ipv6 {{ import all; export none; }};\n}}\n",
+        iface = Host::IFACE
+    );
+    for (i, node) in nodes.iter().enumerate() {
+        config.push_str(&format!("protocol bgp n{i} from nodes {{ neighbor {node} as {NODE_AS}; }}\n"));
+    }
+    config
+}
+
+/// Starts BIRD in `ns` with [`bird_config`], its files under `dir`.
+fn start_bird(ns: &Netns, dir: &std::path::Path, nodes: &[Ipv4Addr]) -> (crate::Process, PathBuf) {
+    std::fs::create_dir_all(dir).expect("making BIRD's directory");
+    let config = dir.join("bird.conf");
+    std::fs::write(&config, bird_config(nodes)).expect("writing BIRD's config");
+    let socket = dir.join("bird.ctl");
+    let check = ns.output(&["bird", "-p", "-c", config.to_str().expect("UTF-8")]);
+    assert!(check.status.success(), "BIRD's config: {}", String::from_utf8_lossy(&check.stderr));
+    let path = |p: &PathBuf| p.to_str().expect("UTF-8").to_owned();
+    let process = crate::spawn_in(ns, &["bird", "-f", "-c", &path(&config), "-s", &path(&socket)]);
+    (process, socket)
 }
 
 /// A [`ServiceLab`] behind a ToR: FRR on the ToR and on every node, a client beyond the ToR.
 /// Field order is drop order: the daemons before the namespaces they run in.
 pub struct Fabric {
     pub node_frr: Vec<Option<Frr>>,
+    /// The ToR's routing daemon: FRR, or BIRD 2 (with its control socket).
     pub tor_frr: Option<Frr>,
+    tor_bird: Option<(crate::Process, PathBuf)>,
     /// The client beyond the ToR.
     pub far: Host,
     pub tor: Host,
@@ -143,6 +201,11 @@ impl Fabric {
     /// Wires a ToR into `cluster`'s segment and a client behind it; starts FRR on the ToR and
     /// every node. Agents are the caller's.
     pub fn new(cluster: ServiceLab) -> Fabric {
+        Self::with_tor(cluster, TorDaemon::Frr)
+    }
+
+    /// As [`Fabric::new`], the ToR running `daemon`.
+    pub fn with_tor(cluster: ServiceLab, daemon: TorDaemon) -> Fabric {
         let lab = &cluster.lab;
         let tor = crate::plug(&lab.switch, &lab.id, "rt", TOR, [0x02, 0x1b, 0, 0, 0, 0x01]);
         let far_ns = Netns::create(format!("{}-far", lab.id));
@@ -183,15 +246,35 @@ impl Fabric {
         for node in &lab.nodes {
             node.ns.run_cmd(&["ip", "route", "add", FAR_SUBNET, "via", &TOR.to_string()]);
         }
+        if lab.pods.iter().any(|p| p.ip6.is_some()) {
+            wire_ipv6(&tor, &far, lab);
+        }
         let addresses: Vec<Ipv4Addr> = lab.nodes.iter().map(|n| n.ip).collect();
-        let tor_frr = Some(Frr::start(&tor.ns, &tor_config(&addresses)));
+        let (tor_frr, tor_bird) = match daemon {
+            TorDaemon::Frr => (Some(Frr::start(&tor.ns, &tor_config(&addresses))), None),
+            TorDaemon::Bird => (None, Some(start_bird(&tor.ns, &lab.path("bird"), &addresses))),
+        };
         let node_frr = lab.nodes.iter().map(|n| Some(Frr::start(&n.ns, &node_config(n.ip)))).collect();
-        Fabric { node_frr, tor_frr, far, tor, cluster }
+        Fabric { node_frr, tor_frr, tor_bird, far, tor, cluster }
+    }
+
+    /// A show command's output from the ToR's daemon: `frr` for FRR's vtysh, `bird` for birdc.
+    pub fn tor_show(&self, frr: &str, bird: &str) -> String {
+        if let Some(tor) = &self.tor_frr {
+            return tor.vtysh(frr);
+        }
+        let Some((_, socket)) = &self.tor_bird else { return String::new() };
+        let out = std::process::Command::new("birdc")
+            .args(["-s", socket.to_str().expect("UTF-8"), bird])
+            .output()
+            .expect("running birdc");
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// The next hops the ToR's kernel forwards `vip` to (none when it has no route).
     pub fn next_hops(&self, vip: IpAddr) -> BTreeSet<IpAddr> {
-        let out = self.tor.ns.output(&["ip", "-j", "route", "show", &vip.to_string()]);
+        let family = if vip.is_ipv6() { "-6" } else { "-4" };
+        let out = self.tor.ns.output(&["ip", family, "-j", "route", "show", &vip.to_string()]);
         let routes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         let mut hops = BTreeSet::new();
         for route in routes.as_array().into_iter().flatten() {
@@ -205,10 +288,12 @@ impl Fabric {
     /// node's loss (before, BGP's hold timer would, in seconds).
     pub fn wait_bfd_up(&self, within: Duration) {
         let started = Instant::now();
-        let tor = self.tor_frr.as_ref().expect("the ToR runs FRR");
         loop {
-            let peers = tor.vtysh("show bfd peers brief");
-            let up = peers.lines().filter(|l| l.trim_end().ends_with(" up")).count();
+            let peers = self.tor_show("show bfd peers brief", "show bfd sessions");
+            let up = peers
+                .lines()
+                .filter(|l| l.trim_end().ends_with(" up") || l.split_whitespace().nth(2) == Some("Up"))
+                .count();
             if up == self.cluster.lab.nodes.len() {
                 return;
             }
@@ -217,23 +302,75 @@ impl Fabric {
         }
     }
 
-    /// Polls until the ToR forwards `vip` to exactly `nodes`' addresses; how long that took.
+    /// The nodes the ToR forwards `vip` to, by index: an IPv6 next hop is a node's global or
+    /// link-local address (FRR prefers the link-local one on a shared segment).
+    pub fn next_hop_nodes(&self, vip: IpAddr) -> BTreeSet<usize> {
+        let nodes = &self.cluster.lab.nodes;
+        self.next_hops(vip)
+            .into_iter()
+            .filter_map(|hop| {
+                nodes.iter().position(|n| {
+                    hop == IpAddr::V4(n.ip)
+                        || hop == IpAddr::V6(n.global6())
+                        || hop == IpAddr::V6(n.link_local())
+                })
+            })
+            .collect()
+    }
+
+    /// Polls until the ToR forwards `vip` to exactly `nodes`; how long that took.
     pub fn wait_next_hops(&self, vip: IpAddr, nodes: &[usize], within: Duration) -> Duration {
-        let want: BTreeSet<IpAddr> = nodes.iter().map(|i| self.cluster.lab.nodes[*i].ip.into()).collect();
+        let want: BTreeSet<usize> = nodes.iter().copied().collect();
         let started = Instant::now();
         loop {
-            let hops = self.next_hops(vip);
-            if hops == want {
+            let hops = self.next_hop_nodes(vip);
+            if hops == want && self.next_hops(vip).len() == want.len() {
                 return started.elapsed();
             }
             if started.elapsed() > within {
                 panic!(
-                    "the ToR forwards {vip} to {hops:?}, not {want:?}, after {within:?}\nToR BGP:\n{}\n{}",
-                    self.tor_frr.as_ref().map(|f| f.vtysh("show bgp summary")).unwrap_or_default(),
+                    "the ToR forwards {vip} to nodes {hops:?} ({:?}), not {want:?}, after {within:?}\nToR BGP:\n{}\n{}",
+                    self.next_hops(vip),
+                    self.tor_show("show bgp summary", "show protocols")
+                        + &self
+                            .tor_frr
+                            .as_ref()
+                            .map(|f| f.vtysh(&format!("show bgp ipv6 unicast {vip}/128")))
+                            .unwrap_or_default()
+                        + &String::from_utf8_lossy(&self.tor.ns.output(&["ip", "-6", "addr"]).stdout)
+                        + &self.node_frr[0]
+                            .as_ref()
+                            .map(|f| f.vtysh("show bgp ipv6 unicast") + &f.vtysh("show ipv6 route"))
+                            .unwrap_or_default()
+                        + &String::from_utf8_lossy(
+                            &self.cluster.lab.nodes[0].ns.output(&["ip", "-6", "route"]).stdout
+                        ),
                     self.cluster.logs()
                 );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+}
+
+/// IPv6 through the ToR, for a lab with IPv6 (see [`crate::Lab::enable_ipv6`]): the ToR's
+/// addresses on the segment and towards the client, forwarding with L4 multipath hashing, and
+/// the nodes' route back to the client.
+fn wire_ipv6(tor: &Host, far: &Host, lab: &crate::Lab) {
+    for (host, dev) in [(tor, Host::IFACE), (tor, "far0"), (far, Host::IFACE)] {
+        for key in ["all", dev] {
+            host.ns.run_cmd(&["sysctl", "-qw", &format!("net.ipv6.conf.{key}.disable_ipv6=0")]);
+        }
+        host.ns.run_cmd(&["sysctl", "-qw", &format!("net.ipv6.conf.{dev}.accept_dad=0")]);
+    }
+    for key in ["net.ipv6.conf.all.forwarding=1", "net.ipv6.fib_multipath_hash_policy=1"] {
+        tor.ns.run_cmd(&["sysctl", "-qw", key]);
+    }
+    tor.ns.run_cmd(&["ip", "-6", "addr", "add", &format!("{TOR6}/64"), "dev", Host::IFACE, "nodad"]);
+    tor.ns.run_cmd(&["ip", "-6", "addr", "add", "2001:db8:99::1/64", "dev", "far0", "nodad"]);
+    far.ns.run_cmd(&["ip", "-6", "addr", "add", &format!("{FAR_CLIENT6}/64"), "dev", Host::IFACE, "nodad"]);
+    far.ns.run_cmd(&["ip", "-6", "route", "add", "default", "via", "2001:db8:99::1"]);
+    for node in &lab.nodes {
+        node.ns.run_cmd(&["ip", "-6", "route", "add", FAR_SUBNET6, "via", &TOR6.to_string()]);
     }
 }

@@ -9,24 +9,36 @@
 
 use std::{
     collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::Duration,
 };
 
 use lb_lab::{
     Lab, Session,
     cluster::{LAB_VIP, ServiceLab, service_config},
-    fabric::{FAR_CLIENT, Fabric},
+    fabric::{FAR_CLIENT, FAR_CLIENT6, Fabric, TorDaemon},
 };
 
 const VIP: Ipv4Addr = LAB_VIP;
+const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, 0x10);
 const TARGET_PORT: u16 = 8080;
 const ECHO_WAIT: Duration = Duration::from_secs(5);
 /// BGP sessions come up within a few seconds of the daemons; generous for CI's load.
-const CONVERGE: Duration = Duration::from_secs(60);
+const CONVERGE: Duration = Duration::from_secs(20);
 
 /// A group `edge` over every node with the lab's VIP, announced `announce`.
 fn group_config(lab: &Lab, me: usize, services: &str, announce: &str, vrrp: &str) -> String {
+    group_config_with(lab, me, services, announce, vrrp, &[VIP.into()])
+}
+
+fn group_config_with(
+    lab: &Lab,
+    me: usize,
+    services: &str,
+    announce: &str,
+    vrrp: &str,
+    vips: &[IpAddr],
+) -> String {
     let mut yaml = format!(
         "node: {}\ninterface: eth0\nxdpMode: native\nlisten: {}\nroutes: {{drain: 2s}}\ngroups:\n  - name: edge\n    \
          announce: {announce}\n{vrrp}    nodes:\n",
@@ -36,8 +48,16 @@ fn group_config(lab: &Lab, me: usize, services: &str, announce: &str, vrrp: &str
     for node in &lab.nodes {
         yaml.push_str(&format!("      - {{name: {}, address: {}}}\n", node.name, node.ip));
     }
-    yaml.push_str(&format!("    vips:\n      - address: {VIP}\nservices:\n{services}"));
+    yaml.push_str("    vips:\n");
+    for vip in vips {
+        yaml.push_str(&format!("      - address: '{vip}'\n"));
+    }
+    yaml.push_str(&format!("services:\n{services}"));
     yaml
+}
+
+fn dual_stack_config(lab: &Lab, me: usize, services: &str) -> String {
+    group_config_with(lab, me, services, "bgp", "", &[VIP.into(), VIP6.into()])
 }
 
 fn bgp_config(lab: &Lab, me: usize, services: &str) -> String {
@@ -198,4 +218,54 @@ fn bgp_owner_routes_the_vip_from_the_vrrp_master_only_and_a_failover_moves_it() 
         assert_eq!(s.pod(), fabric.cluster.pod_name(1), "only n1's pod is reachable with n0 cut off");
     }
     assert_all_answer(&fabric, &mut fresh, "the failover");
+}
+
+#[test]
+fn bgp_routes_ipv6_vips_as_128s_over_the_same_sessions_and_withdraws_them_with_the_agent() {
+    let cluster = ServiceLab::new(&[1, 1, 0], true, TARGET_PORT, VIP6, dual_stack_config);
+    let mut fabric = Fabric::new(cluster);
+    let lab = &fabric.cluster.lab;
+    let services = [
+        service_config(lab, "web", VIP, 80, TARGET_PORT, "dsr", &[0, 1]),
+        service_config(lab, "web6", VIP6, 80, TARGET_PORT, "dsr", &[0, 1]),
+    ]
+    .concat();
+    fabric.cluster.start_owning(&services, "", &[], 2.0);
+    for vip in [IpAddr::V4(VIP), IpAddr::V6(VIP6)] {
+        fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+    }
+    for agent in &fabric.cluster.agents {
+        assert_eq!(agent.metric("lbagent_routed_vips"), 2.0);
+    }
+    assert!(fabric.cluster.lab.client.ndisc(VIP6).is_none(), "a routed IPv6 VIP is answered on the segment");
+    let mut open: Vec<Session> =
+        (0..12).map(|_| fabric.far.settled_session(VIP6, 80, || fabric.cluster.logs())).collect();
+    for s in &open {
+        assert_eq!(s.seen_address(), IpAddr::V6(FAR_CLIENT6), "DSR keeps the client's IPv6 address");
+    }
+    assert_all_answer(&fabric, &mut open, "opening over IPv6");
+    fabric.cluster.agents[2].kill();
+    for vip in [IpAddr::V4(VIP), IpAddr::V6(VIP6)] {
+        fabric.wait_next_hops(vip, &[0, 1], Duration::from_secs(5));
+    }
+    assert_all_answer(&fabric, &mut open, "n2's agent was killed");
+}
+
+#[test]
+fn bgp_interoperates_with_a_bird_tor() {
+    let cluster = ServiceLab::new(&[1, 1, 0], false, TARGET_PORT, VIP, bgp_config);
+    let mut fabric = Fabric::with_tor(cluster, TorDaemon::Bird);
+    let services = service_config(&fabric.cluster.lab, "web", VIP, 80, TARGET_PORT, "dsr", &[0, 1]);
+    fabric.cluster.start(&services);
+    let vip = IpAddr::V4(VIP);
+    fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+    let mut open = sessions(&fabric, 12);
+    assert_all_answer(&fabric, &mut open, "opening through BIRD");
+    fabric.cluster.agents[0].signal(libc::SIGTERM);
+    fabric.wait_next_hops(vip, &[1, 2], Duration::from_secs(5));
+    assert_all_answer(&fabric, &mut open, "n0 withdrew");
+    fabric.wait_bfd_up(CONVERGE);
+    fabric.cluster.lab.cut(2);
+    fabric.wait_next_hops(vip, &[1], Duration::from_secs(5));
+    assert_all_answer(&fabric, &mut open, "n2 was cut off");
 }

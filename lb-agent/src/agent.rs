@@ -530,7 +530,11 @@ impl Agent {
                     }
                 }
                 Some(reply) = self.status_requests.recv() => {
-                    let _ = reply.send(LoopSnapshot { instances: self.instance_snapshot(), uplinks: self.uplink_snapshot() });
+                    let _ = reply.send(LoopSnapshot {
+                        instances: self.instance_snapshot(),
+                        uplinks: self.uplink_snapshot(),
+                        routed: self.routed_snapshot(),
+                    });
                 }
                 _ = signals.hup.recv() => {
                     let started = Instant::now();
@@ -964,6 +968,22 @@ impl Agent {
                     vips: spec.vips.iter().map(IpAddr::to_string).collect(),
                 },
                 last_advert: adverts.get(&spec.id()).copied().flatten(),
+            })
+            .collect()
+    }
+
+    /// The routed VIPs as `/status` shows them: what the kernel holds now.
+    fn routed_snapshot(&self) -> Vec<crate::status::RoutedStatus> {
+        self.routes
+            .held()
+            .into_iter()
+            .map(|vip| {
+                let settings = self.plan.vips.get(&vip);
+                crate::status::RoutedStatus {
+                    vip: vip.to_string(),
+                    group: settings.map(|s| s.group.clone()).unwrap_or_default(),
+                    announce: settings.map_or("", |s| s.announce.as_str()).to_owned(),
+                }
             })
             .collect()
     }

@@ -42,6 +42,7 @@ pub struct StatusSource {
 pub struct LoopSnapshot {
     pub instances: Vec<InstanceSnapshot>,
     pub uplinks: Vec<crate::status::UplinkStatus>,
+    pub routed: Vec<crate::status::RoutedStatus>,
 }
 
 /// One VRRP instance as the agent loop saw it.
@@ -158,6 +159,7 @@ async fn status(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
         xdp_mode: source.xdp_mode.to_owned(),
         uplinks: snapshot.uplinks,
         instances,
+        routed: snapshot.routed,
         backends,
     };
     ([(header::CONTENT_TYPE, "application/json")], serde_json::to_string(&body).unwrap_or_default())

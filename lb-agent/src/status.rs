@@ -15,7 +15,19 @@ pub struct AgentStatus {
     #[serde(default)]
     pub uplinks: Vec<UplinkStatus>,
     pub instances: Vec<InstanceStatus>,
+    /// The VIPs this node routes to its routing daemon now (`announce: bgp`, `bgpOwner`).
+    #[serde(default)]
+    pub routed: Vec<RoutedStatus>,
     pub backends: Vec<BackendStatus>,
+}
+
+/// A VIP this node routes to the fabric.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutedStatus {
+    pub vip: String,
+    pub group: String,
+    /// `bgp` or `bgpOwner`.
+    pub announce: String,
 }
 
 /// An interface VIPs are served on.
@@ -105,6 +117,13 @@ pub fn render(status: &AgentStatus) -> String {
         }
     }
     out.push('\n');
+    if !status.routed.is_empty() {
+        let _ = writeln!(out, "{:<40} {:<16} ANNOUNCE", "ROUTED VIP", "GROUP");
+        for r in &status.routed {
+            let _ = writeln!(out, "{:<40} {:<16} {}", r.vip, r.group, r.announce);
+        }
+        out.push('\n');
+    }
     if status.backends.is_empty() {
         out.push_str("no backends\n");
     } else {
@@ -177,6 +196,11 @@ mod tests {
                     vips: vec!["2001:db8:6::10".into()],
                 },
             ],
+            routed: vec![RoutedStatus {
+                vip: "198.51.100.30".into(),
+                group: "edge".into(),
+                announce: "bgp".into(),
+            }],
             backends: vec![BackendStatus {
                 backend: "10.244.1.2:8080".into(),
                 delivery: "dsr".into(),
@@ -188,6 +212,9 @@ mod tests {
         for needle in [
             "node n0",
             "uplink eth0.30 (XDP skb, address 10.30.0.10)",
+            "ROUTED VIP",
+            "198.51.100.30",
+            "edge",
             "web",
             "eth0.30",
             "20",

@@ -125,6 +125,11 @@ fn bgp_spreads_flows_over_every_node_and_connections_survive_a_withdrawal_a_kill
     fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
     for agent in &fabric.cluster.agents {
         assert_eq!(agent.metric("lbagent_routed_vips"), 1.0);
+        let status = agent.admin("GET", "/status", "").expect("the admin socket answers");
+        assert!(
+            status.contains(&format!("\"vip\":\"{VIP}\",\"group\":\"edge\",\"announce\":\"bgp\"")),
+            "status shows the routed VIP: {status}"
+        );
     }
     assert!(
         fabric.far.output_ok(&["ping", "-c", "3", "-i", "0.2", "-W", "1", &VIP.to_string()]),

@@ -258,6 +258,31 @@ impl Fabric {
         Fabric { node_frr, tor_frr, tor_bird, far, tor, cluster }
     }
 
+    /// Hard loss of `node` as a fabric sees it: every frame to or from its switch port is
+    /// dropped (nftables' bridge family), while every link keeps its carrier, so only BFD (or
+    /// BGP's hold timer) notices. Taking the port down instead would also flush the switch's
+    /// entry for the node's MAC, and the flooded frames would reach the other nodes, whose XDP
+    /// would serve them: no loss to notice.
+    pub fn fail_hard(&self, node: usize) {
+        let switch = &self.cluster.lab.switch;
+        let port = &self.cluster.lab.nodes[node].switch_port;
+        switch.run_cmd(&["nft", "add", "table", "bridge", "lab"]);
+        switch.run_cmd(&[
+            "nft",
+            "add",
+            "chain",
+            "bridge",
+            "lab",
+            "forward",
+            "{ type filter hook forward priority 0; }",
+        ]);
+        for direction in ["oifname", "iifname"] {
+            let out =
+                switch.output(&["nft", "add", "rule", "bridge", "lab", "forward", direction, port, "drop"]);
+            assert!(out.status.success(), "nft: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+
     /// A show command's output from the ToR's daemon: `frr` for FRR's vtysh, `bird` for birdc.
     pub fn tor_show(&self, frr: &str, bird: &str) -> String {
         if let Some(tor) = &self.tor_frr {

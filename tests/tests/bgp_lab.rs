@@ -194,11 +194,11 @@ fn bgp_spreads_flows_over_every_node_and_connections_survive_a_withdrawal_a_kill
     assert_all_answer(&fabric, &mut open, "n1's agent was killed");
     eprintln!("SIGKILL: withdrawn from the ToR in {killed:?}");
 
-    // Hard loss: n2 cut off the segment; the ToR's link stays up, so BFD must notice.
+    // Hard loss: n2's traffic dropped, every link up, so BFD must notice.
     fabric.wait_bfd_up(CONVERGE);
-    fabric.cluster.lab.cut(2);
+    fabric.fail_hard(2);
     let lost = fabric.wait_next_hops(vip, &[0], Duration::from_secs(5));
-    assert_all_answer(&fabric, &mut open, "n2 was cut off");
+    assert_all_answer(&fabric, &mut open, "n2 failed hard");
     eprintln!("hard loss: n2 left the ToR's ECMP set in {lost:?}");
 }
 
@@ -216,7 +216,7 @@ fn bgp_owner_routes_the_vip_from_the_vrrp_master_only_and_a_failover_moves_it() 
 
     // The master fails hard: its backup wins VRRP and routes the VIP; BFD drops the old one.
     fabric.wait_bfd_up(CONVERGE);
-    fabric.cluster.lab.cut(0);
+    fabric.fail_hard(0);
     fabric.wait_next_hops(vip, &[1], Duration::from_secs(5));
     let mut fresh = sessions(&fabric, 4);
     for s in &fresh {
@@ -270,7 +270,7 @@ fn bgp_interoperates_with_a_bird_tor() {
     fabric.wait_next_hops(vip, &[1, 2], Duration::from_secs(5));
     assert_all_answer(&fabric, &mut open, "n0 withdrew");
     fabric.wait_bfd_up(CONVERGE);
-    fabric.cluster.lab.cut(2);
+    fabric.fail_hard(2);
     fabric.wait_next_hops(vip, &[1], Duration::from_secs(5));
-    assert_all_answer(&fabric, &mut open, "n2 was cut off");
+    assert_all_answer(&fabric, &mut open, "n2 failed hard");
 }

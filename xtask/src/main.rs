@@ -109,6 +109,14 @@ enum Bench {
         #[arg(long)]
         against: Option<String>,
     },
+    /// Routed fabric (BGP, ECMP): spread over the nodes, connections through a graceful stop,
+    /// an upgrade, a SIGKILL and a node's hard loss, and a bgpOwner failover; DSR against full
+    /// NAT (the peers' behaviour) in the same run.
+    Bgp {
+        /// 100 connections and a 300-connection spread: a smoke run of the benchmark itself.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Control path at cluster scale: cold start, endpoint changes, bursts and memory for
     /// 1,000 to 20,000 Services, against kube-proxy's iptables and nftables shapes.
     Scale {
@@ -168,6 +176,11 @@ fn main() -> Result<()> {
                 args.extend(["--baseline", bin.to_str().context("a UTF-8 path")?, "--baseline-label", label]);
             }
             run_bench("bench-vrrp-load", &args)
+        }
+        Task::Bench { which: Bench::Bgp { quick } } => {
+            prepare_bench()?;
+            let args: &[&str] = if quick { &["--connections", "100", "--spread", "300"] } else { &[] };
+            run_bench("bench-bgp", args)
         }
         Task::Bench { which: Bench::Scale { quick, only } } => {
             prepare_bench()?;

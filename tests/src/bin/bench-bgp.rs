@@ -1,0 +1,377 @@
+//! `cargo xtask bench bgp`: the routed fabric's numbers (README, "Routed fabrics").
+//!
+//! The lab of `tests/tests/bgp_lab.rs`: a ToR running FRR (eBGP, ECMP over an L4 hash, BFD at
+//! 100 ms × 3) in front of three nodes, each with FRR and an agent; pods on n0 and n1, none on
+//! n2; a client on a subnet behind the ToR.
+//!
+//! The peer in the same run: the same VIP served on two ports, one by DSR (what lb-agent keeps
+//! across a rehash) and one by full NAT, which translates replies on the node that made the
+//! flow, as kube-proxy does behind MetalLB, Cilium or kube-vip in BGP mode ("expect every
+//! active connection to break when a node goes down", MetalLB's BGP docs): the anchor.
+//!
+//! Cases, in order, on one lab:
+//! - spread: N short TCP connections from distinct source ports; each node's share of the
+//!   packets to the VIP;
+//! - graceful: long-lived connections sending a request every 50 ms on both ports; SIGTERM to
+//!   n1's agent (withdraw, drain, exit); resets and failed requests; then n1's agent restarts;
+//! - upgrade: a 5 ms ping to the VIP while n2's agent stops (SIGTERM) and a new one starts;
+//! - SIGKILL: n2's agent killed; time until the ToR forwards to n0 and n1 only;
+//! - hard loss: the connections again; every frame to or from n2 dropped at the switch, every
+//!   link up ([`Fabric::fail_hard`]);
+//!   time until the ToR drops it, resets and failed requests, the longest wait any request saw;
+//! - bgpOwner failover, on a second lab: a 5 ms ping while the master fails hard; the outage,
+//!   and the VRRP takeover inside it (cut to the backup's transition, from its log).
+
+use std::{
+    io::{BufRead, BufReader},
+    net::{IpAddr, Ipv4Addr},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant, SystemTime},
+};
+
+use lb_lab::{
+    Lab,
+    cluster::{LAB_VIP, ServiceLab, service_config},
+    fabric::Fabric,
+};
+
+const VIP: Ipv4Addr = LAB_VIP;
+const DSR_PORT: u16 = 80;
+const NAT_PORT: u16 = 81;
+const TARGET_PORT: u16 = 8080;
+const CONVERGE: Duration = Duration::from_secs(60);
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(default)
+}
+
+fn config(lab: &Lab, me: usize, services: &str, announce: &str, vrrp: &str) -> String {
+    let mut yaml = format!(
+        "node: {}\ninterface: eth0\nxdpMode: native\nlisten: {}\nroutes: {{drain: 3s}}\ngroups:\n  - name: edge\n    \
+         announce: {announce}\n{vrrp}    nodes:\n",
+        lab.nodes[me].name,
+        lb_lab::agent::AGENT_LISTEN
+    );
+    for node in &lab.nodes {
+        yaml.push_str(&format!("      - {{name: {}, address: {}}}\n", node.name, node.ip));
+    }
+    yaml.push_str(&format!("    vips:\n      - address: {VIP}\nservices:\n{services}"));
+    yaml
+}
+
+fn bgp(lab: &Lab, me: usize, services: &str) -> String {
+    config(lab, me, services, "bgp", "")
+}
+
+fn bgp_owner(lab: &Lab, me: usize, services: &str) -> String {
+    config(
+        lab,
+        me,
+        services,
+        "bgpOwner",
+        "    vrid: 30\n    advertInterval: 100ms\n    priorities: {n0: 200, n1: 150, n2: 100}\n",
+    )
+}
+
+fn services(lab: &Lab) -> String {
+    [
+        service_config(lab, "dsr", VIP, DSR_PORT, TARGET_PORT, "dsr", &[0, 1]),
+        service_config(lab, "nat", VIP, NAT_PORT, TARGET_PORT, "fullNat", &[0, 1]),
+    ]
+    .concat()
+}
+
+fn fabric(config: fn(&Lab, usize, &str) -> String) -> Fabric {
+    let cluster = ServiceLab::new(&[1, 1, 0], false, TARGET_PORT, VIP, config);
+    let mut fabric = Fabric::new(cluster);
+    let services = services(&fabric.cluster.lab);
+    fabric.cluster.start(&services);
+    fabric
+}
+
+/// Long-lived connections from the far client (tests/tools/hold-connections.py), ready.
+struct Load {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Load {
+    fn start(fabric: &Fabric, per_port: u64) -> Load {
+        let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/hold-connections.py");
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", fabric.far.ns.name(), "python3", tool, &VIP.to_string()])
+            .arg(format!("{DSR_PORT},{NAT_PORT}"))
+            .args([&per_port.to_string(), "50", "600"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the connection holder");
+        let mut out = BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("reading the holder");
+        assert_eq!(line.trim(), "ready", "the connection holder did not get ready");
+        Load { child, out }
+    }
+
+    /// Stops it; per port: (port, opened, reset, sent, failed, longest wait in ms).
+    fn finish(mut self) -> Vec<serde_json::Value> {
+        // SAFETY: a plain kill(2) of our child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let mut line = String::new();
+        self.out.read_line(&mut line).expect("reading the holder's summary");
+        let _ = self.child.wait();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("the holder's summary {line:?}: {e}"))
+    }
+}
+
+fn describe(stats: &[serde_json::Value]) -> (String, String) {
+    let port = |p: u16| stats.iter().find(|s| s["port"] == p).cloned().unwrap_or_default();
+    let line = |s: serde_json::Value| {
+        format!(
+            "{} of {} reset, {} of {} requests failed, {} answered after over 100 ms, longest wait {:.0} ms",
+            s["reset"],
+            s["opened"],
+            s["failed"],
+            s["sent"],
+            s["slow"],
+            s["max_wait_ms"].as_f64().unwrap_or(0.0)
+        )
+    };
+    (line(port(DSR_PORT)), line(port(NAT_PORT)))
+}
+
+fn vip_packets(fabric: &Fabric) -> Vec<f64> {
+    let sample = format!("lbagent_vip_packets_total{{vip=\"{VIP}\"}}");
+    fabric.cluster.agents.iter().map(|a| a.metric(&sample)).collect()
+}
+
+fn spread(fabric: &Fabric, connections: u64) -> String {
+    let before = vip_packets(fabric);
+    let script = format!(
+        "import socket\nfor _ in range({connections}):\n    s = socket.create_connection(('{VIP}', {DSR_PORT}), 5)\n    \
+         s.makefile().readline()\n    s.close()\n"
+    );
+    let out = fabric.far.ns.output(&["python3", "-c", &script]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::thread::sleep(Duration::from_millis(500));
+    let entered: Vec<f64> = vip_packets(fabric).iter().zip(&before).map(|(a, b)| a - b).collect();
+    let total: f64 = entered.iter().sum();
+    entered.iter().map(|c| format!("{:.1} %", 100.0 * c / total)).collect::<Vec<_>>().join(" / ")
+}
+
+fn restart(fabric: &mut Fabric, node: usize, config: fn(&Lab, usize, &str) -> String) {
+    let yaml = config(&fabric.cluster.lab, node, &services(&fabric.cluster.lab));
+    let mut agent = fabric.cluster.lab.start_agent(node, &yaml);
+    agent.wait_ready();
+    fabric.cluster.agents[node] = agent;
+}
+
+/// A 5 ms ping from the far client to the VIP while `during` runs (it starts a second in):
+/// the largest gap between replies in ms, replies lost, and pings sent.
+fn ping_outage(far_ns: &str, seconds: u32, during: impl FnOnce()) -> (f64, u64, u64) {
+    let ns = far_ns.to_owned();
+    let pinger = std::thread::spawn(move || {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns,
+                "ping",
+                "-D",
+                "-n",
+                "-i",
+                "0.005",
+                "-W",
+                "1",
+                "-c",
+                &(seconds * 200).to_string(),
+            ])
+            .arg(VIP.to_string())
+            .output()
+            .expect("running ping")
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    during();
+    let out = pinger.join().expect("ping");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let stamps: Vec<f64> = text
+        .lines()
+        .filter(|l| l.contains("bytes from"))
+        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
+        .collect();
+    let gap = stamps.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max) * 1000.0;
+    let transmitted: u64 = text
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    (gap, transmitted.saturating_sub(stamps.len() as u64), transmitted)
+}
+
+fn main() {
+    let connections = arg("--connections", 1000);
+    let per_port = connections / 2;
+    let spread_connections = arg("--spread", 3000);
+    let vip = IpAddr::V4(VIP);
+    let mut rows = Vec::new();
+
+    let mut fabric = fabric(bgp);
+    fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+    fabric.wait_bfd_up(CONVERGE);
+    rows.push((
+        "spread",
+        format!("{spread_connections} TCP connections, share per node (n0 / n1 / n2)"),
+        spread(&fabric, spread_connections),
+        "-".to_owned(),
+    ));
+
+    let load = Load::start(&fabric, per_port);
+    std::thread::sleep(Duration::from_secs(2));
+    fabric.cluster.agents[1].signal(libc::SIGTERM);
+    let withdrawn = fabric.wait_next_hops(vip, &[0, 2], Duration::from_secs(10));
+    fabric.cluster.agents[1].wait_exit(Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(2));
+    let (dsr, nat) = describe(&load.finish());
+    rows.push((
+        "graceful (SIGTERM n1)",
+        format!(
+            "{connections} connections, a request every 50 ms; withdrawn in {} ms",
+            withdrawn.as_millis()
+        ),
+        dsr,
+        nat,
+    ));
+    restart(&mut fabric, 1, bgp);
+    fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+
+    let mut back = Duration::ZERO;
+    let far = fabric.far.ns.name().to_owned();
+    let (gap, lost, sent) = ping_outage(&far, 15, || {
+        fabric.cluster.agents[2].signal(libc::SIGTERM);
+        fabric.cluster.agents[2].wait_exit(Duration::from_secs(20));
+        restart(&mut fabric, 2, bgp);
+        back = fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+    });
+    rows.push((
+        "upgrade (n2's agent stopped and started)",
+        format!(
+            "5 ms ping, {sent} sent; announced again {} ms after the new agent was ready",
+            back.as_millis()
+        ),
+        format!("{lost} replies lost, largest gap {gap:.0} ms"),
+        "-".to_owned(),
+    ));
+
+    fabric.wait_bfd_up(CONVERGE);
+    fabric.cluster.agents[2].kill();
+    let killed = fabric.wait_next_hops(vip, &[0, 1], Duration::from_secs(10));
+    rows.push((
+        "SIGKILL (n2's agent)",
+        "until the ToR forwards to n0 and n1 only".to_owned(),
+        format!("{} ms", killed.as_millis()),
+        "-".to_owned(),
+    ));
+    restart(&mut fabric, 2, bgp);
+    fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+    fabric.wait_bfd_up(CONVERGE);
+
+    let load = Load::start(&fabric, per_port);
+    let before = vip_packets(&fabric);
+    std::thread::sleep(Duration::from_secs(2));
+    let entering: Vec<f64> = vip_packets(&fabric).iter().zip(&before).map(|(a, b)| a - b).collect();
+    eprintln!("before the cut, packets entering each node over 2 s: {entering:?}");
+    fabric.fail_hard(2);
+    let lost = fabric.wait_next_hops(vip, &[0, 1], Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(3));
+    let (dsr, nat) = describe(&load.finish());
+    rows.push((
+        "hard loss (n2's traffic dropped, links up: BFD)",
+        format!("{connections} connections; the ToR dropped n2 in {} ms", lost.as_millis()),
+        dsr,
+        nat,
+    ));
+    drop(fabric);
+
+    let owner = fabric_owner();
+    rows.push(owner);
+
+    println!("| case | method | DSR (lb-agent keeps flows) | full NAT (the peers' behaviour) |");
+    println!("|---|---|---|---|");
+    for (case, method, dsr, nat) in rows {
+        println!("| {case} | {method} | {dsr} | {nat} |");
+    }
+}
+
+/// bgpOwner: a 5 ms ping while the master is cut off; the outage, and VRRP's share of it.
+fn fabric_owner() -> (&'static str, String, String, String) {
+    let fabric = fabric(bgp_owner);
+    let vip = IpAddr::V4(VIP);
+    fabric.wait_next_hops(vip, &[0], CONVERGE);
+    fabric.wait_bfd_up(CONVERGE);
+    let mut cut_at = SystemTime::now();
+    let mut routed = Duration::ZERO;
+    let (gap, lost, sent) = ping_outage(fabric.far.ns.name(), 6, || {
+        cut_at = SystemTime::now();
+        let started = Instant::now();
+        fabric.fail_hard(0);
+        fabric.wait_next_hops(vip, &[1], Duration::from_secs(20));
+        routed = started.elapsed();
+    });
+    let vrrp = takeover_after(&fabric.cluster.agents[1].log_text(), cut_at);
+    (
+        "bgpOwner failover (the master's traffic dropped)",
+        format!(
+            "5 ms ping, {sent} sent; VRRP takeover {vrrp}; the ToR forwards to the new master {} ms after the cut",
+            routed.as_millis()
+        ),
+        format!("outage (largest gap between replies) {gap:.0} ms, {lost} replies lost"),
+        "-".to_owned(),
+    )
+}
+
+/// How long after `cut` the agent's log shows its transition to master.
+fn takeover_after(log: &str, cut: SystemTime) -> String {
+    let cut: chrono_free::Utc = chrono_free::Utc::from(cut);
+    for line in log.lines().filter(|l| l.contains("VRRP transition") && l.contains("to=\"master\"")) {
+        if let Some(at) = chrono_free::Utc::parse(line.split_whitespace().next().unwrap_or(""))
+            && at >= cut
+        {
+            return format!("{} ms after the cut", (at.0 - cut.0) / 1_000_000);
+        }
+    }
+    "not in the log".to_owned()
+}
+
+/// RFC 3339 timestamps of the agent's log (`2026-11-25T05:49:14.784874Z`) as nanoseconds since
+/// the epoch, without a date crate.
+mod chrono_free {
+    #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    pub struct Utc(pub i128);
+
+    impl From<std::time::SystemTime> for Utc {
+        fn from(t: std::time::SystemTime) -> Self {
+            Utc(t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128))
+        }
+    }
+
+    impl Utc {
+        pub fn parse(s: &str) -> Option<Utc> {
+            let (date, time) = s.strip_suffix('Z')?.split_once('T')?;
+            let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+            let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+            let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+            let mut t = hms.split(':').map(|p| p.parse::<i64>().ok());
+            let (h, min, sec) = (t.next()??, t.next()??, t.next()??);
+            let nanos: i128 = format!("{frac:0<9}")[..9].parse().ok()?;
+            // Days from the civil date (Howard Hinnant's algorithm).
+            let y = if m <= 2 { y - 1 } else { y };
+            let era = y.div_euclid(400);
+            let yoe = y - era * 400;
+            let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+            let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+            let days = era * 146_097 + doe - 719_468;
+            let secs = days * 86_400 + h * 3600 + min * 60 + sec;
+            Some(Utc(secs as i128 * 1_000_000_000 + nanos))
+        }
+    }
+}

@@ -128,3 +128,71 @@ fn kustomize_renders_the_release_image_tag() {
     }
     assert_eq!(images, [format!("lb-agent:{}", env!("CARGO_PKG_VERSION"))]);
 }
+
+/// Routed groups: the `deploy/frr` component adds FRR as a native sidecar (its config from the
+/// generated ConfigMap) and the agent's TUN device; the base renders neither.
+#[test]
+fn the_frr_component_adds_the_routing_sidecar_and_the_tun_device_to_the_base() {
+    let render = |dir: &Path| {
+        let out = std::process::Command::new("kubectl")
+            .args(["kustomize", dir.to_str().unwrap()])
+            .output()
+            .expect("kubectl (installed by cargo xtask setup)");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let rendered = String::from_utf8(out.stdout).unwrap();
+        serde_yaml::Deserializer::from_str(&rendered)
+            .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).unwrap())
+            .find(|v| v["kind"] == "DaemonSet")
+            .map(|v| serde_yaml::from_value::<k8s_openapi::api::apps::v1::DaemonSet>(v).unwrap())
+            .expect("a DaemonSet")
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+    };
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").canonicalize().unwrap();
+    let base = render(&deploy);
+    assert!(base.init_containers.is_none(), "the base runs no routing daemon");
+    assert!(!base.volumes.iter().flatten().any(|v| v.name == "dev-net-tun"));
+
+    // A site's overlay beside the release's deploy/, as the README shows.
+    let site = std::env::temp_dir().join(format!("lb-site-{}", std::process::id()));
+    std::fs::create_dir_all(site.join("site")).unwrap();
+    let _ = std::fs::remove_file(site.join("deploy"));
+    std::os::unix::fs::symlink(&deploy, site.join("deploy")).unwrap();
+    std::fs::write(
+        site.join("site/kustomization.yaml"),
+        "resources:\n  - ../deploy\ncomponents:\n  - ../deploy/frr\n",
+    )
+    .unwrap();
+    let routed = render(&site.join("site"));
+    let _ = std::fs::remove_dir_all(&site);
+    let frr = routed.init_containers.iter().flatten().find(|c| c.name == "frr").expect("the FRR sidecar");
+    assert_eq!(
+        frr.restart_policy.as_deref(),
+        Some("Always"),
+        "a native sidecar: it outlives the agent's drain"
+    );
+    let config = routed.volumes.iter().flatten().find(|v| v.name == "frr-config").unwrap();
+    let map = config.config_map.as_ref().unwrap().name.clone();
+    assert!(map.starts_with("lb-agent-frr-"), "the generated ConfigMap, by its hashed name: {map}");
+    let agent = &routed.containers[0];
+    assert_eq!(agent.name, "lb-agent");
+    assert!(
+        agent
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "dev-net-tun" && m.mount_path == "/dev/net/tun")
+    );
+    assert!(
+        agent.volume_mounts.iter().flatten().any(|m| m.name == "vrrp-keys"),
+        "the patch merges the agent's mounts, it does not replace them"
+    );
+    let caps = agent.security_context.as_ref().unwrap().capabilities.as_ref().unwrap();
+    assert!(
+        !caps.add.as_ref().unwrap().contains(&"SYS_ADMIN".to_owned()),
+        "the agent still has no SYS_ADMIN"
+    );
+}

@@ -463,6 +463,10 @@ impl Agent {
         // XDP counts impersonating advertisements; they are read, reported and logged this
         // often, and key files re-read.
         let mut once_a_second = tokio::time::interval(Duration::from_secs(1));
+        // The routes' keeper withdraws them when this loop goes unheard (see `routes::keeper`);
+        // beats go from here, the loop that decides, not from a task that might outlive it.
+        let mut heartbeat = tokio::time::interval(self.config.routes.hold_time / 3);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if let Some(deadline) = stop_by {
                 let handing_over = self.vrrp.as_ref().is_some_and(|v| v.router.handing_over());
@@ -523,6 +527,7 @@ impl Agent {
                     }
                 }
                 Some((ifindex, up)) = self.carrier.recv() => self.on_carrier(ifindex, up),
+                _ = heartbeat.tick() => self.routes.alive(),
                 _ = once_a_second.tick() => {
                     self.check_impersonations();
                     if self.keys.refresh(self.plan.key_files.values()) {
@@ -633,6 +638,7 @@ impl Agent {
             ("dataplane.capacity", new.dataplane.capacity != self.config.dataplane.capacity),
             ("routes.device", new.routes.device != self.config.routes.device),
             ("routes.protocol", new.routes.protocol != self.config.routes.protocol),
+            ("routes.holdTime", new.routes.hold_time != self.config.routes.hold_time),
         ];
         for (field, changed) in restart_needed {
             if changed {

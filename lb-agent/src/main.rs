@@ -73,6 +73,15 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// The agent's own: holds the routed VIPs' device while the agent is heard from on
+    /// standard input (see `routes::keeper`).
+    #[command(hide = true)]
+    KeepRoutes {
+        #[arg(long)]
+        device: String,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        hold: std::time::Duration,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -159,6 +168,8 @@ fn main() -> ExitCode {
         Command::CheckConfig { config } => {
             Config::load(&config).map(|_| println!("{}: valid", config.display()))
         }
+        Command::KeepRoutes { device, hold } => lb_agent::routes::keeper::keep(&device, hold)
+            .map_err(|e| lb_agent::error::Error::io(format!("the routes' keeper of {device}"), e)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

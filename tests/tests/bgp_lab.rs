@@ -3,7 +3,8 @@
 //! redistributing the routes its agent makes, and a client on a subnet behind the ToR.
 //!
 //! `announce: bgp`: every node serves; flows spread over them; a node that withdraws (SIGTERM),
-//! dies (SIGKILL) or is cut off (BFD) leaves the ECMP set and the connections that entered
+//! freezes (SIGSTOP: its routes' keeper hears no heartbeat), dies (SIGKILL) or is cut off (BFD)
+//! leaves the ECMP set and the connections that entered
 //! through it carry on through the others, to the same pods (every node's Maglev ring is the
 //! same). `announce: bgpOwner`: only the VRRP master routes the VIP, and a failover moves it.
 
@@ -25,6 +26,8 @@ const TARGET_PORT: u16 = 8080;
 const ECHO_WAIT: Duration = Duration::from_secs(5);
 /// BGP sessions come up within a few seconds of the daemons; generous for CI's load.
 const CONVERGE: Duration = Duration::from_secs(20);
+/// The lab agents' `routes.holdTime`: how long a frozen agent keeps its routes.
+const HOLD_TIME: Duration = Duration::from_secs(2);
 
 /// A group `edge` over every node with the lab's VIP, announced `announce`.
 fn group_config(lab: &Lab, me: usize, services: &str, announce: &str, vrrp: &str) -> String {
@@ -40,10 +43,11 @@ fn group_config_with(
     vips: &[IpAddr],
 ) -> String {
     let mut yaml = format!(
-        "node: {}\ninterface: eth0\nxdpMode: native\nlisten: {}\nroutes: {{drain: 2s}}\ngroups:\n  - name: edge\n    \
+        "node: {}\ninterface: eth0\nxdpMode: native\nlisten: {}\nroutes: {{drain: 2s, holdTime: {}s}}\ngroups:\n  - name: edge\n    \
          announce: {announce}\n{vrrp}    nodes:\n",
         lab.nodes[me].name,
-        lb_lab::agent::AGENT_LISTEN
+        lb_lab::agent::AGENT_LISTEN,
+        HOLD_TIME.as_secs(),
     );
     for node in &lab.nodes {
         yaml.push_str(&format!("      - {{name: {}, address: {}}}\n", node.name, node.ip));
@@ -125,6 +129,8 @@ fn bgp_spreads_flows_over_every_node_and_connections_survive_a_withdrawal_a_kill
     fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
     for agent in &fabric.cluster.agents {
         assert_eq!(agent.metric("lbagent_routed_vips"), 1.0);
+        // Each node's FRR has its one session to the ToR, in the agent's namespace.
+        assert_eq!(agent.metric("lbagent_bgp_sessions"), 1.0, "{}", agent.metrics());
         let status = agent.admin("GET", "/status", "").expect("the admin socket answers");
         assert!(
             status.contains(&format!("\"vip\":\"{VIP}\",\"group\":\"edge\",\"announce\":\"bgp\"")),
@@ -188,7 +194,21 @@ fn bgp_spreads_flows_over_every_node_and_connections_survive_a_withdrawal_a_kill
     fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
     assert_all_answer(&fabric, &mut open, "n1's agent restarted");
 
-    // SIGKILL: the device dies with the process, and its routes with it.
+    // Frozen: the keeper hears no heartbeat for the hold time and takes the routes with it;
+    // thawed, the agent routes them again.
+    fabric.cluster.agents[1].signal(libc::SIGSTOP);
+    let frozen = fabric.wait_next_hops(vip, &[0, 2], HOLD_TIME + Duration::from_secs(3));
+    assert!(frozen >= HOLD_TIME - Duration::from_millis(500), "withdrawn {frozen:?} into a freeze");
+    assert_all_answer(&fabric, &mut open, "n1's agent froze");
+    fabric.cluster.agents[1].signal(libc::SIGCONT);
+    fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+    let n1 = &fabric.cluster.agents[1];
+    assert_eq!(n1.metric("lbagent_route_withdrawals_total{reason=\"unheard\"}"), 1.0);
+    assert!(n1.log_text().contains("went unheard for longer than routes.holdTime"), "{}", n1.log_text());
+    assert_all_answer(&fabric, &mut open, "n1's agent thawed");
+    eprintln!("SIGSTOP: withdrawn from the ToR in {frozen:?}");
+
+    // SIGKILL: the keeper reads end of file, and the device ends with it, its routes too.
     fabric.cluster.agents[1].kill();
     let killed = fabric.wait_next_hops(vip, &[0, 2], Duration::from_secs(5));
     assert_all_answer(&fabric, &mut open, "n1's agent was killed");

@@ -8,8 +8,8 @@ use super::{ConfigError, check_interface_name, group::duration};
 
 /// The agent routes each VIP it serves into a device of its own (`ip route add <vip>/32 dev
 /// <device> proto <protocol>`); the node's FRR redistributes those kernel routes to the fabric.
-/// The device lives as long as the agent's process: when the agent dies, the kernel deletes
-/// it and its routes, and FRR withdraws them.
+/// The device lives as long as the agent is heard from: when the agent dies, or sends no
+/// heartbeat for `holdTime`, the kernel deletes it and its routes, and FRR withdraws them.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RoutesConfig {
@@ -24,11 +24,20 @@ pub struct RoutesConfig {
     /// still arriving while the fabric moves them to the other nodes.
     #[serde(default = "default_drain", deserialize_with = "duration")]
     pub drain: Duration,
+    /// How long the agent may go unheard (frozen, its event loop stuck) before its routes are
+    /// withdrawn: the bound on a frozen agent's announcements.
+    #[serde(default = "default_hold_time", deserialize_with = "duration")]
+    pub hold_time: Duration,
 }
 
 impl Default for RoutesConfig {
     fn default() -> Self {
-        Self { device: default_device(), protocol: default_protocol(), drain: default_drain() }
+        Self {
+            device: default_device(),
+            protocol: default_protocol(),
+            drain: default_drain(),
+            hold_time: default_hold_time(),
+        }
     }
 }
 
@@ -44,6 +53,16 @@ fn default_protocol() -> u8 {
 fn default_drain() -> Duration {
     Duration::from_secs(3)
 }
+
+/// Well past any pause of a healthy agent (a reload of 10,000 Services blocks its loop for about
+/// half a second), and short beside the minute a supervisor takes to kill a stopped process.
+fn default_hold_time() -> Duration {
+    Duration::from_secs(3)
+}
+
+/// Heartbeats go every third of the hold time, so one late beat is never a lapse; under a
+/// second, a busy host's scheduling alone could withdraw the routes.
+const HOLD_TIME_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(60);
 
 impl RoutesConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
@@ -62,6 +81,49 @@ impl RoutesConfig {
         if self.drain > Duration::from_secs(300) {
             return Err(ConfigError::new("routes.drain", format!("at most 5m, got {:?}", self.drain)));
         }
+        if !HOLD_TIME_RANGE.contains(&self.hold_time) {
+            return Err(ConfigError::new(
+                "routes.holdTime",
+                format!("a duration from 1s to 1m, got {:?}", self.hold_time),
+            ));
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::config::Config;
+
+    fn routes(yaml: &str) -> Result<super::RoutesConfig, crate::config::ConfigError> {
+        Config::parse(&format!("interface: eth0\n{yaml}")).map(|c| c.routes)
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let r = routes("").unwrap();
+        assert_eq!((r.device.as_str(), r.protocol), ("lb-vips", 200));
+        assert_eq!((r.drain, r.hold_time), (Duration::from_secs(3), Duration::from_secs(3)));
+        let r = routes("routes: {device: vips0, protocol: 210, drain: 0s, holdTime: 10s}\n").unwrap();
+        assert_eq!((r.device.as_str(), r.protocol), ("vips0", 210));
+        assert_eq!((r.drain, r.hold_time), (Duration::ZERO, Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        for (yaml, field, expected) in [
+            ("routes: {protocol: 186}", "routes.protocol", "5-185 or 199-255"),
+            ("routes: {protocol: 2}", "routes.protocol", "5-185 or 199-255"),
+            ("routes: {drain: 6m}", "routes.drain", "at most 5m"),
+            ("routes: {holdTime: 500ms}", "routes.holdTime", "from 1s to 1m"),
+            ("routes: {holdTime: 2m}", "routes.holdTime", "from 1s to 1m"),
+            ("routes: {device: a-name-far-too-long}", "routes.device", ""),
+        ] {
+            let e = routes(&format!("{yaml}\n")).unwrap_err();
+            assert_eq!(e.field, field, "{yaml}: {e}");
+            assert!(e.expected.contains(expected), "{yaml}: {e}");
+        }
     }
 }

@@ -2,22 +2,24 @@
 //! to the node's routing daemon as kernel routes, which FRR (or BIRD) redistributes to the
 //! fabric.
 //!
-//! Each route points into a TUN device the agent creates and holds open. Nothing else keeps the
-//! device: when the agent's process ends in any way (SIGKILL, a crash, the OOM killer) the
-//! kernel deletes it with its routes, and FRR withdraws them at once. A graceful stop withdraws
-//! first and then drains (see the agent). The device also catches what the kernel would route
-//! to a VIP (traffic XDP passes on, e.g. to a port no Service exposes): it is dropped there,
-//! never sent back to the fabric.
+//! - [`keeper`]: the process that holds the routes' device, so they end when the agent is
+//!   killed or goes unheard.
+//! - [`sessions`]: the node's BGP sessions, counted for the metrics.
+//!
+//! Each route points into a TUN device that only the keeper holds: when the agent's process
+//! ends in any way (SIGKILL, a crash, the OOM killer), or stops sending heartbeats for
+//! `routes.holdTime` (frozen), the keeper exits, the kernel deletes the device with its routes,
+//! and FRR withdraws them. A graceful stop withdraws first and then drains (see the agent). The
+//! device also catches what the kernel would route to a VIP (traffic XDP passes on, e.g. to a
+//! port no Service exposes): it is dropped there, never sent back to the fabric.
 //!
 //! The task applies the latest wanted set by difference, on the background runtime: the VRRP
 //! loop never waits on netlink. A failed change is retried every second.
 
-use std::{
-    collections::BTreeSet,
-    net::IpAddr,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    time::Duration,
-};
+pub mod keeper;
+pub mod sessions;
+
+use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -32,9 +34,11 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::config::RoutesConfig;
+use keeper::Keeper;
 
 /// Why routes went: the ownership decision changed (a lost election, a VIP this node is no
-/// longer eligible for, a group it left), or the agent is stopping.
+/// longer eligible for, a group it left), or the agent is stopping. (A third reason, `unheard`,
+/// is the keeper's: see [`keeper`].)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Why {
     Changed,
@@ -49,6 +53,9 @@ impl Why {
         }
     }
 }
+
+/// Routes the keeper took with it when the agent went unheard for `routes.holdTime`.
+const UNHEARD: &str = "unheard";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
@@ -71,12 +78,13 @@ impl RouteMetrics {
             routed.clone(),
         );
         let withdrawals = Family::<ReasonLabels, Counter>::default();
-        for why in [Why::Changed, Why::Stopping] {
-            let _ = withdrawals.get_or_create(&ReasonLabels { reason: why.as_str() });
+        for reason in [Why::Changed.as_str(), Why::Stopping.as_str(), UNHEARD] {
+            let _ = withdrawals.get_or_create(&ReasonLabels { reason });
         }
         registry.register(
             "route_withdrawals",
-            "Routed VIPs withdrawn, by reason (changed: the ownership decision; stopping: a graceful stop)",
+            "Routed VIPs withdrawn, by reason (changed: the ownership decision; stopping: a graceful stop; \
+             unheard: the agent sent no heartbeat for routes.holdTime)",
             withdrawals.clone(),
         );
         let failures = Counter::default();
@@ -85,6 +93,7 @@ impl RouteMetrics {
             "Route changes the kernel refused (retried every second)",
             failures.clone(),
         );
+        registry.register_collector(Box::new(sessions::SessionCollector));
         Self { routed, withdrawals, failures }
     }
 }
@@ -94,6 +103,8 @@ pub struct Routes {
     wanted: watch::Sender<(BTreeSet<IpAddr>, Why)>,
     /// The set last applied whole, for [`Routes::settled`].
     applied: watch::Receiver<BTreeSet<IpAddr>>,
+    /// The event loop's heartbeats, passed on to the keeper.
+    alive: watch::Sender<u64>,
 }
 
 impl Routes {
@@ -102,8 +113,15 @@ impl Routes {
     pub fn spawn(settings: RoutesConfig, netlink: Handle, metrics: RouteMetrics) -> Routes {
         let (wanted, wanted_rx) = watch::channel((BTreeSet::new(), Why::Changed));
         let (applied_tx, applied) = watch::channel(BTreeSet::new());
-        tokio::spawn(apply_loop(settings, netlink, metrics, wanted_rx, applied_tx));
-        Routes { wanted, applied }
+        let (alive, alive_rx) = watch::channel(0);
+        tokio::spawn(apply_loop(settings, netlink, metrics, wanted_rx, alive_rx, applied_tx));
+        Routes { wanted, applied, alive }
+    }
+
+    /// A heartbeat from the event loop: sent at least every third of `routes.holdTime`, or the
+    /// keeper withdraws the routes (see [`keeper`]).
+    pub fn alive(&self) {
+        self.alive.send_modify(|beats| *beats = beats.wrapping_add(1));
     }
 
     /// The routes to hold from now; `why` says why any not in it went.
@@ -128,25 +146,70 @@ impl Routes {
     }
 }
 
+/// What woke the apply loop.
+enum Wake {
+    Wanted,
+    Heartbeat,
+    KeeperEnded(std::io::Result<std::process::ExitStatus>),
+}
+
+/// The device: its keeper (see [`keeper`]) and its interface index.
+struct Device {
+    keeper: Keeper,
+    index: u32,
+}
+
 async fn apply_loop(
     settings: RoutesConfig,
     netlink: Handle,
     metrics: RouteMetrics,
     mut wanted: watch::Receiver<(BTreeSet<IpAddr>, Why)>,
+    mut alive: watch::Receiver<u64>,
     applied: watch::Sender<BTreeSet<IpAddr>>,
 ) {
-    let mut device: Option<(OwnedFd, u32)> = None;
+    let mut device: Option<Device> = None;
     let mut held: BTreeSet<IpAddr> = BTreeSet::new();
     let mut retry = tokio::time::interval(Duration::from_secs(1));
     let mut failing = false;
     loop {
-        tokio::select! {
-            changed = wanted.changed() => if changed.is_err() { return },
-            _ = retry.tick(), if failing => {}
+        let wake = tokio::select! {
+            changed = wanted.changed() => match changed {
+                Ok(()) => Wake::Wanted,
+                Err(_) => return,
+            },
+            _ = retry.tick(), if failing => Wake::Wanted,
+            Ok(()) = alive.changed() => Wake::Heartbeat,
+            status = keeper_ended(device.as_mut()) => Wake::KeeperEnded(status),
+        };
+        match wake {
+            Wake::Wanted => {}
+            Wake::Heartbeat => {
+                if let Some(device) = &mut device {
+                    // A keeper that has gone is seen by `keeper_ended`.
+                    let _ = device.keeper.heartbeat().await;
+                }
+                continue;
+            }
+            Wake::KeeperEnded(status) => {
+                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                error!(
+                    %status,
+                    withdrawn = held.len(),
+                    hold = ?settings.hold_time,
+                    "the routes' keeper ended: this agent went unheard for longer than routes.holdTime \
+                     (frozen?), so its routes were withdrawn; routing them again"
+                );
+                metrics
+                    .withdrawals
+                    .get_or_create(&ReasonLabels { reason: UNHEARD })
+                    .inc_by(held.len() as u64);
+                device = None;
+                held.clear();
+            }
         }
         let (routes, why) = wanted.borrow_and_update().clone();
         if device.is_none() && !routes.is_empty() {
-            match make_device(&netlink, &settings.device).await {
+            match make_device(&netlink, &settings).await {
                 Ok(made) => device = Some(made),
                 Err(e) => {
                     metrics.failures.inc();
@@ -158,7 +221,10 @@ async fn apply_loop(
                 }
             }
         }
-        let Some((_, index)) = &device else { continue };
+        let Some(Device { index, .. }) = &device else {
+            applied.send_replace(held.clone());
+            continue;
+        };
         let mut ok = true;
         for vip in held.clone().difference(&routes) {
             match netlink.route().del(route(*vip, *index, settings.protocol)).execute().await {
@@ -197,6 +263,14 @@ async fn apply_loop(
     }
 }
 
+/// Resolves when the device's keeper has ended; never without a device.
+async fn keeper_ended(device: Option<&mut Device>) -> std::io::Result<std::process::ExitStatus> {
+    match device {
+        Some(device) => device.keeper.ended().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// `<vip>/32` (or `/128`) into the device, with the agent's protocol number.
 fn route(vip: IpAddr, index: u32, protocol: u8) -> RouteMessage {
     let protocol = RouteProtocol::from(protocol);
@@ -214,9 +288,10 @@ fn route(vip: IpAddr, index: u32, protocol: u8) -> RouteMessage {
     }
 }
 
-/// Creates the TUN device `name`, held by the returned descriptor, and brings it up. IPv6 is
-/// turned on for it where the namespace has it off by default (for `/128` routes).
-async fn make_device(netlink: &Handle, name: &str) -> std::io::Result<(OwnedFd, u32)> {
+/// Has a keeper make the TUN device `settings.device`, and brings it up. IPv6 is turned on for
+/// it where the namespace has it off by default (for `/128` routes).
+async fn make_device(netlink: &Handle, settings: &RoutesConfig) -> std::io::Result<Device> {
+    let name = settings.device.as_str();
     let find =
         async || crate::netdev::find(netlink, name).await.map_err(|e| std::io::Error::other(e.to_string()));
     if find().await?.is_some() {
@@ -224,7 +299,7 @@ async fn make_device(netlink: &Handle, name: &str) -> std::io::Result<(OwnedFd, 
             "an interface named {name} exists already (another agent's?)"
         )));
     }
-    let fd = open_tun(name)?;
+    let keeper = Keeper::spawn(name, settings.hold_time).await?;
     let index = find()
         .await?
         .ok_or_else(|| std::io::Error::other(format!("{name} vanished after it was made")))?
@@ -236,37 +311,6 @@ async fn make_device(netlink: &Handle, name: &str) -> std::io::Result<(OwnedFd, 
         .execute()
         .await
         .map_err(|e| std::io::Error::other(format!("bringing {name} up: {e}")))?;
-    info!(device = name, "routed VIPs' device made: its routes end with this process");
-    Ok((fd, index))
-}
-
-/// `TUNSETIFF` (`_IOW('T', 202, int)`) and its flags, from `<linux/if_tun.h>`.
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-const IFF_TUN: libc::c_short = 0x0001;
-const IFF_NO_PI: libc::c_short = 0x1000;
-
-/// A new, non-persistent TUN device named `name`: the kernel removes it when the descriptor
-/// closes.
-fn open_tun(name: &str) -> std::io::Result<OwnedFd> {
-    if name.len() >= libc::IFNAMSIZ {
-        return Err(std::io::Error::other(format!("{name:?} is longer than an interface name may be")));
-    }
-    // SAFETY: a NUL-terminated path and flags; the result is checked.
-    let raw = unsafe { libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a descriptor this function just opened and owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: all-zero is a valid ifreq.
-    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (slot, byte) in request.ifr_name.iter_mut().zip(name.bytes()) {
-        *slot = byte as libc::c_char;
-    }
-    request.ifr_ifru.ifru_flags = IFF_TUN | IFF_NO_PI;
-    // SAFETY: TUNSETIFF reads and writes one ifreq, which lives across the call.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF as _, &mut request) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(fd)
+    info!(device = name, hold = ?settings.hold_time, "routed VIPs' device made: its routes end with this process, or when it goes unheard for routes.holdTime");
+    Ok(Device { keeper, index })
 }

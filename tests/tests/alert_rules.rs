@@ -19,7 +19,7 @@ fn promtool(args: &[&str]) -> String {
 fn the_rules_are_valid_and_fire_on_what_they_name() {
     let rules = monitoring("lb-agent.rules.yaml");
     let checked = promtool(&["check", "rules", rules.to_str().unwrap()]);
-    assert!(checked.contains("SUCCESS: 10 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 12 rules found"), "{checked}");
     let tests = monitoring("lb-agent.rules.test.yaml");
     let tested = promtool(&["test", "rules", tests.to_str().unwrap()]);
     assert!(tested.contains("SUCCESS"), "{tested}");

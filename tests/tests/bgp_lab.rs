@@ -2,8 +2,8 @@
 //! over L4 hashes, BFD at 100 ms × 3) in front of three lb-agent nodes, each with FRR
 //! redistributing the routes its agent makes, and a client on a subnet behind the ToR.
 //!
-//! `announce: bgp`: every node serves; flows spread over them; a node that withdraws (SIGTERM),
-//! freezes (SIGSTOP: its routes' keeper hears no heartbeat), dies (SIGKILL) or is cut off (BFD)
+//! `announce: bgp`: every node serves; flows spread over them; a node that withdraws (SIGTERM,
+//! or leaving the group), freezes (SIGSTOP: its routes' keeper hears no heartbeat), dies (SIGKILL) or is cut off (BFD)
 //! leaves the ECMP set and the connections that entered
 //! through it carry on through the others, to the same pods (every node's Maglev ring is the
 //! same). `announce: bgpOwner`: only the VRRP master routes the VIP, and a failover moves it.
@@ -194,11 +194,32 @@ fn bgp_spreads_flows_over_every_node_and_connections_survive_a_withdrawal_a_kill
     fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
     assert_all_answer(&fabric, &mut open, "n1's agent restarted");
 
+    // Leaving the group (a reload without this node in it) withdraws as a changed decision;
+    // the node's services stay, so what the fabric still sends it meanwhile is served.
+    let lab = &fabric.cluster.lab;
+    let services = service_config(lab, "web", VIP, 80, TARGET_PORT, "dsr", &[0, 1]);
+    let member = bgp_config(lab, 1, &services);
+    let n1 = &lab.nodes[1];
+    let left = member.replace(&format!("      - {{name: {}, address: {}}}\n", n1.name, n1.ip), "");
+    assert_ne!(left, member);
+    let config_path = lab.path(&format!("{}.yaml", n1.name));
+    std::fs::write(&config_path, &left).unwrap();
+    fabric.cluster.agents[1].signal(libc::SIGHUP);
+    let gone = fabric.wait_next_hops(vip, &[0, 2], Duration::from_secs(5));
+    assert_eq!(fabric.cluster.agents[1].metric("lbagent_route_withdrawals_total{reason=\"changed\"}"), 1.0);
+    assert_all_answer(&fabric, &mut open, "n1 left the group");
+    std::fs::write(&config_path, &member).unwrap();
+    fabric.cluster.agents[1].signal(libc::SIGHUP);
+    fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+    assert_all_answer(&fabric, &mut open, "n1 rejoined the group");
+    eprintln!("left the group: withdrawn from the ToR in {gone:?}");
+
     // Frozen: the keeper hears no heartbeat for the hold time and takes the routes with it;
     // thawed, the agent routes them again.
     fabric.cluster.agents[1].signal(libc::SIGSTOP);
     let frozen = fabric.wait_next_hops(vip, &[0, 2], HOLD_TIME + Duration::from_secs(3));
-    assert!(frozen >= HOLD_TIME - Duration::from_millis(500), "withdrawn {frozen:?} into a freeze");
+    // The last heartbeat went at most a third of the hold time before the freeze.
+    assert!(frozen >= HOLD_TIME * 2 / 3 - Duration::from_millis(50), "withdrawn {frozen:?} into a freeze");
     assert_all_answer(&fabric, &mut open, "n1's agent froze");
     fabric.cluster.agents[1].signal(libc::SIGCONT);
     fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);

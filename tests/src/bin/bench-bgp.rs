@@ -16,6 +16,8 @@
 //!   n1's agent (withdraw, drain, exit); resets and failed requests; then n1's agent restarts;
 //! - upgrade: a 5 ms ping to the VIP while n2's agent stops (SIGTERM) and a new one starts;
 //! - SIGKILL: n2's agent killed; time until the ToR forwards to n0 and n1 only;
+//! - SIGSTOP: n2's (restarted) agent frozen; time until its routes' keeper has withdrawn them
+//!   and the ToR forwards to n0 and n1 only, then until it routes again once thawed;
 //! - hard loss: the connections again; every frame to or from n2 dropped at the switch, every
 //!   link up ([`Fabric::fail_hard`]);
 //!   time until the ToR drops it, resets and failed requests, the longest wait any request saw;
@@ -273,6 +275,17 @@ fn main() {
     ));
     restart(&mut fabric, 2, bgp);
     fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+
+    fabric.cluster.agents[2].signal(libc::SIGSTOP);
+    let frozen = fabric.wait_next_hops(vip, &[0, 1], Duration::from_secs(20));
+    fabric.cluster.agents[2].signal(libc::SIGCONT);
+    let thawed = fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+    rows.push((
+        "SIGSTOP (n2's agent frozen, routes.holdTime 3 s)",
+        "until the ToR forwards to n0 and n1 only; then thawed".to_owned(),
+        format!("{} ms; routed again {} ms after the thaw", frozen.as_millis(), thawed.as_millis()),
+        "-".to_owned(),
+    ));
     fabric.wait_bfd_up(CONVERGE);
 
     let load = Load::start(&fabric, per_port);

@@ -42,7 +42,7 @@ use crate::{
         metrics::VrrpMetrics,
         router::{InstanceSpec, Router},
     },
-    vrrp_driver::{self, Vrrp},
+    vrrp_driver::{self, Vrrp, drop_off_loop},
 };
 
 /// After a datagram, the next ones are read this much later, all at once: a group of many
@@ -347,12 +347,6 @@ fn write_uplink_map(uplinks: &mut Uplinks, dataplane: &mut Dataplane) -> Result<
 fn within<T>(runtime: &tokio::runtime::Handle, f: impl FnOnce() -> T) -> T {
     let _entered = runtime.enter();
     f()
-}
-
-/// Drops `value` on a blocking thread: closing a socket or a BPF link waits for the kernel
-/// (RTNL, an RCU grace period), and the VRRP loop must not wait with it.
-pub(crate) fn drop_off_loop<T: Send + 'static>(value: T) {
-    drop(tokio::task::spawn_blocking(move || drop(value)));
 }
 
 /// The config path of this node's address of `family` on `interface`, e.g.

@@ -27,8 +27,8 @@ use tokio::{sync::mpsc, task::JoinHandle};
 use tracing::warn;
 
 use crate::{
-    config::MacAddr,
     logging::LogBudget,
+    mac::MacAddr,
     vrrp::garp::{GarpSocket, announcement_for},
 };
 

@@ -1,8 +1,26 @@
-//! The agent's one error type.
+//! The agent's one error type, and the configuration's (which it carries). Imports no feature
+//! module: every module may use it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use crate::config::ConfigError;
+/// A configuration error: which field, and what was expected there.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: expected {expected}")]
+pub struct ConfigError {
+    pub field: String,
+    pub expected: String,
+}
+
+impl ConfigError {
+    pub fn new(field: impl Into<String>, expected: impl Into<String>) -> Self {
+        Self { field: field.into(), expected: expected.into() }
+    }
+
+    /// This error, in the config file at `path`.
+    pub fn in_file(self, path: &Path) -> Error {
+        Error::Config { path: path.to_owned(), error: self }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

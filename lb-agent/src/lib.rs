@@ -12,6 +12,7 @@
 //! - [`admin`]: the admin socket's client (`lb-agent status`, `lb-agent log-level`).
 //! - [`status`]: `lb-agent status`: the local agent's groups, VIPs and backends.
 //! - [`logging`]: structured logs with a filter that changes at run time.
+//! - [`mac`]: Ethernet MAC addresses.
 //! - [`k8s`]: the Kubernetes source: the LoadBalancerGroup resource.
 //! - [`vrrp`]: VRRPv3 — who owns each VIP at run time.
 //! - [`vrrp_driver`]: the router with its sockets: the VRRP shell the run loop drives.
@@ -39,6 +40,7 @@ pub mod http;
 pub mod k8s;
 pub mod key_files;
 pub mod logging;
+pub mod mac;
 pub mod maglev;
 pub mod metrics;
 pub mod netdev;

@@ -38,6 +38,10 @@ pub struct LimitLabels {
     pub limit: &'static str,
 }
 
+/// The limits a service can be refused by, as `dataplane.capacity` names them: the values
+/// of [`LimitLabels`].
+pub const LIMITS: [&str; 3] = ["services", "backends", "localEndpoints"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VridLabels {
     pub vrid: u8,
@@ -125,7 +129,7 @@ impl Metrics {
         let backends = Gauge::default();
         registry.register("backends", "Backends (endpoint and delivery) in the data plane", backends.clone());
         let services_refused = Family::<LimitLabels, Gauge>::default();
-        for limit in crate::service_sync::LIMITS {
+        for limit in LIMITS {
             let _ = services_refused.get_or_create(&LimitLabels { limit });
         }
         registry.register(

@@ -11,7 +11,7 @@ use rtnetlink::packet_route::{
     link::{LinkAttribute, LinkMessage},
 };
 
-use crate::{config::MacAddr, error::Result};
+use crate::{error::Result, mac::MacAddr};
 
 /// What the agent needs to know about its uplink.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -12,8 +12,9 @@ use std::{
 use lb_common::maps::OwnedVip;
 
 use crate::{
-    config::{Config, MacAddr},
+    config::Config,
     dataplane::vips::OwnedSet,
+    mac::MacAddr,
     node_plan::NodePlan,
     vrrp::{family::InstanceId, router::Claim},
 };

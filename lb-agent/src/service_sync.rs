@@ -26,7 +26,7 @@ use crate::{
         services::{RefusedService, SyncReport, entry},
     },
     error::Result,
-    metrics::{LimitLabels, MapLabels, ResultLabels},
+    metrics::{LIMITS, LimitLabels, MapLabels, ResultLabels},
     service_plan::IncrementalPlanner,
 };
 
@@ -295,9 +295,6 @@ impl ServiceSync {
         })
     }
 }
-
-/// The limits a service can be refused by, as `dataplane.capacity` names them.
-pub const LIMITS: [&str; 3] = ["services", "backends", "localEndpoints"];
 
 /// A [`SyncReport`] without its list of refused services, for the log.
 #[derive(Debug)]

@@ -9,7 +9,6 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::{
-    agent::drop_off_loop,
     node_plan::NodePlan,
     vrrp::{
         family::Family,
@@ -161,4 +160,10 @@ pub fn receive<'a>(
 ) -> Option<impl std::future::Future<Output = (SocketKey, std::io::Result<Arrived>)> + 'a> {
     let vrrp = vrrp.as_ref().filter(|v| !v.sockets.is_empty())?;
     Some(VrrpSocket::recv_any(&vrrp.sockets, turn, buf))
+}
+
+/// Drops `value` on a blocking thread: closing a socket or a BPF link waits for the kernel
+/// (RTNL, an RCU grace period), and the VRRP loop must not wait with it.
+pub(crate) fn drop_off_loop<T: Send + 'static>(value: T) {
+    drop(tokio::task::spawn_blocking(move || drop(value)));
 }

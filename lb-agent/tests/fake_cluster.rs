@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{Api, api::ListParams};
 use kube_fake_client::ClientBuilder;
 use lb_agent::k8s::{
+    cluster::{self, ClusterState},
     crd::LoadBalancerGroup,
-    source::ClusterState,
     status::{self, IPAM_FINALIZER, SERVICE_CONDITION},
     writer::StatusWriter,
 };
@@ -91,7 +91,7 @@ async fn the_leader_converges_and_never_hands_out_an_address_twice() {
     let mut seen = BTreeSet::new();
     let (mut served, mut refused) = (0, 0);
     for s in &services {
-        let ips: Vec<IpAddr> = status::current_ingress(s);
+        let ips: Vec<IpAddr> = cluster::current_ingress(s);
         let condition = s
             .status
             .as_ref()

@@ -2,7 +2,10 @@
 //! value for the same flow, so that a flow keeps its backend when the VIP moves between nodes:
 //! the function is fixed, unseeded, and golden-tested.
 
-use crate::service::{Address, FlowKeyOf};
+use crate::{
+    murmur3::{finalize, mix},
+    service::{Address, FlowKeyOf},
+};
 
 /// murmur3's 32-bit mixing over the 5-tuple's words (three for IPv4, nine for IPv6), then its
 /// finalizer.
@@ -16,21 +19,6 @@ pub fn flow_hash<A: Address>(key: &FlowKeyOf<A>) -> u32 {
         u32::from_be_bytes([key.sport[0], key.sport[1], key.dport[0], key.dport[1]]) ^ key.proto as u32,
     );
     finalize(h ^ 13)
-}
-
-#[inline(always)]
-pub(crate) const fn mix(h: u32, word: u32) -> u32 {
-    let k = word.wrapping_mul(0xcc9e_2d51).rotate_left(15).wrapping_mul(0x1b87_3593);
-    (h ^ k).rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64)
-}
-
-#[inline(always)]
-const fn finalize(mut h: u32) -> u32 {
-    h ^= h >> 16;
-    h = h.wrapping_mul(0x85eb_ca6b);
-    h ^= h >> 13;
-    h = h.wrapping_mul(0xc2b2_ae35);
-    h ^ (h >> 16)
 }
 
 #[cfg(test)]

@@ -9,5 +9,6 @@ pub mod counters;
 pub mod csum;
 pub mod hash;
 pub mod maps;
+mod murmur3;
 pub mod ndp;
 pub mod service;

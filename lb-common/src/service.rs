@@ -152,7 +152,7 @@ impl Address for [u8; 4] {
     }
     #[inline(always)]
     fn mix_into(&self, h: u32) -> u32 {
-        crate::hash::mix(h, u32::from_be_bytes(*self))
+        crate::murmur3::mix(h, u32::from_be_bytes(*self))
     }
 }
 
@@ -180,10 +180,10 @@ impl Address for [u8; 16] {
     #[inline(always)]
     fn mix_into(&self, h: u32) -> u32 {
         let a = self;
-        let h = crate::hash::mix(h, u32::from_be_bytes([a[0], a[1], a[2], a[3]]));
-        let h = crate::hash::mix(h, u32::from_be_bytes([a[4], a[5], a[6], a[7]]));
-        let h = crate::hash::mix(h, u32::from_be_bytes([a[8], a[9], a[10], a[11]]));
-        crate::hash::mix(h, u32::from_be_bytes([a[12], a[13], a[14], a[15]]))
+        let h = crate::murmur3::mix(h, u32::from_be_bytes([a[0], a[1], a[2], a[3]]));
+        let h = crate::murmur3::mix(h, u32::from_be_bytes([a[4], a[5], a[6], a[7]]));
+        let h = crate::murmur3::mix(h, u32::from_be_bytes([a[8], a[9], a[10], a[11]]));
+        crate::murmur3::mix(h, u32::from_be_bytes([a[12], a[13], a[14], a[15]]))
     }
 }
 

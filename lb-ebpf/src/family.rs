@@ -11,9 +11,8 @@ use lb_common::{
     counters::Reason,
     maps::{PacketCounter, UplinkKey},
     service::{
-        Addr4, Addr6, Address, Backend6, BackendOf, ConnectionKeyOf, Flow, FlowKey6, FlowKeyOf,
-        LocalEndpoint, LocalEndpointKeyOf, NextHopEntry, ReplyNatOf, Service, ServiceKeyOf, Settings,
-        SnatEntry6, SnatEntryOf,
+        Addr4, Addr6, Address, BackendOf, ConnectionKeyOf, Flow, FlowKeyOf, LocalEndpoint,
+        LocalEndpointKeyOf, NextHopEntry, ReplyNatOf, Service, ServiceKeyOf, Settings, SnatEntryOf,
     },
 };
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
@@ -57,7 +56,7 @@ pub trait Family: Sized {
     /// scratch map, its frames being tight (`None` if that cannot be had).
     fn with_fib_params<R>(f: impl FnOnce(&mut bpf_fib_lookup) -> R) -> Option<R>;
     /// Runs `f` with room to build a full-NAT port's key and entry in: on the stack for IPv4,
-    /// in this CPU's [`State6`] for IPv6 (`None` if that cannot be had).
+    /// in this CPU's [`maps::State6`] for IPv6 (`None` if that cannot be had).
     fn with_snat_room<R>(
         f: impl FnOnce(&mut FlowKeyOf<Self::Addr>, &mut SnatEntryOf<Self::Addr>) -> R,
     ) -> Option<R>;
@@ -69,25 +68,6 @@ pub trait Family: Sized {
     fn decrement_hop_limit(ctx: &XdpContext) -> Option<bool>;
     /// Sets the addresses and ports to `to`, patching the checksums.
     fn rewrite(ctx: &XdpContext, layout: L4Layout, to: &ReplyNatOf<Self::Addr>) -> Option<()>;
-}
-
-/// The IPv6 path's per-CPU state: what `lb_xdp6` hands its stages (see `services::stages6`),
-/// and room for what would not fit on their stacks.
-#[repr(C)]
-pub struct State6 {
-    pub flow: FlowKey6,
-    pub backend: Backend6,
-    pub id: u32,
-    /// The IP packet's length, header included.
-    pub ip_len: u16,
-    /// The rest of the flow's [`crate::services::flow::Picked`].
-    pub service: u16,
-    pub snat_port: [u8; 2],
-    pub known: u8,
-    pub check_due: u8,
-    /// Full NAT's room to build a source-port candidate in (see `nat::claim_snat_port`).
-    pub snat_key: FlowKey6,
-    pub snat_entry: SnatEntry6,
 }
 
 pub struct V4;

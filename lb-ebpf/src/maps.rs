@@ -126,7 +126,7 @@ pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> = PerCpu
 
 /// What `lb_xdp6` hands its stages (see `services::stages6`), one per CPU; not pinned.
 #[map]
-pub static STATE6: PerCpuArray<crate::family::State6> = PerCpuArray::with_max_entries(1, 0);
+pub static STATE6: PerCpuArray<State6> = PerCpuArray::with_max_entries(1, 0);
 
 /// The IPv6 service path's programs: `lb_xdp6` (see `l3::ipv6::serve`) and its stages (see
 /// `services::stages6`).
@@ -151,3 +151,22 @@ pub type Ring = BtfArray<RingEntry, { ring_entries(MAX_RING_SIZE) as usize }, { 
 
 #[btf_map]
 pub static MAGLEV_RINGS: HashOfMaps<u32, Ring, { MAX_SERVICES as usize }> = HashOfMaps::new();
+
+/// The IPv6 path's per-CPU state: what `lb_xdp6` hands its stages (see `services::stages6`),
+/// and room for what would not fit on their stacks.
+#[repr(C)]
+pub struct State6 {
+    pub flow: FlowKey6,
+    pub backend: Backend6,
+    pub id: u32,
+    /// The IP packet's length, header included.
+    pub ip_len: u16,
+    /// The rest of the flow's `services::flow::Picked`.
+    pub service: u16,
+    pub snat_port: [u8; 2],
+    pub known: u8,
+    pub check_due: u8,
+    /// Full NAT's room to build a source-port candidate in (see `nat::claim_snat_port`).
+    pub snat_key: FlowKey6,
+    pub snat_entry: SnatEntry6,
+}

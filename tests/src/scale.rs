@@ -153,7 +153,7 @@ pub fn kube_proxy_nftables(services: usize, endpoints: usize) -> String {
 /// The same Services as a cluster holds them, for the Kubernetes source: one group `edge`
 /// whose pool is the VIP range, nodes `n0`–`n2`, and per Service a LoadBalancer Service (its
 /// VIP in `status`) and one EndpointSlice, each with resource version `1`.
-pub fn scale_cluster(services: usize, endpoints: usize) -> lb_agent::k8s::source::ClusterState {
+pub fn scale_cluster(services: usize, endpoints: usize) -> lb_agent::k8s::cluster::ClusterState {
     use serde_json::{from_value, json};
     let group = json!({
         "metadata": {"name": "edge", "resourceVersion": "1"},
@@ -165,7 +165,7 @@ pub fn scale_cluster(services: usize, endpoints: usize) -> lb_agent::k8s::source
             "status": {"addresses": [{"type": "InternalIP", "address": format!("192.0.2.{}", 10 + n)}]},
         })
     });
-    let mut state = lb_agent::k8s::source::ClusterState {
+    let mut state = lb_agent::k8s::cluster::ClusterState {
         groups: vec![std::sync::Arc::new(from_value(group).expect("a group"))],
         nodes: nodes.map(|n| std::sync::Arc::new(from_value(n).expect("a node"))).collect(),
         ..Default::default()

@@ -108,7 +108,10 @@ fn every_manifest_parses_into_its_kubernetes_type() {
 }
 
 #[test]
-#[cfg_attr(no_kustomize, ignore = "needs kubectl 1.21 or later, which Debian 12 does not carry: see cargo xtask setup")]
+#[cfg_attr(
+    no_kustomize,
+    ignore = "needs kubectl 1.21 or later, which Debian 12 does not carry: see cargo xtask setup"
+)]
 fn kustomize_renders_the_release_image_tag() {
     // `kubectl kustomize` renders offline; the DaemonSet gets the workspace's version.
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
@@ -133,7 +136,10 @@ fn kustomize_renders_the_release_image_tag() {
 /// Routed groups: the `deploy/frr` component adds FRR as a native sidecar (its config from the
 /// generated ConfigMap) and the agent's TUN device; the base renders neither.
 #[test]
-#[cfg_attr(no_kustomize, ignore = "needs kubectl 1.21 or later, which Debian 12 does not carry: see cargo xtask setup")]
+#[cfg_attr(
+    no_kustomize,
+    ignore = "needs kubectl 1.21 or later, which Debian 12 does not carry: see cargo xtask setup"
+)]
 fn the_frr_component_adds_the_routing_sidecar_and_the_tun_device_to_the_base() {
     let render = |dir: &Path| {
         let out = std::process::Command::new("kubectl")

@@ -697,7 +697,10 @@ const CONTAINERS_SECCOMP: &str = "/usr/share/containers/seccomp.json";
 /// wins VRRP, forwards and upgrades. Under podman's own profile, which allows bpf(2) only with
 /// CAP_SYS_ADMIN, it cannot start: what the DaemonSet's comment warns about.
 #[test]
-#[cfg_attr(no_image, ignore = "podman cannot run here, so cargo xtask test built no image: target/image/skipped says why")]
+#[cfg_attr(
+    no_image,
+    ignore = "podman cannot run here, so cargo xtask test built no image: target/image/skipped says why"
+)]
 fn the_images_binary_runs_with_the_daemonsets_capabilities_and_seccomp() {
     let image = ImageRoot::mount();
     let capabilities = daemonset_capabilities();

@@ -3,7 +3,8 @@
 //! - `setup`: installs the Debian packages, the nightly `rust-src` and a bpf-linker built
 //!   against nightly's own LLVM. Unattended and idempotent.
 //! - `build-ebpf`: builds the XDP object that `lb-agent` embeds.
-//! - `test`: setup, BPF build, then every test (unit, BPF fixtures, netns labs).
+//! - `test`: setup, BPF build, lints and the import-circle check (`modules`), then every test
+//!   (unit, BPF fixtures, netns labs).
 //! - `demo`: a lab in which the agent answers ARP for a VIP from XDP.
 //! - `image`: the container image, built offline from scratch with podman.
 
@@ -11,6 +12,7 @@ mod baseline;
 mod demo;
 mod ebpf;
 mod image;
+mod modules;
 mod setup;
 
 use std::{
@@ -42,6 +44,8 @@ enum Task {
     },
     /// Build a lab and show a VIP answered by XDP, with the counters.
     Demo,
+    /// The import-circle check alone (part of `test`).
+    Modules,
     /// Build the container image offline (`FROM scratch`, podman), tagged with the version.
     Image,
     /// Benchmarks against the peer measured in the same run; prints the README's tables.
@@ -147,6 +151,7 @@ fn main() -> Result<()> {
             ebpf::build()?;
             demo::run()
         }
+        Task::Modules => modules::check(&workspace_root()),
         Task::Bench { which: Bench::Failover { quick, repeat, case } } => {
             prepare_bench()?;
             let repeat = repeat.to_string();
@@ -239,6 +244,7 @@ fn test(extra: &[String]) -> Result<()> {
     image::build_or_skip()?;
     cargo(&["fmt", "--all", "--check"])?;
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
+    modules::check(&workspace_root())?;
     let mut args = vec!["test", "--no-fail-fast"];
     args.extend(extra.iter().map(String::as_str));
     cargo(&args)

@@ -49,7 +49,7 @@ fn kustomize_note() {
         let at = json.find("\"minor\"")?;
         json[at + 7..].split('"').nth(1)?.trim_end_matches('+').parse::<u32>().ok()
     });
-    if !minor.is_some_and(|m| m >= 21) {
+    if minor.is_none_or(|m| m < 21) {
         eprintln!(
             "note: kubectl 1.21 or later is not installed ({}): the two tests that render deploy/ \
              with kustomize will be skipped. Debian 12's kubernetes-client is 1.20, whose kustomize \

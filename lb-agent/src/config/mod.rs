@@ -10,13 +10,13 @@ use std::{
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::{Path, PathBuf},
-    str::FromStr,
     sync::Arc,
 };
 
 use serde::{Deserialize, Deserializer, de};
 
-use crate::error::Error;
+pub use crate::error::ConfigError;
+use crate::{error::Error, mac::MacAddr};
 
 mod dataplane;
 mod group;
@@ -289,73 +289,6 @@ fn strip_serde_location(message: &str) -> &str {
     message.split(" at line ").next().unwrap_or(message)
 }
 
-/// A configuration error: which field, and what was expected there.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: expected {expected}")]
-pub struct ConfigError {
-    pub field: String,
-    pub expected: String,
-}
-
-impl ConfigError {
-    pub fn new(field: impl Into<String>, expected: impl Into<String>) -> Self {
-        Self { field: field.into(), expected: expected.into() }
-    }
-
-    fn in_file(self, path: &Path) -> Error {
-        Error::Config { path: path.to_owned(), error: self }
-    }
-}
-
-/// An Ethernet MAC address, written `02:00:5e:00:01:01`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MacAddr(pub [u8; 6]);
-
-impl MacAddr {
-    pub fn is_unicast(&self) -> bool {
-        self.0[0] & 1 == 0
-    }
-}
-
-impl FromStr for MacAddr {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut mac = [0u8; 6];
-        let mut parts = s.split(':');
-        for byte in &mut mac {
-            let part = parts.next().filter(|p| p.len() == 2);
-            *byte = part
-                .and_then(|p| u8::from_str_radix(p, 16).ok())
-                .ok_or_else(|| format!("a MAC address like 02:00:5e:00:01:01, got {s:?}"))?;
-        }
-        if parts.next().is_some() {
-            return Err(format!("a MAC address like 02:00:5e:00:01:01, got {s:?}"));
-        }
-        Ok(Self(mac))
-    }
-}
-
-impl fmt::Display for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let m = self.0;
-        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
-    }
-}
-
-impl fmt::Debug for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-impl<'de> Deserialize<'de> for MacAddr {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(de::Error::custom)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,13 +394,5 @@ mod tests {
     fn bad_interface_names_are_refused() {
         assert_eq!(err("interface: ''\n").field, "interface");
         assert_eq!(err("interface: a-name-that-is-too-long\n").field, "interface");
-    }
-
-    #[test]
-    fn mac_round_trips_through_text() {
-        let m: MacAddr = "02:00:5e:00:01:0a".parse().unwrap();
-        assert_eq!(m.to_string(), "02:00:5e:00:01:0a");
-        assert!("02:00:5e:00:01:0a:ff".parse::<MacAddr>().is_err());
-        assert!("02-00-5e-00-01-0a".parse::<MacAddr>().is_err());
     }
 }

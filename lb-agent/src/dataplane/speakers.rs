@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use aya::maps::{HashMap, MapData};
 use lb_common::maps::{VRRP_SPEAKERS, VRRP_SPEAKERS6, Vip6Key, VipKey, VrrpSpeaker};
 
-use crate::{config::MacAddr, error::Result};
+use crate::{error::Result, mac::MacAddr};
 
 /// Advertisements with `source` from `other_mac`, while `source` was live at `mac`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -28,9 +28,10 @@ use tracing::{debug, info, warn};
 
 use super::{
     changes::{Pending, SliceIndex, Touch},
+    cluster::ClusterState,
     crd::LoadBalancerGroup,
     lease::LeaseLock,
-    source::{self, Changed, ClusterState, ServiceObjects, Translator},
+    source::{self, Changed, ServiceObjects, Translator},
     status,
     writer::StatusWriter,
 };

@@ -4,6 +4,7 @@
 //! - `ipam`: LoadBalancer address allocation (pure).
 //! - `binding`: which group serves a Service, and what is refused (pure).
 //! - `changes`: which Services each watch event touched (pure).
+//! - `cluster`: the snapshot of cluster objects plans are made from (pure).
 //! - `source`: cluster objects to the same `Config` the standalone YAML gives (pure).
 //! - `status`: what the leader writes back: addresses, finalizers, Events, group status (pure).
 //! - `writer`: carries a status plan out with server-side apply and Events (I/O).
@@ -12,6 +13,7 @@
 
 pub mod binding;
 pub mod changes;
+pub mod cluster;
 pub mod controller;
 pub mod crd;
 pub mod ipam;

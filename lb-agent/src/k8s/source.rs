@@ -29,23 +29,10 @@ use smallvec::SmallVec;
 
 use super::{
     binding::{Bound, Refusal, bind},
+    cluster::{ClusterState, current_ingress},
     crd::{LoadBalancerGroup, RemoteMode},
 };
 use crate::config::{Config, GroupConfig, GroupVip, Protocol, ServiceConfig};
-
-/// The objects a plan is made from, shared with the watch stores they come from (a snapshot
-/// per event costs a pointer per object, not a deep copy).
-#[derive(Clone, Debug, Default)]
-pub struct ClusterState {
-    pub groups: Vec<Arc<LoadBalancerGroup>>,
-    pub services: Vec<Arc<Service>>,
-    pub slices: Vec<Arc<EndpointSlice>>,
-    pub nodes: Vec<Arc<Node>>,
-    /// This node's interface towards each group's `interfaceFromIP` (looked up by the shell).
-    pub routes: BTreeMap<std::net::IpAddr, String>,
-    /// Groups' `interface` names this node has no interface of (looked up by the shell).
-    pub missing_interfaces: std::collections::BTreeSet<String>,
-}
 
 /// The Node annotation where each agent publishes its address on each of its groups'
 /// interfaces, as JSON (`{"edge": "10.30.0.10"}`): a group on another interface than the
@@ -724,7 +711,7 @@ fn ready_endpoint_nodes(slices: &[&EndpointSlice]) -> std::collections::BTreeSet
 /// A Service's VIPs: its LoadBalancer addresses (written by the IPAM leader into
 /// `status.loadBalancer.ingress`) and its allowed externalIPs.
 fn service_vips(bound: &Bound, service: &Service) -> Vec<IpAddr> {
-    let mut vips = super::status::current_ingress(service);
+    let mut vips = current_ingress(service);
     vips.extend(bound.external_ips.iter().copied());
     vips.dedup();
     vips

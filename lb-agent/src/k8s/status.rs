@@ -8,9 +8,9 @@ use k8s_openapi::api::core::v1::Service;
 
 use super::{
     binding::{Refusal, bind},
+    cluster::{ClusterState, current_ingress},
     crd::{GroupCondition, LoadBalancerGroupStatus, VipStatus},
     ipam::{self, Pools},
-    source::ClusterState,
 };
 
 /// The finalizer that keeps a Service's address allocated until the Service is gone.
@@ -273,17 +273,6 @@ fn condition(
 
 fn has_finalizer(service: &Service) -> bool {
     service.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|x| x == IPAM_FINALIZER))
-}
-
-/// The addresses in a Service's `status.loadBalancer.ingress`.
-pub fn current_ingress(service: &Service) -> Vec<IpAddr> {
-    service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|i| i.iter().filter_map(|x| x.ip.as_deref()?.parse().ok()).collect())
-        .unwrap_or_default()
 }
 
 /// Used by tests of other modules to make groups.

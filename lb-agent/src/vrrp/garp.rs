@@ -9,7 +9,7 @@ use std::{
 
 use lb_common::ndp;
 
-use crate::config::MacAddr;
+use crate::mac::MacAddr;
 
 /// An ARP Announcement (RFC 5227 §2.3): a broadcast request whose sender and target protocol
 /// addresses are both the VIP. Hosts with the VIP in their cache update it; switches learn the

@@ -83,6 +83,21 @@ pub struct VrrpMetrics {
     adverts: BTreeMap<InstanceId, (String, Counter, Counter)>,
 }
 
+/// Why a received datagram was dropped before or by the state machine (metric labels).
+pub mod drop_reason {
+    pub const OWN: &str = "own_advert";
+    pub const UNKNOWN_VRID: &str = "unknown_vrid";
+    pub const NOT_MEMBER: &str = "not_member";
+    pub const LOWER_PRIORITY: &str = "lower_priority";
+    pub const WE_ARE_OWNER: &str = "we_are_owner";
+    pub const NOT_RUNNING: &str = "not_running";
+    /// Authenticated, but not newer than the last one accepted from that sender (or, from a
+    /// sender not heard yet, older than [`crate::vrrp::auth::FRESHNESS`]).
+    pub const REPLAYED: &str = "replayed";
+    /// For a VRID of this node's, but arrived by another interface than its group's.
+    pub const WRONG_INTERFACE: &str = "wrong_interface";
+}
+
 impl VrrpMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
@@ -92,7 +107,7 @@ impl VrrpMetrics {
             let _ = m.dropped.get_or_create(&DropLabels {
                 vrid: String::new(),
                 family: family.as_str(),
-                reason: super::router::drop_reason::NOT_MEMBER,
+                reason: drop_reason::NOT_MEMBER,
             });
         }
         registry.register(
@@ -212,7 +227,7 @@ impl VrrpMetrics {
         let labels = DropLabels {
             vrid: id.vrid.to_string(),
             family: id.family.as_str(),
-            reason: super::router::drop_reason::NOT_MEMBER,
+            reason: drop_reason::NOT_MEMBER,
         };
         let _ = self.dropped.get_or_create(&labels);
         let interface_labels = |interface: String| InterfaceLabels {

@@ -22,7 +22,7 @@ use super::{
     instance::{Action, Ignored, Instance, InstanceConfig, PRIORITY_RESIGN, State},
     ipv4::{decode_ipv4, decode_ipv4_with_trailer},
     ipv6::{self, decode_ipv6, decode_ipv6_with_trailer},
-    metrics::VrrpMetrics,
+    metrics::{VrrpMetrics, drop_reason},
     packet::{Advertisement, ChecksumMode, DecodeError, Received, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6},
 };
 use crate::logging::LogBudget;
@@ -124,21 +124,6 @@ impl Datagram<'_> {
     fn peek_id(&self) -> Option<InstanceId> {
         Some(InstanceId { family: self.family(), vrid: self.peek_vrid()? })
     }
-}
-
-/// Why a received datagram was dropped before or by the state machine (metric labels).
-pub mod drop_reason {
-    pub const OWN: &str = "own_advert";
-    pub const UNKNOWN_VRID: &str = "unknown_vrid";
-    pub const NOT_MEMBER: &str = "not_member";
-    pub const LOWER_PRIORITY: &str = "lower_priority";
-    pub const WE_ARE_OWNER: &str = "we_are_owner";
-    pub const NOT_RUNNING: &str = "not_running";
-    /// Authenticated, but not newer than the last one accepted from that sender (or, from a
-    /// sender not heard yet, older than [`super::super::auth::FRESHNESS`]).
-    pub const REPLAYED: &str = "replayed";
-    /// For a VRID of this node's, but arrived by another interface than its group's.
-    pub const WRONG_INTERFACE: &str = "wrong_interface";
 }
 
 struct Running {

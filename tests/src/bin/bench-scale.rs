@@ -31,7 +31,10 @@ use aya::{EbpfLoader, maps::MapData};
 use lb_agent::{
     config::Config,
     dataplane::{EMBEDDED_OBJECT, PINNED_MAPS, ServiceMaps, batch, map_sizes, pin_dir},
-    k8s::source::{Changed, ClusterState, ServiceObjects, Translator, translate},
+    k8s::{
+        cluster::ClusterState,
+        source::{Changed, ServiceObjects, Translator, translate},
+    },
     service_plan::IncrementalPlanner,
 };
 use lb_lab::{

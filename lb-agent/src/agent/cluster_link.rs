@@ -1,0 +1,110 @@
+//! What `--kubernetes` adds to the loop: who owns what, foreign routers and impersonated
+//! members, published for the cluster side's group status and Events.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use tokio::time::Instant;
+use tracing::warn;
+
+use crate::{
+    k8s::controller::{ForeignRouters, Impersonations},
+    metrics::MemberLabels,
+};
+
+use super::Agent;
+
+impl Agent {
+    /// Who this node sees as Master of each VIP, by node name, for the leader's group status.
+    pub(super) fn publish_owners(&self) {
+        let (Some(owners), Some(vrrp)) = (&self.owners, &self.vrrp) else { return };
+        let names: BTreeMap<IpAddr, String> = self
+            .config
+            .groups
+            .iter()
+            .flat_map(|g| g.nodes.iter())
+            .flat_map(|n| {
+                let v6 = n.address6.map(|a| (IpAddr::V6(a), n.name.clone()));
+                [(IpAddr::V4(n.address), n.name.clone())].into_iter().chain(v6)
+            })
+            .collect();
+        let mut seen = BTreeMap::new();
+        for (spec, instance) in vrrp.router.instances() {
+            if let Some(name) = instance.master().and_then(|m| names.get(&m)) {
+                seen.extend(spec.vips.iter().map(|vip| (*vip, name.clone())));
+            }
+        }
+        owners.send_if_modified(|current| {
+            let changed = *current != seen;
+            *current = seen;
+            changed
+        });
+    }
+
+    /// Routers outside a group heard advertising its VRIDs, for the cluster side's Events.
+    /// The router only ever adds to them, so a count tells whether anything is new.
+    pub(super) fn publish_foreign(&self) {
+        let (Some(foreign), Some(vrrp)) = (&self.foreign, &self.vrrp) else { return };
+        if vrrp.router.foreign_routers().count() == foreign.borrow().len() {
+            return;
+        }
+        let heard: ForeignRouters =
+            vrrp.router.foreign_routers().map(|(group, id, source)| (group.to_owned(), id, source)).collect();
+        foreign.send_replace(heard);
+    }
+
+    /// Advertisements that impersonate a member, as XDP counted them (a member's address from
+    /// another MAC while its own is live, or this node's address from anywhere): counted,
+    /// logged once a minute per member while they go on, and (with `--kubernetes`) passed on
+    /// for an Event on the group.
+    pub(super) fn check_impersonations(&mut self) {
+        let now = Instant::now();
+        let mut heard: Vec<(String, IpAddr, String, u64)> = Vec::new();
+        for seen in self.dataplane.impersonations() {
+            let own = self.plan.locals.values().any(|local| *local == seen.source);
+            let member_of = |i: &&crate::vrrp::router::InstanceSpec| own || i.peers.contains(&seen.source);
+            let Some(group) = self.plan.instances.iter().find(member_of).map(|i| i.group.clone()) else {
+                continue;
+            };
+            let how = if own {
+                format!("from MAC {}, another host (this node's own address)", seen.other_mac)
+            } else {
+                format!("from MAC {} while it is at {}", seen.other_mac, seen.mac)
+            };
+            heard.push((group, seen.source, how, seen.adverts));
+        }
+        let mut counts: BTreeMap<IpAddr, u64> = BTreeMap::new();
+        for (_, member, _, adverts) in &heard {
+            *counts.entry(*member).or_default() += adverts;
+        }
+        for (member, total) in counts {
+            let (counted, logged, at_log) = self.impersonations_seen.entry(member).or_insert((0, None, 0));
+            if total <= *counted {
+                continue;
+            }
+            self.state
+                .metrics
+                .impersonations
+                .get_or_create(&MemberLabels { member: member.to_string() })
+                .inc_by(total - *counted);
+            *counted = total;
+            if logged.is_none_or(|at| now >= at + crate::vrrp::router::FOREIGN_LOG_EVERY) {
+                let how: Vec<&str> = heard.iter().filter(|h| h.1 == member).map(|h| h.2.as_str()).collect();
+                warn!(
+                    %member,
+                    adverts = total - *at_log,
+                    how = how.join("; "),
+                    "VRRP advertisements with a member's address come from elsewhere: a host on the segment may \
+                     be impersonating it (VRRPv3 has no authentication)"
+                );
+                *logged = Some(now);
+                *at_log = total;
+            }
+        }
+        if let Some(tx) = &self.impersonated {
+            let set: Impersonations = heard.into_iter().map(|(g, m, how, _)| (g, m, how)).collect();
+            if *tx.borrow() != set {
+                tx.send_replace(set);
+            }
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! `lb-agent run`: the agent and its event loop, which only selects and dispatches. One task
+//! runs the VRRP router and applies its ownership changes directly, so a failover costs no more
+//! than a map update after the timer fires.
+//!
+//! - `startup`: validate, attach, sync, start VRRP, serve ([`run`]).
+//! - `reload`: a new config, its restart-only settings in one table.
+//! - `apply`: the ownership decision carried out: maps, leases, addresses, routes, announcements.
+//! - `cluster_link`: what `--kubernetes` adds: owners, foreign routers, impersonations.
+//! - `snapshot`: the loop's state for `lb-agent status`.
+
+mod apply;
+mod cluster_link;
+mod reload;
+mod snapshot;
+mod startup;
+
+pub use startup::run;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+    sync::{Arc, Mutex, atomic::Ordering},
+    time::Duration,
+};
+
+use tokio::{
+    signal::unix::{Signal, SignalKind, signal},
+    sync::{mpsc, watch},
+    time::Instant,
+};
+use tracing::{debug, info, warn};
+
+use crate::{
+    announcer::Announcer,
+    config::Config,
+    dataplane::{Dataplane, XdpCounters},
+    error::{Error, Result},
+    http::{HttpState, LoopSnapshot},
+    k8s::controller::{ForeignRouters, Impersonations},
+    key_files::KeyFiles,
+    node_plan::NodePlan,
+    routes::Routes,
+    service_sync::SyncRequest,
+    uplinks::Uplinks,
+    vip_addresses::VipAddresses,
+    vrrp_driver::{self, Vrrp},
+};
+
+/// After a datagram, the next ones are read this much later, all at once: a group of many
+/// instances at 10 ms puts thousands of advertisements a second on the segment, and a
+/// wake-up for each cost more than the VRRP work (8 nodes × 56 instances: 6–7 % of a core
+/// an agent against 5 % with the tick, in `cargo xtask bench vrrp-load`). Timers are never delayed
+/// (their branch reads what queued first), so only the reaction to a datagram can come this
+/// late: a backup's Master_Down_Timer restarts at most this much after the advertisement
+/// that restarts it, and a quiet segment (one advertisement per interval) sees no delay.
+const RECEIVE_TICK: Duration = Duration::from_millis(2);
+
+/// How long a stopping agent waits for its VRRP handovers before leaving anyway.
+const STOP_BOUND: Duration = Duration::from_secs(10);
+
+/// `--kubernetes`: where the leader Lease lives.
+pub struct KubernetesSource {
+    pub namespace: String,
+}
+
+/// Settings from the command line, which outrank the config file's.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    /// `--pin-path`: several agents on one host, as in the lab.
+    pub pin_path: Option<PathBuf>,
+    /// `--admin-socket`.
+    pub admin_socket: Option<PathBuf>,
+}
+
+impl Overrides {
+    fn apply(&self, config: &mut Config) {
+        if let Some(pin_path) = &self.pin_path {
+            config.dataplane.pin_path = pin_path.clone();
+        }
+        if let Some(socket) = &self.admin_socket {
+            config.admin_socket = socket.clone();
+        }
+    }
+}
+
+struct Agent {
+    config_path: PathBuf,
+    /// Shared with the sync task: a large config is never copied.
+    config: Arc<Config>,
+    node: String,
+    /// Shared with the pending config's, when that config changed no group.
+    plan: Arc<NodePlan>,
+    netlink: rtnetlink::Handle,
+    /// Every interface VIPs are served on, the default uplink first among equals.
+    uplinks: Uplinks,
+    dataplane: Dataplane,
+    counters: Arc<Mutex<XdpCounters>>,
+    state: Arc<HttpState>,
+    /// `None` once stopping: nothing is claimed through VRRP any more.
+    vrrp: Option<Vrrp>,
+    /// VRRP VIPs owned at the last apply: the ones new since then get gratuitous ARPs.
+    announced: BTreeSet<IpAddr>,
+    /// Sends the gratuitous ARPs and NAs, paced.
+    announcer: Announcer,
+    /// Holds the routed VIPs' kernel routes, for the node's FRR.
+    routes: Routes,
+    /// A graceful stop began: routes are withdrawn while the rest keeps serving.
+    stopping: bool,
+    /// Owned VIPs by `garp.refresh` period, and when they are next announced again.
+    garp_refresh: BTreeMap<Duration, (Instant, Vec<IpAddr>)>,
+    /// Keeps the VIP addresses on the uplinks (modes `netlink`, `both`) without the loop
+    /// waiting on netlink.
+    vip_addresses: VipAddresses,
+    /// The router's ownership epoch last applied; `None` forces a full apply.
+    applied_epoch: Option<u64>,
+    /// The ownership epoch whose leases were last written whole; `None` forces that.
+    leases_epoch: Option<Option<u64>>,
+    /// Lapsed-lease warnings: a loaded host may lapse often (each is counted).
+    lease_log: crate::logging::LogBudget,
+    /// The source of full-NAT and IPIP traffic leaving by the default uplink (the others'
+    /// are in the uplink map).
+    node_address: Ipv4Addr,
+    /// The uplink slot of each VIP, as the service maps were last told.
+    vip_uplinks: Arc<std::collections::HashMap<IpAddr, u8>>,
+    /// Hands each accepted config to the service-sync task.
+    services: watch::Sender<SyncRequest>,
+    /// The generation of the last config whose services the sync task has applied.
+    services_applied: watch::Receiver<u64>,
+    /// An accepted config waiting for its services to reach the maps before VRRP and the
+    /// owned VIPs follow it, so a VIP is never taken before its services: (generation,
+    /// config, plan).
+    pending: Option<(u64, Arc<Config>, Arc<NodePlan>)>,
+    /// The command line's settings, which outrank the config file's on every load.
+    overrides: Overrides,
+    /// With `--kubernetes`: configs built from the cluster.
+    cluster_configs: Option<mpsc::Receiver<Config>>,
+    /// With `--kubernetes`: who this node sees as Master of each VIP, for group status.
+    owners: Option<watch::Sender<BTreeMap<IpAddr, String>>>,
+    /// With `--kubernetes`: routers outside a group heard on its VRIDs, for Events.
+    foreign: Option<watch::Sender<ForeignRouters>>,
+    /// With `--kubernetes`: members impersonated on the segment, for Events.
+    impersonated: Option<watch::Sender<Impersonations>>,
+    /// Per member: the impersonating advertisements counted so far, when last logged, and the
+    /// count then.
+    impersonations_seen: BTreeMap<IpAddr, (u64, Option<Instant>, u64)>,
+    /// The key files of the plan's authenticating groups, re-read every second.
+    keys: KeyFiles,
+    /// `/status` asking for the VRRP instances, answered between events.
+    status_requests: mpsc::Receiver<tokio::sync::oneshot::Sender<LoopSnapshot>>,
+    /// The interfaces' carrier changes: (ifindex, link up).
+    carrier: mpsc::UnboundedReceiver<(u32, bool)>,
+}
+
+impl Agent {
+    async fn event_loop(&mut self, signals: &mut Signals) -> Result<()> {
+        let mut buf = vec![0u8; 65_536];
+        // Which VRRP socket is read first next time (see `VrrpSocket::recv_any`).
+        let mut turn = 0;
+        let mut stop_by: Option<Instant> = None;
+        // After a graceful stop withdrew routes: serve until then.
+        let mut drain_until: Option<Instant> = None;
+        // While set, datagrams wait in their sockets until then (see RECEIVE_TICK).
+        let mut receive_from: Option<Instant> = None;
+        // XDP counts impersonating advertisements; they are read, reported and logged this
+        // often, and key files re-read.
+        let mut once_a_second = tokio::time::interval(Duration::from_secs(1));
+        // The routes' keeper withdraws them when this loop goes unheard (see `routes::keeper`);
+        // beats go from here, the loop that decides, not from a task that might outlive it.
+        let mut heartbeat = tokio::time::interval(self.config.routes.hold_time / 3);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if let Some(deadline) = stop_by {
+                let handing_over = self.vrrp.as_ref().is_some_and(|v| v.router.handing_over());
+                let draining = drain_until.is_some_and(|until| Instant::now() < until);
+                if !(handing_over || draining) || Instant::now() >= deadline {
+                    if draining {
+                        info!("drained: stopping");
+                    }
+                    return Ok(());
+                }
+            }
+            if let Some(vrrp) = &mut self.vrrp {
+                vrrp.router.idle(Instant::now().into_std());
+            }
+            let vrrp_deadline =
+                self.vrrp.as_ref().and_then(|v| v.router.next_deadline()).map(Instant::from_std);
+            let garp_refresh = self.garp_refresh.values().map(|(at, _)| *at);
+            let deadline =
+                vrrp_deadline.into_iter().chain(garp_refresh).chain(receive_from).chain(drain_until).min();
+            // Busy sockets are read on a tick: until it, this thread sleeps outside epoll, where
+            // every advertisement that arrives would wake it. Nothing else shares the thread
+            // (see `run`), and the sleep ends at the next deadline.
+            if receive_from.is_some()
+                && let Some(wait) = deadline.and_then(|d| d.checked_duration_since(Instant::now()))
+            {
+                std::thread::sleep(wait);
+            }
+            tokio::select! {
+                // The VRRP timer first: after a freeze, every branch is ready at once, and the
+                // lapse of this master's lease must be seen as such (the loop was waiting when
+                // it ran out), not after other work has made the loop look merely busy.
+                biased;
+                _ = or_pending(deadline.map(tokio::time::sleep_until)) => {
+                    // Advertisements that queued up while this loop was busy may reset the
+                    // timer that just fired: read them first, so a slow moment here never
+                    // passes for a silent master.
+                    let received = self.drain_vrrp(&mut buf);
+                    receive_from = received.then(|| Instant::now() + RECEIVE_TICK);
+                    if let Some(vrrp) = &mut self.vrrp {
+                        let out = vrrp.router.on_timer(Instant::now().into_std());
+                        vrrp.send(&out);
+                    }
+                    self.apply_ownership().await;
+                    self.refresh_garps(Instant::now());
+                }
+                _ = stop_signal(&mut signals.term, &mut signals.int), if stop_by.is_none() => {
+                    drain_until = self.begin_stop().await;
+                    stop_by = Some(drain_until.unwrap_or_else(Instant::now).max(Instant::now()) + STOP_BOUND);
+                }
+                Some(config) = or_pending(self.cluster_configs.as_mut().map(|rx| rx.recv())), if stop_by.is_none() => {
+                    self.apply_config(config).await;
+                }
+                Ok(()) = self.services_applied.changed(), if self.pending.is_some() => {
+                    let applied = *self.services_applied.borrow_and_update();
+                    if self.pending.as_ref().is_some_and(|(generation, _, _)| applied >= *generation) {
+                        let (_, config, plan) = self.pending.take().expect("checked above");
+                        self.commit_config(config, plan).await;
+                    }
+                }
+                Some((ifindex, up)) = self.carrier.recv() => self.on_carrier(ifindex, up),
+                _ = heartbeat.tick() => self.routes.alive(),
+                _ = once_a_second.tick() => {
+                    self.check_impersonations();
+                    if self.keys.refresh(self.plan.key_files.values()) {
+                        self.reconfigure_vrrp();
+                    }
+                }
+                Some(reply) = self.status_requests.recv() => {
+                    let _ = reply.send(LoopSnapshot {
+                        instances: self.instance_snapshot(),
+                        uplinks: self.uplink_snapshot(),
+                        routed: self.routed_snapshot(),
+                    });
+                }
+                _ = signals.hup.recv() => {
+                    let started = Instant::now();
+                    self.reload().await;
+                    debug!(elapsed = ?started.elapsed(), "SIGHUP handled");
+                }
+                ((interface, family), received) = or_pending(vrrp_driver::receive(&self.vrrp, &mut turn, &mut buf)), if receive_from.is_none() => {
+                    match received {
+                        Ok(arrived) => {
+                            let vrrp = self.vrrp.as_mut().expect("recv only completes with VRRP running");
+                            let datagram = arrived.datagram(&buf);
+                            let out = vrrp.router.on_datagram(Instant::now().into_std(), &interface, datagram);
+                            vrrp.send(&out);
+                            receive_from = Some(Instant::now() + RECEIVE_TICK);
+                            self.apply_ownership().await;
+                        }
+                        Err(e) => warn!(%interface, %family, error = %e, "receiving VRRP failed"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles the datagrams already waiting on the VRRP sockets, without waiting for more;
+    /// true when there were any.
+    fn drain_vrrp(&mut self, buf: &mut [u8]) -> bool {
+        self.vrrp.as_mut().is_some_and(|vrrp| vrrp.drain(buf))
+    }
+
+    /// SIGTERM/SIGINT: masters resign and hand over, routed VIPs are withdrawn; the loop ends
+    /// when the handovers are done and, if routes were held, the drain is over (until then
+    /// this node serves the flows the fabric still sends it). Returns the drain's end.
+    async fn begin_stop(&mut self) -> Option<Instant> {
+        let routed = !self.routes.held().is_empty();
+        info!(routed, "stopping: resigning VRRP masters, withdrawing routed VIPs");
+        self.state.ready.store(false, Ordering::Relaxed);
+        self.stopping = true;
+        if let Some(vrrp) = &mut self.vrrp {
+            let out = vrrp.router.shutdown(Instant::now().into_std());
+            vrrp.send(&out);
+        }
+        self.applied_epoch = None;
+        self.apply_ownership().await;
+        routed.then(|| Instant::now() + self.config.routes.drain)
+    }
+}
+
+/// The signals the agent acts on, installed first thing in [`run`]: until a handler is
+/// installed a signal's default action applies (SIGHUP and SIGTERM end the process without a
+/// word), and start-up takes seconds with 50,000 Services. One that arrives during start-up
+/// waits here and is acted on as soon as the loop runs, as it would be later: SIGHUP reloads,
+/// SIGTERM and SIGINT stop gracefully.
+struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self> {
+        let sig = |kind| signal(kind).map_err(|e| Error::io("installing a signal handler", e));
+        Ok(Self {
+            term: sig(SignalKind::terminate())?,
+            int: sig(SignalKind::interrupt())?,
+            hup: sig(SignalKind::hangup())?,
+        })
+    }
+}
+
+async fn stop_signal(term: &mut Signal, int: &mut Signal) {
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM"),
+        _ = int.recv() => info!("SIGINT"),
+    }
+}
+
+/// `future`'s output, or never when there is none: a `select!` branch that is off (no
+/// deadline, no cluster source, no VRRP socket).
+async fn or_pending<F: std::future::Future>(future: Option<F>) -> F::Output {
+    match future {
+        Some(future) => future.await,
+        None => std::future::pending().await,
+    }
+}

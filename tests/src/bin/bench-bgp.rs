@@ -1,4 +1,4 @@
-//! `cargo xtask bench bgp`: the routed fabric's numbers (README, "Routed fabrics").
+//! `cargo xtask bench bgp`: the routed fabric's numbers (the book, docs/src/routed-fabrics.md).
 //!
 //! The lab of `tests/tests/bgp_lab.rs`: a ToR running FRR (eBGP, ECMP over an L4 hash, BFD at
 //! 100 ms × 3) in front of three nodes, each with FRR and an agent; pods on n0 and n1, none on

@@ -1,5 +1,5 @@
 //! `cargo xtask bench dataplane`: lb-agent's XDP path against kube-proxy's iptables and
-//! nftables modes, in one lab, one run, alternating modes. Prints the README's tables.
+//! nftables modes, in one lab, one run, alternating modes. Prints the book's tables (docs/src/benchmarks.md).
 //!
 //! The lab: client → bridge → LB node n0 → pod veth, 64-byte UDP to VIP:80, DNAT to the pod.
 //! - Generator: `bench_gen` through BPF_PROG_TEST_RUN live frames on the client's eth0, in a
@@ -174,7 +174,7 @@ fn range(v: &[f64]) -> (f64, f64) {
     (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max))
 }
 
-/// The README's tables. Ratios between modes are taken per repetition (the runs of one
+/// The book's tables. Ratios between modes are taken per repetition (the runs of one
 /// repetition are back to back, so the host's drift mostly cancels) and their median reported.
 fn print_tables(
     machine: &str,

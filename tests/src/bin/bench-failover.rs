@@ -2,7 +2,7 @@
 //! the same three-node lab, at advert intervals of 1 s, 100 ms and 10 ms, for an IPv4 VIP
 //! (VRRPv3 over IPv4) and an IPv6 VIP (VRRPv3 over IPv6: adverts from link-local addresses, the
 //! client following unsolicited Neighbor Advertisements); plus agent CPU with 1,000 VIPs.
-//! Prints a Markdown table (the README's).
+//! Prints a Markdown table (the book's, docs/src/benchmarks.md).
 //!
 //! Method: the client pings the VIP every 2 ms; the outage is the largest gap between replies.
 //! With `--repeat N` each case runs N times, keepalived and lb-agent alternating, and the table

@@ -1,5 +1,5 @@
 //! `cargo xtask bench scale`: programming a large cluster, lb-agent against kube-proxy's
-//! iptables and nftables shapes, in one run. Prints the README's table.
+//! iptables and nftables shapes, in one run. Prints the book's table (docs/src/benchmarks.md).
 //!
 //! Method, for N Services × 10 endpoints (one VIP and one TCP port each):
 //! - **Cold start.** lb-agent (release) starts in a lab node with a standalone config of the N

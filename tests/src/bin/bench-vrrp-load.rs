@@ -1,7 +1,7 @@
 //! `cargo xtask bench vrrp-load`: does a spread group of N agents on this machine settle, and
 //! what does it cost once settled and while disturbed. Two agent binaries (the baseline, by
 //! default the last landed commit, and the code under test) alternate run by run in one
-//! invocation. Prints the README's table.
+//! invocation. Prints the book's table (docs/src/benchmarks.md).
 //!
 //! Method, per run: a lab of N nodes on one segment, every agent (release, `info` logging, as
 //! shipped) in one spread group with V VIPs at advert interval I. A capture on the client's

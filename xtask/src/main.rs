@@ -3,13 +3,14 @@
 //! - `setup`: installs the Debian packages, the nightly `rust-src` and a bpf-linker built
 //!   against nightly's own LLVM. Unattended and idempotent.
 //! - `build-ebpf`: builds the XDP object that `lb-agent` embeds.
-//! - `test`: setup, BPF build, lints and the import-circle check (`modules`), then every test
-//!   (unit, BPF fixtures, netns labs).
+//! - `test`: setup, BPF build, lints, the import-circle check (`modules`) and the book with
+//!   its links (`docs`), then every test (unit, BPF fixtures, netns labs).
 //! - `demo`: a lab in which the agent answers ARP for a VIP from XDP.
 //! - `image`: the container image, built offline from scratch with podman.
 
 mod baseline;
 mod demo;
+mod docs;
 mod ebpf;
 mod image;
 mod modules;
@@ -46,9 +47,12 @@ enum Task {
     Demo,
     /// The import-circle check alone (part of `test`).
     Modules,
+    /// Build the book (`docs/`, mdBook) into `target/book`, failing on a broken internal link
+    /// (part of `test`).
+    Docs,
     /// Build the container image offline (`FROM scratch`, podman), tagged with the version.
     Image,
-    /// Benchmarks against the peer measured in the same run; prints the README's tables.
+    /// Benchmarks against the peer measured in the same run; writes its tables into the book (docs/src/benchmarks.md).
     Bench {
         #[command(subcommand)]
         which: Bench,
@@ -152,6 +156,7 @@ fn main() -> Result<()> {
             demo::run()
         }
         Task::Modules => modules::check(&workspace_root()),
+        Task::Docs => docs::build(&workspace_root()),
         Task::Bench { which: Bench::Failover { quick, repeat, case } } => {
             prepare_bench()?;
             let repeat = repeat.to_string();
@@ -162,7 +167,8 @@ fn main() -> Result<()> {
             if let Some(case) = &case {
                 args.extend(["--case", case.as_str()]);
             }
-            run_bench("bench-failover", &args)
+            let table = (!quick && case.is_none()).then_some("failover");
+            run_bench("bench-failover", &args, table)
         }
         Task::Bench {
             which: Bench::VrrpLoad { quick, nodes, vips, interval_ms, runs, no_disturb, against },
@@ -180,12 +186,12 @@ fn main() -> Result<()> {
             if let (Some(bin), Some(label)) = (&baseline, &label) {
                 args.extend(["--baseline", bin.to_str().context("a UTF-8 path")?, "--baseline-label", label]);
             }
-            run_bench("bench-vrrp-load", &args)
+            run_bench("bench-vrrp-load", &args, (!quick).then_some("vrrp-load"))
         }
         Task::Bench { which: Bench::Bgp { quick } } => {
             prepare_bench()?;
             let args: &[&str] = if quick { &["--connections", "100", "--spread", "300"] } else { &[] };
-            run_bench("bench-bgp", args)
+            run_bench("bench-bgp", args, (!quick).then_some("bgp"))
         }
         Task::Bench { which: Bench::Scale { quick, only } } => {
             prepare_bench()?;
@@ -197,7 +203,7 @@ fn main() -> Result<()> {
             if let Some(n) = &only {
                 args.extend(["--only", n]);
             }
-            run_bench("bench-scale", &args)
+            run_bench("bench-scale", &args, (!quick && only.is_none()).then_some("scale"))
         }
         Task::Bench { which: Bench::Dataplane { quick, flows, no_tcp, ipv6, xdp_only } } => {
             prepare_bench()?;
@@ -216,16 +222,40 @@ fn main() -> Result<()> {
             if xdp_only {
                 args.push("--xdp-only");
             }
-            run_bench("bench-dataplane", &args)
+            let family = if ipv6 { "ipv6" } else { "ipv4" };
+            let table = format!("dataplane-{family}-{flows}-flows");
+            run_bench("bench-dataplane", &args, (!quick && !xdp_only).then_some(table.as_str()))
         }
     }
 }
 
-/// Runs the lab's benchmark binary `bin` (release) with `args`.
-fn run_bench(bin: &str, args: &[&str]) -> Result<()> {
+/// Runs the lab's benchmark binary `bin` (release) with `args`, its output shown as it comes;
+/// with `table`, a full run's tables are then written into the book's benchmarks page under
+/// that name (see `docs::write_bench_table`).
+fn run_bench(bin: &str, args: &[&str], table: Option<&str>) -> Result<()> {
     let mut all = vec!["run", "--release", "--quiet", "--package", "lb-lab", "--bin", bin, "--"];
     all.extend_from_slice(args);
-    cargo(&all)
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.args(&all).current_dir(workspace_root()).stdout(std::process::Stdio::piped());
+    eprintln!("+ {}", describe(&command));
+    let mut child = command.spawn().context("starting the benchmark")?;
+    let mut printed = String::new();
+    let stdout = child.stdout.take().context("the benchmark's output")?;
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+        let line = line?;
+        println!("{line}");
+        printed.push_str(&line);
+        printed.push('\n');
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("{bin} failed: {status}");
+    }
+    match table {
+        Some(name) => docs::write_bench_table(&workspace_root(), name, &printed),
+        None => Ok(()),
+    }
 }
 
 /// Everything a benchmark needs: packages, the BPF object, the release agent.
@@ -245,6 +275,7 @@ fn test(extra: &[String]) -> Result<()> {
     cargo(&["fmt", "--all", "--check"])?;
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
     modules::check(&workspace_root())?;
+    docs::build(&workspace_root())?;
     let mut args = vec!["test", "--no-fail-fast"];
     args.extend(extra.iter().map(String::as_str));
     cargo(&args)

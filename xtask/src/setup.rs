@@ -125,6 +125,29 @@ pub fn tools_dir() -> PathBuf {
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
+const MDBOOK_VERSION: &str = "0.5.4";
+
+/// mdBook, which builds the book under `docs/`: from crates.io into the tools directory (Debian
+/// 12 has no package), without its `serve` and `watch` features. Returns its path.
+pub fn mdbook() -> Result<PathBuf> {
+    let tools = tools_dir();
+    let mdbook = tools.join("bin/mdbook");
+    let version = output(Command::new(&mdbook).arg("--version")).unwrap_or_default();
+    if version.ends_with(&format!("v{MDBOOK_VERSION}")) {
+        return Ok(mdbook);
+    }
+    eprintln!("installing mdbook {MDBOOK_VERSION} (a few minutes, once)");
+    run_cmd(
+        Command::new("cargo")
+            .args(["install", "mdbook", "--version", MDBOOK_VERSION, "--locked", "--force"])
+            .args(["--no-default-features", "--features", "search", "--root"])
+            .arg(&tools)
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("CARGO_TARGET_DIR"),
+    )?;
+    Ok(mdbook)
+}
+
 /// bpf-linker must load the same LLVM as the nightly rustc that emits the bitcode. No system
 /// LLVM 22 exists here, so it is built against the libLLVM inside nightly's sysroot, and rebuilt
 /// whenever that library changes (a stamp records which one it was built for).

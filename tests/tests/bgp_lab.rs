@@ -229,6 +229,23 @@ fn bgp_spreads_flows_over_every_node_and_connections_survive_a_withdrawal_a_kill
     assert_all_answer(&fabric, &mut open, "n1's agent thawed");
     eprintln!("SIGSTOP: withdrawn from the ToR in {frozen:?}");
 
+    // The keeper killed from outside: its routes go with it, and the agent routes again.
+    let agent = fabric.cluster.agents[1].pid().to_string();
+    let children = std::process::Command::new("pgrep").args(["-P", &agent]).output().unwrap();
+    let keeper: i32 = String::from_utf8_lossy(&children.stdout)
+        .split_whitespace()
+        .next()
+        .expect("the routes' keeper runs")
+        .parse()
+        .unwrap();
+    // SAFETY: a signal to a process of this test's own agent.
+    unsafe { libc::kill(keeper, libc::SIGKILL) };
+    let n1 = &fabric.cluster.agents[1];
+    n1.wait_metric("lbagent_route_withdrawals_total{reason=\"keeper_lost\"}", 1.0);
+    assert!(n1.log_text().contains("was ended from outside"), "{}", n1.log_text());
+    fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+    assert_all_answer(&fabric, &mut open, "n1's keeper was killed");
+
     // SIGKILL: the keeper reads end of file, and the device ends with it, its routes too.
     fabric.cluster.agents[1].kill();
     let killed = fabric.wait_next_hops(vip, &[0, 2], Duration::from_secs(5));

@@ -77,15 +77,7 @@ fn check_link(page: &Path, target: &str) -> Result<(), String> {
 /// The targets of the Markdown links `[text](target)` outside code, other than to the web.
 fn links(text: &str) -> Vec<String> {
     let mut found = Vec::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for line in prose_lines(text) {
         let line = strip_code_spans(line);
         let mut rest = line.as_str();
         while let Some(at) = rest.find("](") {
@@ -102,6 +94,18 @@ fn links(text: &str) -> Vec<String> {
     found
 }
 
+/// The lines of `text` outside fenced code blocks (and not their fences).
+fn prose_lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut fenced = false;
+    text.lines().filter(move |line| {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
 fn strip_code_spans(line: &str) -> String {
     line.split('`').enumerate().filter(|(i, _)| i % 2 == 0).map(|(_, part)| part).collect()
 }
@@ -110,12 +114,8 @@ fn strip_code_spans(line: &str) -> String {
 /// punctuation but `-` and `_` dropped; a repeated one gets `-1`, `-2`, …
 fn anchors(text: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-        }
-        if fenced || !line.starts_with('#') {
+    for line in prose_lines(text) {
+        if !line.starts_with('#') {
             continue;
         }
         let title = line.trim_start_matches('#').trim();

@@ -85,8 +85,8 @@ impl Keeper {
     /// Starts a keeper for the device `name` and waits (a few seconds at most) until the
     /// device exists.
     pub async fn spawn(name: &str, hold: Duration) -> io::Result<Keeper> {
-        let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe)
+        // This very binary, even when an upgrade has replaced the file on disk since it started.
+        let mut child = Command::new("/proc/self/exe")
             .arg("keep-routes")
             .arg("--device")
             .arg(name)

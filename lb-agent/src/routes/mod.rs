@@ -56,6 +56,8 @@ impl Why {
 
 /// Routes the keeper took with it when the agent went unheard for `routes.holdTime`.
 const UNHEARD: &str = "unheard";
+/// Routes gone with a keeper that something else ended (a signal, the OOM killer).
+const KEEPER_LOST: &str = "keeper_lost";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
@@ -78,13 +80,14 @@ impl RouteMetrics {
             routed.clone(),
         );
         let withdrawals = Family::<ReasonLabels, Counter>::default();
-        for reason in [Why::Changed.as_str(), Why::Stopping.as_str(), UNHEARD] {
+        for reason in [Why::Changed.as_str(), Why::Stopping.as_str(), UNHEARD, KEEPER_LOST] {
             let _ = withdrawals.get_or_create(&ReasonLabels { reason });
         }
         registry.register(
             "route_withdrawals",
             "Routed VIPs withdrawn, by reason (changed: the ownership decision; stopping: a graceful stop; \
-             unheard: the agent sent no heartbeat for routes.holdTime)",
+             unheard: the agent sent no heartbeat for routes.holdTime; keeper_lost: the routes' keeper \
+             was ended from outside)",
             withdrawals.clone(),
         );
         let failures = Counter::default();
@@ -191,18 +194,24 @@ async fn apply_loop(
                 continue;
             }
             Wake::KeeperEnded(status) => {
+                // The keeper exits with 1 when the agent went unheard; anything else ended it
+                // from outside (a signal, the OOM killer).
+                let unheard = matches!(&status, Ok(s) if s.code() == Some(1));
                 let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
-                error!(
-                    %status,
-                    withdrawn = held.len(),
-                    hold = ?settings.hold_time,
-                    "the routes' keeper ended: this agent went unheard for longer than routes.holdTime \
-                     (frozen?), so its routes were withdrawn; routing them again"
-                );
-                metrics
-                    .withdrawals
-                    .get_or_create(&ReasonLabels { reason: UNHEARD })
-                    .inc_by(held.len() as u64);
+                let reason = if unheard {
+                    error!(
+                        %status,
+                        withdrawn = held.len(),
+                        hold = ?settings.hold_time,
+                        "this agent went unheard for longer than routes.holdTime (frozen?): its routes' \
+                         keeper withdrew them; routing them again"
+                    );
+                    UNHEARD
+                } else {
+                    error!(%status, withdrawn = held.len(), "the routes' keeper was ended from outside, and the routes with it; routing them again");
+                    KEEPER_LOST
+                };
+                metrics.withdrawals.get_or_create(&ReasonLabels { reason }).inc_by(held.len() as u64);
                 device = None;
                 held.clear();
             }
@@ -222,6 +231,7 @@ async fn apply_loop(
             }
         }
         let Some(Device { index, .. }) = &device else {
+            metrics.routed.set(held.len() as i64);
             applied.send_replace(held.clone());
             continue;
         };

@@ -24,6 +24,7 @@ use std::{
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
     process::{Child, ChildStdin, Command},
+    sync::watch,
 };
 
 /// The keeper's line on its standard output once the device exists.
@@ -33,7 +34,7 @@ const READY: &str = "ready";
 /// at least every `hold`. Returns when the agent ends (end of file); an error when it went
 /// unheard.
 pub fn keep(name: &str, hold: Duration) -> io::Result<()> {
-    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU] {
         // SAFETY: SIG_IGN for a catchable signal; no handler runs.
         unsafe { libc::signal(signal, libc::SIG_IGN) };
     }
@@ -75,16 +76,16 @@ pub fn keep(name: &str, hold: Duration) -> io::Result<()> {
     }
 }
 
-/// The agent's side: the keeper process and the pipe its heartbeats go down.
+/// The agent's side: the keeper process. Its heartbeats go down its pipe from a task of their
+/// own, so that route work in the apply loop never holds them back.
 pub struct Keeper {
     child: Child,
-    heartbeat: ChildStdin,
 }
 
 impl Keeper {
     /// Starts a keeper for the device `name` and waits (a few seconds at most) until the
     /// device exists.
-    pub async fn spawn(name: &str, hold: Duration) -> io::Result<Keeper> {
+    pub async fn spawn(name: &str, hold: Duration, alive: watch::Receiver<u64>) -> io::Result<Keeper> {
         // This very binary, even when an upgrade has replaced the file on disk since it started.
         let mut child = Command::new("/proc/self/exe")
             .arg("keep-routes")
@@ -95,6 +96,9 @@ impl Keeper {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
+            // A group of its own: a stop sent to the agent's group (^Z, `kill -STOP -PGID`)
+            // must not freeze the keeper with it.
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()?;
         let heartbeat = child.stdin.take().expect("stdin was piped");
@@ -102,7 +106,10 @@ impl Keeper {
         let mut line = String::new();
         let mut stdout = BufReader::new(stdout);
         match tokio::time::timeout(Duration::from_secs(5), stdout.read_line(&mut line)).await {
-            Ok(Ok(_)) if line.trim_end() == READY => Ok(Keeper { child, heartbeat }),
+            Ok(Ok(_)) if line.trim_end() == READY => {
+                tokio::spawn(pass_heartbeats(alive, heartbeat));
+                Ok(Keeper { child })
+            }
             Ok(Ok(_)) => {
                 let status = child.wait().await?;
                 Err(io::Error::other(format!("the routes' keeper ended before making {name}: {status}")))
@@ -112,14 +119,19 @@ impl Keeper {
         }
     }
 
-    /// One heartbeat; an error when the keeper has gone.
-    pub async fn heartbeat(&mut self) -> io::Result<()> {
-        self.heartbeat.write_all(b".").await
-    }
-
     /// Resolves when the keeper has ended, with its exit status.
     pub async fn ended(&mut self) -> io::Result<std::process::ExitStatus> {
         self.child.wait().await
+    }
+}
+
+/// Writes a byte to the keeper for each heartbeat of the event loop, until the keeper has gone
+/// (or the agent's side of the channel has).
+async fn pass_heartbeats(mut alive: watch::Receiver<u64>, mut pipe: ChildStdin) {
+    while alive.changed().await.is_ok() {
+        if pipe.write_all(b".").await.is_err() {
+            return;
+        }
     }
 }
 

@@ -174,6 +174,10 @@ async fn apply_loop(
     let mut held: BTreeSet<IpAddr> = BTreeSet::new();
     let mut retry = tokio::time::interval(Duration::from_secs(1));
     let mut failing = false;
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The keeper withdrew the routes because the event loop went unheard: they come back only
+    // once it is heard again (a loop stuck while this task runs must not flap them).
+    let mut unheard = false;
     loop {
         let wake = tokio::select! {
             changed = wanted.changed() => match changed {
@@ -181,22 +185,19 @@ async fn apply_loop(
                 Err(_) => return,
             },
             _ = retry.tick(), if failing => Wake::Wanted,
-            Ok(()) = alive.changed() => Wake::Heartbeat,
+            // Only while a lapse is waiting for the loop to be heard again (below).
+            Ok(()) = alive.changed(), if unheard => Wake::Heartbeat,
             status = keeper_ended(device.as_mut()) => Wake::KeeperEnded(status),
         };
         match wake {
             Wake::Wanted => {}
-            Wake::Heartbeat => {
-                if let Some(device) = &mut device {
-                    // A keeper that has gone is seen by `keeper_ended`.
-                    let _ = device.keeper.heartbeat().await;
-                }
-                continue;
-            }
+            Wake::Heartbeat => unheard = false,
             Wake::KeeperEnded(status) => {
                 // The keeper exits with 1 when the agent went unheard; anything else ended it
                 // from outside (a signal, the OOM killer).
-                let unheard = matches!(&status, Ok(s) if s.code() == Some(1));
+                unheard = matches!(&status, Ok(s) if s.code() == Some(1));
+                // Beats from before the lapse do not count: wait for a new one.
+                alive.borrow_and_update();
                 let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
                 let reason = if unheard {
                     error!(
@@ -217,8 +218,8 @@ async fn apply_loop(
             }
         }
         let (routes, why) = wanted.borrow_and_update().clone();
-        if device.is_none() && !routes.is_empty() {
-            match make_device(&netlink, &settings).await {
+        if device.is_none() && !routes.is_empty() && !unheard {
+            match make_device(&netlink, &settings, alive.clone()).await {
                 Ok(made) => device = Some(made),
                 Err(e) => {
                     metrics.failures.inc();
@@ -300,7 +301,11 @@ fn route(vip: IpAddr, index: u32, protocol: u8) -> RouteMessage {
 
 /// Has a keeper make the TUN device `settings.device`, and brings it up. IPv6 is turned on for
 /// it where the namespace has it off by default (for `/128` routes).
-async fn make_device(netlink: &Handle, settings: &RoutesConfig) -> std::io::Result<Device> {
+async fn make_device(
+    netlink: &Handle,
+    settings: &RoutesConfig,
+    alive: watch::Receiver<u64>,
+) -> std::io::Result<Device> {
     let name = settings.device.as_str();
     let find =
         async || crate::netdev::find(netlink, name).await.map_err(|e| std::io::Error::other(e.to_string()));
@@ -309,7 +314,7 @@ async fn make_device(netlink: &Handle, settings: &RoutesConfig) -> std::io::Resu
             "an interface named {name} exists already (another agent's?)"
         )));
     }
-    let keeper = Keeper::spawn(name, settings.hold_time).await?;
+    let keeper = Keeper::spawn(name, settings.hold_time, alive).await?;
     let index = find()
         .await?
         .ok_or_else(|| std::io::Error::other(format!("{name} vanished after it was made")))?

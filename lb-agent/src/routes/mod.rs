@@ -31,7 +31,7 @@ use rtnetlink::{
     packet_route::route::{RouteMessage, RouteProtocol},
 };
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::RoutesConfig;
 use keeper::Keeper;
@@ -199,7 +199,11 @@ async fn apply_loop(
                 // Beats from before the lapse do not count: wait for a new one.
                 alive.borrow_and_update();
                 let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
-                let reason = if unheard {
+                let reason = if held.is_empty() {
+                    // Nothing was routed (a stop's withdrawal already went, or none was wanted).
+                    debug!(%status, "the routes' keeper ended with no route held");
+                    UNHEARD
+                } else if unheard {
                     error!(
                         %status,
                         withdrawn = held.len(),

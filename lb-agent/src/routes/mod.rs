@@ -236,6 +236,8 @@ async fn apply_loop(
             }
         }
         let Some(Device { index, .. }) = &device else {
+            // Nothing wanted, or waiting to hear the loop again: nothing to retry.
+            failing = false;
             metrics.routed.set(held.len() as i64);
             applied.send_replace(held.clone());
             continue;

@@ -13,6 +13,7 @@
 //!   VIPs) and live only inside these namespaces: test traffic never leaves them.
 
 pub mod agent;
+pub mod api_server;
 pub mod cluster;
 pub mod fabric;
 pub mod fixture;

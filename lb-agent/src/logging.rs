@@ -12,11 +12,24 @@ struct Control {
 
 static CONTROL: OnceLock<Control> = OnceLock::new();
 
+/// kube's client logs every failed request at ERROR, each retry of each watch during an API
+/// server outage: the agent reports failures itself, once per outage (see
+/// `k8s::controller`), so that line is off unless a filter names `kube_client`.
+const QUIET_KUBE: &str = "kube_client::client::builder=off";
+
+fn parse(filter: &str) -> Result<EnvFilter, tracing_subscriber::filter::ParseError> {
+    let mut parsed = EnvFilter::try_new(filter)?;
+    if !filter.contains("kube_client") {
+        parsed = parsed.add_directive(QUIET_KUBE.parse()?);
+    }
+    Ok(parsed)
+}
+
 /// Installs the global subscriber. An invalid `filter` falls back to `info`.
 pub fn init(json: bool, ansi: bool, filter: &str) {
-    let (filter, text) = match EnvFilter::try_new(filter) {
+    let (filter, text) = match parse(filter) {
         Ok(f) => (f, filter.to_owned()),
-        Err(_) => (EnvFilter::new("info"), "info".to_owned()),
+        Err(_) => (parse("info").expect("a valid filter"), "info".to_owned()),
     };
     let (layer, handle) = reload::Layer::new(filter);
     let text_layer = (!json).then(|| fmt::layer().with_writer(std::io::stderr).with_ansi(ansi));
@@ -33,7 +46,7 @@ pub fn current() -> String {
 /// Replaces the filter; the error says what was wrong with it.
 pub fn set(filter: &str) -> Result<(), String> {
     let control = CONTROL.get().ok_or("logging is not initialised")?;
-    let parsed = EnvFilter::try_new(filter.trim())
+    let parsed = parse(filter.trim())
         .map_err(|e| format!("expected a tracing filter such as `info` or `info,lb_agent=debug`: {e}"))?;
     // Said under the old filter, so a quieter new one does not hide it.
     tracing::info!(from = %current(), to = filter.trim(), "log filter changed");
@@ -86,6 +99,12 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::LogBudget;
+
+    #[test]
+    fn kube_clients_request_errors_are_off_unless_a_filter_names_kube_client() {
+        assert!(super::parse("info").unwrap().to_string().contains(super::QUIET_KUBE));
+        assert!(!super::parse("info,kube_client=debug").unwrap().to_string().contains(super::QUIET_KUBE));
+    }
 
     #[test]
     fn a_budget_lets_a_burst_through_then_its_rate_and_counts_the_rest() {

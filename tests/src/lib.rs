@@ -336,6 +336,11 @@ impl Lab {
         )
     }
 
+    /// Another host on the segment (an API server's, say), at `ip` with `mac`.
+    pub fn add_host(&self, short: &str, ip: Ipv4Addr, mac: [u8; 6]) -> Host {
+        plug(&self.switch, &self.id, short, ip, mac)
+    }
+
     /// Where `node`'s agent pins its data plane (bpffs is shared by every namespace).
     pub fn pin_path(&self, node: usize) -> PathBuf {
         PathBuf::from(BPFFS_LABS).join(&self.id).join(&self.nodes[node].name)

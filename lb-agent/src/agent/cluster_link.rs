@@ -1,22 +1,60 @@
 //! What `--kubernetes` adds to the loop: who owns what, foreign routers and impersonated
 //! members, published for the cluster side's group status and Events.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
-use tokio::time::Instant;
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+    time::Instant,
+};
 use tracing::warn;
 
 use crate::{
+    config::Config,
     k8s::controller::{ForeignRouters, Impersonations},
     metrics::MemberLabels,
 };
 
 use super::Agent;
 
+/// The agent's ends of the channels to the cluster side (`k8s::controller::Shell`).
+pub(super) struct ClusterLink {
+    /// Configs built from the cluster.
+    pub configs: mpsc::Receiver<Config>,
+    /// Who this node sees as Master of each VIP, for group status.
+    pub owners: watch::Sender<BTreeMap<IpAddr, String>>,
+    /// Routers outside a group heard on its VRIDs, for Events.
+    pub foreign: watch::Sender<ForeignRouters>,
+    /// Members impersonated on the segment, for Events.
+    pub impersonated: watch::Sender<Impersonations>,
+    /// Set when a graceful stop begins: a leading shell releases its Lease and ends.
+    pub stopping: watch::Sender<bool>,
+    /// The shell's task.
+    pub shell: JoinHandle<()>,
+}
+
+/// How long a stopping agent waits for its shell to release the leader Lease.
+const RELEASE_BOUND: Duration = Duration::from_secs(2);
+
+impl ClusterLink {
+    /// Waits (bounded) for the shell to finish after `stopping`: a leader's release then
+    /// reaches the API server before the process exits.
+    pub(super) async fn finish(self) {
+        self.stopping.send_replace(true);
+        if tokio::time::timeout(RELEASE_BOUND, self.shell).await.is_err() {
+            warn!(
+                "the cluster side did not finish within {RELEASE_BOUND:?}; the leader Lease, if held, expires instead"
+            );
+        }
+    }
+}
+
 impl Agent {
     /// Who this node sees as Master of each VIP, by node name, for the leader's group status.
     pub(super) fn publish_owners(&self) {
-        let (Some(owners), Some(vrrp)) = (&self.owners, &self.vrrp) else { return };
+        let (Some(cluster), Some(vrrp)) = (&self.cluster, &self.vrrp) else { return };
+        let owners = &cluster.owners;
         let names: BTreeMap<IpAddr, String> = self
             .config
             .groups
@@ -43,7 +81,8 @@ impl Agent {
     /// Routers outside a group heard advertising its VRIDs, for the cluster side's Events.
     /// The router only ever adds to them, so a count tells whether anything is new.
     pub(super) fn publish_foreign(&self) {
-        let (Some(foreign), Some(vrrp)) = (&self.foreign, &self.vrrp) else { return };
+        let (Some(cluster), Some(vrrp)) = (&self.cluster, &self.vrrp) else { return };
+        let foreign = &cluster.foreign;
         if vrrp.router.foreign_routers().count() == foreign.borrow().len() {
             return;
         }
@@ -100,7 +139,7 @@ impl Agent {
                 *at_log = total;
             }
         }
-        if let Some(tx) = &self.impersonated {
+        if let Some(tx) = self.cluster.as_ref().map(|c| &c.impersonated) {
             let set: Impersonations = heard.into_iter().map(|(g, m, how, _)| (g, m, how)).collect();
             if *tx.borrow() != set {
                 tx.send_replace(set);

@@ -37,7 +37,6 @@ use crate::{
     dataplane::{Dataplane, XdpCounters},
     error::{Error, Result},
     http::{HttpState, LoopSnapshot},
-    k8s::controller::{ForeignRouters, Impersonations},
     key_files::KeyFiles,
     node_plan::NodePlan,
     routes::Routes,
@@ -133,14 +132,8 @@ struct Agent {
     pending: Option<(u64, Arc<Config>, Arc<NodePlan>)>,
     /// The command line's settings, which outrank the config file's on every load.
     overrides: Overrides,
-    /// With `--kubernetes`: configs built from the cluster.
-    cluster_configs: Option<mpsc::Receiver<Config>>,
-    /// With `--kubernetes`: who this node sees as Master of each VIP, for group status.
-    owners: Option<watch::Sender<BTreeMap<IpAddr, String>>>,
-    /// With `--kubernetes`: routers outside a group heard on its VRIDs, for Events.
-    foreign: Option<watch::Sender<ForeignRouters>>,
-    /// With `--kubernetes`: members impersonated on the segment, for Events.
-    impersonated: Option<watch::Sender<Impersonations>>,
+    /// With `--kubernetes`: the cluster side's channels (see [`cluster_link::ClusterLink`]).
+    cluster: Option<cluster_link::ClusterLink>,
     /// Per member: the impersonating advertisements counted so far, when last logged, and the
     /// count then.
     impersonations_seen: BTreeMap<IpAddr, (u64, Option<Instant>, u64)>,
@@ -218,7 +211,7 @@ impl Agent {
                     drain_until = self.begin_stop().await;
                     stop_by = Some(drain_until.unwrap_or_else(Instant::now).max(Instant::now()) + STOP_BOUND);
                 }
-                Some(config) = or_pending(self.cluster_configs.as_mut().map(|rx| rx.recv())), if stop_by.is_none() => {
+                Some(config) = or_pending(self.cluster.as_mut().map(|c| c.configs.recv())), if stop_by.is_none() => {
                     self.apply_config(config).await;
                 }
                 Ok(()) = self.services_applied.changed(), if self.pending.is_some() => {
@@ -279,6 +272,10 @@ impl Agent {
         info!(routed, "stopping: resigning VRRP masters, withdrawing routed VIPs");
         self.state.ready.store(false, Ordering::Relaxed);
         self.stopping = true;
+        if let Some(cluster) = &self.cluster {
+            // The leader hands its Lease over now, not when it expires.
+            cluster.stopping.send_replace(true);
+        }
         if let Some(vrrp) = &mut self.vrrp {
             let out = vrrp.router.shutdown(Instant::now().into_std());
             vrrp.send(&out);

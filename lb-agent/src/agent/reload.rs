@@ -66,7 +66,7 @@ const RESTART_ONLY: &[RestartOnly] = restart_only![
 impl Agent {
     /// SIGHUP. A config that fails to validate leaves everything running as it was.
     pub(super) async fn reload(&mut self) {
-        if self.cluster_configs.is_some() {
+        if self.cluster.is_some() {
             warn!(
                 "SIGHUP ignored: with --kubernetes the cluster is the source of groups and services; restart to change agent settings"
             );

@@ -35,7 +35,7 @@ use crate::{
     vrrp_driver::Vrrp,
 };
 
-use super::{Agent, KubernetesSource, Overrides, Signals, stop_signal};
+use super::{Agent, KubernetesSource, Overrides, Signals, cluster_link::ClusterLink, stop_signal};
 
 /// Runs the agent on the calling thread's current-thread runtime, which then holds only the
 /// VRRP loop: its sockets and timers. Everything else (the service-sync task, HTTP, the
@@ -54,7 +54,7 @@ pub async fn run(
     let mut config = Config::load(&config_path)?;
     overrides.apply(&mut config);
     let node = node_name(&config, node_override);
-    let (mut cluster_configs, mut owners, mut foreign, mut impersonated) = (None, None, None, None);
+    let mut cluster = None;
     // Services the data plane has no room for, by name, for the cluster's status.
     let (refused_tx, refused_rx) = watch::channel(BTreeMap::new());
     if let Some(source) = kubernetes {
@@ -83,7 +83,8 @@ pub async fn run(
             foreign: foreign_rx,
             impersonated: impersonated_rx,
         };
-        background.spawn(shell.run(configs_tx, from_agent));
+        let (stopping_tx, stopping_rx) = watch::channel(false);
+        let shell = background.spawn(shell.run(configs_tx, from_agent, stopping_rx));
         info!("waiting for the cluster's groups and services");
         config = tokio::select! {
             first = configs_rx.recv() => {
@@ -91,11 +92,19 @@ pub async fn run(
             }
             () = stop_signal(&mut signals.term, &mut signals.int) => {
                 info!("stopped before the cluster's first config: nothing was attached");
+                stopping_tx.send_replace(true);
+                let _ = tokio::time::timeout(Duration::from_secs(2), shell).await;
                 return Ok(());
             }
         };
-        (cluster_configs, owners, foreign, impersonated) =
-            (Some(configs_rx), Some(owners_tx), Some(foreign_tx), Some(impersonated_tx));
+        cluster = Some(ClusterLink {
+            configs: configs_rx,
+            owners: owners_tx,
+            foreign: foreign_tx,
+            impersonated: impersonated_tx,
+            stopping: stopping_tx,
+            shell,
+        });
     }
     let netlink = within(&background, netdev::connect)?;
     let config_error = |field: &str, expected: String| Error::Config {
@@ -103,7 +112,7 @@ pub async fn run(
         error: ConfigError::new(field, expected),
     };
     let plan = node_plan(&config, &node);
-    if cluster_configs.is_none() {
+    if cluster.is_none() {
         // A key file named in the config file is part of it: a mistake stops the start. From
         // the cluster, the group waits for its Secret on this node instead (see key_files).
         check_key_files(&config, &node).map_err(|(field, expected)| config_error(&field, expected))?;
@@ -212,10 +221,7 @@ pub async fn run(
         services_applied,
         pending: None,
         overrides,
-        cluster_configs,
-        owners,
-        foreign,
-        impersonated,
+        cluster,
         impersonations_seen: BTreeMap::new(),
         keys,
         status_requests,
@@ -244,6 +250,9 @@ pub async fn run(
     info!(config = %agent.config_path.display(), node = %agent.node, listen = %agent.config.listen, "lb-agent running");
 
     let result = agent.event_loop(&mut signals).await;
+    if let Some(cluster) = agent.cluster.take() {
+        cluster.finish().await;
+    }
     sync_task.abort();
     state.ready.store(false, Ordering::Relaxed);
     server.abort();

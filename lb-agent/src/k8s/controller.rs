@@ -39,7 +39,9 @@ use crate::config::Config;
 
 /// How long the Lease lasts, and how often the leader renews it and re-checks status.
 const LEASE_DURATION: Duration = Duration::from_secs(15);
-const LEADER_TICK: Duration = Duration::from_secs(5);
+/// How often the Lease is renewed or tried (client-go's retryPeriod): a released Lease is
+/// taken within this.
+const LEADER_TICK: Duration = Duration::from_secs(2);
 
 pub struct Shell {
     pub client: Client,
@@ -61,13 +63,25 @@ where
 {
     let (reader, writer) = reflector::store();
     let kind = K::kind(&K::DynamicType::default()).into_owned();
+    // A failing watch is retried with backoff; it is reported when it starts failing and
+    // when it works again, not at every retry of an outage.
+    let mut failing = false;
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .reflect(writer)
         .map(move |event| match event {
-            Ok(event) => touch(&event),
+            Ok(event) => {
+                if std::mem::take(&mut failing) {
+                    info!(kind, "watch working again");
+                }
+                touch(&event)
+            }
             Err(e) => {
-                warn!(kind, error = %e, "watch failed; retrying with backoff");
+                if std::mem::replace(&mut failing, true) {
+                    debug!(kind, error = %e, "watch failed again; retrying with backoff");
+                } else {
+                    warn!(kind, error = %e, "watch failed; retrying with backoff (reported again when it works)");
+                }
                 Touch::Nothing
             }
         })
@@ -127,7 +141,14 @@ pub type Impersonations = std::collections::BTreeSet<(String, std::net::IpAddr, 
 impl Shell {
     /// Runs until the agent stops: sends each new config on `configs`, and reports what
     /// `from_agent` says (see [`FromAgent`]).
-    pub async fn run(self, configs: mpsc::Sender<Config>, from_agent: FromAgent) {
+    /// When `stopping` turns true (a graceful stop), a leader releases its Lease, so another
+    /// agent leads within a tick instead of after the Lease's duration, and the shell ends.
+    pub async fn run(
+        self,
+        configs: mpsc::Sender<Config>,
+        from_agent: FromAgent,
+        mut stopping: watch::Receiver<bool>,
+    ) {
         let FromAgent { owners, mut refused, mut foreign, mut impersonated } = from_agent;
         // Foreign routers and impersonations already reported by this agent, each once.
         let mut reported = ForeignRouters::new();
@@ -141,6 +162,8 @@ impl Shell {
         let writer = StatusWriter::new(self.client.clone(), self.node.clone());
         let mut tick = tokio::time::interval(LEADER_TICK);
         let mut leading = false;
+        // Since when the Lease's reads or writes fail (the API server is out of reach, say).
+        let mut unanswered: Option<std::time::Instant> = None;
         let mut last: Option<Config> = None;
         let mut refusals = Vec::new();
         // The group addresses last patched onto this node, until the watch shows them.
@@ -193,13 +216,40 @@ impl Shell {
                     reported_impersonations = heard;
                     continue;
                 }
+                Ok(()) = stopping.changed() => {
+                    if !*stopping.borrow() {
+                        continue;
+                    }
+                    if leading {
+                        match lease.release().await {
+                            Ok(()) => info!("stopping: leader Lease released"),
+                            Err(e) => warn!(error = %e, "releasing the leader Lease failed; it expires instead"),
+                        }
+                    }
+                    return;
+                }
                 _ = tick.tick() => {
                     status_due = true;
                     let was = leading;
-                    leading = lease.try_lead().await.unwrap_or_else(|e| {
-                        warn!(error = %e, "renewing the leader Lease failed");
-                        false
-                    });
+                    leading = match lease.try_lead().await {
+                        Ok(leading) => {
+                            if let Some(since) = unanswered.take() {
+                                info!(after = ?since.elapsed(), "the API server answers again");
+                            }
+                            leading
+                        }
+                        Err(e) => {
+                            // Once per outage: VRRP and forwarding never wait on the API server.
+                            if unanswered.is_none() {
+                                warn!(error = %e, "the leader Lease cannot be read or renewed: not leading; VRRP, \
+                                    ownership and forwarding carry on with the cluster's last state");
+                                unanswered = Some(std::time::Instant::now());
+                            } else {
+                                debug!(error = %e, "the leader Lease still cannot be read or renewed");
+                            }
+                            false
+                        }
+                    };
                     if leading != was {
                         info!(leading, "leader Lease");
                     }
@@ -576,7 +626,7 @@ mod tests {
         let (impersonated, impersonated_rx) = watch::channel(Impersonations::new());
         let from_agent =
             FromAgent { owners, refused: refused_rx, foreign: foreign_rx, impersonated: impersonated_rx };
-        tokio::spawn(shell.run(tx, from_agent));
+        tokio::spawn(shell.run(tx, from_agent, watch::channel(false).1));
         AgentSide { configs, _owners, refused, foreign, impersonated }
     }
 

@@ -92,6 +92,26 @@ impl LeaseLock {
     }
 }
 
+impl LeaseLock {
+    /// Gives the Lease up, if this agent holds it: no holder, so the next agent to try takes
+    /// it at once (client-go's ReleaseOnCancel does the same). The resourceVersion read makes
+    /// a release that races a takeover a 409, which changes nothing.
+    pub async fn release(&self) -> Result<(), kube::Error> {
+        let Some(mut lease) = self.api.get_opt(LEASE_NAME).await? else { return Ok(()) };
+        let Some(spec) = lease.spec.as_mut().filter(|s| s.holder_identity.as_deref() == Some(&self.identity))
+        else {
+            return Ok(());
+        };
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        match self.api.replace(LEASE_NAME, &PostParams::default(), &lease).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +187,43 @@ mod tests {
             });
             assert!(lock.try_lead().await.unwrap(), "created: leading");
             assert!(!lock.try_lead().await.unwrap(), "n1 holds a current lease: following");
+            server.await.unwrap();
+        }
+
+        #[tokio::test]
+        async fn a_release_gives_up_only_a_lease_this_agent_holds() {
+            let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let lock = LeaseLock::new(
+                Client::new(service, "default"),
+                "lb-agent",
+                "n0".into(),
+                Duration::from_secs(15),
+            );
+            let lease = |holder: &str| {
+                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "lb-agent-leader", "resourceVersion": "7"},
+                    "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": 3, "renewTime": Timestamp::now().to_string()}})
+            };
+            let reply = |v: serde_json::Value| {
+                Response::builder().body(Body::from(serde_json::to_vec(&v).unwrap())).unwrap()
+            };
+            let server = tokio::spawn(async move {
+                let (_, send) = handle.next_request().await.unwrap();
+                send.send_response(reply(lease("n0")));
+                let (request, send) = handle.next_request().await.unwrap();
+                assert_eq!(request.method(), "PUT");
+                let body: serde_json::Value =
+                    serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap()).unwrap();
+                assert!(body["spec"].get("holderIdentity").is_none(), "no holder: {body}");
+                assert_eq!(body["spec"]["leaseDurationSeconds"], 1);
+                assert_eq!(body["spec"]["leaseTransitions"], 3, "the term is the taker's to count");
+                assert_eq!(body["metadata"]["resourceVersion"], "7", "a release that races a takeover fails");
+                send.send_response(reply(body));
+                // Someone else's: nothing is written (the mock would see a second request).
+                let (_, send) = handle.next_request().await.unwrap();
+                send.send_response(reply(lease("n1")));
+            });
+            lock.release().await.unwrap();
+            lock.release().await.unwrap();
             server.await.unwrap();
         }
     }

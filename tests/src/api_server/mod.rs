@@ -473,7 +473,10 @@ async fn handle(
         (&Method::DELETE, _) => "delete",
         _ => "unknown",
     };
-    let response = if faults.throttle > 0 {
+    let response = if faults.down {
+        // Caught between going down and the listener closing: as a server shutting down.
+        failure(&Failure::new(503, "ServiceUnavailable", "the server is shutting down"))
+    } else if faults.throttle > 0 {
         let mut r =
             failure(&Failure::new(429, "TooManyRequests", "too many requests, please try again later"));
         r.headers_mut().insert("retry-after", "1".parse().unwrap());
@@ -750,6 +753,7 @@ fn watch(
     }
     let mut cut = inner.cut.subscribe();
     cut.mark_unchanged();
+    let mut up = inner.up.subscribe();
     let every = inner.bookmark_every;
     let inner = inner.clone();
     tokio::spawn(async move {
@@ -773,6 +777,8 @@ fn watch(
                     if tx.send(line("BOOKMARK", &mark)).is_err() { return }
                 }
                 _ = cut.changed() => return,
+                // A watch that slipped in while the server was going down ends too.
+                _ = up.wait_for(|up| !*up) => return,
                 _ = &mut deadline => return,
                 () = tx.closed() => return,
             }

@@ -1,0 +1,283 @@
+//! The control half under cluster faults: three agents run `--kubernetes` against one API
+//! server (tests/src/api_server) on the segment, each with the DaemonSet's ServiceAccount as
+//! RBAC sees it. The leader allocates the Service's address and writes status; every agent
+//! reads it back through its watches, elects the VIP's owner and forwards to the pod.
+//!
+//! What users see is asserted: a session through the VIP, pings without loss, who wrote what
+//! under which leader term.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{Ipv4Addr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use lb_lab::{
+    Agent, Host, Lab,
+    agent::AGENT_LISTEN,
+    api_server::{ApiServer, Write},
+};
+use serde_json::{Value, json};
+
+const API: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 250);
+const API_PORT: u16 = 6443;
+
+struct ClusterLab {
+    // Field order is drop order: agents, then the server, its host, the lab.
+    agents: Vec<Option<Agent>>,
+    api: ApiServer,
+    _api_host: Host,
+    lab: Lab,
+    pod: usize,
+}
+
+fn service(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "shop"},
+           "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}]}})
+}
+
+impl ClusterLab {
+    /// Three nodes, a pod on n1, the cluster's objects in the server, an agent on each node.
+    fn new() -> ClusterLab {
+        let mut lab = Lab::new(3);
+        for node in 0..3 {
+            lab.enable_native_xdp(node);
+        }
+        let pod = lab.add_pod(1);
+        let api_host = lab.add_host("api", API, [0x02, 0x1b, 0, 0, 0, 0xaa]);
+        let api = ApiServer::start(Some(&api_host.ns), SocketAddr::from((API, API_PORT)));
+        api.put(json!({"apiVersion": "lb-agent.io/v1alpha1", "kind": "LoadBalancerGroup", "metadata": {"name": "edge"},
+                       "spec": {"interface": "eth0", "addressPools": ["198.51.100.0/29"], "advertInterval": "20ms",
+                                "default": true, "remoteMode": "dsr"}}));
+        for n in &lab.nodes {
+            api.put(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name},
+                           "status": {"addresses": [{"type": "InternalIP", "address": n.ip.to_string()}]}}));
+        }
+        api.put(service("web"));
+        api.put(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                       "metadata": {"name": "web-1", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
+                       "ports": [{"port": 8080}],
+                       "endpoints": [{"addresses": [lab.pods[pod].ip.to_string()], "nodeName": "n1", "conditions": {"ready": true}}]}));
+        let mut cluster = ClusterLab { agents: Vec::new(), api, _api_host: api_host, lab, pod };
+        for node in 0..3 {
+            let agent = cluster.start_agent(node);
+            cluster.agents.push(Some(agent));
+        }
+        cluster
+    }
+
+    fn start_agent(&self, node: usize) -> Agent {
+        let name = self.lab.nodes[node].name.clone();
+        let kubeconfig = self.api.kubeconfig(&self.lab.path(""), &name, false);
+        let base = format!("interface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\n");
+        let mut agent = self.lab.start_agent_with(
+            node,
+            &base,
+            &["--kubernetes", "--node", &name],
+            &[
+                ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+                ("POD_NAMESPACE", "lb-agent"),
+                ("RUST_LOG", "info"),
+            ],
+        );
+        agent.wait_ready_within(Duration::from_secs(30));
+        agent
+    }
+
+    fn logs(&self) -> String {
+        self.agents.iter().flatten().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n")
+    }
+
+    /// The Service's address, once the leader has published it.
+    fn address(&self, name: &str) -> Option<Ipv4Addr> {
+        self.api
+            .get("v1", "Service", "shop", name)?
+            .pointer("/status/loadBalancer/ingress/0/ip")?
+            .as_str()?
+            .parse()
+            .ok()
+    }
+
+    fn wait_address(&self, name: &str, within: Duration) -> Ipv4Addr {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(ip) = self.address(name) {
+                return ip;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no address published for {name} within {within:?}:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The leader Lease's holder, if any.
+    fn leader(&self) -> Option<String> {
+        let lease = self.api.get("coordination.k8s.io/v1", "Lease", "lb-agent", "lb-agent-leader")?;
+        lease.pointer("/spec/holderIdentity")?.as_str().map(str::to_owned)
+    }
+
+    fn node_of(&self, name: &str) -> usize {
+        self.lab.nodes.iter().position(|n| n.name == name).expect("a node's name")
+    }
+
+    fn wait_session(&self, vip: Ipv4Addr) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(s) = self.lab.client.session(vip, 80) {
+                assert_eq!(s.pod(), self.lab.pods[self.pod].name);
+                return;
+            }
+            assert!(Instant::now() < deadline, "no session through {vip}:80:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// VIPs owned, summed over the running agents.
+    fn owned(&self) -> f64 {
+        self.agents.iter().flatten().map(|a| a.metric("lbagent_owned_vips")).sum()
+    }
+}
+
+/// The leader's writes: status, finalizers, group status (Events and the Lease are anyone's).
+fn leader_writes(writes: &[Write]) -> Vec<&Write> {
+    writes
+        .iter()
+        .filter(|w| w.client != "admin" && (w.resource.ends_with("/status") || w.resource == "services"))
+        .collect()
+}
+
+/// Every leader write came from the Lease's holder at the time, and no term saw two writers.
+fn assert_one_writer_per_term(writes: &[Write]) {
+    let mut by_term: BTreeMap<i64, BTreeSet<&str>> = BTreeMap::new();
+    for w in leader_writes(writes) {
+        let (holder, term) = w.lease.as_ref().expect("a leader write with no Lease in the store");
+        assert_eq!(
+            &w.client, holder,
+            "{} wrote {} {} while {holder} held the Lease (term {term})",
+            w.client, w.resource, w.name
+        );
+        by_term.entry(*term).or_default().insert(&w.client);
+    }
+    for (term, writers) in by_term {
+        assert_eq!(writers.len(), 1, "term {term} had writers {writers:?}");
+    }
+}
+
+#[test]
+fn leadership_moves_on_a_kill_within_the_lease_and_at_once_on_a_graceful_stop() {
+    let mut cluster = ClusterLab::new();
+    let _server = cluster.lab.pods[cluster.pod].serve(8080);
+    let vip = cluster.wait_address("web", Duration::from_secs(20));
+    cluster.wait_session(vip);
+    let first = cluster.leader().expect("a leader");
+
+    // SIGKILL: no release; another agent leads once the Lease (15 s) has run out.
+    let killed = cluster.node_of(&first);
+    cluster.agents[killed].take().unwrap().kill();
+    let killed_at = Instant::now();
+    cluster.api.put(service("second"));
+    cluster.wait_address("second", Duration::from_secs(25));
+    let taken = killed_at.elapsed();
+    let second = cluster.leader().expect("a new leader");
+    assert_ne!(second, first);
+    assert!(
+        taken <= Duration::from_secs(17),
+        "the new leader wrote status {taken:?} after the kill (lease 15 s + 2 s)"
+    );
+
+    // SIGTERM: the leader releases the Lease and the last agent takes it within a tick.
+    let stopped = cluster.node_of(&second);
+    let stopped_at = Instant::now();
+    cluster.agents[stopped].as_ref().unwrap().signal(libc::SIGTERM);
+    let third = loop {
+        if let Some(holder) = cluster.leader().filter(|h| *h != second) {
+            break holder;
+        }
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(6),
+            "the Lease was not handed over:\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let handed = stopped_at.elapsed();
+    assert!(handed <= Duration::from_secs(3), "handed over in {handed:?}, not within a 2 s tick");
+    cluster.agents[stopped].as_mut().unwrap().wait_exit(Duration::from_secs(20));
+    assert!(cluster.agents[stopped].as_ref().unwrap().log_text().contains("leader Lease released"));
+    cluster.api.put(service("third"));
+    cluster.wait_address("third", Duration::from_secs(10));
+    assert_eq!(cluster.leader().as_deref(), Some(third.as_str()));
+    cluster.wait_session(vip);
+
+    let writes = cluster.api.writes();
+    assert_one_writer_per_term(&writes);
+    let writers: BTreeSet<&str> = leader_writes(&writes).iter().map(|w| w.client.as_str()).collect();
+    assert_eq!(writers.len(), 3, "each leader in turn wrote: {writers:?}");
+    let forbidden: Vec<_> = cluster.api.requests().into_iter().filter(|r| r.code == 403).collect();
+    assert!(forbidden.is_empty(), "requests the RBAC manifests do not allow: {forbidden:?}");
+    eprintln!(
+        "leader killed: status by the next {taken:?} later; graceful stop: Lease handed over in {handed:?}"
+    );
+}
+
+#[test]
+fn an_api_server_down_for_a_minute_loses_no_reply_and_changes_nothing_when_back() {
+    let cluster = ClusterLab::new();
+    let _server = cluster.lab.pods[cluster.pod].serve(8080);
+    let vip = cluster.wait_address("web", Duration::from_secs(20));
+    cluster.wait_session(vip);
+    // Settle: the owner elected, status written.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(cluster.owned(), 1.0);
+    let before = cluster.api.get("v1", "Service", "shop", "web").unwrap();
+    let writes_before = cluster.api.writes().len();
+
+    let pings = cluster.lab.client.ping_every_5ms(vip, 14_000);
+    cluster.api.set_down(true);
+    let down_at = Instant::now();
+    while down_at.elapsed() < Duration::from_secs(60) {
+        assert_eq!(cluster.owned(), 1.0, "one owner of the VIP throughout:\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    cluster.api.set_down(false);
+    let up_at = Instant::now();
+    // Each agent is back: a successful request from each since.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let back: BTreeSet<String> = cluster
+            .api
+            .requests()
+            .into_iter()
+            .filter(|r| r.at > up_at && r.code == 200 && r.client != "admin")
+            .map(|r| r.client)
+            .collect();
+        if back.len() == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "agents back after the outage: {back:?}\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let output = pings.join().unwrap();
+    let summary = String::from_utf8_lossy(&output.stdout);
+    assert!(summary.contains(" 0% packet loss"), "pings through the outage: {summary}\n{}", cluster.logs());
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(cluster.owned(), 1.0);
+    let after = cluster.api.get("v1", "Service", "shop", "web").unwrap();
+    assert_eq!(
+        before.pointer("/status/loadBalancer"),
+        after.pointer("/status/loadBalancer"),
+        "the address stays"
+    );
+    let changed: Vec<String> = leader_writes(&cluster.api.writes()[writes_before..])
+        .iter()
+        .map(|w| format!("{} {} {} {}", w.client, w.verb, w.resource, w.name))
+        .collect();
+    assert!(
+        changed.iter().all(|w| w.contains("loadbalancergroups/status")),
+        "no Service was rewritten after the outage: {changed:?}"
+    );
+    cluster.wait_session(vip);
+}

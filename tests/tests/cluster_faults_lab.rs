@@ -281,3 +281,119 @@ fn an_api_server_down_for_a_minute_loses_no_reply_and_changes_nothing_when_back(
     );
     cluster.wait_session(vip);
 }
+
+/// Lines of every running agent's log containing `text`.
+fn log_lines(cluster: &ClusterLab, text: &str) -> usize {
+    cluster.agents.iter().flatten().map(|a| a.log_text().lines().filter(|l| l.contains(text)).count()).sum()
+}
+
+/// The successful lists each agent made since `since`, by client.
+fn lists_since(cluster: &ClusterLab, since: Instant) -> BTreeMap<String, usize> {
+    let mut lists = BTreeMap::new();
+    for r in cluster.api.requests() {
+        if r.at > since && r.code == 200 && r.verb == "list" && r.client != "admin" {
+            *lists.entry(r.client).or_default() += 1;
+        }
+    }
+    lists
+}
+
+/// A second endpoint for `web` (a pod on n2): every agent's maps must take it.
+fn add_endpoint(cluster: &mut ClusterLab) -> usize {
+    let pod = cluster.lab.add_pod(2);
+    let addresses: Vec<Value> = [cluster.pod, pod]
+        .iter()
+        .map(|p| json!({"addresses": [cluster.lab.pods[*p].ip.to_string()], "nodeName": if *p == pod { "n2" } else { "n1" }, "conditions": {"ready": true}}))
+        .collect();
+    cluster.api.put(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                   "metadata": {"name": "web-1", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
+                   "ports": [{"port": 8080}], "endpoints": addresses}));
+    pod
+}
+
+fn wait_backends(cluster: &ClusterLab, backends: f64, within: Duration) {
+    let deadline = Instant::now() + within;
+    while cluster.agents.iter().flatten().any(|a| a.metric("lbagent_backends") != backends) {
+        assert!(Instant::now() < deadline, "not every agent has {backends} backends:\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_expired_watch_relists_without_a_flap_or_a_ring_rewritten() {
+    let mut cluster = ClusterLab::new();
+    let _server = cluster.lab.pods[cluster.pod].serve(8080);
+    let vip = cluster.wait_address("web", Duration::from_secs(20));
+    cluster.wait_session(vip);
+    std::thread::sleep(Duration::from_secs(3));
+    let (transitions, syncs) = (log_lines(&cluster, "VRRP transition"), log_lines(&cluster, "service maps updated"));
+    let pings = cluster.lab.client.ping_every_5ms(vip, 1_000);
+
+    let expired_at = Instant::now();
+    cluster.api.expire_watches();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // Each agent's four watches resume from a resourceVersion now compacted: 410, so each lists again.
+    while lists_since(&cluster, expired_at).values().filter(|n| **n >= 4).count() < 3 {
+        assert!(Instant::now() < deadline, "relists: {:?}\n{}", lists_since(&cluster, expired_at), cluster.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let gone = cluster.api.requests().iter().filter(|r| r.at > expired_at && r.verb == "watch").count();
+    assert!(gone >= 12, "every watch was resumed (and refused): {gone}");
+    let output = pings.join().unwrap();
+    assert!(String::from_utf8_lossy(&output.stdout).contains(" 0% packet loss"));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(log_lines(&cluster, "VRRP transition"), transitions, "no VRRP flap:\n{}", cluster.logs());
+    assert_eq!(log_lines(&cluster, "service maps updated"), syncs, "no map rewritten:\n{}", cluster.logs());
+    assert_eq!(cluster.owned(), 1.0);
+
+    // The new watches work: an endpoint added now reaches every agent's maps.
+    add_endpoint(&mut cluster);
+    wait_backends(&cluster, 2.0, Duration::from_secs(10));
+}
+
+#[test]
+fn a_slow_and_throttling_api_server_is_backed_off_from_and_changes_still_land() {
+    let mut cluster = ClusterLab::new();
+    let _server = cluster.lab.pods[cluster.pod].serve(8080);
+    let vip = cluster.wait_address("web", Duration::from_secs(20));
+    cluster.wait_session(vip);
+    std::thread::sleep(Duration::from_secs(3));
+
+    // At rest: watches and the Lease only.
+    let rest_from = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    let at_rest: Vec<_> = cluster.api.requests().into_iter().filter(|r| r.at > rest_from && r.client != "admin").collect();
+    let polling: Vec<_> = at_rest.iter().filter(|r| !r.path.contains("/leases/")).map(|r| (&r.verb, &r.path)).collect();
+    assert!(polling.is_empty(), "at rest only the Lease is renewed (watches stay open): {polling:?}");
+    let at_rest = at_rest.len();
+
+    // Slow, then every request refused with 429, for 20 s; watches are cut so all must retry.
+    cluster.api.set_delay(Duration::from_millis(500));
+    cluster.api.throttle(usize::MAX);
+    cluster.api.expire_watches();
+    let throttled_from = Instant::now();
+    let pings = cluster.lab.client.ping_every_5ms(vip, 3_000);
+    std::thread::sleep(Duration::from_secs(20));
+    let during: BTreeMap<String, usize> =
+        cluster.api.requests().iter().filter(|r| r.at > throttled_from && r.client != "admin").fold(
+            BTreeMap::new(),
+            |mut m, r| {
+                *m.entry(r.client.clone()).or_default() += 1;
+                m
+            },
+        );
+    cluster.api.throttle(0);
+    cluster.api.set_delay(Duration::ZERO);
+    eprintln!("requests at rest (3 agents, 10 s): {at_rest}; per agent in 20 s of 429s: {during:?}");
+    // Four watches and the Lease, each waiting out Retry-After (1 s) and backing off: no
+    // more than two requests a second in all (14–15 were seen).
+    for (client, n) in &during {
+        assert!(*n <= 2 * 20, "{client} made {n} requests in 20 s of 429s");
+    }
+    assert!(String::from_utf8_lossy(&pings.join().unwrap().stdout).contains(" 0% packet loss"));
+    assert_eq!(cluster.owned(), 1.0);
+
+    // Once it answers, a change lands everywhere.
+    add_endpoint(&mut cluster);
+    wait_backends(&cluster, 2.0, Duration::from_secs(60));
+}

@@ -234,6 +234,10 @@ async fn server_side_apply_merges_by_list_type_and_owner() {
     let err =
         services.patch("web", &PatchParams::default(), &Patch::Apply(policy("Local"))).await.unwrap_err();
     assert_eq!(code(err), 400, "an apply names its field manager");
+    // An apply creates what is missing, validated: a bare Service is refused.
+    let bare = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "bare", "finalizers": []}});
+    let err = services.patch("bare", &apply("lb-agent-ipam"), &Patch::Apply(bare)).await.unwrap_err();
+    assert_eq!(code(err), 422);
 }
 
 #[tokio::test]

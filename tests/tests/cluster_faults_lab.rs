@@ -47,7 +47,7 @@ impl ClusterLab {
         let api_host = lab.add_host("api", API, [0x02, 0x1b, 0, 0, 0, 0xaa]);
         let api = ApiServer::start(Some(&api_host.ns), SocketAddr::from((API, API_PORT)));
         api.put(json!({"apiVersion": "lb-agent.io/v1alpha1", "kind": "LoadBalancerGroup", "metadata": {"name": "edge"},
-                       "spec": {"interface": "eth0", "addressPools": ["198.51.100.0/29"], "advertInterval": "20ms",
+                       "spec": {"interface": "eth0", "addressPools": ["198.51.100.0/29"], "advertInterval": "100ms",
                                 "default": true, "remoteMode": "dsr"}}));
         for n in &lab.nodes {
             api.put(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name},
@@ -326,7 +326,8 @@ fn an_expired_watch_relists_without_a_flap_or_a_ring_rewritten() {
     let vip = cluster.wait_address("web", Duration::from_secs(20));
     cluster.wait_session(vip);
     std::thread::sleep(Duration::from_secs(3));
-    let (transitions, syncs) = (log_lines(&cluster, "VRRP transition"), log_lines(&cluster, "service maps updated"));
+    let (transitions, syncs) =
+        (log_lines(&cluster, "VRRP transition"), log_lines(&cluster, "service maps updated"));
     let pings = cluster.lab.client.ping_every_5ms(vip, 1_000);
 
     let expired_at = Instant::now();
@@ -334,7 +335,12 @@ fn an_expired_watch_relists_without_a_flap_or_a_ring_rewritten() {
     let deadline = Instant::now() + Duration::from_secs(20);
     // Each agent's four watches resume from a resourceVersion now compacted: 410, so each lists again.
     while lists_since(&cluster, expired_at).values().filter(|n| **n >= 4).count() < 3 {
-        assert!(Instant::now() < deadline, "relists: {:?}\n{}", lists_since(&cluster, expired_at), cluster.logs());
+        assert!(
+            Instant::now() < deadline,
+            "relists: {:?}\n{}",
+            lists_since(&cluster, expired_at),
+            cluster.logs()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let gone = cluster.api.requests().iter().filter(|r| r.at > expired_at && r.verb == "watch").count();
@@ -362,8 +368,10 @@ fn a_slow_and_throttling_api_server_is_backed_off_from_and_changes_still_land() 
     // At rest: watches and the Lease only.
     let rest_from = Instant::now();
     std::thread::sleep(Duration::from_secs(10));
-    let at_rest: Vec<_> = cluster.api.requests().into_iter().filter(|r| r.at > rest_from && r.client != "admin").collect();
-    let polling: Vec<_> = at_rest.iter().filter(|r| !r.path.contains("/leases/")).map(|r| (&r.verb, &r.path)).collect();
+    let at_rest: Vec<_> =
+        cluster.api.requests().into_iter().filter(|r| r.at > rest_from && r.client != "admin").collect();
+    let polling: Vec<_> =
+        at_rest.iter().filter(|r| !r.path.contains("/leases/")).map(|r| (&r.verb, &r.path)).collect();
     assert!(polling.is_empty(), "at rest only the Lease is renewed (watches stay open): {polling:?}");
     let at_rest = at_rest.len();
 
@@ -396,4 +404,170 @@ fn a_slow_and_throttling_api_server_is_backed_off_from_and_changes_still_land() 
     // Once it answers, a change lands everywhere.
     add_endpoint(&mut cluster);
     wait_backends(&cluster, 2.0, Duration::from_secs(60));
+}
+
+/// The MACs that answer ARP for `vip` over `count` requests.
+fn answering_macs(cluster: &ClusterLab, vip: Ipv4Addr, count: u32) -> BTreeSet<String> {
+    cluster
+        .lab
+        .client
+        .arping(vip, count)
+        .iter()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_hexdigit()) && l.len() == 17)
+        .cloned()
+        .collect()
+}
+
+/// The node that answers ARP for `vip` once exactly one MAC does, twice in a row (a preempted
+/// master answers on for 150 ms beside its successor, by design); then five requests must
+/// all be answered by it alone.
+fn settled_answer(cluster: &ClusterLab, vip: Ipv4Addr) -> usize {
+    let node_of_mac = |mac: &str| cluster.lab.nodes.iter().position(|n| lb_lab::format_mac(&n.mac) == mac);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut previous = None;
+    let node = loop {
+        let macs = answering_macs(cluster, vip, 3);
+        let one = (macs.len() == 1).then(|| macs.first().cloned()).flatten();
+        if one.is_some() && one == previous {
+            break node_of_mac(one.as_deref().unwrap()).expect("a node's MAC answers");
+        }
+        assert!(Instant::now() < deadline, "no single MAC settled for {vip}: {macs:?}\n{}", cluster.logs());
+        previous = one;
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let macs = answering_macs(cluster, vip, 5);
+    let expected = lb_lab::format_mac(&cluster.lab.nodes[node].mac);
+    assert_eq!(macs, BTreeSet::from([expected]), "answers for {vip} (n{node}):\n{}", cluster.logs());
+    node
+}
+
+/// Waits until a node other than `node` answers for `vip`, and returns it.
+fn moved_from(cluster: &ClusterLab, vip: Ipv4Addr, node: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = settled_answer(cluster, vip);
+        if now != node {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "n{node} still answers for {vip}:\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn rolling_restarts_keep_one_owner_and_each_new_owner_answers() {
+    let mut cluster = ClusterLab::new();
+    let _server = cluster.lab.pods[cluster.pod].serve(8080);
+    let vip = cluster.wait_address("web", Duration::from_secs(20));
+    cluster.wait_session(vip);
+    settled_answer(&cluster, vip);
+    let pings = cluster.lab.client.ping_every_5ms(vip, 60_000);
+    let started = Instant::now();
+    for round in 0..2 {
+        for node in 0..3 {
+            let mut agent = cluster.agents[node].take().unwrap();
+            agent.signal(libc::SIGTERM);
+            agent.wait_exit(Duration::from_secs(20));
+            drop(agent);
+            settled_answer(&cluster, vip);
+            cluster.agents[node] = Some(cluster.start_agent(node));
+            let answering = settled_answer(&cluster, vip);
+            cluster.wait_session(vip);
+            eprintln!("round {round}, n{node} restarted: n{answering} answers");
+        }
+    }
+    let took = started.elapsed();
+    // Stop the pings: they were sized for longer than the restarts take.
+    let _ = cluster.lab.client.ns.output(&["pkill", "-INT", "ping"]);
+    let summary = String::from_utf8_lossy(&pings.join().unwrap().stdout).into_owned();
+    eprintln!("six restarts in {took:?}: {summary}");
+    let line = summary.lines().find(|l| l.contains("packets transmitted")).expect("ping's summary");
+    let numbers: Vec<u64> =
+        line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+    let (sent, received) = (numbers[0], numbers[1]);
+    assert!(sent - received <= 6, "lost {} of {sent} replies over six graceful restarts", sent - received);
+    let writes = cluster.api.writes();
+    assert_one_writer_per_term(&writes);
+}
+
+#[test]
+fn services_sharing_an_address_are_answered_by_one_mac_through_failovers() {
+    let mut cluster = ClusterLab::new();
+    let _server = cluster.lab.pods[cluster.pod].serve(8080);
+    for (name, port) in [("shared-a", 81), ("shared-b", 82)] {
+        let mut s = service(name);
+        s["metadata"]["annotations"] = json!({"lb-agent.io/allow-shared-ip": "front"});
+        s["spec"]["ports"] = json!([{"port": port, "targetPort": 8080, "protocol": "TCP"}]);
+        cluster.api.put(s);
+        cluster.api.put(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                       "metadata": {"name": format!("{name}-1"), "namespace": "shop", "labels": {"kubernetes.io/service-name": name}},
+                       "ports": [{"port": 8080}],
+                       "endpoints": [{"addresses": [cluster.lab.pods[cluster.pod].ip.to_string()], "nodeName": "n1", "conditions": {"ready": true}}]}));
+    }
+    let a = cluster.wait_address("shared-a", Duration::from_secs(20));
+    let b = cluster.wait_address("shared-b", Duration::from_secs(20));
+    assert_eq!(a, b, "one address for the sharing key");
+    let first = settled_answer(&cluster, a);
+    // A hard failure of the owner, then it comes back (and preempts, by priority).
+    cluster.agents[first].take().unwrap().kill();
+    moved_from(&cluster, a, first);
+    cluster.agents[first] = Some(cluster.start_agent(first));
+    std::thread::sleep(Duration::from_secs(2));
+    settled_answer(&cluster, a);
+    for port in [81, 82] {
+        assert!(cluster.lab.client.session(a, port).is_some(), "{a}:{port} is served");
+    }
+}
+
+#[test]
+fn a_recreated_service_keeps_its_address_and_a_removed_node_takes_its_vips_and_status_along() {
+    let cluster = ClusterLab::new();
+    let _server = cluster.lab.pods[cluster.pod].serve(8080);
+    let vip = cluster.wait_address("web", Duration::from_secs(20));
+    cluster.wait_session(vip);
+
+    // Deleted: the leader releases the address (its finalizer) and the Service goes.
+    cluster.api.delete("v1", "Service", "shop", "web");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while cluster.api.get("v1", "Service", "shop", "web").is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the finalizer was not removed: {}\nlast writes: {:?}",
+            cluster.api.get("v1", "Service", "shop", "web").unwrap(),
+            cluster
+                .api
+                .writes()
+                .iter()
+                .rev()
+                .take(4)
+                .map(|w| (&w.client, &w.verb, &w.resource, &w.object))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Recreated asking for the same address: served again there.
+    let mut again = service("web");
+    again["metadata"]["annotations"] = json!({"lb-agent.io/ips": vip.to_string()});
+    cluster.api.put(again);
+    assert_eq!(cluster.wait_address("web", Duration::from_secs(15)), vip);
+    cluster.wait_session(vip);
+
+    // The owner's Node is deleted: the VIP moves, and the group's status forgets the node.
+    let gone = settled_answer(&cluster, vip);
+    let name = cluster.lab.nodes[gone].name.clone();
+    cluster.api.delete("v1", "Node", "", &name);
+    moved_from(&cluster, vip, gone);
+    cluster.wait_session(vip);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let status =
+            cluster.api.get("lb-agent.io/v1alpha1", "LoadBalancerGroup", "", "edge").unwrap()["status"]
+                .clone();
+        let listed = status.to_string().contains(&format!("\"{name}\""));
+        if !listed && status["members"].as_array().is_some_and(|m| m.len() == 2) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the group status still names {name}: {status}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

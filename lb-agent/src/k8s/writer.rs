@@ -77,7 +77,19 @@ impl StatusWriter {
                 .await?;
         }
         for (namespace, name) in &plan.release {
-            self.finalizers(namespace, name, &[]).await?;
+            if let Err(e) = self.finalizers(namespace, name, &[]).await {
+                // A release can race the deletion it allowed (a second pass saw the Service
+                // before its removal): the apply would then create a bare Service, which the
+                // server refuses. Gone is what the release wanted.
+                let gone = matches!(&e, kube::Error::Api(s) if s.code == 404 || s.code == 422)
+                    && Api::<Service>::namespaced(self.client.clone(), namespace)
+                        .get_opt(name)
+                        .await?
+                        .is_none();
+                if !gone {
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }

@@ -117,7 +117,15 @@ pub fn validate(kind: &Kind, object: &mut Value, crd_schema: Option<&Value>) -> 
     }
     use k8s_openapi::api::{coordination, core, discovery, events};
     match (kind.group, kind.kind) {
-        ("", "Service") => typed!(core::v1::Service),
+        ("", "Service") => {
+            typed!(core::v1::Service)?;
+            // As the real server's Service validation: ports are required but for a headless
+            // or ExternalName Service (an apply that would create a bare Service fails here).
+            let spec = object.get("spec");
+            let exempt = spec.is_some_and(|s| s["type"] == "ExternalName" || s["clusterIP"] == "None");
+            let ports = spec.and_then(|s| s["ports"].as_array()).is_some_and(|p| !p.is_empty());
+            if exempt || ports { Ok(()) } else { Err("spec.ports: Required value".into()) }
+        }
         ("", "Node") => typed!(core::v1::Node),
         ("", "Secret") => typed!(core::v1::Secret),
         ("", "Event") => typed!(core::v1::Event),

@@ -125,6 +125,13 @@ enum Bench {
         #[arg(long)]
         quick: bool,
     },
+    /// The control half's cost at rest: API requests and agent memory of three `--kubernetes`
+    /// agents with 1,000 and 10,000 Services, against the lab API server.
+    Control {
+        /// 1,000 Services only: a smoke run of the benchmark itself.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Control path at cluster scale: cold start, endpoint changes, bursts and memory for
     /// 1,000 to 20,000 Services, against kube-proxy's iptables and nftables shapes.
     Scale {
@@ -192,6 +199,11 @@ fn main() -> Result<()> {
             prepare_bench()?;
             let args: &[&str] = if quick { &["--connections", "100", "--spread", "300"] } else { &[] };
             run_bench("bench-bgp", args, (!quick).then_some("bgp"))
+        }
+        Task::Bench { which: Bench::Control { quick } } => {
+            prepare_bench()?;
+            let args: &[&str] = if quick { &["--quick"] } else { &[] };
+            run_bench("bench-control", args, (!quick).then_some("control"))
         }
         Task::Bench { which: Bench::Scale { quick, only } } => {
             prepare_bench()?;

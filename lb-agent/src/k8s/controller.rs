@@ -42,6 +42,8 @@ const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// How often the Lease is renewed or tried (client-go's retryPeriod): a released Lease is
 /// taken within this.
 const LEADER_TICK: Duration = Duration::from_secs(2);
+/// How long after a renewal the leader may still write (client-go's renewDeadline).
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 pub struct Shell {
     pub client: Client,
@@ -159,9 +161,11 @@ impl Shell {
         let (nodes, n) = watch_into(Api::<Node>::all(self.client.clone()), Touch::of_other);
         let mut changes = futures::stream::select_all([g, s, e, n]);
         let lease = LeaseLock::new(self.client.clone(), &self.namespace, self.node.clone(), LEASE_DURATION);
-        let writer = StatusWriter::new(self.client.clone(), self.node.clone());
+        let mut writer = StatusWriter::new(self.client.clone(), self.node.clone());
         let mut tick = tokio::time::interval(LEADER_TICK);
         let mut leading = false;
+        // The Service conditions written while leading (see status::keep_written_times).
+        let mut written = status::Written::new();
         // Since when the Lease's reads or writes fail (the API server is out of reach, say).
         let mut unanswered: Option<std::time::Instant> = None;
         let mut last: Option<Config> = None;
@@ -231,8 +235,12 @@ impl Shell {
                 _ = tick.tick() => {
                     status_due = true;
                     let was = leading;
+                    let tried = std::time::Instant::now();
                     leading = match lease.try_lead().await {
                         Ok(leading) => {
+                            // client-go's renew deadline: writes stop well before the Lease
+                            // could pass to another agent.
+                            writer.lead_until = leading.then(|| tried + RENEW_DEADLINE);
                             if let Some(since) = unanswered.take() {
                                 info!(after = ?since.elapsed(), "the API server answers again");
                             }
@@ -252,6 +260,8 @@ impl Shell {
                     };
                     if leading != was {
                         info!(leading, "leader Lease");
+                        // Another leader may have written since.
+                        written.clear();
                     }
                 }
             }
@@ -361,7 +371,7 @@ impl Shell {
             if leading && let Some(config) = &last {
                 let planned = crate::node_plan::node_plan(config, &self.node);
                 let refused = refused.borrow_and_update().clone();
-                let plan = status::plan(
+                let mut plan = status::plan(
                     &state,
                     &owners.borrow().clone(),
                     &planned,
@@ -369,8 +379,10 @@ impl Shell {
                     &unserved,
                     &Timestamp::now().to_string(),
                 );
+                status::keep_written_times(&mut plan, &written);
                 if plan != status::StatusPlan::default()
-                    && let Err(e) = writer.apply(&plan).await
+                    && let Err(e) =
+                        writer.apply(&plan).await.inspect(|()| written.extend(plan.conditions.clone()))
                 {
                     warn!(error = %e, "writing status failed; retrying on the next change");
                 }

@@ -25,13 +25,16 @@ pub const CONDITION_MANAGER: &str = "lb-agent-conditions";
 pub struct StatusWriter {
     client: Client,
     recorder: Recorder,
+    /// Past this the leader Lease may have passed to another agent: a pass still writing
+    /// stops (a pass of thousands of writes outlasts a renewal; two leaders must not write).
+    pub lead_until: Option<std::time::Instant>,
 }
 
 impl StatusWriter {
     /// `instance` names this agent in Events (its node).
     pub fn new(client: Client, instance: String) -> Self {
         let reporter = Reporter { controller: "lb-agent".into(), instance: Some(instance) };
-        Self { recorder: Recorder::new(client.clone(), reporter), client }
+        Self { recorder: Recorder::new(client.clone(), reporter), client, lead_until: None }
     }
 
     /// Applies `plan`: finalizers first (an address is never published for a Service that
@@ -39,9 +42,11 @@ impl StatusWriter {
     /// group status, and last the releases of deleted Services.
     pub async fn apply(&self, plan: &StatusPlan) -> Result<(), kube::Error> {
         for (namespace, name) in &plan.add_finalizer {
+            self.still_leading()?;
             self.finalizers(namespace, name, &[IPAM_FINALIZER]).await?;
         }
         for ((namespace, name), ips) in &plan.ingress {
+            self.still_leading()?;
             let ingress: Vec<_> =
                 ips.iter().map(|ip| json!({"ip": ip.to_string(), "ipMode": "VIP"})).collect();
             let body = json!({"apiVersion": "v1", "kind": "Service", "status": {"loadBalancer": {"ingress": ingress}}});
@@ -60,6 +65,7 @@ impl StatusWriter {
             self.warn(regarding, reason, message, "Allocate").await?;
         }
         for ((namespace, name), c) in &plan.conditions {
+            self.still_leading()?;
             let condition = json!({
                 "type": SERVICE_CONDITION, "status": c.status, "reason": c.reason, "message": c.message,
                 "observedGeneration": c.observed_generation, "lastTransitionTime": c.last_transition_time,
@@ -70,6 +76,7 @@ impl StatusWriter {
                 .await?;
         }
         for (name, status) in &plan.groups {
+            self.still_leading()?;
             let body =
                 json!({"apiVersion": "lb-agent.io/v1alpha1", "kind": "LoadBalancerGroup", "status": status});
             Api::<LoadBalancerGroup>::all(self.client.clone())
@@ -77,6 +84,7 @@ impl StatusWriter {
                 .await?;
         }
         for (namespace, name) in &plan.release {
+            self.still_leading()?;
             if let Err(e) = self.finalizers(namespace, name, &[]).await {
                 // A release can race the deletion it allowed (a second pass saw the Service
                 // before its removal): the apply would then create a bare Service, which the
@@ -92,6 +100,15 @@ impl StatusWriter {
             }
         }
         Ok(())
+    }
+
+    fn still_leading(&self) -> Result<(), kube::Error> {
+        match self.lead_until {
+            Some(until) if std::time::Instant::now() >= until => Err(kube::Error::Service(
+                "stopped mid-pass: the leader Lease was last renewed too long ago to write on".into(),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// A Warning Event about a LoadBalancerGroup, from this node (e.g. its interface is

@@ -159,7 +159,23 @@ impl Shell {
         let (services, s) = watch_into(Api::<Service>::all(self.client.clone()), Touch::of_service);
         let (slices, e) = watch_into(Api::<EndpointSlice>::all(self.client.clone()), Touch::of_slice);
         let (nodes, n) = watch_into(Api::<Node>::all(self.client.clone()), Touch::of_other);
-        let mut changes = futures::stream::select_all([g, s, e, n]);
+        // The watches run in tasks of their own, so the stores follow the API server while this
+        // loop is busy: a leader's pass of thousands of writes otherwise left its own watches
+        // unread (an HTTP/1 body is read only as it is polled), its cache fell behind for good,
+        // and every pass planned the same writes again (`cargo xtask bench control` found it).
+        let (touches, mut changes) = mpsc::unbounded_channel();
+        let mut watches = tokio::task::JoinSet::new();
+        for mut stream in [g, s, e, n] {
+            let touches = touches.clone();
+            watches.spawn(async move {
+                while let Some(touch) = stream.next().await {
+                    if touches.send(touch).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(touches);
         let lease = LeaseLock::new(self.client.clone(), &self.namespace, self.node.clone(), LEASE_DURATION);
         let mut writer = StatusWriter::new(self.client.clone(), self.node.clone());
         let mut tick = tokio::time::interval(LEADER_TICK);
@@ -181,12 +197,12 @@ impl Shell {
         let mut status_due = true;
         loop {
             tokio::select! {
-                change = changes.next() => {
+                change = changes.recv() => {
                     let Some(touch) = change else { return };
                     pending.record(touch, &mut index);
                     // Handled at once, with every change already queued: a burst is coalesced by
                     // the time a pass takes, not by a fixed wait that every event would pay.
-                    while let Some(Some(touch)) = changes.next().now_or_never() {
+                    while let Ok(touch) = changes.try_recv() {
                         pending.record(touch, &mut index);
                     }
                 }

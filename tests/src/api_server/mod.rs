@@ -188,43 +188,30 @@ impl ApiServer {
             object.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default().to_owned();
         let name = object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
         let mut store = self.inner.store.lock().unwrap();
-        let result = match store.get(kind, &namespace, &name) {
-            Ok(_) => {
-                let status = object.get("status").cloned();
-                let mut r =
-                    store.write(kind, &namespace, &name, "", StoreWrite::Replace(object.clone()), "admin");
-                if let (Ok(_), Some(status), true) = (&r, status, kind.status) {
-                    r = store.write(
-                        kind,
-                        &namespace,
-                        &name,
-                        "status",
-                        StoreWrite::Merge(json!({"status": status})),
-                        "admin",
-                    );
-                }
-                r
+        let status = object.get("status").cloned().filter(|_| kind.status);
+        let stored = match store.get(kind, &namespace, &name) {
+            Ok(_) => store.write(kind, &namespace, &name, "", StoreWrite::Replace(object.clone()), "admin"),
+            Err(_) => store.create(kind, &namespace, object.clone(), "admin"),
+        };
+        // Status goes through its subresource, as a controller's would; watches see both.
+        let result = match (stored, status) {
+            (Ok((_, change)), Some(status)) => {
+                publish(&self.inner, change);
+                store.write(
+                    kind,
+                    &namespace,
+                    &name,
+                    "status",
+                    StoreWrite::Merge(json!({"status": status})),
+                    "admin",
+                )
             }
-            Err(_) => {
-                let status = object.get("status").cloned();
-                let mut r = store.create(kind, &namespace, object.clone(), "admin");
-                if let (Ok(_), Some(status), true) = (&r, status, kind.status) {
-                    r = store.write(
-                        kind,
-                        &namespace,
-                        &name,
-                        "status",
-                        StoreWrite::Merge(json!({"status": status})),
-                        "admin",
-                    );
-                }
-                r
-            }
+            (stored, _) => stored,
         };
         drop(store);
         match result {
             Ok((object, change)) => {
-                let _ = self.inner.changes.send(change);
+                publish(&self.inner, change);
                 object
             }
             Err(f) => panic!("storing {name}: {}", f.message),
@@ -240,7 +227,7 @@ impl ApiServer {
         let kind = kind_named(api_version, kind).expect("a served kind");
         let result = self.inner.store.lock().unwrap().delete(kind, namespace, name);
         if let Ok((_, change)) = result {
-            let _ = self.inner.changes.send(change);
+            publish(&self.inner, change);
         }
     }
 
@@ -295,6 +282,13 @@ impl Drop for ApiServer {
     }
 }
 
+/// Tells the open watches about `change`, unless the write changed nothing.
+fn publish(inner: &Inner, change: Arc<Change>) {
+    if !change.kind_of_change.is_empty() {
+        let _ = inner.changes.send(change);
+    }
+}
+
 fn kind_of(object: &Value) -> Option<&'static Kind> {
     kind_named(object["apiVersion"].as_str()?, object["kind"].as_str()?)
 }
@@ -319,6 +313,12 @@ async fn serve_until(
         let _ = bound.send(addr);
         let app = Router::new().fallback(handle).with_state(inner.clone());
         let mut going_down = up.clone();
+        // As kube-apiserver (Go sets TCP_NODELAY): a watch is a stream of small writes, and
+        // with Nagle each one after an unread stretch waits for the client's delayed ACK, so a
+        // watch that fell behind could never catch up (~50 events a second).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let serving = axum::serve(listener, app).with_graceful_shutdown(async move {
             let _ = going_down.wait_for(|up| !*up).await;
         });
@@ -620,7 +620,7 @@ async fn serve(
                     lease,
                     object: object.clone(),
                 });
-                let _ = inner.changes.send(change);
+                publish(inner, change);
             }
             json_response(if verb == "create" { 201 } else { 200 }, &object)
         }

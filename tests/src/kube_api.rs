@@ -134,6 +134,12 @@ async fn handle(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, bod
     let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     shared.writes.lock().unwrap().push((method.to_string(), path.clone(), value.clone()));
     let mut echo = value;
+    if method == Method::PATCH {
+        // A merge patch's nulls delete: the object a server returns has none of them.
+        let mut applied = json!({});
+        crate::api_server::store::merge_patch(&mut applied, &echo);
+        echo = applied;
+    }
     if echo["metadata"].is_null() {
         let name = path.rsplit('/').find(|s| *s != "status").unwrap_or("x").to_owned();
         echo["metadata"] = json!({"name": name});

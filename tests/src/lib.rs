@@ -15,9 +15,9 @@
 pub mod agent;
 pub mod api_server;
 pub mod cluster;
+pub mod cluster_api;
 pub mod fabric;
 pub mod fixture;
-pub mod kube_api;
 mod netns;
 pub mod packet;
 pub mod scale;

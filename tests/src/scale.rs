@@ -193,11 +193,7 @@ pub fn scale_endpoint_json(i: usize, e: usize, endpoints: usize, generation: u32
 }
 
 /// Service `i`'s EndpointSlice with `endpoints`, at resource version `version`.
-pub fn scale_slice(
-    i: usize,
-    endpoints: Vec<serde_json::Value>,
-    version: u64,
-) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+pub fn scale_slice(i: usize, endpoints: Vec<serde_json::Value>, version: u64) -> lb_agent::k8s::slice::Slice {
     serde_json::from_value(serde_json::json!({
         "metadata": {
             "name": format!("svc-{i}-abcde"),

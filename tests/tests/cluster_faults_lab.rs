@@ -1,145 +1,20 @@
 //! The control half under cluster faults: three agents run `--kubernetes` against one API
-//! server (tests/src/api_server) on the segment, each with the DaemonSet's ServiceAccount as
-//! RBAC sees it. The leader allocates the Service's address and writes status; every agent
-//! reads it back through its watches, elects the VIP's owner and forwards to the pod.
+//! server on the segment (a [`ClusterLab`]).
 //!
 //! What users see is asserted: a session through the VIP, pings without loss, who wrote what
 //! under which leader term.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{Ipv4Addr, SocketAddr},
+    net::Ipv4Addr,
     time::{Duration, Instant},
 };
 
 use lb_lab::{
-    Agent, Host, Lab,
-    agent::AGENT_LISTEN,
-    api_server::{ApiServer, Write},
+    api_server::Write,
+    cluster_api::{ClusterLab, endpoint_slice, service},
 };
-use serde_json::{Value, json};
-
-const API: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 250);
-const API_PORT: u16 = 6443;
-
-struct ClusterLab {
-    // Field order is drop order: agents, then the server, its host, the lab.
-    agents: Vec<Option<Agent>>,
-    api: ApiServer,
-    _api_host: Host,
-    lab: Lab,
-    pod: usize,
-}
-
-fn service(name: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "shop"},
-           "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}]}})
-}
-
-impl ClusterLab {
-    /// Three nodes, a pod on n1, the cluster's objects in the server, an agent on each node.
-    fn new() -> ClusterLab {
-        let mut lab = Lab::new(3);
-        for node in 0..3 {
-            lab.enable_native_xdp(node);
-        }
-        let pod = lab.add_pod(1);
-        let api_host = lab.add_host("api", API, [0x02, 0x1b, 0, 0, 0, 0xaa]);
-        let api = ApiServer::start(Some(&api_host.ns), SocketAddr::from((API, API_PORT)));
-        api.put(json!({"apiVersion": "lb-agent.io/v1alpha1", "kind": "LoadBalancerGroup", "metadata": {"name": "edge"},
-                       "spec": {"interface": "eth0", "addressPools": ["198.51.100.0/29"], "advertInterval": "100ms",
-                                "default": true, "remoteMode": "dsr"}}));
-        for n in &lab.nodes {
-            api.put(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name},
-                           "status": {"addresses": [{"type": "InternalIP", "address": n.ip.to_string()}]}}));
-        }
-        api.put(service("web"));
-        api.put(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-                       "metadata": {"name": "web-1", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
-                       "ports": [{"port": 8080}],
-                       "endpoints": [{"addresses": [lab.pods[pod].ip.to_string()], "nodeName": "n1", "conditions": {"ready": true}}]}));
-        let mut cluster = ClusterLab { agents: Vec::new(), api, _api_host: api_host, lab, pod };
-        for node in 0..3 {
-            let agent = cluster.start_agent(node);
-            cluster.agents.push(Some(agent));
-        }
-        cluster
-    }
-
-    fn start_agent(&self, node: usize) -> Agent {
-        let name = self.lab.nodes[node].name.clone();
-        let kubeconfig = self.api.kubeconfig(&self.lab.path(""), &name, false);
-        let base = format!("interface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\n");
-        let mut agent = self.lab.start_agent_with(
-            node,
-            &base,
-            &["--kubernetes", "--node", &name],
-            &[
-                ("KUBECONFIG", kubeconfig.to_str().unwrap()),
-                ("POD_NAMESPACE", "lb-agent"),
-                ("RUST_LOG", "info"),
-            ],
-        );
-        agent.wait_ready_within(Duration::from_secs(30));
-        agent
-    }
-
-    fn logs(&self) -> String {
-        self.agents.iter().flatten().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n")
-    }
-
-    /// The Service's address, once the leader has published it.
-    fn address(&self, name: &str) -> Option<Ipv4Addr> {
-        self.api
-            .get("v1", "Service", "shop", name)?
-            .pointer("/status/loadBalancer/ingress/0/ip")?
-            .as_str()?
-            .parse()
-            .ok()
-    }
-
-    fn wait_address(&self, name: &str, within: Duration) -> Ipv4Addr {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(ip) = self.address(name) {
-                return ip;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no address published for {name} within {within:?}:\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// The leader Lease's holder, if any.
-    fn leader(&self) -> Option<String> {
-        let lease = self.api.get("coordination.k8s.io/v1", "Lease", "lb-agent", "lb-agent-leader")?;
-        lease.pointer("/spec/holderIdentity")?.as_str().map(str::to_owned)
-    }
-
-    fn node_of(&self, name: &str) -> usize {
-        self.lab.nodes.iter().position(|n| n.name == name).expect("a node's name")
-    }
-
-    fn wait_session(&self, vip: Ipv4Addr) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(s) = self.lab.client.session(vip, 80) {
-                assert_eq!(s.pod(), self.lab.pods[self.pod].name);
-                return;
-            }
-            assert!(Instant::now() < deadline, "no session through {vip}:80:\n{}", self.logs());
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    /// VIPs owned, summed over the running agents.
-    fn owned(&self) -> f64 {
-        self.agents.iter().flatten().map(|a| a.metric("lbagent_owned_vips")).sum()
-    }
-}
+use serde_json::json;
 
 /// The leader's writes: status, finalizers, group status (Events and the Lease are anyone's).
 fn leader_writes(writes: &[Write]) -> Vec<&Write> {
@@ -301,13 +176,9 @@ fn lists_since(cluster: &ClusterLab, since: Instant) -> BTreeMap<String, usize> 
 /// A second endpoint for `web` (a pod on n2): every agent's maps must take it.
 fn add_endpoint(cluster: &mut ClusterLab) -> usize {
     let pod = cluster.lab.add_pod(2);
-    let addresses: Vec<Value> = [cluster.pod, pod]
-        .iter()
-        .map(|p| json!({"addresses": [cluster.lab.pods[*p].ip.to_string()], "nodeName": if *p == pod { "n2" } else { "n1" }, "conditions": {"ready": true}}))
-        .collect();
-    cluster.api.put(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-                   "metadata": {"name": "web-1", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
-                   "ports": [{"port": 8080}], "endpoints": addresses}));
+    let pods = &cluster.lab.pods;
+    let endpoints = [(pods[cluster.pod].ip.into(), "n1"), (pods[pod].ip.into(), "n2")];
+    cluster.api.put(endpoint_slice("web", "web-1", "IPv4", &endpoints));
     pod
 }
 
@@ -574,4 +445,90 @@ fn a_recreated_service_keeps_its_address_and_a_removed_node_takes_its_vips_and_s
         assert!(Instant::now() < deadline, "the group status still names {name}: {status}");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Two agents that both believe they lead: the leader is paused (SIGSTOP) in the middle of a
+/// pass of writes, as a VM stalled by its host would be, and stays paused past its Lease; the
+/// next leader takes over and writes the same Services; the first wakes (SIGCONT) in the middle
+/// of its pass, holding a plan made on what it saw before. A user edits a Service meanwhile.
+/// Nothing is lost: the woken agent writes nothing more (its renew deadline passed while it
+/// slept), no term has two writers, no address is given twice, and the user's edit and every
+/// finalizer stand.
+#[test]
+fn a_leader_paused_mid_pass_wakes_to_a_new_term_and_overwrites_nothing() {
+    let services: Vec<String> = (0..10).map(|i| format!("s{i}")).collect();
+    let pools = json!({"addressPools": ["198.51.100.0/26"], "advertInterval": "100ms"});
+    let cluster = ClusterLab::with(3, false, pools, |lab, pod| {
+        vec![service("web"), endpoint_slice("web", "web-1", "IPv4", &[(lab.pods[pod].ip.into(), "n1")])]
+    });
+    let _server = cluster.lab.pods[cluster.pod].serve(8080);
+    let vip = cluster.wait_address("web", Duration::from_secs(20));
+    cluster.wait_session(vip);
+    let first = cluster.leader().expect("a leader");
+    let paused = cluster.node_of(&first);
+
+    // Ten new Services, each write taking 300 ms: the leader is paused after its first one.
+    cluster.api.set_delay(Duration::from_millis(300));
+    for name in &services {
+        cluster.api.put(service(name));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cluster.api.writes().iter().any(|w| w.client == first && services.contains(&w.name)) {
+        assert!(Instant::now() < deadline, "the leader did not start writing:\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cluster.agents[paused].as_ref().unwrap().signal(libc::SIGSTOP);
+    let paused_at = Instant::now();
+    cluster.api.set_delay(Duration::ZERO);
+
+    // The user relabels `web` (a whole-object replace, as `kubectl edit` does) while the next
+    // leader takes over and writes.
+    let mut web = cluster.api.get("v1", "Service", "shop", "web").unwrap();
+    web["metadata"]["labels"] = json!({"team": "checkout"});
+    cluster.api.put(web);
+    for name in &services {
+        cluster.wait_address(name, Duration::from_secs(30));
+    }
+    let next = cluster.leader().expect("a new leader");
+    assert_ne!(next, first);
+    eprintln!("the next leader had written every address {:?} after the pause", paused_at.elapsed());
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Woken mid-pass, with a Service it has never seen arriving too.
+    cluster.agents[paused].as_ref().unwrap().signal(libc::SIGCONT);
+    let woken_at = Instant::now();
+    cluster.api.put(service("third"));
+    cluster.wait_address("third", Duration::from_secs(10));
+    let woken = cluster.agents[paused].as_ref().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !woken.log_text().contains("leading=false") {
+        assert!(Instant::now() < deadline, "the woken agent still thinks it leads:\n{}", woken.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+
+    let writes = cluster.api.writes();
+    assert_one_writer_per_term(&writes);
+    let stale: Vec<_> =
+        leader_writes(&writes).into_iter().filter(|w| w.at > woken_at && w.client == first).collect();
+    assert!(
+        stale.is_empty(),
+        "the woken agent wrote: {:?}",
+        stale.iter().map(|w| (&w.resource, &w.name)).collect::<Vec<_>>()
+    );
+    let mut given: Vec<Ipv4Addr> = Vec::new();
+    for name in services.iter().map(String::as_str).chain(["web", "third"]) {
+        let stored = cluster.api.get("v1", "Service", "shop", name).unwrap();
+        let finalizers = stored["metadata"]["finalizers"].to_string();
+        assert!(finalizers.contains("lb-agent.io/"), "{name} lost its finalizer: {stored}");
+        let addresses = cluster.addresses(name);
+        assert_eq!(addresses.len(), 1, "{name}: {stored}");
+        given.push(cluster.address(name).unwrap());
+    }
+    let distinct: BTreeSet<_> = given.iter().collect();
+    assert_eq!(distinct.len(), given.len(), "an address given twice: {given:?}");
+    let web = cluster.api.get("v1", "Service", "shop", "web").unwrap();
+    assert_eq!(web["metadata"]["labels"]["team"], "checkout", "the user's edit was lost: {web}");
+    assert_eq!(cluster.address("web"), Some(vip), "web's address changed");
+    cluster.wait_session(vip);
 }

@@ -131,6 +131,9 @@ enum Bench {
         /// 1,000 Services only: a smoke run of the benchmark itself.
         #[arg(long)]
         quick: bool,
+        /// One size only (the book's table is left as it is).
+        #[arg(long)]
+        only: Option<u32>,
     },
     /// Control path at cluster scale: cold start, endpoint changes, bursts and memory for
     /// 1,000 to 20,000 Services, against kube-proxy's iptables and nftables shapes.
@@ -200,10 +203,17 @@ fn main() -> Result<()> {
             let args: &[&str] = if quick { &["--connections", "100", "--spread", "300"] } else { &[] };
             run_bench("bench-bgp", args, (!quick).then_some("bgp"))
         }
-        Task::Bench { which: Bench::Control { quick } } => {
+        Task::Bench { which: Bench::Control { quick, only } } => {
             prepare_bench()?;
-            let args: &[&str] = if quick { &["--quick"] } else { &[] };
-            run_bench("bench-control", args, (!quick).then_some("control"))
+            let only = only.map(|n| n.to_string());
+            let mut args = Vec::new();
+            if quick {
+                args.push("--quick");
+            }
+            if let Some(n) = &only {
+                args.extend(["--only", n]);
+            }
+            run_bench("bench-control", &args, (!quick && only.is_none()).then_some("control"))
         }
         Task::Bench { which: Bench::Scale { quick, only } } => {
             prepare_bench()?;

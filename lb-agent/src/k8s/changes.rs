@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use super::slice::Slice;
 use kube::runtime::watcher::Event;
 
 /// The label that ties an EndpointSlice to its Service.
@@ -42,8 +42,8 @@ impl Touch {
     }
 
     /// An EndpointSlice watch's event.
-    pub fn of_slice(event: &Event<EndpointSlice>) -> Self {
-        let slice = |s: &EndpointSlice, deleted: bool| Touch::Slice {
+    pub fn of_slice(event: &Event<Slice>) -> Self {
+        let slice = |s: &Slice, deleted: bool| Touch::Slice {
             namespace: s.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
             name: s.metadata.name.clone().unwrap_or_default(),
             service: if deleted { None } else { service_of(s).map(str::to_owned) },
@@ -66,7 +66,7 @@ impl Touch {
 }
 
 /// The Service an EndpointSlice belongs to, by its label.
-pub fn service_of(slice: &EndpointSlice) -> Option<&str> {
+pub fn service_of(slice: &Slice) -> Option<&str> {
     slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL).map(String::as_str)
 }
 
@@ -79,7 +79,7 @@ pub struct SliceIndex {
 
 impl SliceIndex {
     /// The index of `slices` (after a relist).
-    pub fn of<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> Self {
+    pub fn of<'a>(slices: impl IntoIterator<Item = &'a Slice>) -> Self {
         let mut index = Self::default();
         for slice in slices {
             let namespace = slice.metadata.namespace.clone().unwrap_or_else(|| "default".into());
@@ -168,7 +168,7 @@ impl Pending {
 mod tests {
     use super::*;
 
-    fn slice(name: &str, service: Option<&str>) -> EndpointSlice {
+    fn slice(name: &str, service: Option<&str>) -> Slice {
         let labels = service.map_or(String::new(), |s| format!(", labels: {{{SERVICE_NAME_LABEL}: {s}}}"));
         serde_yaml::from_str(&format!(
             "metadata: {{name: {name}, namespace: ns{labels}}}\naddressType: IPv4\nendpoints: []"

@@ -4,12 +4,9 @@
 
 use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
-use k8s_openapi::api::{
-    core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::core::v1::{Node, Service};
 
-use super::crd::LoadBalancerGroup;
+use super::{crd::LoadBalancerGroup, slice::Slice};
 
 /// The objects a plan is made from, shared with the watch stores they come from (a snapshot
 /// per event costs a pointer per object, not a deep copy).
@@ -17,7 +14,7 @@ use super::crd::LoadBalancerGroup;
 pub struct ClusterState {
     pub groups: Vec<Arc<LoadBalancerGroup>>,
     pub services: Vec<Arc<Service>>,
-    pub slices: Vec<Arc<EndpointSlice>>,
+    pub slices: Vec<Arc<Slice>>,
     pub nodes: Vec<Arc<Node>>,
     /// This node's interface towards each group's `interfaceFromIP` (looked up by the shell).
     pub routes: BTreeMap<std::net::IpAddr, String>,

@@ -9,10 +9,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use futures::{FutureExt, StreamExt, stream::BoxStream};
 use k8s_openapi::{
-    api::{
-        core::v1::{Node, Service},
-        discovery::v1::EndpointSlice,
-    },
+    api::core::v1::{Node, Service},
     jiff::Timestamp,
 };
 use kube::{
@@ -31,8 +28,10 @@ use super::{
     cluster::ClusterState,
     crd::LoadBalancerGroup,
     lease::LeaseLock,
+    slice::Slice,
     source::{self, Changed, ServiceObjects, Translator},
     status,
+    trim::Trim,
     writer::StatusWriter,
 };
 use crate::config::Config;
@@ -57,10 +56,11 @@ pub struct Shell {
     pub namespace: String,
 }
 
-/// A watch into a store, and what each of its events touched (see [`Touch`]).
+/// A watch into a store of trimmed objects (see [`Trim`]), and what each of its events
+/// touched (see [`Touch`]).
 fn watch_into<K>(api: Api<K>, touch: fn(&watcher::Event<K>) -> Touch) -> (Store<K>, BoxStream<'static, Touch>)
 where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K: Resource + Trim + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (reader, writer) = reflector::store();
@@ -70,6 +70,7 @@ where
     let mut failing = false;
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
+        .modify(Trim::trim)
         .reflect(writer)
         .map(move |event| match event {
             Ok(event) => {
@@ -102,7 +103,7 @@ where
 fn objects_of(
     pending: &Pending,
     services: &Store<Service>,
-    slices: &Store<EndpointSlice>,
+    slices: &Store<Slice>,
     index: &SliceIndex,
 ) -> Vec<ServiceObjects> {
     pending
@@ -157,7 +158,7 @@ impl Shell {
         let mut reported_impersonations = Impersonations::new();
         let (groups, g) = watch_into(Api::<LoadBalancerGroup>::all(self.client.clone()), Touch::of_other);
         let (services, s) = watch_into(Api::<Service>::all(self.client.clone()), Touch::of_service);
-        let (slices, e) = watch_into(Api::<EndpointSlice>::all(self.client.clone()), Touch::of_slice);
+        let (slices, e) = watch_into(Api::<Slice>::all(self.client.clone()), Touch::of_slice);
         let (nodes, n) = watch_into(Api::<Node>::all(self.client.clone()), Touch::of_other);
         // The watches run in tasks of their own, so the stores follow the API server while this
         // loop is busy: a leader's pass of thousands of writes otherwise left its own watches
@@ -179,6 +180,8 @@ impl Shell {
         let lease = LeaseLock::new(self.client.clone(), &self.namespace, self.node.clone(), LEASE_DURATION);
         let mut writer = StatusWriter::new(self.client.clone(), self.node.clone());
         let mut tick = tokio::time::interval(LEADER_TICK);
+        // After a long pass, one renewal, not one for every tick missed meanwhile.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut leading = false;
         // The Service conditions written while leading (see status::keep_written_times).
         let mut written = status::Written::new();

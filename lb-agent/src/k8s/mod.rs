@@ -3,6 +3,8 @@
 //! - `crd`: the `LoadBalancerGroup` resource and the names (`lb-agent.io`).
 //! - `ipam`: LoadBalancer address allocation (pure).
 //! - `binding`: which group serves a Service, and what is refused (pure).
+//! - `slice`: an EndpointSlice as the agent keeps it, and `trim`: what the watch stores keep
+//!   of the other objects (pure).
 //! - `changes`: which Services each watch event touched (pure).
 //! - `cluster`: the snapshot of cluster objects plans are made from (pure).
 //! - `source`: cluster objects to the same `Config` the standalone YAML gives (pure).
@@ -18,6 +20,8 @@ pub mod controller;
 pub mod crd;
 pub mod ipam;
 pub mod lease;
+pub mod slice;
 pub mod source;
 pub mod status;
+pub mod trim;
 pub mod writer;

@@ -20,10 +20,7 @@ use std::{
 };
 
 use foldhash::fast::FixedState;
-use k8s_openapi::api::{
-    core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::core::v1::{Node, Service};
 use serde_json::{Value, json};
 use smallvec::SmallVec;
 
@@ -31,6 +28,7 @@ use super::{
     binding::{Bound, Refusal, bind},
     cluster::{ClusterState, current_ingress},
     crd::{LoadBalancerGroup, RemoteMode},
+    slice::Slice,
 };
 use crate::config::{Config, GroupConfig, GroupVip, Protocol, ServiceConfig};
 
@@ -106,7 +104,7 @@ pub struct ServiceObjects {
     pub name: String,
     /// `None`: deleted.
     pub service: Option<Arc<Service>>,
-    pub slices: Vec<Arc<EndpointSlice>>,
+    pub slices: Vec<Arc<Slice>>,
 }
 
 /// The groups' published VRIDs and this node's routes: inputs of the groups' configs only.
@@ -163,7 +161,7 @@ impl Context {
 struct Translated {
     service: Arc<Service>,
     /// Its EndpointSlices, in name order.
-    slices: Vec<Arc<EndpointSlice>>,
+    slices: Vec<Arc<Slice>>,
     bound: Option<Bound>,
     refusals: Vec<Refusal>,
     /// Why it is bound but not served, if it is not.
@@ -198,7 +196,7 @@ impl Translated {
 impl Translated {
     /// Whether it was made from these objects: the same allocations, or (after a relist, which
     /// replaces every allocation) the same resource versions. Takes the new allocations over.
-    fn made_from(&mut self, service: &Arc<Service>, slices: &[&Arc<EndpointSlice>]) -> bool {
+    fn made_from(&mut self, service: &Arc<Service>, slices: &[&Arc<Slice>]) -> bool {
         let same = same_object(&self.service, service)
             && self.slices.len() == slices.len()
             && self.slices.iter().zip(slices).all(|(a, b)| same_object(a, b));
@@ -239,11 +237,11 @@ type GroupsByName<'a> = HashMap<&'a str, (&'a LoadBalancerGroup, &'a [Member]), 
 type GroupOutput = (Vec<GroupVip>, Vec<Arc<ServiceConfig>>);
 
 /// A Service's EndpointSlices: most have one, which takes no allocation.
-type SlicesOf<'a> = SmallVec<[&'a Arc<EndpointSlice>; 1]>;
+type SlicesOf<'a> = SmallVec<[&'a Arc<Slice>; 1]>;
 
 /// EndpointSlices by the Service they belong to, (namespace, `kubernetes.io/service-name`),
 /// each Service's in name order.
-fn slices_by_service(slices: &[Arc<EndpointSlice>]) -> HashMap<(&str, &str), SlicesOf<'_>, FixedState> {
+fn slices_by_service(slices: &[Arc<Slice>]) -> HashMap<(&str, &str), SlicesOf<'_>, FixedState> {
     let mut index: HashMap<(&str, &str), SlicesOf<'_>, FixedState> =
         HashMap::with_capacity_and_hasher(slices.len(), FixedState::default());
     for slice in slices {
@@ -264,7 +262,7 @@ fn slices_by_service(slices: &[Arc<EndpointSlice>]) -> HashMap<(&str, &str), Sli
 fn slices_of<'i, 'a>(
     index: &'i HashMap<(&'a str, &'a str), SlicesOf<'a>, FixedState>,
     service: &'a Service,
-) -> &'i [&'a Arc<EndpointSlice>] {
+) -> &'i [&'a Arc<Slice>] {
     let key = (
         service.metadata.namespace.as_deref().unwrap_or("default"),
         service.metadata.name.as_deref().unwrap_or_default(),
@@ -359,7 +357,7 @@ impl Translator {
                 fresh.push((key, None));
                 continue;
             };
-            let slices: Vec<&Arc<EndpointSlice>> = objects.slices.iter().collect();
+            let slices: Vec<&Arc<Slice>> = objects.slices.iter().collect();
             if let Some(old) = old
                 && old.made_from(&service, &slices)
             {
@@ -561,7 +559,7 @@ pub fn group_interface(group: &LoadBalancerGroup, state: &ClusterState) -> Resul
 /// service entries (one per VIP).
 fn translate_service(
     service: &Arc<Service>,
-    slices: &[&Arc<EndpointSlice>],
+    slices: &[&Arc<Slice>],
     all_groups: &[Arc<LoadBalancerGroup>],
     groups: &GroupsByName<'_>,
 ) -> Result<Translated, String> {
@@ -588,7 +586,7 @@ fn translate_service(
     for address in &addresses {
         // The VIP's family's EndpointSlices: an IPv6 VIP forwards to IPv6 pods.
         let address_type = if address.is_ipv4() { "IPv4" } else { "IPv6" };
-        let mine: Vec<&EndpointSlice> =
+        let mine: Vec<&Slice> =
             slices.iter().map(|s| s.as_ref()).filter(|s| s.address_type == address_type).collect();
         let eligible =
             eligible_members(members, address.is_ipv6(), local.then(|| ready_endpoint_nodes(&mine)));
@@ -699,7 +697,7 @@ fn published<A: serde::de::DeserializeOwned>(node: &Node, annotation: &str) -> B
 }
 
 /// Nodes with a ready endpoint in a Service's `slices`.
-fn ready_endpoint_nodes(slices: &[&EndpointSlice]) -> std::collections::BTreeSet<String> {
+fn ready_endpoint_nodes(slices: &[&Slice]) -> std::collections::BTreeSet<String> {
     slices
         .iter()
         .flat_map(|s| s.endpoints.iter())
@@ -722,7 +720,7 @@ fn service_document(
     bound: &Bound,
     service: &Service,
     vip: IpAddr,
-    mine: &[&EndpointSlice],
+    mine: &[&Slice],
     mode: RemoteMode,
 ) -> Value {
     let spec = service.spec.clone().unwrap_or_default();
@@ -1195,7 +1193,7 @@ services:
             *s = Arc::new(Service::clone(s));
         }
         for s in &mut state.slices {
-            *s = Arc::new(EndpointSlice::clone(s));
+            *s = Arc::new(Slice::clone(s));
         }
         assert_eq!(
             translator.translate(&state, &base).unwrap().config,
@@ -1230,7 +1228,7 @@ services:
     }
 
     /// A Service `s{i}` at 198.51.100.{i}, port `port`, and its EndpointSlice, at version `v`.
-    fn numbered(i: u8, port: u16, endpoint: u8, v: u32) -> (Arc<Service>, Arc<EndpointSlice>) {
+    fn numbered(i: u8, port: u16, endpoint: u8, v: u32) -> (Arc<Service>, Arc<Slice>) {
         let service = serde_yaml::from_str(&format!(
             "metadata: {{name: s{i}, namespace: ns, uid: u{i}, resourceVersion: '{v}'}}\n\
              spec: {{type: LoadBalancer, ports: [{{port: {port}}}]}}\n\

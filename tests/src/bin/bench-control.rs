@@ -28,11 +28,19 @@ const ENDPOINTS: usize = 10;
 const AT_REST: Duration = Duration::from_secs(60);
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let sizes: &[usize] = if quick { &[1_000] } else { &[1_000, 10_000] };
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--only N`: one size, to look into one row.
+    let only =
+        args.iter().position(|a| a == "--only").map(|i| args[i + 1].parse::<usize>().expect("--only N"));
+    let sizes = match only {
+        Some(n) => vec![n],
+        None if quick => vec![1_000],
+        None => vec![1_000, 10_000],
+    };
     println!("| Services × 10 | agent | API requests per minute at rest | what they were | agent RSS |");
     println!("|---|---|---|---|---|");
-    for &n in sizes {
+    for n in sizes {
         eprintln!("== {n} Services × {ENDPOINTS} endpoints, three agents");
         for row in measure(n) {
             println!("{row}");

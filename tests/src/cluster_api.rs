@@ -1,0 +1,203 @@
+//! A lab cluster: agents run `--kubernetes` against one lab API server ([`crate::api_server`])
+//! on the segment, each with the DaemonSet's ServiceAccount as RBAC sees it. The test writes
+//! objects as an admin would; the leader allocates addresses and writes status; every agent
+//! reads it back through its watches, elects each VIP's owner and forwards to the pods.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+
+use crate::{Agent, Host, Lab, agent::AGENT_LISTEN, api_server::ApiServer};
+
+pub const API: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 250);
+pub const API_PORT: u16 = 6443;
+/// Where the Services live.
+pub const NAMESPACE: &str = "shop";
+
+pub struct ClusterLab {
+    // Field order is drop order: agents, then the server, its host, the lab.
+    pub agents: Vec<Option<Agent>>,
+    pub api: ApiServer,
+    _api_host: Host,
+    pub lab: Lab,
+    /// The pod (on n1) `web`'s EndpointSlice names.
+    pub pod: usize,
+}
+
+/// A LoadBalancer Service in [`NAMESPACE`], port 80 to the pods' 8080.
+pub fn service(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NAMESPACE},
+           "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}]}})
+}
+
+/// An EndpointSlice of `service`'s with one ready endpoint per `(address, node)`.
+pub fn endpoint_slice(service: &str, name: &str, family: &str, endpoints: &[(IpAddr, &str)]) -> Value {
+    let endpoints: Vec<Value> = endpoints
+        .iter()
+        .map(|(ip, node)| json!({"addresses": [ip.to_string()], "nodeName": node, "conditions": {"ready": true}}))
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": family,
+           "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"kubernetes.io/service-name": service}},
+           "ports": [{"port": 8080}], "endpoints": endpoints})
+}
+
+/// The LoadBalancerGroup `edge` every node joins, with `spec` (the interface is eth0).
+pub fn group(spec: Value) -> Value {
+    let mut group = json!({"apiVersion": "lb-agent.io/v1alpha1", "kind": "LoadBalancerGroup", "metadata": {"name": "edge"},
+                           "spec": {"interface": "eth0", "default": true, "remoteMode": "dsr"}});
+    crate::api_server::store::merge_patch(&mut group["spec"], &spec);
+    group
+}
+
+impl ClusterLab {
+    /// Three nodes, group `edge` (one IPv4 pool, VRRP every 100 ms), and `web` with its pod
+    /// on n1; an agent on each node.
+    pub fn new() -> ClusterLab {
+        ClusterLab::with(
+            3,
+            false,
+            json!({"addressPools": ["198.51.100.0/29"], "advertInterval": "100ms"}),
+            |lab, pod| {
+                vec![
+                    service("web"),
+                    endpoint_slice("web", "web-1", "IPv4", &[(lab.pods[pod].ip.into(), "n1")]),
+                ]
+            },
+        )
+    }
+
+    /// `nodes` nodes with native XDP (and IPv6 when `ipv6`), a pod on n1, the group `edge`
+    /// with `group_spec`, a Node for each node, then `objects(lab, pod)`; an agent on each node.
+    pub fn with(
+        nodes: usize,
+        ipv6: bool,
+        group_spec: Value,
+        objects: impl FnOnce(&Lab, usize) -> Vec<Value>,
+    ) -> ClusterLab {
+        let mut lab = Lab::new(nodes);
+        if ipv6 {
+            lab.enable_ipv6();
+        }
+        for node in 0..nodes {
+            lab.enable_native_xdp(node);
+        }
+        let pod = lab.add_pod(1);
+        let api_host = lab.add_host("api", API, [0x02, 0x1b, 0, 0, 0, 0xaa]);
+        let api = ApiServer::start(Some(&api_host.ns), SocketAddr::from((API, API_PORT)));
+        api.put(group(group_spec));
+        for n in &lab.nodes {
+            api.put(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name},
+                           "status": {"addresses": [{"type": "InternalIP", "address": n.ip.to_string()}]}}));
+        }
+        for object in objects(&lab, pod) {
+            api.put(object);
+        }
+        let mut cluster = ClusterLab { agents: Vec::new(), api, _api_host: api_host, lab, pod };
+        for node in 0..nodes {
+            let agent = cluster.start_agent(node);
+            cluster.agents.push(Some(agent));
+        }
+        cluster
+    }
+
+    pub fn start_agent(&self, node: usize) -> Agent {
+        let name = self.lab.nodes[node].name.clone();
+        let kubeconfig = self.api.kubeconfig(&self.lab.path(""), &name, false);
+        let base = format!("interface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\n");
+        let mut agent = self.lab.start_agent_with(
+            node,
+            &base,
+            &["--kubernetes", "--node", &name],
+            &[
+                ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+                ("POD_NAMESPACE", "lb-agent"),
+                ("RUST_LOG", "info"),
+            ],
+        );
+        agent.wait_ready_within(Duration::from_secs(30));
+        agent
+    }
+
+    pub fn logs(&self) -> String {
+        self.agents.iter().flatten().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n")
+    }
+
+    /// The Service's addresses, as the leader published them.
+    pub fn addresses(&self, name: &str) -> Vec<IpAddr> {
+        let Some(service) = self.api.get("v1", "Service", NAMESPACE, name) else { return Vec::new() };
+        let ingress = service.pointer("/status/loadBalancer/ingress").and_then(Value::as_array);
+        ingress.into_iter().flatten().filter_map(|i| i["ip"].as_str()?.parse().ok()).collect()
+    }
+
+    /// The Service's (first) IPv4 address, once the leader has published it.
+    pub fn address(&self, name: &str) -> Option<Ipv4Addr> {
+        self.addresses(name).into_iter().find_map(|ip| match ip {
+            IpAddr::V4(ip) => Some(ip),
+            IpAddr::V6(_) => None,
+        })
+    }
+
+    pub fn wait_address(&self, name: &str, within: Duration) -> Ipv4Addr {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(ip) = self.address(name) {
+                return ip;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no address published for {name} within {within:?}:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The leader Lease's holder, if any.
+    pub fn leader(&self) -> Option<String> {
+        let lease = self.api.get("coordination.k8s.io/v1", "Lease", "lb-agent", "lb-agent-leader")?;
+        lease.pointer("/spec/holderIdentity")?.as_str().map(str::to_owned)
+    }
+
+    pub fn node_of(&self, name: &str) -> usize {
+        self.lab.nodes.iter().position(|n| n.name == name).expect("a node's name")
+    }
+
+    /// Waits for a session through `vip`:80 to reach `pod`, and returns it.
+    pub fn session_to(&self, vip: impl Into<IpAddr>, pod: usize) -> crate::cluster::Session {
+        let vip = vip.into();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(s) = self.lab.client.session(vip, 80)
+                && s.pod() == self.lab.pods[pod].name
+            {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no session through [{vip}]:80 to {}:\n{}",
+                self.lab.pods[pod].name,
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Waits for a session through `vip`:80 to `web`'s pod.
+    pub fn wait_session(&self, vip: Ipv4Addr) {
+        self.session_to(vip, self.pod);
+    }
+
+    /// VIPs owned, summed over the running agents.
+    pub fn owned(&self) -> f64 {
+        self.agents.iter().flatten().map(|a| a.metric("lbagent_owned_vips")).sum()
+    }
+}
+
+impl Default for ClusterLab {
+    fn default() -> Self {
+        ClusterLab::new()
+    }
+}

@@ -190,6 +190,23 @@ impl ClusterLab {
         self.session_to(vip, self.pod);
     }
 
+    /// Makes the API server unreachable (`true`: every packet to or from it dropped, so
+    /// connections hang rather than fail, as behind a partition), or reachable again.
+    pub fn set_unreachable(&self, unreachable: bool) {
+        let ns = &self._api_host.ns;
+        if unreachable {
+            let rules = "table inet partition {\n\
+                 chain in { type filter hook input priority 0; policy drop; }\n\
+                 chain out { type filter hook output priority 0; policy drop; }\n}\n";
+            let file = self.lab.path("partition.nft");
+            std::fs::write(&file, rules).expect("writing the partition rules");
+            let out = ns.run_cmd(&["nft", "-f", file.to_str().unwrap()]);
+            assert!(out.status.success(), "nft: {}", String::from_utf8_lossy(&out.stderr));
+        } else {
+            ns.run_cmd(&["nft", "delete", "table", "inet", "partition"]);
+        }
+    }
+
     /// VIPs owned, summed over the running agents.
     pub fn owned(&self) -> f64 {
         self.agents.iter().flatten().map(|a| a.metric("lbagent_owned_vips")).sum()

@@ -157,6 +157,43 @@ fn an_api_server_down_for_a_minute_loses_no_reply_and_changes_nothing_when_back(
     cluster.wait_session(vip);
 }
 
+/// A partition: packets to and from the API server are dropped, so requests and watches hang
+/// instead of failing. Forwarding carries on and the outage is logged; once it heals, a change
+/// lands on every agent within seconds.
+#[test]
+fn an_api_server_behind_a_partition_loses_no_reply_and_changes_land_soon_after() {
+    let mut cluster = ClusterLab::new();
+    let _server = cluster.lab.pods[cluster.pod].serve(8080);
+    let vip = cluster.wait_address("web", Duration::from_secs(20));
+    cluster.wait_session(vip);
+    std::thread::sleep(Duration::from_secs(3));
+    let pings = cluster.lab.client.ping_every_5ms(vip, 7_000);
+    cluster.set_unreachable(true);
+    let cut_at = Instant::now();
+    while cut_at.elapsed() < Duration::from_secs(30) {
+        assert_eq!(cluster.owned(), 1.0, "one owner of the VIP throughout:\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    cluster.set_unreachable(false);
+    let healed_at = Instant::now();
+    add_endpoint(&mut cluster);
+    wait_backends(&cluster, 2.0, Duration::from_secs(60));
+    let landed = healed_at.elapsed();
+    let output = pings.join().unwrap();
+    let summary = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        summary.contains(" 0% packet loss"),
+        "pings through the partition: {summary}\n{}",
+        cluster.logs()
+    );
+    eprintln!("partition of 30 s: the next endpoint change landed on every agent {landed:?} after it healed");
+    // Each request but a watch is bounded (5 s), so nothing waits on TCP's retransmissions
+    // (without the bound: ~25 s, the shell's loop held by a Lease renewal throughout).
+    assert!(landed <= Duration::from_secs(10), "the change landed {landed:?} after the partition healed");
+    assert!(log_lines(&cluster, "the API server answers again") >= 3, "{}", cluster.logs());
+    assert_eq!(cluster.owned(), 1.0);
+}
+
 /// Lines of every running agent's log containing `text`.
 fn log_lines(cluster: &ClusterLab, text: &str) -> usize {
     cluster.agents.iter().flatten().map(|a| a.log_text().lines().filter(|l| l.contains(text)).count()).sum()

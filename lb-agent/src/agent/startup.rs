@@ -59,8 +59,8 @@ pub async fn run(
     let (refused_tx, refused_rx) = watch::channel(BTreeMap::new());
     if let Some(source) = kubernetes {
         // The client's buffer task runs where it is made.
-        let client = background
-            .spawn(kube::Client::try_default())
+        let (client, requests) = background
+            .spawn(crate::k8s::controller::clients())
             .await
             .map_err(|e| Error::io("starting the Kubernetes client", std::io::Error::other(e)))?
             .map_err(Error::Kube)?;
@@ -72,6 +72,7 @@ pub async fn run(
         base.node = Some(node.clone());
         let shell = crate::k8s::controller::Shell {
             client,
+            requests,
             netlink: within(&background, netdev::connect)?,
             base,
             node: node.clone(),

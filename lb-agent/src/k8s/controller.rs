@@ -43,9 +43,30 @@ const LEASE_DURATION: Duration = Duration::from_secs(15);
 const LEADER_TICK: Duration = Duration::from_secs(2);
 /// How long after a renewal the leader may still write (client-go's renewDeadline).
 const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+/// How long any request but a watch may take to connect, and then to be answered. kube's
+/// client waits for an answer for ever by default: behind a partition a Lease renewal waited
+/// on TCP's retransmissions, held the shell's loop throughout (no outage logged), and let go
+/// ~25 s after the partition healed (cluster_faults_lab).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The shell's clients, from the environment (kubeconfig or in-cluster): `(watches,
+/// requests)`. Watches keep kube's defaults (the watcher has its own idle timeout); every
+/// other request gets [`REQUEST_TIMEOUT`], and a request that times out is tried again at the
+/// next tick or pass.
+pub async fn clients() -> Result<(Client, Client), kube::Error> {
+    let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+    let watches = Client::try_from(config.clone())?;
+    let mut bounded = config;
+    bounded.connect_timeout = Some(REQUEST_TIMEOUT);
+    bounded.read_timeout = Some(REQUEST_TIMEOUT);
+    Ok((watches, Client::try_from(bounded)?))
+}
 
 pub struct Shell {
+    /// For the watches.
     pub client: Client,
+    /// For the Lease and every write (see [`clients`]).
+    pub requests: Client,
     /// For `interfaceFromIP`: which interface this node routes each address through.
     pub netlink: rtnetlink::Handle,
     /// The agent-level settings (interface, listen, data plane) the cluster's groups and
@@ -177,8 +198,8 @@ impl Shell {
             });
         }
         drop(touches);
-        let lease = LeaseLock::new(self.client.clone(), &self.namespace, self.node.clone(), LEASE_DURATION);
-        let mut writer = StatusWriter::new(self.client.clone(), self.node.clone());
+        let lease = LeaseLock::new(self.requests.clone(), &self.namespace, self.node.clone(), LEASE_DURATION);
+        let mut writer = StatusWriter::new(self.requests.clone(), self.node.clone());
         let mut tick = tokio::time::interval(LEADER_TICK);
         // After a long pass, one renewal, not one for every tick missed meanwhile.
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -473,7 +494,7 @@ impl Shell {
             source::GROUP_ADDRESSES_ANNOTATION: annotation(&addresses.ipv4),
             source::GROUP_ADDRESSES6_ANNOTATION: annotation(&addresses.ipv6),
         }}});
-        let api: Api<Node> = Api::all(self.client.clone());
+        let api: Api<Node> = Api::all(self.requests.clone());
         match api
             .patch(&self.node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
             .await
@@ -660,7 +681,8 @@ mod tests {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         tokio::spawn(api_server(handle, writes.clone(), fixture));
         let shell = Shell {
-            client: Client::new(service, "default"),
+            client: Client::new(service.clone(), "default"),
+            requests: Client::new(service, "default"),
             netlink: crate::netdev::connect().unwrap(),
             base: Config::parse("interface: eth0\nnode: n0\n").unwrap(),
             node: "n0".into(),

@@ -185,6 +185,15 @@ impl ClusterLab {
         }
     }
 
+    /// Serves `web`'s pod, waits for `web`'s address and a session through it to the pod;
+    /// returns the pod's server and the address.
+    pub fn serve_web(&self) -> (crate::Process, Ipv4Addr) {
+        let server = self.lab.pods[self.pod].serve(8080);
+        let vip = self.wait_address("web", Duration::from_secs(20));
+        self.wait_session(vip);
+        (server, vip)
+    }
+
     /// Waits for a session through `vip`:80 to `web`'s pod.
     pub fn wait_session(&self, vip: Ipv4Addr) {
         self.session_to(vip, self.pod);

@@ -44,9 +44,7 @@ fn assert_one_writer_per_term(writes: &[Write]) {
 #[test]
 fn leadership_moves_on_a_kill_within_the_lease_and_at_once_on_a_graceful_stop() {
     let mut cluster = ClusterLab::new();
-    let _server = cluster.lab.pods[cluster.pod].serve(8080);
-    let vip = cluster.wait_address("web", Duration::from_secs(20));
-    cluster.wait_session(vip);
+    let (_server, vip) = cluster.serve_web();
     let first = cluster.leader().expect("a leader");
 
     // SIGKILL: no release; another agent leads once the Lease (15 s) has run out.
@@ -101,9 +99,7 @@ fn leadership_moves_on_a_kill_within_the_lease_and_at_once_on_a_graceful_stop() 
 #[test]
 fn an_api_server_down_for_a_minute_loses_no_reply_and_changes_nothing_when_back() {
     let cluster = ClusterLab::new();
-    let _server = cluster.lab.pods[cluster.pod].serve(8080);
-    let vip = cluster.wait_address("web", Duration::from_secs(20));
-    cluster.wait_session(vip);
+    let (_server, vip) = cluster.serve_web();
     // Settle: the owner elected, status written.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(cluster.owned(), 1.0);
@@ -163,9 +159,7 @@ fn an_api_server_down_for_a_minute_loses_no_reply_and_changes_nothing_when_back(
 #[test]
 fn an_api_server_behind_a_partition_loses_no_reply_and_changes_land_soon_after() {
     let mut cluster = ClusterLab::new();
-    let _server = cluster.lab.pods[cluster.pod].serve(8080);
-    let vip = cluster.wait_address("web", Duration::from_secs(20));
-    cluster.wait_session(vip);
+    let (_server, vip) = cluster.serve_web();
     std::thread::sleep(Duration::from_secs(3));
     let pings = cluster.lab.client.ping_every_5ms(vip, 7_000);
     cluster.set_unreachable(true);
@@ -230,9 +224,7 @@ fn wait_backends(cluster: &ClusterLab, backends: f64, within: Duration) {
 #[test]
 fn an_expired_watch_relists_without_a_flap_or_a_ring_rewritten() {
     let mut cluster = ClusterLab::new();
-    let _server = cluster.lab.pods[cluster.pod].serve(8080);
-    let vip = cluster.wait_address("web", Duration::from_secs(20));
-    cluster.wait_session(vip);
+    let (_server, vip) = cluster.serve_web();
     std::thread::sleep(Duration::from_secs(3));
     let (transitions, syncs) =
         (log_lines(&cluster, "VRRP transition"), log_lines(&cluster, "service maps updated"));
@@ -268,9 +260,7 @@ fn an_expired_watch_relists_without_a_flap_or_a_ring_rewritten() {
 #[test]
 fn a_slow_and_throttling_api_server_is_backed_off_from_and_changes_still_land() {
     let mut cluster = ClusterLab::new();
-    let _server = cluster.lab.pods[cluster.pod].serve(8080);
-    let vip = cluster.wait_address("web", Duration::from_secs(20));
-    cluster.wait_session(vip);
+    let (_server, vip) = cluster.serve_web();
     std::thread::sleep(Duration::from_secs(3));
 
     // At rest: watches and the Lease only.
@@ -365,9 +355,7 @@ fn moved_from(cluster: &ClusterLab, vip: Ipv4Addr, node: usize) -> usize {
 #[test]
 fn rolling_restarts_keep_one_owner_and_each_new_owner_answers() {
     let mut cluster = ClusterLab::new();
-    let _server = cluster.lab.pods[cluster.pod].serve(8080);
-    let vip = cluster.wait_address("web", Duration::from_secs(20));
-    cluster.wait_session(vip);
+    let (_server, vip) = cluster.serve_web();
     settled_answer(&cluster, vip);
     let pings = cluster.lab.client.ping_every_5ms(vip, 60_000);
     let started = Instant::now();
@@ -434,9 +422,7 @@ fn services_sharing_an_address_are_answered_by_one_mac_through_failovers() {
 #[test]
 fn a_recreated_service_keeps_its_address_and_a_removed_node_takes_its_vips_and_status_along() {
     let cluster = ClusterLab::new();
-    let _server = cluster.lab.pods[cluster.pod].serve(8080);
-    let vip = cluster.wait_address("web", Duration::from_secs(20));
-    cluster.wait_session(vip);
+    let (_server, vip) = cluster.serve_web();
 
     // Deleted: the leader releases the address (its finalizer) and the Service goes.
     cluster.api.delete("v1", "Service", "shop", "web");
@@ -498,9 +484,7 @@ fn a_leader_paused_mid_pass_wakes_to_a_new_term_and_overwrites_nothing() {
     let cluster = ClusterLab::with(3, false, pools, |lab, pod| {
         vec![service("web"), endpoint_slice("web", "web-1", "IPv4", &[(lab.pods[pod].ip.into(), "n1")])]
     });
-    let _server = cluster.lab.pods[cluster.pod].serve(8080);
-    let vip = cluster.wait_address("web", Duration::from_secs(20));
-    cluster.wait_session(vip);
+    let (_server, vip) = cluster.serve_web();
     let first = cluster.leader().expect("a leader");
     let paused = cluster.node_of(&first);
 

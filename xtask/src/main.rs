@@ -205,27 +205,11 @@ fn main() -> Result<()> {
         }
         Task::Bench { which: Bench::Control { quick, only } } => {
             prepare_bench()?;
-            let only = only.map(|n| n.to_string());
-            let mut args = Vec::new();
-            if quick {
-                args.push("--quick");
-            }
-            if let Some(n) = &only {
-                args.extend(["--only", n]);
-            }
-            run_bench("bench-control", &args, (!quick && only.is_none()).then_some("control"))
+            run_sized_bench("bench-control", "control", quick, only)
         }
         Task::Bench { which: Bench::Scale { quick, only } } => {
             prepare_bench()?;
-            let only = only.map(|n| n.to_string());
-            let mut args = Vec::new();
-            if quick {
-                args.push("--quick");
-            }
-            if let Some(n) = &only {
-                args.extend(["--only", n]);
-            }
-            run_bench("bench-scale", &args, (!quick && only.is_none()).then_some("scale"))
+            run_sized_bench("bench-scale", "scale", quick, only)
         }
         Task::Bench { which: Bench::Dataplane { quick, flows, no_tcp, ipv6, xdp_only } } => {
             prepare_bench()?;
@@ -278,6 +262,20 @@ fn run_bench(bin: &str, args: &[&str], table: Option<&str>) -> Result<()> {
         Some(name) => docs::write_bench_table(&workspace_root(), name, &printed),
         None => Ok(()),
     }
+}
+
+/// A benchmark run at several sizes: `--quick` (its smallest) or `--only N` leave the book's
+/// `table` as it is.
+fn run_sized_bench(bin: &str, table: &str, quick: bool, only: Option<u32>) -> Result<()> {
+    let only = only.map(|n| n.to_string());
+    let mut args = Vec::new();
+    if quick {
+        args.push("--quick");
+    }
+    if let Some(n) = &only {
+        args.extend(["--only", n]);
+    }
+    run_bench(bin, &args, (!quick && only.is_none()).then_some(table))
 }
 
 /// Everything a benchmark needs: packages, the BPF object, the release agent.

@@ -21,7 +21,7 @@ pub struct ClusterLab {
     // Field order is drop order: agents, then the server, its host, the lab.
     pub agents: Vec<Option<Agent>>,
     pub api: ApiServer,
-    _api_host: Host,
+    api_host: Host,
     pub lab: Lab,
     /// The pod (on n1) `web`'s EndpointSlice names.
     pub pod: usize,
@@ -95,7 +95,7 @@ impl ClusterLab {
         for object in objects(&lab, pod) {
             api.put(object);
         }
-        let mut cluster = ClusterLab { agents: Vec::new(), api, _api_host: api_host, lab, pod };
+        let mut cluster = ClusterLab { agents: Vec::new(), api, api_host, lab, pod };
         for node in 0..nodes {
             let agent = cluster.start_agent(node);
             cluster.agents.push(Some(agent));
@@ -202,7 +202,7 @@ impl ClusterLab {
     /// Makes the API server unreachable (`true`: every packet to or from it dropped, so
     /// connections hang rather than fail, as behind a partition), or reachable again.
     pub fn set_unreachable(&self, unreachable: bool) {
-        let ns = &self._api_host.ns;
+        let ns = &self.api_host.ns;
         if unreachable {
             let rules = "table inet partition {\n\
                  chain in { type filter hook input priority 0; policy drop; }\n\

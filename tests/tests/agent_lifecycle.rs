@@ -142,6 +142,40 @@ fn signals_during_start_up_reload_or_stop_cleanly() {
     assert!(agent.log_text().contains("SIGTERM"), "{}", agent.log_text());
 }
 
+/// SIGTERM while the agent waits for the cluster's first config (its API server refusing
+/// connections) stops it at once and cleanly: nothing was attached, and the cluster side was
+/// told to finish first.
+#[test]
+fn sigterm_while_waiting_for_the_cluster_stops_at_once() {
+    use std::net::{Ipv4Addr, SocketAddr};
+    let lab = Lab::new(1);
+    let api_ip = Ipv4Addr::new(192, 0, 2, 250);
+    let api_host = lab.add_host("api", api_ip, [0x02, 0x1b, 0, 0, 0, 0xaa]);
+    let api = lb_lab::api_server::ApiServer::start(Some(&api_host.ns), SocketAddr::from((api_ip, 6443)));
+    api.set_down(true);
+    let kubeconfig = api.kubeconfig(&lab.path(""), "n0", false);
+    let mut agent = lab.start_agent_with(
+        0,
+        &format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\n"),
+        &["--kubernetes", "--node", "n0"],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap()), ("POD_NAMESPACE", "lb-agent")],
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !agent.log_text().contains("waiting for the cluster's groups and services") {
+        assert!(std::time::Instant::now() < deadline, "{}", agent.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let signalled = std::time::Instant::now();
+    agent.signal(libc::SIGTERM);
+    let status = agent.wait_exit(Duration::from_secs(10));
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status}:\n{}", agent.log_text());
+    assert!(took < Duration::from_secs(3), "stopped {took:?} after SIGTERM:\n{}", agent.log_text());
+    assert!(agent.log_text().contains("stopped before the cluster's first config"), "{}", agent.log_text());
+    assert!(!xdp_attached(&lab), "nothing may be attached");
+}
+
 #[test]
 fn a_pinned_map_of_another_shape_is_replaced_not_reused() {
     use aya::maps::{Array, IterableMap, MapData, MapInfo};

@@ -64,7 +64,7 @@ pub async fn run(
             .await
             .map_err(|e| Error::io("starting the Kubernetes client", std::io::Error::other(e)))?
             .map_err(Error::Kube)?;
-        let (configs_tx, mut configs_rx) = mpsc::channel(4);
+        let (configs_tx, configs_rx) = mpsc::channel(4);
         let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
         let (foreign_tx, foreign_rx) = watch::channel(ForeignRouters::new());
         let (impersonated_tx, impersonated_rx) = watch::channel(Impersonations::new());
@@ -85,27 +85,27 @@ pub async fn run(
             impersonated: impersonated_rx,
         };
         let (stopping_tx, stopping_rx) = watch::channel(false);
-        let shell = background.spawn(shell.run(configs_tx, from_agent, stopping_rx));
-        info!("waiting for the cluster's groups and services");
-        config = tokio::select! {
-            first = configs_rx.recv() => {
-                first.ok_or_else(|| Error::io("watching the cluster", std::io::Error::other("the watch ended")))?
-            }
-            () = stop_signal(&mut signals.term, &mut signals.int) => {
-                info!("stopped before the cluster's first config: nothing was attached");
-                stopping_tx.send_replace(true);
-                let _ = tokio::time::timeout(Duration::from_secs(2), shell).await;
-                return Ok(());
-            }
-        };
-        cluster = Some(ClusterLink {
+        let mut link = ClusterLink {
             configs: configs_rx,
             owners: owners_tx,
             foreign: foreign_tx,
             impersonated: impersonated_tx,
             stopping: stopping_tx,
-            shell,
-        });
+            shell: background.spawn(shell.run(configs_tx, from_agent, stopping_rx)),
+        };
+        info!("waiting for the cluster's groups and services");
+        let first = tokio::select! {
+            first = link.configs.recv() => Some(first),
+            () = stop_signal(&mut signals.term, &mut signals.int) => None,
+        };
+        let Some(first) = first else {
+            info!("stopped before the cluster's first config: nothing was attached");
+            link.finish().await;
+            return Ok(());
+        };
+        config = first
+            .ok_or_else(|| Error::io("watching the cluster", std::io::Error::other("the watch ended")))?;
+        cluster = Some(link);
     }
     let netlink = within(&background, netdev::connect)?;
     let config_error = |field: &str, expected: String| Error::Config {

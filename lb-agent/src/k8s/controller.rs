@@ -36,7 +36,7 @@ use super::{
 };
 use crate::config::Config;
 
-/// How long the Lease lasts, and how often the leader renews it and re-checks status.
+/// How long the Lease lasts: a leader that stops renewing it is followed after this.
 const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// How often the Lease is renewed or tried (client-go's retryPeriod): a released Lease is
 /// taken within this.

@@ -10,8 +10,7 @@ use k8s_openapi::{
 };
 use serde::{Deserialize, Serialize};
 
-// The derive names it as kube-derive expects, by its bare name.
-#[allow(unused_imports)]
+// The Resource derive below names it bare.
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 /// See the module: `discovery.k8s.io/v1` EndpointSlice, the fields the agent reads.

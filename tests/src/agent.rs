@@ -13,6 +13,16 @@ use crate::Netns;
 /// Where lab configs put the agent's HTTP endpoint (each node has its own loopback).
 pub const AGENT_LISTEN: &str = "127.0.0.1:9105";
 
+/// A process's resident memory (`VmRSS`), in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the agent's status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}
+
 pub struct Agent {
     child: Child,
     ns_name: String,

@@ -52,6 +52,35 @@ pub fn group(spec: Value) -> Value {
     group
 }
 
+/// The lab's API server, on a host of its own on the segment at [`API`]:[`API_PORT`].
+pub fn api_server_on(lab: &Lab) -> (Host, ApiServer) {
+    let host = lab.add_host("api", API, [0x02, 0x1b, 0, 0, 0, 0xaa]);
+    let api = ApiServer::start(Some(&host.ns), SocketAddr::from((API, API_PORT)));
+    (host, api)
+}
+
+/// A lab node's Node object: its name and InternalIP.
+pub fn node_object(node: &Host) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name},
+           "status": {"addresses": [{"type": "InternalIP", "address": node.ip.to_string()}]}})
+}
+
+/// Starts `node`'s agent with `--kubernetes` against `api` (as the DaemonSet's ServiceAccount,
+/// its Lease in `lb-agent`), `base` as its config file, and `env` besides.
+pub fn start_kubernetes_agent(
+    lab: &Lab,
+    api: &ApiServer,
+    node: usize,
+    base: &str,
+    env: &[(&str, &str)],
+) -> Agent {
+    let name = lab.nodes[node].name.clone();
+    let kubeconfig = api.kubeconfig(&lab.path(""), &name, false);
+    let mut env = env.to_vec();
+    env.extend([("KUBECONFIG", kubeconfig.to_str().unwrap()), ("POD_NAMESPACE", "lb-agent")]);
+    lab.start_agent_with(node, base, &["--kubernetes", "--node", &name], &env)
+}
+
 impl ClusterLab {
     /// Three nodes, group `edge` (one IPv4 pool, VRRP every 100 ms), and `web` with its pod
     /// on n1; an agent on each node.
@@ -85,12 +114,10 @@ impl ClusterLab {
             lab.enable_native_xdp(node);
         }
         let pod = lab.add_pod(1);
-        let api_host = lab.add_host("api", API, [0x02, 0x1b, 0, 0, 0, 0xaa]);
-        let api = ApiServer::start(Some(&api_host.ns), SocketAddr::from((API, API_PORT)));
+        let (api_host, api) = api_server_on(&lab);
         api.put(group(group_spec));
         for n in &lab.nodes {
-            api.put(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name},
-                           "status": {"addresses": [{"type": "InternalIP", "address": n.ip.to_string()}]}}));
+            api.put(node_object(n));
         }
         for object in objects(&lab, pod) {
             api.put(object);
@@ -104,19 +131,8 @@ impl ClusterLab {
     }
 
     pub fn start_agent(&self, node: usize) -> Agent {
-        let name = self.lab.nodes[node].name.clone();
-        let kubeconfig = self.api.kubeconfig(&self.lab.path(""), &name, false);
         let base = format!("interface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\n");
-        let mut agent = self.lab.start_agent_with(
-            node,
-            &base,
-            &["--kubernetes", "--node", &name],
-            &[
-                ("KUBECONFIG", kubeconfig.to_str().unwrap()),
-                ("POD_NAMESPACE", "lb-agent"),
-                ("RUST_LOG", "info"),
-            ],
-        );
+        let mut agent = start_kubernetes_agent(&self.lab, &self.api, node, &base, &[("RUST_LOG", "info")]);
         agent.wait_ready_within(Duration::from_secs(30));
         agent
     }

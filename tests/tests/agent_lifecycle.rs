@@ -147,19 +147,12 @@ fn signals_during_start_up_reload_or_stop_cleanly() {
 /// told to finish first.
 #[test]
 fn sigterm_while_waiting_for_the_cluster_stops_at_once() {
-    use std::net::{Ipv4Addr, SocketAddr};
+    use lb_lab::cluster_api::{api_server_on, start_kubernetes_agent};
     let lab = Lab::new(1);
-    let api_ip = Ipv4Addr::new(192, 0, 2, 250);
-    let api_host = lab.add_host("api", api_ip, [0x02, 0x1b, 0, 0, 0, 0xaa]);
-    let api = lb_lab::api_server::ApiServer::start(Some(&api_host.ns), SocketAddr::from((api_ip, 6443)));
+    let (_api_host, api) = api_server_on(&lab);
     api.set_down(true);
-    let kubeconfig = api.kubeconfig(&lab.path(""), "n0", false);
-    let mut agent = lab.start_agent_with(
-        0,
-        &format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\n"),
-        &["--kubernetes", "--node", "n0"],
-        &[("KUBECONFIG", kubeconfig.to_str().unwrap()), ("POD_NAMESPACE", "lb-agent")],
-    );
+    let base = format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\n");
+    let mut agent = start_kubernetes_agent(&lab, &api, 0, &base, &[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !agent.log_text().contains("waiting for the cluster's groups and services") {
         assert!(std::time::Instant::now() < deadline, "{}", agent.log_text());

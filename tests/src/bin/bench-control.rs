@@ -12,14 +12,13 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddr},
     time::{Duration, Instant},
 };
 
 use lb_lab::{
     Agent, Lab,
-    agent::AGENT_LISTEN,
-    api_server::ApiServer,
+    agent::{AGENT_LISTEN, rss_kib},
+    cluster_api::{api_server_on, node_object, start_kubernetes_agent},
     scale::{scale_endpoint_json, scale_vip},
 };
 use serde_json::json;
@@ -50,14 +49,11 @@ fn main() {
 
 fn measure(services: usize) -> Vec<String> {
     let lab = Lab::new(3);
-    let api_ip = Ipv4Addr::new(192, 0, 2, 250);
-    let api_host = lab.add_host("api", api_ip, [0x02, 0x1b, 0, 0, 0, 0xaa]);
-    let api = ApiServer::start(Some(&api_host.ns), SocketAddr::from((api_ip, 6443)));
+    let (_api_host, api) = api_server_on(&lab);
     api.put(json!({"apiVersion": "lb-agent.io/v1alpha1", "kind": "LoadBalancerGroup", "metadata": {"name": "edge"},
                    "spec": {"interface": "eth0", "addressPools": ["198.18.0.0/15"], "advertInterval": "1s", "default": true}}));
     for n in &lab.nodes {
-        api.put(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name},
-                       "status": {"addresses": [{"type": "InternalIP", "address": n.ip.to_string()}]}}));
+        api.put(node_object(n));
     }
     let loaded = Instant::now();
     for i in 0..services {
@@ -78,19 +74,8 @@ fn measure(services: usize) -> Vec<String> {
     } else {
         String::new()
     };
-    let agents: Vec<Agent> = (0..3)
-        .map(|i| {
-            let name = lab.nodes[i].name.clone();
-            let kubeconfig = api.kubeconfig(&lab.path(""), &name, false);
-            let base = format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\n{capacity}");
-            lab.start_agent_with(
-                i,
-                &base,
-                &["--kubernetes", "--node", &name],
-                &[("KUBECONFIG", kubeconfig.to_str().unwrap()), ("POD_NAMESPACE", "lb-agent")],
-            )
-        })
-        .collect();
+    let base = format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\n{capacity}");
+    let agents: Vec<Agent> = (0..3).map(|i| start_kubernetes_agent(&lab, &api, i, &base, &[])).collect();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(600);
     for agent in &agents {
@@ -145,16 +130,10 @@ fn measure(services: usize) -> Vec<String> {
             let per_minute = mine.len() as f64 * 60.0 / AT_REST.as_secs_f64();
             let what: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} × {n}")).collect();
             let role = if leader.as_deref() == Some(name) { "leader" } else { "follower" };
-            let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).unwrap_or_default();
-            let rss_kib: u64 = status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-                .unwrap_or(0);
             format!(
                 "| {services} | {name} ({role}) | {per_minute:.0} | {} | {} MiB |",
                 what.join(", "),
-                rss_kib / 1024
+                rss_kib(agent.pid()) / 1024
             )
         })
         .collect()

@@ -39,7 +39,7 @@ use lb_agent::{
 };
 use lb_lab::{
     Agent, Lab, Netns,
-    agent::AGENT_LISTEN,
+    agent::{AGENT_LISTEN, rss_kib},
     scale::{
         kube_proxy_iptables, kube_proxy_nftables, scale_cluster, scale_endpoint, scale_endpoint_json,
         scale_node, scale_services_yaml, scale_slice,
@@ -247,15 +247,6 @@ fn load_rules(ns_name: &str, argv: &[&str], file: &std::path::Path) -> Duration 
     let took = started.elapsed();
     assert!(out.status.success(), "{argv:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     took
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the agent's status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS")
 }
 
 /// Kernel memory of the agent's pinned maps, plus its rings (from its own metric).

@@ -10,12 +10,14 @@ use std::{
 
 use serde_json::{Value, json};
 
-use crate::{Agent, Host, Lab, agent::AGENT_LISTEN, api_server::ApiServer};
+use crate::{Agent, Host, Lab, agent::AGENT_LISTEN, api_server::ApiServer, freeze};
 
 pub const API: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 250);
 pub const API_PORT: u16 = 6443;
 /// Where the Services live.
 pub const NAMESPACE: &str = "shop";
+/// The group's VRRP advert interval in [`ClusterLab::new`].
+const ADVERT_INTERVAL: Duration = Duration::from_millis(100);
 
 pub struct ClusterLab {
     // Field order is drop order: agents, then the server, its host, the lab.
@@ -88,7 +90,7 @@ impl ClusterLab {
         ClusterLab::with(
             3,
             false,
-            json!({"addressPools": ["198.51.100.0/29"], "advertInterval": "100ms"}),
+            json!({"addressPools": ["198.51.100.0/29"], "advertInterval": format!("{}ms", ADVERT_INTERVAL.as_millis())}),
             |lab, pod| {
                 vec![
                     service("web"),
@@ -106,6 +108,7 @@ impl ClusterLab {
         group_spec: Value,
         objects: impl FnOnce(&Lab, usize) -> Vec<Value>,
     ) -> ClusterLab {
+        freeze::watch();
         let mut lab = Lab::new(nodes);
         if ipv6 {
             lab.enable_ipv6();
@@ -235,6 +238,58 @@ impl ClusterLab {
     /// VIPs owned, summed over the running agents.
     pub fn owned(&self) -> f64 {
         self.agents.iter().flatten().map(|a| a.metric("lbagent_owned_vips")).sum()
+    }
+
+    /// Exactly one agent owns the VIP; or, just after a CPU of this machine stood still longer
+    /// than a backup waits for its master (3 adverts), more than one for a moment: every
+    /// agent's timers ran out at once, as on a frozen node, and VRRP settles it on the next
+    /// adverts. That is said, and one owner must be back within a second.
+    pub fn assert_one_owner(&self, during: &str) {
+        let owned = self.owned();
+        if owned == 1.0 {
+            return;
+        }
+        let now = Instant::now();
+        let frozen = freeze::between(now - Duration::from_secs(3), now);
+        if frozen.longest < 3 * ADVERT_INTERVAL {
+            panic!("{owned} owners of the VIP {during} (CPUs frozen: {frozen:?}):\n{}", self.logs());
+        }
+        eprintln!(
+            "{owned} owners {during}, just after a CPU of this machine stood still for {:?}",
+            frozen.longest
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        assert_eq!(self.owned(), 1.0, "one owner again a second after the freeze:\n{}", self.logs());
+    }
+
+    /// No ping reply (`ping`'s output, one every 5 ms from `since`) was lost; or no more than
+    /// fit in the time a CPU of this machine stood still, plus an advert each time for the
+    /// owner to renew its VIP lease once it runs again, and an agent logged that lease running
+    /// out: the data plane rightly stopped claiming the VIP while its agent could not run.
+    pub fn assert_no_reply_lost(&self, ping: &std::process::Output, since: Instant, during: &str) {
+        let summary = String::from_utf8_lossy(&ping.stdout);
+        let count = |word: &str| -> u32 {
+            let at = summary.find(word).unwrap_or_else(|| panic!("no '{word}' in ping's summary: {summary}"));
+            let digits = summary[..at].rsplit(|c: char| !c.is_ascii_digit()).next().unwrap_or_default();
+            digits.parse().unwrap_or_else(|_| panic!("ping's summary: {summary}"))
+        };
+        let lost = count(" packets transmitted") - count(" received");
+        if lost == 0 {
+            return;
+        }
+        let frozen = freeze::between(since, Instant::now());
+        let excused = (frozen.total + ADVERT_INTERVAL * frozen.times as u32).as_millis() / 5;
+        let lapsed = self.logs().contains("a VIP lease ran out before the agent renewed it");
+        assert!(
+            lapsed && u128::from(lost) <= excused,
+            "{lost} ping replies lost {during} (CPUs frozen: {frozen:?}, which would excuse {excused}; lease \
+             lapse logged: {lapsed}): {summary}\n{}",
+            self.logs()
+        );
+        eprintln!(
+            "{lost} ping replies lost {during}, while CPUs of this machine stood still ({frozen:?}) and the \
+             owner's VIP lease lapsed: the host's doing, not the scenario's"
+        );
     }
 }
 

@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod cluster_api;
 pub mod fabric;
 pub mod fixture;
+pub mod freeze;
 mod netns;
 pub mod packet;
 pub mod scale;

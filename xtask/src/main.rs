@@ -296,6 +296,11 @@ fn test(extra: &[String]) -> Result<()> {
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
     modules::check(&workspace_root())?;
     docs::build(&workspace_root())?;
+    // Build every test, then flush the build to disk before any runs: a few GB of artefacts
+    // being written back froze this whole VM for 300–700 ms at a time (measured; see the lab's
+    // `freeze` module), and the timing-sensitive labs would measure that instead of the agent.
+    cargo(&["test", "--no-run"])?;
+    run(&mut Command::new("sync"))?;
     let mut args = vec!["test", "--no-fail-fast"];
     args.extend(extra.iter().map(String::as_str));
     cargo(&args)

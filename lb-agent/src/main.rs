@@ -119,6 +119,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format, &cli.log);
     let result = match cli.command {
         Command::Run { config, node, pin_path, admin_socket, kubernetes, namespace } => {
+            agent::hold_signals();
             // The VRRP loop on this thread alone; everything else on two workers beside it
             // (see `agent::run`).
             let runtimes = tokio::runtime::Builder::new_multi_thread()

@@ -298,13 +298,41 @@ struct Signals {
 }
 
 impl Signals {
+    /// Installs the handlers, then lets the signals [`hold_signals`] held through.
     fn install() -> Result<Self> {
         let sig = |kind| signal(kind).map_err(|e| Error::io("installing a signal handler", e));
-        Ok(Self {
+        let signals = Self {
             term: sig(SignalKind::terminate())?,
             int: sig(SignalKind::interrupt())?,
             hup: sig(SignalKind::hangup())?,
-        })
+        };
+        set_held(libc::SIG_UNBLOCK);
+        Ok(signals)
+    }
+}
+
+/// Holds SIGTERM, SIGINT and SIGHUP pending until [`Signals::install`] has its handlers: call
+/// first thing, before any thread starts (threads inherit the mask, so the runtimes' workers
+/// keep them held and they reach the thread that installed the handlers). Without it a signal
+/// can be lost at start-up: tokio installs its process-wide handler before its listener
+/// subscribes, and a runtime worker that drains the handler's pipe in between broadcasts the
+/// signal to nobody (a SIGTERM right after start was ignored, found by the start-up signal
+/// lab test in CI). Held, such a signal is delivered once the listener is there; one before
+/// that is then a graceful stop, not the default action's sudden exit.
+pub fn hold_signals() {
+    set_held(libc::SIG_BLOCK);
+}
+
+fn set_held(how: libc::c_int) {
+    // SAFETY: a sigset built with sigemptyset/sigaddset and passed by pointer to
+    // pthread_sigmask, which only reads it; no old mask is asked for.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, signal);
+        }
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
     }
 }
 

@@ -538,6 +538,11 @@ pub mod bench {
     pub const BENCH_CONFIG: &str = "BENCH_CONFIG";
     /// `PerCpuArray<u64>` with one entry: packets seen by `bench_sink`.
     pub const BENCH_COUNT: &str = "BENCH_COUNT";
+    /// The stateful yardsticks' connection tables, sized for `MAX_FLOWS` in the object: the
+    /// kernel's LRU hash (`bench_dnat_table`) and `flow_table`'s buckets (`bench_dnat_line`).
+    /// The agent loads the same object and creates every map in it, so it makes these one entry
+    /// each (the LRU hash alone is some 20 MiB of kernel memory, never used by the agent).
+    pub const BENCH_TABLES: [&str; 2] = ["BENCH_FLOWS", "BENCH_LINE_TABLE"];
 
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

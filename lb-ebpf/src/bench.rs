@@ -9,9 +9,11 @@
 //!   packet's skb as for any pod traffic, whichever mode forwarded it.
 //! - `bench_dnat`: the smallest useful XDP load balancer, a fixed UDP DNAT and redirect, the
 //!   yardstick for the full program's cost; `bench_dnat_table`: the same with a lookup in a
-//!   connection table of the agent's shape, the yardstick of a stateful one.
+//!   connection table of the agent's shape, the yardstick of a stateful one;
+//!   `bench_dnat_line`: with a lookup in `flow_table`'s one-line buckets instead.
 
 use aya_ebpf::{
+    bindings::BPF_F_MMAPABLE,
     bindings::{
         TC_ACT_OK, TC_ACT_SHOT,
         xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
@@ -23,6 +25,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     csum,
+    flow_table::{self, BUCKET_SLOTS, Bucket, Cells, Entry, Stored, Tick, buckets_for},
     service::{ConnectionKey, Flow, MAX_FLOWS, PROTO_UDP, bench::BenchConfig},
 };
 use network_types::{
@@ -147,9 +150,26 @@ pub fn bench_sink_tc(ctx: TcContext) -> i32 {
 #[map]
 static BENCH_FLOWS: LruHashMap<ConnectionKey, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, 2);
 
+/// `bench_dnat_line`'s connection table: [`flow_table`] buckets for `MAX_FLOWS` flows. Mappable,
+/// so the kernel allocates its values page-aligned and each 64-byte bucket is one cache line
+/// (an ordinary array's values start 8-byte aligned, and a bucket would straddle two).
+#[map]
+static BENCH_LINE_TABLE: Array<Bucket> = Array::with_max_entries(LINE_BUCKETS, BPF_F_MMAPABLE);
+const LINE_BUCKETS: u32 = buckets_for(MAX_FLOWS);
+/// A node's seed would come from a map; a fixed one does for the yardstick.
+const LINE_SEED: u32 = 0x5eed_1b0b;
+
+/// Which connection table a bare DNAT looks each flow up in first.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Table {
+    None,
+    KernelHash,
+    OneLine,
+}
+
 #[xdp]
 pub fn bench_dnat(ctx: XdpContext) -> u32 {
-    dnat(&ctx, false)
+    dnat(&ctx, Table::None)
 }
 
 /// `bench_dnat` that also looks each flow up in a connection table of the agent's shape first
@@ -157,11 +177,50 @@ pub fn bench_dnat(ctx: XdpContext) -> u32 {
 /// balancer keeps.
 #[xdp]
 pub fn bench_dnat_table(ctx: XdpContext) -> u32 {
-    dnat(&ctx, true)
+    dnat(&ctx, Table::KernelHash)
+}
+
+/// `bench_dnat_table` with the one-line table ([`flow_table`]) in place of the kernel's hash.
+#[xdp]
+pub fn bench_dnat_line(ctx: XdpContext) -> u32 {
+    dnat(&ctx, Table::OneLine)
+}
+
+/// A bucket in the map: each slot read and written with one 8-byte access. BPF at the
+/// linker's CPU level has no compare-and-swap, so a compare then a store (see [`Cells`]).
+struct MapBucket(*mut Bucket);
+
+impl MapBucket {
+    #[inline(always)]
+    fn slot(&self, slot: usize) -> *mut u64 {
+        // SAFETY: masked to the bucket's eight slots, inside the map value.
+        unsafe { (*self.0).slots.as_mut_ptr().add(slot & (BUCKET_SLOTS - 1)) }
+    }
+}
+
+impl Cells for MapBucket {
+    #[inline(always)]
+    fn load(&self, slot: usize) -> u64 {
+        // SAFETY: an aligned u64 of the map value.
+        unsafe { core::ptr::read_volatile(self.slot(slot)) }
+    }
+
+    #[inline(always)]
+    fn compare_exchange(&self, slot: usize, current: u64, new: u64) -> bool {
+        let at = self.slot(slot);
+        // SAFETY: an aligned u64 of the map value.
+        unsafe {
+            if core::ptr::read_volatile(at) != current {
+                return false;
+            }
+            core::ptr::write_volatile(at, new);
+        }
+        true
+    }
 }
 
 #[inline(always)]
-fn dnat(ctx: &XdpContext, with_table: bool) -> u32 {
+fn dnat(ctx: &XdpContext, table: Table) -> u32 {
     let (start, end) = (ctx.data(), ctx.data_end());
     if start + L4_OFFSET + 8 > end {
         return XDP_PASS;
@@ -180,14 +239,32 @@ fn dnat(ctx: &XdpContext, with_table: bool) -> u32 {
     if ip.proto != PROTO_UDP || ip.dst_addr != config.vip || udp[2..4] != config.port {
         return XDP_PASS;
     }
-    if with_table {
-        let key = ConnectionKey { client: ip.src_addr, client_port: [udp[0], udp[1]], service: 0 };
-        // SAFETY: copied out at once.
-        match unsafe { BENCH_FLOWS.get(&key) } {
-            Some(flow) if flow.backend != 0 => return XDP_PASS,
-            Some(_) => {}
-            None => {
-                let _ = BENCH_FLOWS.insert(&key, &Flow::default(), 0);
+    let key = ConnectionKey { client: ip.src_addr, client_port: [udp[0], udp[1]], service: 0 };
+    match table {
+        Table::None => {}
+        Table::KernelHash => {
+            // SAFETY: copied out at once.
+            match unsafe { BENCH_FLOWS.get(&key) } {
+                Some(flow) if flow.backend != 0 => return XDP_PASS,
+                Some(_) => {}
+                None => {
+                    let _ = BENCH_FLOWS.insert(&key, &Flow::default(), 0);
+                }
+            }
+        }
+        Table::OneLine => {
+            let position = flow_table::position(&key, LINE_SEED);
+            let Some(bucket) = BENCH_LINE_TABLE.get_ptr_mut(position.bucket(LINE_BUCKETS)) else {
+                return XDP_PASS;
+            };
+            let bucket = MapBucket(bucket);
+            match flow_table::find(&bucket, position.fingerprint) {
+                Some(hit) if hit.entry.backend() != 0 => return XDP_PASS,
+                Some(_) => {}
+                None => {
+                    let entry = Entry::new(position.fingerprint, 0, None, Tick(0));
+                    let _: Stored = flow_table::store(&bucket, entry, Tick(0));
+                }
             }
         }
     }

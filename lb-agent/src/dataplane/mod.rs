@@ -192,6 +192,9 @@ impl Dataplane {
         for (name, size) in &sizes {
             loader.map_max_entries(name, *size);
         }
+        for name in lb_common::service::bench::BENCH_TABLES {
+            loader.map_max_entries(name, 1);
+        }
         let map_pins: Vec<(&str, PathBuf)> = PINNED_MAPS.iter().map(|m| (*m, pin_dir.join(m))).collect();
         for (name, path) in &map_pins {
             loader.map_pin_path(name, path.as_path());

@@ -10,8 +10,9 @@
 //!   built its skb (GRO on, no XDP on the pod's side), as it does for any traffic to a pod.
 //! - Modes: `xdp-drop` (the ceiling: a sink on n0 itself), `lb-agent` (the full program: Maglev,
 //!   connection table, counters), `xdp-dnat` (a bare DNAT and redirect), `xdp-dnat-table` (the
-//!   same with a lookup in a connection table of the agent's shape), `iptables` and `nftables`
-//!   (kube-proxy's rule shapes, with conntrack).
+//!   same with a lookup in a connection table of the agent's shape), `xdp-dnat-line` (with a
+//!   lookup in `flow_table`'s one-line buckets instead), `iptables` and `nftables` (kube-proxy's
+//!   rule shapes, with conntrack).
 //! - Marginal cost per packet: 1/pps(mode) − 1/pps(xdp-drop), from the same run.
 //! - TCP: wrk against two HTTP responders in pods on n0, through the VIP.
 //! - `--ipv6`: the same over IPv6 (VIP 2001:db8:6::10, pods with IPv6 addresses, the UDP
@@ -52,13 +53,21 @@ enum Mode {
     LbAgent,
     XdpDnat,
     XdpDnatTable,
+    XdpDnatLine,
     Iptables,
     Nftables,
 }
 
 impl Mode {
-    const ALL: [Mode; 6] =
-        [Mode::XdpDrop, Mode::LbAgent, Mode::XdpDnat, Mode::XdpDnatTable, Mode::Iptables, Mode::Nftables];
+    const ALL: [Mode; 7] = [
+        Mode::XdpDrop,
+        Mode::LbAgent,
+        Mode::XdpDnat,
+        Mode::XdpDnatTable,
+        Mode::XdpDnatLine,
+        Mode::Iptables,
+        Mode::Nftables,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -66,6 +75,7 @@ impl Mode {
             Mode::LbAgent => "lb-agent (full program)",
             Mode::XdpDnat => "bare XDP DNAT + redirect",
             Mode::XdpDnatTable => "bare XDP DNAT + connection table",
+            Mode::XdpDnatLine => "bare XDP DNAT + one-line table",
             Mode::Iptables => "kube-proxy iptables",
             Mode::Nftables => "kube-proxy nftables",
         }
@@ -116,7 +126,7 @@ fn main() {
     let xdp_only = args.iter().any(|a| a == "--xdp-only");
     let modes: Vec<Mode> = Mode::ALL
         .into_iter()
-        .filter(|m| !(ipv6 && matches!(m, Mode::XdpDnat | Mode::XdpDnatTable)))
+        .filter(|m| !(ipv6 && matches!(m, Mode::XdpDnat | Mode::XdpDnatTable | Mode::XdpDnatLine)))
         .filter(|m| !(xdp_only && matches!(m, Mode::Iptables | Mode::Nftables)))
         .collect();
 
@@ -341,9 +351,10 @@ impl Bench {
                 agent.wait_ready();
                 Some(Active::Agent(agent))
             }
-            Mode::XdpDnat | Mode::XdpDnatTable => {
+            Mode::XdpDnat | Mode::XdpDnatTable | Mode::XdpDnatLine => {
                 let (program, name) = match mode {
                     Mode::XdpDnatTable => ("bench_dnat_table", "xdp-dnat-table"),
+                    Mode::XdpDnatLine => ("bench_dnat_line", "xdp-dnat-line"),
                     _ => ("bench_dnat", "xdp-dnat"),
                 };
                 let (_, host_mac, host_index) = self.host_ifs[0].clone();
@@ -435,7 +446,7 @@ impl Bench {
                 agent.wait_ready();
                 Some(Active::Agent(agent))
             }
-            Mode::XdpDnat | Mode::XdpDnatTable => None,
+            Mode::XdpDnat | Mode::XdpDnatTable | Mode::XdpDnatLine => None,
             Mode::Iptables => {
                 let rules = format!(
                     "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-BENCH - [0:0]\n:KUBE-SEP-BENCH - [0:0]\n\

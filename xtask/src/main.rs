@@ -297,7 +297,7 @@ fn test(extra: &[String]) -> Result<()> {
     modules::check(&workspace_root())?;
     docs::build(&workspace_root())?;
     // Build every test, then flush the build to disk before any runs: a few GB of artefacts
-    // being written back froze this whole VM for 300–700 ms at a time (measured; see the lab's
+    // being written back stood CPUs of this VM still for 150–700 ms at a time (measured; see the lab's
     // `freeze` module), and the timing-sensitive labs would measure that instead of the agent.
     cargo(&["test", "--no-run"])?;
     run(&mut Command::new("sync"))?;

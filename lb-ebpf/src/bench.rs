@@ -13,9 +13,8 @@
 //!   `bench_dnat_line`: with a lookup in `flow_table`'s one-line buckets instead.
 
 use aya_ebpf::{
-    bindings::BPF_F_MMAPABLE,
     bindings::{
-        TC_ACT_OK, TC_ACT_SHOT,
+        BPF_F_MMAPABLE, TC_ACT_OK, TC_ACT_SHOT,
         xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
     },
     helpers::bpf_redirect,

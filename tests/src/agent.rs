@@ -13,14 +13,17 @@ use crate::Netns;
 /// Where lab configs put the agent's HTTP endpoint (each node has its own loopback).
 pub const AGENT_LISTEN: &str = "127.0.0.1:9105";
 
+/// A field of a process's `/proc/<pid>/status` (`VmRSS`, `SigBlk`, `CapEff`, …), trimmed; none
+/// when the process or the field is not there.
+pub fn proc_status(pid: u32, field: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let value = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    Some(value.trim().to_owned())
+}
+
 /// A process's resident memory (`VmRSS`), in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the agent's status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS")
+    proc_status(pid, "VmRSS").and_then(|v| v.split_whitespace().next()?.parse().ok()).expect("VmRSS")
 }
 
 pub struct Agent {

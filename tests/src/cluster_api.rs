@@ -268,20 +268,16 @@ impl ClusterLab {
     /// out: the data plane rightly stopped claiming the VIP while its agent could not run.
     pub fn assert_no_reply_lost(&self, ping: &std::process::Output, since: Instant, during: &str) {
         let summary = String::from_utf8_lossy(&ping.stdout);
-        let count = |word: &str| -> u32 {
-            let at = summary.find(word).unwrap_or_else(|| panic!("no '{word}' in ping's summary: {summary}"));
-            let digits = summary[..at].rsplit(|c: char| !c.is_ascii_digit()).next().unwrap_or_default();
-            digits.parse().unwrap_or_else(|_| panic!("ping's summary: {summary}"))
-        };
-        let lost = count(" packets transmitted") - count(" received");
+        let (sent, received) = crate::ping_counts(&summary);
+        let lost = sent - received;
         if lost == 0 {
             return;
         }
         let frozen = freeze::between(since, Instant::now());
-        let excused = (frozen.total + ADVERT_INTERVAL * frozen.times as u32).as_millis() / 5;
+        let excused = (frozen.total + ADVERT_INTERVAL * frozen.times as u32).as_millis() as u64 / 5;
         let lapsed = self.logs().contains("a VIP lease ran out before the agent renewed it");
         assert!(
-            lapsed && u128::from(lost) <= excused,
+            lapsed && lost <= excused,
             "{lost} ping replies lost {during} (CPUs frozen: {frozen:?}, which would excuse {excused}; lease \
              lapse logged: {lapsed}): {summary}\n{}",
             self.logs()

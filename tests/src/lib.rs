@@ -485,3 +485,15 @@ pub fn require_root() {
 pub fn metric(text: &str, sample: &str) -> Option<f64> {
     text.lines().find_map(|line| line.strip_prefix(sample)?.strip_prefix(' ')?.trim().parse().ok())
 }
+
+/// The replies sent and received that `ping`'s summary line reports ("N packets transmitted,
+/// M received, …").
+pub fn ping_counts(output: &str) -> (u64, u64) {
+    let line = output
+        .lines()
+        .find(|l| l.contains(" packets transmitted"))
+        .unwrap_or_else(|| panic!("no summary in ping's output: {output}"));
+    let numbers: Vec<u64> =
+        line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+    (numbers[0], numbers[1])
+}

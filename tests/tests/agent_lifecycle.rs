@@ -92,14 +92,13 @@ fn keep_on_exit_false_detaches_on_sigterm() {
 
 /// Whether the agent has a handler installed for `signal` (`SigCgt` in its status).
 fn catches(agent: &lb_lab::Agent, signal: i32) -> bool {
-    in_signal_mask(agent, "SigCgt:", signal)
+    in_signal_mask(agent, "SigCgt", signal)
 }
 
 /// Whether `signal` is in the agent's main thread's mask `field` of /proc (SigCgt, SigBlk).
 fn in_signal_mask(agent: &lb_lab::Agent, field: &str, signal: i32) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).unwrap_or_default();
-    let mask = status.lines().find_map(|l| l.strip_prefix(field)).map(str::trim).unwrap_or("0");
-    u64::from_str_radix(mask, 16).is_ok_and(|mask| mask & (1 << (signal - 1)) != 0)
+    let mask = lb_lab::agent::proc_status(agent.pid(), field).unwrap_or_default();
+    u64::from_str_radix(&mask, 16).is_ok_and(|mask| mask & (1 << (signal - 1)) != 0)
 }
 
 /// A signal sent during start-up (`systemctl reload` right after a start, a config tool's HUP)
@@ -154,7 +153,7 @@ fn signals_during_start_up_reload_or_stop_cleanly() {
     for _ in 0..5 {
         let mut agent = lab.start_agent(0, &config);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !in_signal_mask(&agent, "SigBlk:", libc::SIGTERM) && !catches(&agent, libc::SIGTERM) {
+        while !in_signal_mask(&agent, "SigBlk", libc::SIGTERM) && !catches(&agent, libc::SIGTERM) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "SIGTERM neither held nor caught:\n{}",

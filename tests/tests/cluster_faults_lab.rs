@@ -371,10 +371,7 @@ fn rolling_restarts_keep_one_owner_and_each_new_owner_answers() {
     let _ = cluster.lab.client.ns.output(&["pkill", "-INT", "ping"]);
     let summary = String::from_utf8_lossy(&pings.join().unwrap().stdout).into_owned();
     eprintln!("six restarts in {took:?}: {summary}");
-    let line = summary.lines().find(|l| l.contains("packets transmitted")).expect("ping's summary");
-    let numbers: Vec<u64> =
-        line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
-    let (sent, received) = (numbers[0], numbers[1]);
+    let (sent, received) = lb_lab::ping_counts(&summary);
     // Alone, six restarts lose at most a few replies; a clean-clone CI run beside the other
     // labs lost 121 of 4,782 once (one handover slow on a loaded host; not yet explained), so
     // the bound is 5 %, well under what a missed handover (seconds of silence) would lose.

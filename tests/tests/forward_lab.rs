@@ -579,8 +579,7 @@ fn runs_and_forwards_under(command: &[String], capabilities: &[String]) {
     let program = command[command.iter().rposition(|a| *a == "--").map_or(0, |i| i + 1)];
     let exe = std::fs::read_link(format!("/proc/{}/exe", c.agents[0].pid())).unwrap();
     assert_eq!(exe, std::path::Path::new(program));
-    let status = std::fs::read_to_string(format!("/proc/{}/status", c.agents[0].pid())).unwrap();
-    let effective = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim().to_owned();
+    let effective = lb_lab::agent::proc_status(c.agents[0].pid(), "CapEff").unwrap();
     let mask = u64::from_str_radix(&effective, 16).unwrap();
     assert_eq!(mask.count_ones() as usize, capabilities.len(), "CapEff {effective}: {capabilities:?}");
 

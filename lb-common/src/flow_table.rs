@@ -44,6 +44,48 @@ pub struct Bucket {
     pub slots: [u64; BUCKET_SLOTS],
 }
 
+/// A table in shards of one kernel allocation each, so that it lives in the kernel's direct
+/// map (huge pages) rather than in vmalloc's 4 KiB pages: an array map of up to 32 KiB is
+/// allocated with `kmalloc`, a larger one with `vmalloc`, where every lookup of a table bigger
+/// than the TLB's reach also walks the page tables (measured: that walk, not the line, was the
+/// one-line table's cost). A shard is one array element of [`SHARD_WORDS`] words, sized so
+/// that it and the array map's header (312 bytes on 6.18) fill 32 KiB.
+pub const SHARD_WORDS: usize = (32 * 1024 - 312) / 8;
+
+/// Buckets in a shard after [`SHARD_SKEW`]: one fewer than fit, because the verifier bounds
+/// `(h × n) >> 32` shifted to a byte offset by `n × 64 − 1`, not by the last bucket's start.
+pub const SHARD_BUCKETS: u32 = ((SHARD_WORDS * 8 - SHARD_SKEW) / 64 - 1) as u32;
+
+/// Bytes from a shard's start to its first cache-line boundary: the allocation is page-aligned
+/// and the array's values start 312 bytes in (56 past a line). Wrong on another kernel, buckets
+/// straddle two lines: slower, never incorrect.
+pub const SHARD_SKEW: usize = 8;
+
+/// One shard of a sharded table.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Shard {
+    pub words: [u64; SHARD_WORDS],
+}
+
+/// Shards for a table of `flows` flows, two a bucket on average.
+pub const fn shards_for(flows: u32) -> u32 {
+    let buckets = flows.div_ceil(2);
+    let shards = buckets.div_ceil(SHARD_BUCKETS);
+    if shards == 0 { 1 } else { shards }
+}
+
+impl Position {
+    /// The shard among `shards`, and the bucket in it: the hash's high bits choose the shard
+    /// (multiply-shift, no division), the product's low half the bucket.
+    #[inline(always)]
+    pub const fn shard_and_bucket(self, shards: u32) -> (u32, u32) {
+        let product = self.bucket_hash as u64 * shards as u64;
+        let bucket = ((product as u32) as u64 * SHARD_BUCKETS as u64) >> 32;
+        ((product >> 32) as u32, bucket as u32)
+    }
+}
+
 /// The table's clock: `bpf_ktime_get_coarse_ns` in units of 2^27 ns (134 ms), 8 bits, so it
 /// wraps every 34 s. Ages beyond that are misread as younger, which only makes such an idle
 /// entry a later pick for eviction.
@@ -260,6 +302,10 @@ pub fn store(cells: &impl Cells, entry: Entry, now: Tick) -> Stored {
     };
     if cells.compare_exchange(slot, seen[slot], entry.0) { stored } else { Stored::Lost }
 }
+
+#[cfg(feature = "user")]
+// SAFETY: `#[repr(C)]` words, no padding; any bit pattern is a valid shard.
+unsafe impl aya::Pod for Shard {}
 
 #[cfg(test)]
 mod tests {
@@ -545,6 +591,39 @@ mod tests {
         // Poisson, λ = 2: about 10 of 65,536 (0.015 %); structured keys must not do much worse.
         assert!(evicted <= 40, "{evicted} flows met a full bucket");
         assert!(found >= FLOWS - evicted - 2, "a stored flow not found: {found}");
+    }
+
+    #[test]
+    fn a_sharded_table_puts_every_line_inside_its_shard_and_spreads_real_keys_evenly() {
+        // Each bucket's line ends inside the shard's value, which with the array header fills
+        // exactly the 32 KiB that the kernel still allocates with kmalloc.
+        assert_eq!(SHARD_WORDS * 8 + 312, 32 * 1024);
+        assert!(SHARD_SKEW + SHARD_BUCKETS as usize * 64 <= SHARD_WORDS * 8);
+        // The most a bucket index can be, as the verifier bounds it: (2^32 − 1) × n >> 32.
+        let last = Position { bucket_hash: u32::MAX, fingerprint: Fingerprint::of(1) };
+        assert_eq!(last.shard_and_bucket(7), (6, SHARD_BUCKETS - 1));
+        // Two flows a bucket at capacity, as `buckets_for`.
+        let shards = shards_for(1 << 20);
+        assert!(shards as u64 * SHARD_BUCKETS as u64 >= 1 << 19);
+        assert!(shards <= 1037, "{shards} shards of 32 KiB for a million flows");
+        // Structured keys land evenly over shards and over buckets in a shard.
+        let (flows, shards) = (1u32 << 16, shards_for(1 << 16));
+        let mut per_shard = std::vec![0u32; shards as usize];
+        let mut per_bucket = std::vec![0u32; SHARD_BUCKETS as usize];
+        for i in 0..flows {
+            let key = ConnectionKeyOf {
+                client: [10, 1, (i >> 12) as u8, (i >> 4) as u8],
+                client_port: (32768 + (i & 0xf) as u16).to_be_bytes(),
+                service: 3,
+            };
+            let (shard, bucket) = position(&key, 0x5eed).shard_and_bucket(shards);
+            per_shard[shard as usize] += 1;
+            per_bucket[bucket as usize] += 1;
+        }
+        let mean = flows / shards;
+        assert!(per_shard.iter().all(|n| n.abs_diff(mean) < mean / 4), "uneven shards: {per_shard:?}");
+        let mean = flows / SHARD_BUCKETS;
+        assert!(per_bucket.iter().all(|n| n.abs_diff(mean) < mean / 3), "uneven buckets: {per_bucket:?}");
     }
 
     #[test]

@@ -542,7 +542,10 @@ pub mod bench {
     /// kernel's LRU hash (`bench_dnat_table`) and `flow_table`'s buckets (`bench_dnat_line`).
     /// The agent loads the same object and creates every map in it, so it makes these one entry
     /// each (the LRU hash alone is some 20 MiB of kernel memory, never used by the agent).
-    pub const BENCH_TABLES: [&str; 2] = ["BENCH_FLOWS", "BENCH_LINE_TABLE"];
+    pub const BENCH_TABLES: [&str; 3] = ["BENCH_FLOWS", "BENCH_LINE_TABLE", BENCH_SHARDS];
+    /// `ArrayOfMaps` of `flow_table::Shard` arrays (one element each) for `bench_dnat_shard`,
+    /// filled by the bench.
+    pub const BENCH_SHARDS: &str = "BENCH_SHARDS";
 
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -17,14 +17,18 @@ use aya_ebpf::{
         BPF_F_MMAPABLE, TC_ACT_OK, TC_ACT_SHOT,
         xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
     },
+    btf_maps,
     helpers::bpf_redirect,
-    macros::{classifier, map, xdp},
+    macros::{btf_map, classifier, map, xdp},
     maps::{Array, LruHashMap, PerCpuArray},
     programs::{TcContext, XdpContext},
 };
 use lb_common::{
     csum,
-    flow_table::{self, BUCKET_SLOTS, Bucket, Cells, Entry, Stored, Tick, buckets_for},
+    flow_table::{
+        self, BUCKET_SLOTS, Bucket, Cells, Entry, Position, SHARD_SKEW, Shard, Stored, Tick, buckets_for,
+        shards_for,
+    },
     service::{ConnectionKey, Flow, MAX_FLOWS, PROTO_UDP, bench::BenchConfig},
 };
 use network_types::{
@@ -158,12 +162,19 @@ const LINE_BUCKETS: u32 = buckets_for(MAX_FLOWS);
 /// A node's seed would come from a map; a fixed one does for the yardstick.
 const LINE_SEED: u32 = 0x5eed_1b0b;
 
+/// `bench_dnat_shard`'s connection table: the same buckets in shards of one kernel allocation
+/// each (see [`Shard`]), which the bench creates and puts in.
+#[btf_map]
+static BENCH_SHARDS: btf_maps::ArrayOfMaps<btf_maps::Array<Shard, 1>, SHARDS> = btf_maps::ArrayOfMaps::new();
+const SHARDS: usize = shards_for(MAX_FLOWS) as usize;
+
 /// Which connection table a bare DNAT looks each flow up in first.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Table {
     None,
     KernelHash,
     OneLine,
+    Sharded,
 }
 
 #[xdp]
@@ -183,6 +194,12 @@ pub fn bench_dnat_table(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn bench_dnat_line(ctx: XdpContext) -> u32 {
     dnat(&ctx, Table::OneLine)
+}
+
+/// `bench_dnat_line` with the table in shards in the kernel's direct map.
+#[xdp]
+pub fn bench_dnat_shard(ctx: XdpContext) -> u32 {
+    dnat(&ctx, Table::Sharded)
 }
 
 /// A bucket in the map: each slot read and written with one 8-byte access. BPF at the
@@ -215,6 +232,19 @@ impl Cells for MapBucket {
             core::ptr::write_volatile(at, new);
         }
         true
+    }
+}
+
+/// Whether the flow's entry names a backend (the yardsticks' never do); records a new one.
+#[inline(always)]
+fn seen_before(bucket: &MapBucket, position: Position) -> bool {
+    match flow_table::find(bucket, position.fingerprint) {
+        Some(hit) => hit.entry.backend() != 0,
+        None => {
+            let entry = Entry::new(position.fingerprint, 0, None, Tick(0));
+            let _: Stored = flow_table::store(bucket, entry, Tick(0));
+            false
+        }
     }
 }
 
@@ -256,14 +286,20 @@ fn dnat(ctx: &XdpContext, table: Table) -> u32 {
             let Some(bucket) = BENCH_LINE_TABLE.get_ptr_mut(position.bucket(LINE_BUCKETS)) else {
                 return XDP_PASS;
             };
-            let bucket = MapBucket(bucket);
-            match flow_table::find(&bucket, position.fingerprint) {
-                Some(hit) if hit.entry.backend() != 0 => return XDP_PASS,
-                Some(_) => {}
-                None => {
-                    let entry = Entry::new(position.fingerprint, 0, None, Tick(0));
-                    let _: Stored = flow_table::store(&bucket, entry, Tick(0));
-                }
+            if seen_before(&MapBucket(bucket), position) {
+                return XDP_PASS;
+            }
+        }
+        Table::Sharded => {
+            let position = flow_table::position(&key, LINE_SEED);
+            let (shard, bucket) = position.shard_and_bucket(SHARDS as u32);
+            let Some(value) = BENCH_SHARDS.get_value_ptr_mut(shard, &0) else {
+                return XDP_PASS;
+            };
+            // SAFETY: `bucket` < SHARD_BUCKETS, so the line ends inside the shard.
+            let bucket = unsafe { (value as *mut u8).add(SHARD_SKEW + 64 * bucket as usize) as *mut Bucket };
+            if seen_before(&MapBucket(bucket), position) {
+                return XDP_PASS;
             }
         }
     }

@@ -11,7 +11,8 @@
 //! - Modes: `xdp-drop` (the ceiling: a sink on n0 itself), `lb-agent` (the full program: Maglev,
 //!   connection table, counters), `xdp-dnat` (a bare DNAT and redirect), `xdp-dnat-table` (the
 //!   same with a lookup in a connection table of the agent's shape), `xdp-dnat-line` (with a
-//!   lookup in `flow_table`'s one-line buckets instead), `iptables` and `nftables` (kube-proxy's
+//!   lookup in `flow_table`'s one-line buckets instead), `xdp-dnat-shard` (those buckets in 32 KiB
+//!   shards the kernel allocates in its huge-page direct map), `iptables` and `nftables` (kube-proxy's
 //!   rule shapes, with conntrack).
 //! - Marginal cost per packet: 1/pps(mode) − 1/pps(xdp-drop), from the same run.
 //! - TCP: wrk against two HTTP responders in pods on n0, through the VIP.
@@ -28,11 +29,14 @@ use std::{
 
 use aya::{
     Ebpf,
-    maps::{Array, PerCpuArray},
+    maps::{Array, ArrayOfMaps, MapData, PerCpuArray},
     programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp, XdpMode},
 };
 use lb_agent::dataplane::{EMBEDDED_OBJECT, PASS_PROGRAM};
-use lb_common::service::bench::{BENCH_CONFIG, BENCH_COUNT, BenchConfig};
+use lb_common::{
+    flow_table::Shard,
+    service::bench::{BENCH_CONFIG, BENCH_COUNT, BENCH_SHARDS, BenchConfig},
+};
 use lb_lab::{
     Agent, Lab, Netns,
     agent::AGENT_LISTEN,
@@ -54,17 +58,19 @@ enum Mode {
     XdpDnat,
     XdpDnatTable,
     XdpDnatLine,
+    XdpDnatShard,
     Iptables,
     Nftables,
 }
 
 impl Mode {
-    const ALL: [Mode; 7] = [
+    const ALL: [Mode; 8] = [
         Mode::XdpDrop,
         Mode::LbAgent,
         Mode::XdpDnat,
         Mode::XdpDnatTable,
         Mode::XdpDnatLine,
+        Mode::XdpDnatShard,
         Mode::Iptables,
         Mode::Nftables,
     ];
@@ -76,6 +82,7 @@ impl Mode {
             Mode::XdpDnat => "bare XDP DNAT + redirect",
             Mode::XdpDnatTable => "bare XDP DNAT + connection table",
             Mode::XdpDnatLine => "bare XDP DNAT + one-line table",
+            Mode::XdpDnatShard => "bare XDP DNAT + one-line table, huge pages",
             Mode::Iptables => "kube-proxy iptables",
             Mode::Nftables => "kube-proxy nftables",
         }
@@ -126,7 +133,10 @@ fn main() {
     let xdp_only = args.iter().any(|a| a == "--xdp-only");
     let modes: Vec<Mode> = Mode::ALL
         .into_iter()
-        .filter(|m| !(ipv6 && matches!(m, Mode::XdpDnat | Mode::XdpDnatTable | Mode::XdpDnatLine)))
+        .filter(|m| {
+            !(ipv6
+                && matches!(m, Mode::XdpDnat | Mode::XdpDnatTable | Mode::XdpDnatLine | Mode::XdpDnatShard))
+        })
         .filter(|m| !(xdp_only && matches!(m, Mode::Iptables | Mode::Nftables)))
         .collect();
 
@@ -159,6 +169,16 @@ fn main() {
     if !ipv6 && !args.iter().any(|a| a == "--no-tcp") {
         println!();
         bench.tcp(if quick { 2 } else { 5 }, repetitions);
+    }
+}
+
+/// Puts a fresh shard in every slot of `bench_dnat_shard`'s table.
+fn fill_shards(ebpf: &mut Ebpf) {
+    let mut shards: ArrayOfMaps<_, Array<MapData, Shard>> =
+        ArrayOfMaps::try_from(ebpf.map_mut(BENCH_SHARDS).unwrap()).unwrap();
+    for i in 0..shards.len() {
+        let shard = Array::<MapData, Shard>::create(1, 0).expect("a shard");
+        shards.set(i, &shard, 0).expect("putting a shard in");
     }
 }
 
@@ -351,10 +371,11 @@ impl Bench {
                 agent.wait_ready();
                 Some(Active::Agent(agent))
             }
-            Mode::XdpDnat | Mode::XdpDnatTable | Mode::XdpDnatLine => {
+            Mode::XdpDnat | Mode::XdpDnatTable | Mode::XdpDnatLine | Mode::XdpDnatShard => {
                 let (program, name) = match mode {
                     Mode::XdpDnatTable => ("bench_dnat_table", "xdp-dnat-table"),
                     Mode::XdpDnatLine => ("bench_dnat_line", "xdp-dnat-line"),
+                    Mode::XdpDnatShard => ("bench_dnat_shard", "xdp-dnat-shard"),
                     _ => ("bench_dnat", "xdp-dnat"),
                 };
                 let (_, host_mac, host_index) = self.host_ifs[0].clone();
@@ -375,6 +396,9 @@ impl Bench {
                         let mut map: Array<_, BenchConfig> =
                             Array::try_from(ebpf.map_mut(BENCH_CONFIG).unwrap()).unwrap();
                         map.set(0, config, 0).unwrap();
+                        if mode == Mode::XdpDnatShard {
+                            fill_shards(&mut ebpf);
+                        }
                         ebpf
                     }),
                 })
@@ -446,7 +470,7 @@ impl Bench {
                 agent.wait_ready();
                 Some(Active::Agent(agent))
             }
-            Mode::XdpDnat | Mode::XdpDnatTable | Mode::XdpDnatLine => None,
+            Mode::XdpDnat | Mode::XdpDnatTable | Mode::XdpDnatLine | Mode::XdpDnatShard => None,
             Mode::Iptables => {
                 let rules = format!(
                     "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-BENCH - [0:0]\n:KUBE-SEP-BENCH - [0:0]\n\

@@ -29,7 +29,7 @@ use tracing::warn;
 use crate::{
     logging::LogBudget,
     mac::MacAddr,
-    vrrp::garp::{GarpSocket, announcement_for},
+    vrrp::announcement::{AnnouncementSocket, announcement_for},
 };
 
 /// At most this many frames leave per [`TICK`].
@@ -44,7 +44,7 @@ pub struct Announcement {
     pub vip: IpAddr,
     pub count: u32,
     pub pause: Duration,
-    pub socket: Arc<GarpSocket>,
+    pub socket: Arc<AnnouncementSocket>,
     pub mac: MacAddr,
 }
 
@@ -142,7 +142,7 @@ async fn sleep_until(at: Option<Instant>) {
 /// One frame to send now.
 pub struct Due {
     pub vip: IpAddr,
-    pub socket: Arc<GarpSocket>,
+    pub socket: Arc<AnnouncementSocket>,
     pub mac: MacAddr,
     /// Tries of this round so far, this one included.
     pub tries: u32,
@@ -155,7 +155,7 @@ struct Pending {
     sent: u32,
     left: u32,
     pause: Duration,
-    socket: Arc<GarpSocket>,
+    socket: Arc<AnnouncementSocket>,
     mac: MacAddr,
     tries: u32,
 }
@@ -278,12 +278,12 @@ mod tests {
 
     use super::*;
 
-    fn socket() -> Arc<GarpSocket> {
+    fn socket() -> Arc<AnnouncementSocket> {
         // Opening an AF_PACKET socket needs CAP_NET_RAW; the schedule never sends on it.
-        Arc::new(GarpSocket::open(1).unwrap_or_else(|_| GarpSocket::closed()))
+        Arc::new(AnnouncementSocket::open(1).unwrap_or_else(|_| AnnouncementSocket::closed()))
     }
 
-    fn announcement(last: u8, count: u32, mac: u8, socket: &Arc<GarpSocket>) -> Announcement {
+    fn announcement(last: u8, count: u32, mac: u8, socket: &Arc<AnnouncementSocket>) -> Announcement {
         Announcement {
             vip: Ipv4Addr::new(198, 51, 100, last).into(),
             count,

@@ -10,7 +10,7 @@ use std::{
 };
 
 use crate::{
-    config::{Announce, Config, GarpConfig, GroupConfig, VipMode},
+    config::{Announce, AnnouncementConfig, Config, GroupConfig, VipMode},
     planner::{self, GroupInput, VipInput},
     vrrp::{
         family::Family,
@@ -26,7 +26,7 @@ pub struct VipSettings {
     pub interface: String,
     pub mode: VipMode,
     pub announce: Announce,
-    pub garp: GarpConfig,
+    pub announcements: AnnouncementConfig,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -100,7 +100,7 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
                     interface: interface.to_owned(),
                     mode: group.vip_mode,
                     announce: group.announce,
-                    garp: group.garp.clone(),
+                    announcements: group.announcements.clone(),
                 },
             );
         }
@@ -186,7 +186,7 @@ fn plan_routed(plan: &mut NodePlan, group: &GroupConfig, interface: &str, me: &s
             interface: interface.to_owned(),
             mode: group.vip_mode,
             announce: group.announce,
-            garp: group.garp.clone(),
+            announcements: group.announcements.clone(),
         };
         plan.vips.insert(vip.address, settings);
     }

@@ -19,7 +19,7 @@ use crate::{
     error::{Error, Result},
     netdev::{self, Interface},
     node_plan::NodePlan,
-    vrrp::garp::GarpSocket,
+    vrrp::announcement::AnnouncementSocket,
 };
 
 /// One interface the agent serves VIPs on.
@@ -31,7 +31,7 @@ pub struct Uplink {
     /// global one), the full-NAT and 6in6 source for IPv6; none: IPv6 full NAT and DSR out of it
     /// are left to the kernel, counted (`no_source_address`).
     pub node_address6: Option<std::net::Ipv6Addr>,
-    pub garp: Arc<GarpSocket>,
+    pub announcements: Arc<AnnouncementSocket>,
 }
 
 /// Every uplink, by interface name, and the slots the data plane knows them by.
@@ -158,9 +158,12 @@ pub async fn resolve(
             Some(address) => Some(address),
             None => netdev::primary_ipv6(netlink, interface.index).await?,
         };
-        let garp = GarpSocket::open(interface.index)
-            .map_err(|e| Error::io(format!("opening the gratuitous-ARP socket on {name}"), e))?;
-        found.insert(name.clone(), Uplink { interface, node_address, node_address6, garp: Arc::new(garp) });
+        let announcements = AnnouncementSocket::open(interface.index)
+            .map_err(|e| Error::io(format!("opening the announcement (ARP/NA) socket on {name}"), e))?;
+        found.insert(
+            name.clone(),
+            Uplink { interface, node_address, node_address6, announcements: Arc::new(announcements) },
+        );
     }
     Ok(Ok(found))
 }

@@ -19,7 +19,7 @@ pub enum Reason {
     /// hardware or protocol types.
     ArpIgnored = 4,
     /// Neither ARP, IPv4 nor IPv6 (VLAN-tagged, other EtherTypes): left to the kernel.
-    NotIpv4 = 5,
+    NotIp = 5,
     /// IPv4 that is truncated, not version 4, has a header length under 20 bytes or a total
     /// length that disagrees with the frame: left to the kernel, which drops it.
     MalformedIpv4 = 6,
@@ -96,7 +96,7 @@ impl Reason {
         Reason::ArpReplied,
         Reason::ArpNotOwned,
         Reason::ArpIgnored,
-        Reason::NotIpv4,
+        Reason::NotIp,
         Reason::MalformedIpv4,
         Reason::Ipv4Passed,
         Reason::IpOptions,
@@ -135,7 +135,7 @@ impl Reason {
             Reason::ArpReplied => "arp_replied",
             Reason::ArpNotOwned => "arp_not_owned",
             Reason::ArpIgnored => "arp_ignored",
-            Reason::NotIpv4 => "not_ipv4",
+            Reason::NotIp => "not_ip",
             Reason::MalformedIpv4 => "malformed_ipv4",
             Reason::Ipv4Passed => "ipv4_passed",
             Reason::IpOptions => "ip_options",

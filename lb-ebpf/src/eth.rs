@@ -27,6 +27,6 @@ pub fn handle_frame(ctx: &XdpContext) -> u32 {
         // Neighbor Discovery rides on ICMPv6 but is the link layer's business, as ARP is.
         ETHERTYPE_IPV6 if ndp::is_solicitation(ctx) => ndp::answer_owned(ctx),
         ETHERTYPE_IPV6 => ipv6::handle(ctx),
-        _ => stats::verdict(Reason::NotIpv4, packet::len(ctx), XDP_PASS),
+        _ => stats::verdict(Reason::NotIp, packet::len(ctx), XDP_PASS),
     }
 }

@@ -6,7 +6,7 @@
 //! - `nat`: delivery by translation: local DNAT, full NAT, and full NAT's replies.
 //! - `encap`: delivery by IPIP (DSR, IPv4), both ends; `encap6`: by IPv6-in-IPv6.
 
-pub mod encap;
+pub mod encap4;
 pub mod encap6;
 pub mod flow;
 pub mod nat;
@@ -87,7 +87,7 @@ impl Deliver for V4 {
         ip_len: u16,
         now: u64,
     ) -> (u32, Reason) {
-        encap::encapsulate(ctx, flow, picked, ip_len, now)
+        encap4::encapsulate(ctx, flow, picked, ip_len, now)
     }
 }
 

@@ -153,7 +153,7 @@ fn everything_else_passes_untouched_and_is_counted() {
             with_byte(with_byte(request.clone(), 12, 0x08), 13, 0x00),
             Reason::MalformedIpv4,
         ),
-        ("VLAN-tagged", with_byte(with_byte(request.clone(), 12, 0x81), 13, 0x00), Reason::NotIpv4),
+        ("VLAN-tagged", with_byte(with_byte(request.clone(), 12, 0x81), 13, 0x00), Reason::NotIp),
     ];
     let program = Program::load();
     for (i, (name, input, reason)) in cases.iter().enumerate() {

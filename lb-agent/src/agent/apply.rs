@@ -78,7 +78,7 @@ impl Agent {
         self.announced = vrrp_owned;
         self.vip_addresses.set(self.with_ifindex(kernel), self.with_ifindex(listening));
         self.announce(newly_owned);
-        self.schedule_garp_refresh(Instant::now());
+        self.schedule_announcement_refresh(Instant::now());
     }
 
     /// Drops the per-VIP counters of VIPs the config no longer has (after a new plan: it walks
@@ -157,30 +157,32 @@ impl Agent {
     pub(super) fn announce(&self, vips: Vec<IpAddr>) {
         let bursts: Vec<(IpAddr, u32, Duration)> = vips
             .into_iter()
-            .filter_map(|vip| self.plan.vips.get(&vip).map(|s| (vip, s.garp.count, s.garp.interval)))
+            .filter_map(|vip| {
+                self.plan.vips.get(&vip).map(|s| (vip, s.announcements.count, s.announcements.interval))
+            })
             .filter(|(_, count, _)| *count > 0)
             .collect();
-        self.send_garps(bursts);
+        self.send_announcements(bursts);
     }
 
     /// Groups the owned VIPs by their group's `garp.refresh` period (after an ownership
     /// change); a new period's first refresh is one period away, since taking over has its own
     /// burst.
-    pub(super) fn schedule_garp_refresh(&mut self, now: Instant) {
-        if self.config.groups.iter().all(|g| g.garp.refresh.is_zero()) {
-            self.garp_refresh.clear();
+    pub(super) fn schedule_announcement_refresh(&mut self, now: Instant) {
+        if self.config.groups.iter().all(|g| g.announcements.refresh.is_zero()) {
+            self.announcement_refresh.clear();
             return;
         }
         let mut by_period: BTreeMap<Duration, Vec<IpAddr>> = BTreeMap::new();
         for vip in &self.announced {
             if let Some(settings) = self.plan.vips.get(vip)
-                && !settings.garp.refresh.is_zero()
+                && !settings.announcements.refresh.is_zero()
             {
-                by_period.entry(settings.garp.refresh).or_default().push(*vip);
+                by_period.entry(settings.announcements.refresh).or_default().push(*vip);
             }
         }
-        let previous = std::mem::take(&mut self.garp_refresh);
-        self.garp_refresh = by_period
+        let previous = std::mem::take(&mut self.announcement_refresh);
+        self.announcement_refresh = by_period
             .into_iter()
             .map(|(period, vips)| {
                 let next = previous.get(&period).map_or(now + period, |(next, _)| *next);
@@ -190,20 +192,20 @@ impl Agent {
     }
 
     /// `garp.refresh`: while Master, one gratuitous ARP per owned VIP every period.
-    pub(super) fn refresh_garps(&mut self, now: Instant) {
+    pub(super) fn refresh_announcements(&mut self, now: Instant) {
         let mut due = Vec::new();
-        for (period, (next, vips)) in &mut self.garp_refresh {
+        for (period, (next, vips)) in &mut self.announcement_refresh {
             if *next <= now {
                 *next = now + *period;
                 due.extend(vips.iter().map(|vip| (*vip, 1, Duration::ZERO)));
             }
         }
-        self.send_garps(due);
+        self.send_announcements(due);
     }
 
     /// Has the announcer send `count` gratuitous ARPs for each VIP, `pause` apart, out of the
     /// VIP's group's uplink (paced, in the background: see [`crate::announcer`]).
-    pub(super) fn send_garps(&self, bursts: Vec<(IpAddr, u32, Duration)>) {
+    pub(super) fn send_announcements(&self, bursts: Vec<(IpAddr, u32, Duration)>) {
         let announcements = bursts
             .into_iter()
             .filter_map(|(vip, count, pause)| {
@@ -213,7 +215,7 @@ impl Agent {
                     vip,
                     count,
                     pause,
-                    socket: uplink.garp.clone(),
+                    socket: uplink.announcements.clone(),
                     mac: uplink.interface.mac,
                 })
             })

@@ -107,7 +107,7 @@ struct Agent {
     /// A graceful stop began: routes are withdrawn while the rest keeps serving.
     stopping: bool,
     /// Owned VIPs by `garp.refresh` period, and when they are next announced again.
-    garp_refresh: BTreeMap<Duration, (Instant, Vec<IpAddr>)>,
+    announcement_refresh: BTreeMap<Duration, (Instant, Vec<IpAddr>)>,
     /// Keeps the VIP addresses on the uplinks (modes `netlink`, `both`) without the loop
     /// waiting on netlink.
     vip_addresses: VipAddresses,
@@ -178,9 +178,13 @@ impl Agent {
             }
             let vrrp_deadline =
                 self.vrrp.as_ref().and_then(|v| v.router.next_deadline()).map(Instant::from_std);
-            let garp_refresh = self.garp_refresh.values().map(|(at, _)| *at);
-            let deadline =
-                vrrp_deadline.into_iter().chain(garp_refresh).chain(receive_from).chain(drain_until).min();
+            let announcement_refresh = self.announcement_refresh.values().map(|(at, _)| *at);
+            let deadline = vrrp_deadline
+                .into_iter()
+                .chain(announcement_refresh)
+                .chain(receive_from)
+                .chain(drain_until)
+                .min();
             // Busy sockets are read on a tick: until it, this thread sleeps outside epoll, where
             // every advertisement that arrives would wake it. Nothing else shares the thread
             // (see `run`), and the sleep ends at the next deadline.
@@ -205,7 +209,7 @@ impl Agent {
                         vrrp.send(&out);
                     }
                     self.apply_ownership().await;
-                    self.refresh_garps(Instant::now());
+                    self.refresh_announcements(Instant::now());
                 }
                 _ = stop_signal(&mut signals.term, &mut signals.int), if stop_by.is_none() => {
                     drain_until = self.begin_stop().await;

@@ -211,7 +211,7 @@ pub async fn run(
         announcer: within(&background, Announcer::spawn),
         routes,
         stopping: false,
-        garp_refresh: BTreeMap::new(),
+        announcement_refresh: BTreeMap::new(),
         vip_addresses,
         applied_epoch: None,
         leases_epoch: None,

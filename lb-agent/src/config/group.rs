@@ -55,8 +55,10 @@ pub struct GroupConfig {
     /// (see [`Announce`]).
     #[serde(default)]
     pub announce: Announce,
-    #[serde(default)]
-    pub garp: GarpConfig,
+    /// Gratuitous ARP and unsolicited Neighbor Advertisements; the key keeps keepalived's
+    /// name, `garp`.
+    #[serde(default, rename = "garp")]
+    pub announcements: AnnouncementConfig,
     /// VRIDs allocated earlier, by instance (`owner/backup` as in a LoadBalancerGroup's
     /// `status.vrids`): kept while still valid, so a change does not renumber instances.
     #[serde(default)]
@@ -167,15 +169,16 @@ impl Announce {
     }
 }
 
-/// Gratuitous ARP on becoming Master, and while Master.
+/// Announcements (gratuitous ARP, unsolicited Neighbor Advertisements) on becoming Master,
+/// and while Master.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct GarpConfig {
+pub struct AnnouncementConfig {
     /// Announcements per VIP.
-    #[serde(default = "default_garp_count")]
+    #[serde(default = "default_announcement_count")]
     pub count: u32,
     /// Pause between announcements.
-    #[serde(default = "default_garp_interval", deserialize_with = "duration")]
+    #[serde(default = "default_announcement_interval", deserialize_with = "duration")]
     pub interval: Duration,
     /// Announce the owned VIPs again this often while Master (zero: never), for switches
     /// whose MAC tables age out before routers' ARP caches do (keepalived's
@@ -184,22 +187,26 @@ pub struct GarpConfig {
     pub refresh: Duration,
 }
 
-impl Default for GarpConfig {
+impl Default for AnnouncementConfig {
     fn default() -> Self {
-        Self { count: default_garp_count(), interval: default_garp_interval(), refresh: Duration::ZERO }
+        Self {
+            count: default_announcement_count(),
+            interval: default_announcement_interval(),
+            refresh: Duration::ZERO,
+        }
     }
 }
 
 /// The shortest `garp.refresh`: more often would flood the segment with announcements.
-pub const MIN_GARP_REFRESH: Duration = Duration::from_millis(100);
+pub const MIN_ANNOUNCEMENT_REFRESH: Duration = Duration::from_millis(100);
 
 fn default_advert_interval() -> Duration {
     Duration::from_secs(1)
 }
-fn default_garp_count() -> u32 {
+fn default_announcement_count() -> u32 {
     3
 }
-fn default_garp_interval() -> Duration {
+fn default_announcement_interval() -> Duration {
     Duration::from_millis(20)
 }
 fn yes() -> bool {
@@ -491,14 +498,14 @@ pub(super) fn validate_groups(
                 }
             }
         }
-        if group.garp.count > 100 || group.garp.interval > Duration::from_secs(10) {
+        if group.announcements.count > 100 || group.announcements.interval > Duration::from_secs(10) {
             return Err(ConfigError::new(at("garp"), "count ≤ 100 and interval ≤ 10s"));
         }
-        let refresh = group.garp.refresh;
-        if !refresh.is_zero() && refresh < MIN_GARP_REFRESH {
+        let refresh = group.announcements.refresh;
+        if !refresh.is_zero() && refresh < MIN_ANNOUNCEMENT_REFRESH {
             return Err(ConfigError::new(
                 at("garp.refresh"),
-                format!("zero (off) or at least {MIN_GARP_REFRESH:?}, got {refresh:?}"),
+                format!("zero (off) or at least {MIN_ANNOUNCEMENT_REFRESH:?}, got {refresh:?}"),
             ));
         }
     }
@@ -526,7 +533,7 @@ mod tests {
         assert_eq!(g.advert_interval, std::time::Duration::from_secs(1));
         assert!(g.preempt);
         assert_eq!(g.vips[0].service.as_deref(), Some("default/web"));
-        assert_eq!(g.garp.count, 3);
+        assert_eq!(g.announcements.count, 3);
     }
 
     #[test]
@@ -596,7 +603,8 @@ mod tests {
 
     #[test]
     fn garp_refresh_is_off_or_at_least_100ms() {
-        let g = |extra: &str| Config::parse(&format!("{BASE}{extra}")).map(|c| c.groups[0].garp.refresh);
+        let g =
+            |extra: &str| Config::parse(&format!("{BASE}{extra}")).map(|c| c.groups[0].announcements.refresh);
         assert_eq!(g("").unwrap(), std::time::Duration::ZERO, "off by default");
         assert_eq!(g("    garp: {refresh: 30s}\n").unwrap(), std::time::Duration::from_secs(30));
         let (field, expected) = err("    garp: {refresh: 10ms}\n");

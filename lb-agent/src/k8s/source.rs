@@ -1355,11 +1355,14 @@ services:
     #[test]
     fn a_groups_garp_refresh_reaches_the_config() {
         let base = Config::parse(BASE).unwrap();
-        assert_eq!(translate(&cluster(), &base).unwrap().config.groups[0].garp.refresh, Duration::ZERO);
+        assert_eq!(
+            translate(&cluster(), &base).unwrap().config.groups[0].announcements.refresh,
+            Duration::ZERO
+        );
         let mut state = cluster();
         Arc::make_mut(&mut state.groups[0]).spec.garp_refresh = Some("30s".into());
         let config = translate(&state, &base).unwrap().config;
-        assert_eq!(config.groups[0].garp.refresh, Duration::from_secs(30));
+        assert_eq!(config.groups[0].announcements.refresh, Duration::from_secs(30));
     }
 
     #[test]

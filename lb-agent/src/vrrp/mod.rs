@@ -9,11 +9,11 @@
 //! - [`router`]: every instance of the node — receive checks, dispatch, handover.
 //! - [`metrics`]: per-instance metrics.
 //! - [`socket`]: the raw protocol-112 sockets of both families (the only I/O here).
-//! - [`garp`]: gratuitous ARP and unsolicited Neighbor Advertisements when a VIP is taken.
+//! - [`announcement`]: gratuitous ARP and unsolicited Neighbor Advertisements when a VIP is taken.
 
+pub mod announcement;
 pub mod auth;
 pub mod family;
-pub mod garp;
 pub mod instance;
 pub mod ipv4;
 pub mod ipv6;

@@ -15,7 +15,7 @@ use crate::{
     family::V4,
     owned::{is_owned, is_owned_exclusively},
     packet::{self, ETH_LEN, FRAGMENT_MASK, IPV4_LEN, L4_OFFSET, Ports, header},
-    services::{self, encap},
+    services::{self, encap4},
     stats, vrrp,
 };
 
@@ -70,7 +70,7 @@ pub fn handle(ctx: &XdpContext) -> u32 {
             services::transport::<V4>(ctx, &flow, tot_len)
         }
         PROTO_ICMP => icmp::answer_echo(ctx),
-        PROTO_IPIP => encap::decapsulate(ctx),
+        PROTO_IPIP => encap4::decapsulate(ctx),
         PROTO_VRRP => vrrp::observe(ctx, src),
         _ if is_owned_exclusively(ctx, dst) => stats::verdict(Reason::UnexposedPort, bytes, XDP_DROP),
         _ => stats::verdict(Reason::Ipv4Passed, bytes, XDP_PASS),

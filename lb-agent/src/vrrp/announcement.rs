@@ -76,12 +76,12 @@ pub fn announcement_for(mac: MacAddr, vip: IpAddr) -> Vec<u8> {
 }
 
 /// An AF_PACKET socket on the uplink for sending announcements.
-pub struct GarpSocket {
+pub struct AnnouncementSocket {
     fd: std::os::fd::OwnedFd,
     ifindex: u32,
 }
 
-impl GarpSocket {
+impl AnnouncementSocket {
     pub fn open(ifindex: u32) -> io::Result<Self> {
         use std::os::fd::FromRawFd;
         // SAFETY: socket() returns a new fd or -1, checked before it is owned.

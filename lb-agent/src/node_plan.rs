@@ -13,7 +13,7 @@ use crate::{
     config::{Announce, AnnouncementConfig, Config, GroupConfig, VipMode},
     planner::{self, GroupInput, VipInput},
     vrrp::{
-        family::Family,
+        family::IpFamily,
         router::{InstanceSpec, Locals},
     },
 };
@@ -54,7 +54,7 @@ pub struct NodePlan {
 impl NodePlan {
     /// This node's IPv4 address on `interface`, where it is a group member there.
     pub fn ipv4_local(&self, interface: &str) -> Option<Ipv4Addr> {
-        match self.locals.get(&(interface.to_owned(), Family::V4)) {
+        match self.locals.get(&(interface.to_owned(), IpFamily::V4)) {
             Some(IpAddr::V4(v4)) => Some(*v4),
             _ => None,
         }
@@ -71,11 +71,11 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
     for group in groups {
         let interface = config.group_interface(group);
         let me_in_group = group.nodes.iter().find(|n| n.name == me);
-        let peers = |family: Family| -> BTreeSet<IpAddr> {
+        let peers = |family: IpFamily| -> BTreeSet<IpAddr> {
             let others = group.nodes.iter().filter(|n| n.name != me);
             match family {
-                Family::V4 => others.map(|n| IpAddr::V4(n.address)).collect(),
-                Family::V6 => others.filter_map(|n| Some(IpAddr::V6(n.address6?))).collect(),
+                IpFamily::V4 => others.map(|n| IpAddr::V4(n.address)).collect(),
+                IpFamily::V6 => others.filter_map(|n| Some(IpAddr::V6(n.address6?))).collect(),
             }
         };
         if group.announce == Announce::Bgp {
@@ -83,9 +83,9 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
             continue;
         }
         if let Some(node) = me_in_group {
-            plan.locals.insert((interface.to_owned(), Family::V4), node.address.into());
+            plan.locals.insert((interface.to_owned(), IpFamily::V4), node.address.into());
             if let Some(address6) = node.address6 {
-                plan.locals.insert((interface.to_owned(), Family::V6), address6.into());
+                plan.locals.insert((interface.to_owned(), IpFamily::V6), address6.into());
             }
             plan.uplinks.insert(interface.to_owned());
             if let Some(auth) = &group.authentication {
@@ -104,7 +104,7 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
                 },
             );
         }
-        let spec = |family: Family, vrid: u8, priority: u8, vips: BTreeSet<IpAddr>| InstanceSpec {
+        let spec = |family: IpFamily, vrid: u8, priority: u8, vips: BTreeSet<IpAddr>| InstanceSpec {
             group: group.name.clone(),
             interface: interface.to_owned(),
             family,
@@ -121,11 +121,11 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
         };
         // One instance per family: an advertisement carries addresses of its own family only.
         let specs = |vrid: u8, priority: u8, vips: BTreeSet<IpAddr>| -> Vec<InstanceSpec> {
-            [Family::V4, Family::V6]
+            [IpFamily::V4, IpFamily::V6]
                 .into_iter()
                 .filter_map(|family| {
                     let vips: BTreeSet<IpAddr> =
-                        vips.iter().filter(|v| Family::of(**v) == family).copied().collect();
+                        vips.iter().filter(|v| IpFamily::of(**v) == family).copied().collect();
                     (!vips.is_empty()).then(|| spec(family, vrid, priority, vips))
                 })
                 .collect()

@@ -122,7 +122,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::{config::VipMode, node_plan::node_plan, vrrp::family::Family};
+    use crate::{config::VipMode, node_plan::node_plan, vrrp::family::IpFamily};
 
     const MAC0: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xa0]);
     const MAC1: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xa1]);
@@ -184,11 +184,11 @@ mod tests {
         let lease = |family| InstanceId { family, vrid: 20 }.lease_slot();
         assert_eq!(
             w.xdp[&ip("198.51.101.10")],
-            OwnedVip::new(MAC1.0).with_lease(lease(Family::V4)).on_uplink(1)
+            OwnedVip::new(MAC1.0).with_lease(lease(IpFamily::V4)).on_uplink(1)
         );
         assert_eq!(
             w.xdp[&ip("2001:db8:7::10")],
-            OwnedVip::new(MAC1.0).with_lease(lease(Family::V6)).on_uplink(1)
+            OwnedVip::new(MAC1.0).with_lease(lease(IpFamily::V6)).on_uplink(1)
         );
         assert!(!w.xdp.contains_key(&ip("198.51.100.10")), "web's VIPs are not claimed");
         assert_eq!(w.listening["eth1"], ["2001:db8:7::10".parse().unwrap()].into());

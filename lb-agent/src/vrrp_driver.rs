@@ -11,7 +11,7 @@ use tracing::warn;
 use crate::{
     node_plan::NodePlan,
     vrrp::{
-        family::Family,
+        family::IpFamily,
         router::{Outgoing, Router},
         socket::{Arrived, VrrpSocket},
     },
@@ -25,7 +25,7 @@ use crate::{
 const DRAIN_LIMIT: usize = 4096;
 
 /// A VRRP socket's key: its interface and family.
-pub type SocketKey = (String, Family);
+pub type SocketKey = (String, IpFamily);
 
 /// The VRRP driver: the router and a socket for each interface and family it runs instances
 /// on.
@@ -50,7 +50,7 @@ impl Vrrp {
     /// Sends the router's datagrams out of their interface's socket of their family.
     pub fn send(&mut self, out: &[Outgoing]) {
         for o in out {
-            let key = (o.interface.clone(), Family::of(o.destination));
+            let key = (o.interface.clone(), IpFamily::of(o.destination));
             let Some(socket) = self.sockets.get(&key) else {
                 warn!(interface = %o.interface, "no VRRP socket on the interface: advertisement not sent");
                 continue;

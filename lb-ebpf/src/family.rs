@@ -1,5 +1,5 @@
 //! The address families the service path serves. What differs between IPv4 and IPv6 (header
-//! shapes, maps, routing parameters, rewrites) sits behind [`Family`], so `services` and
+//! shapes, maps, routing parameters, rewrites) sits behind [`IpFamily`], so `services` and
 //! `route` are written once and compiled once per family.
 
 use aya_ebpf::{
@@ -26,7 +26,7 @@ use crate::{
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
-pub trait Family: Sized {
+pub trait IpFamily: Sized {
     type Addr: Address;
     /// Where TCP/UDP starts: after an option-less IPv4 header, or an IPv6 header without
     /// extension headers (packets with either are left to the kernel).
@@ -73,7 +73,7 @@ pub trait Family: Sized {
 pub struct V4;
 pub struct V6;
 
-impl Family for V4 {
+impl IpFamily for V4 {
     type Addr = Addr4;
     const L4_OFFSET: usize = crate::packet::L4_OFFSET;
     const PASSED: Reason = Reason::Ipv4Passed;
@@ -167,7 +167,7 @@ impl Family for V4 {
     }
 }
 
-impl Family for V6 {
+impl IpFamily for V6 {
     type Addr = Addr6;
     const L4_OFFSET: usize = ETH_LEN + IPV6_LEN;
     const PASSED: Reason = Reason::Ipv6Passed;

@@ -16,7 +16,7 @@ use lb_common::{
 use network_types::eth::EthHdr;
 
 use crate::{
-    family::Family,
+    family::IpFamily,
     packet::{L4Layout, header},
 };
 
@@ -36,7 +36,7 @@ pub struct NextHop {
 /// per flow. (A route chosen by source, policy routing on client addresses, is cached as the
 /// first packet after a refresh found it.)
 #[inline(always)]
-pub fn cached_lookup<F: Family>(
+pub fn cached_lookup<F: IpFamily>(
     ctx: &XdpContext,
     backend: u32,
     src: F::Addr,
@@ -75,7 +75,7 @@ pub fn cached_lookup<F: Family>(
 /// reason the caller counts; the caller has not rewritten anything yet, so it can still pass
 /// the packet untouched.
 #[inline(always)]
-pub fn lookup<F: Family>(
+pub fn lookup<F: IpFamily>(
     ctx: &XdpContext,
     src: F::Addr,
     dst: F::Addr,
@@ -112,7 +112,7 @@ pub fn lookup<F: Family>(
 /// local path in single BPF_PROG_TEST_RUN timings (near that harness's 10 ns resolution, but
 /// in every run), though neither function runs there per packet.
 #[inline(always)]
-pub fn egress<F: Family>(ctx: &XdpContext, src: F::Addr, dst: F::Addr, tot_len: u16) -> Option<u32> {
+pub fn egress<F: IpFamily>(ctx: &XdpContext, src: F::Addr, dst: F::Addr, tot_len: u16) -> Option<u32> {
     F::with_fib_params(|params| {
         params.ifindex = ctx.ingress_ifindex() as u32;
         params.__bindgen_anon_1.tot_len = tot_len;
@@ -145,7 +145,7 @@ pub fn send(ctx: &XdpContext, hop: &NextHop) -> Option<u32> {
 /// Records how the backend's replies to `flow` are translated back (local and DSR delivery:
 /// only the source changes, back to the VIP and service port).
 #[inline(always)]
-pub fn remember_reply<F: Family>(backend_addr: F::Addr, backend_port: [u8; 2], flow: &FlowKeyOf<F::Addr>) {
+pub fn remember_reply<F: IpFamily>(backend_addr: F::Addr, backend_port: [u8; 2], flow: &FlowKeyOf<F::Addr>) {
     let key = FlowKeyOf::new(backend_addr, flow.src, backend_port, flow.sport, flow.proto);
     let reply = ReplyNatOf::new(flow.dst, flow.src, flow.dport, flow.sport);
     // A lookup is much cheaper than an LRU update, and most packets belong to flows whose
@@ -159,7 +159,7 @@ pub fn remember_reply<F: Family>(backend_addr: F::Addr, backend_port: [u8; 2], f
 
 /// Rewrites the packet to `to`, decrements the TTL (hop limit) and sends it to `hop`.
 #[inline(always)]
-pub fn route_out<F: Family>(
+pub fn route_out<F: IpFamily>(
     ctx: &XdpContext,
     layout: L4Layout,
     to: &ReplyNatOf<F::Addr>,

@@ -1,6 +1,6 @@
 //! The service path: a packet to `(VIP, port, protocol)` goes to a backend, picked by the
 //! connection table or else by the service's Maglev ring, and delivered in that backend's mode.
-//! Written once over [`Family`]: IPv4 and IPv6 each have their own maps.
+//! Written once over [`IpFamily`]: IPv4 and IPv6 each have their own maps.
 //!
 //! - `flow`: the connection table and the Maglev pick.
 //! - `nat`: delivery by translation: local DNAT, full NAT, and full NAT's replies.
@@ -24,7 +24,7 @@ use lb_common::{
 };
 
 use crate::{
-    family::{Family, V4, V6},
+    family::{IpFamily, V4, V6},
     packet::{self, L4Layout, l4_layout},
     stats, uplink,
 };
@@ -33,7 +33,7 @@ use crate::{
 /// own, tail-called from `lb_xdp6` ([`stages6`]): an IPv6 key, backend and reply target are
 /// each several times IPv4's, and inlined together (or as BPF functions, whose frames add up)
 /// the paths pass BPF's 512 bytes of stack.
-pub trait Deliver: Family {
+pub trait Deliver: IpFamily {
     /// Direct server return: wraps the packet for a backend on another node.
     fn encapsulate(
         ctx: &XdpContext,

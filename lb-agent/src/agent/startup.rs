@@ -31,7 +31,7 @@ use crate::{
     service_sync::{ServiceSync, SyncMetrics, SyncRequest},
     uplinks::{self, Uplinks},
     vip_addresses::VipAddresses,
-    vrrp::{family::Family, metrics::VrrpMetrics, router::Router},
+    vrrp::{family::IpFamily, metrics::VrrpMetrics, router::Router},
     vrrp_driver::Vrrp,
 };
 
@@ -316,10 +316,10 @@ pub(super) fn within<T>(runtime: &tokio::runtime::Handle, f: impl FnOnce() -> T)
 
 /// The config path of this node's address of `family` on `interface`, e.g.
 /// `groups[0].nodes[2].address` (`address6` for IPv6).
-pub(super) fn node_address_field(config: &Config, node: &str, interface: &str, family: Family) -> String {
+pub(super) fn node_address_field(config: &Config, node: &str, interface: &str, family: IpFamily) -> String {
     let field = match family {
-        Family::V4 => "address",
-        Family::V6 => "address6",
+        IpFamily::V4 => "address",
+        IpFamily::V6 => "address6",
     };
     config
         .groups

@@ -551,15 +551,15 @@ mod tests {
         let instances: Vec<_> =
             plan.instances.iter().map(|i| (i.family, i.vrid, i.vips.clone(), i.peers.clone())).collect();
         let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
-        use crate::vrrp::family::Family;
+        use crate::vrrp::family::IpFamily;
         assert_eq!(
             instances,
             vec![
-                (Family::V4, 7, [ip("198.51.100.10")].into(), [ip("192.0.2.11")].into()),
-                (Family::V6, 7, [ip("2001:db8:6::10")].into(), [ip("fe80::b")].into()),
+                (IpFamily::V4, 7, [ip("198.51.100.10")].into(), [ip("192.0.2.11")].into()),
+                (IpFamily::V6, 7, [ip("2001:db8:6::10")].into(), [ip("fe80::b")].into()),
             ]
         );
-        assert_eq!(plan.locals[&("eth0".to_owned(), Family::V6)], ip("fe80::a"));
+        assert_eq!(plan.locals[&("eth0".to_owned(), IpFamily::V6)], ip("fe80::a"));
 
         // A node no IPv6 VIP may go to needs no IPv6 address (Kubernetes: a member that has
         // not published its link-local address yet).
@@ -567,7 +567,7 @@ mod tests {
             .replace("address: 192.0.2.10\n", "address: 192.0.2.10\n        address6: fe80::a\n")
             + "    vips:\n      - address: 198.51.100.10\n      - {address: 2001:db8:6::10, eligibleNodes: [n0]}\n";
         let c = Config::parse(&spread).unwrap();
-        assert!(crate::node_plan::node_plan(&c, "n1").instances.iter().all(|i| i.family == Family::V4));
+        assert!(crate::node_plan::node_plan(&c, "n1").instances.iter().all(|i| i.family == IpFamily::V4));
         let e = Config::parse(&spread.replace("eligibleNodes: [n0]", "eligibleNodes: [n0, n1]")).unwrap_err();
         assert_eq!(e.field, "groups[0].nodes[1].address6");
 

@@ -17,7 +17,7 @@ use super::crd::{
     LoadBalancerGroup,
 };
 use super::ipam::{Pools, family_name};
-use crate::vrrp::family::Family;
+use crate::vrrp::family::IpFamily;
 
 /// A Service this agent serves.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -28,7 +28,7 @@ pub struct Bound {
     /// `lb-agent.io/spread`, when set.
     pub spread: Option<bool>,
     /// Its families, primary first (`spec.ipFamilies`; IPv4 on objects without it).
-    pub families: Vec<Family>,
+    pub families: Vec<IpFamily>,
     /// `ipFamilyPolicy: PreferDualStack`: a family its group has no pool of is left out.
     pub prefer_dual_stack: bool,
     /// Addresses it asks for (`lb-agent.io/ips`, or the deprecated `spec.loadBalancerIP`).
@@ -110,11 +110,11 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
 
     let mut refusals = Vec::new();
     // `spec.ipFamilies` as the API server filled it in; empty on old objects (IPv4).
-    let mut families: Vec<Family> = Vec::new();
+    let mut families: Vec<IpFamily> = Vec::new();
     for name in spec.ip_families.iter().flatten() {
         let family = match name.as_str() {
-            "IPv4" => Family::V4,
-            "IPv6" => Family::V6,
+            "IPv4" => IpFamily::V4,
+            "IPv6" => IpFamily::V6,
             other => {
                 refusals
                     .push(refuse("BadIPFamily", format!("ipFamilies: expected IPv4 or IPv6, got {other:?}")));
@@ -126,7 +126,7 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
         }
     }
     if families.is_empty() {
-        families.push(Family::V4);
+        families.push(IpFamily::V4);
     }
     let families_text =
         || format!("[{}]", families.iter().map(|f| family_name(*f)).collect::<Vec<_>>().join(", "));
@@ -134,7 +134,7 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
     let mismatch = |field: &str, ip: IpAddr| {
         let message = format!(
             "{field}: {ip} is an {} address, but the Service's ipFamilies are {}; it is not served",
-            family_name(Family::of(ip)),
+            family_name(IpFamily::of(ip)),
             families_text()
         );
         refuse(ADDRESS_FAMILY_MISMATCH, message)
@@ -155,7 +155,7 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
     if let Some(list) = annotations.get(ANNOTATION_IPS) {
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             match item.parse::<IpAddr>() {
-                Ok(ip) if families.contains(&Family::of(ip)) => requested.push(ip),
+                Ok(ip) if families.contains(&IpFamily::of(ip)) => requested.push(ip),
                 Ok(ip) => refusals.push(mismatch(ANNOTATION_IPS, ip)),
                 Err(_) => refusals.push(refuse(
                     "BadAnnotation",
@@ -166,7 +166,7 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
             }
         }
     } else if let Some(ip) = spec.load_balancer_ip.as_deref().and_then(|s| s.parse::<IpAddr>().ok()) {
-        if families.contains(&Family::of(ip)) {
+        if families.contains(&IpFamily::of(ip)) {
             requested.push(ip);
         } else {
             refusals.push(mismatch("loadBalancerIP", ip));
@@ -188,7 +188,7 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
                     }
                 ),
             )),
-            Ok(ip) if !families.contains(&Family::of(ip)) => refusals.push(mismatch("externalIPs", ip)),
+            Ok(ip) if !families.contains(&IpFamily::of(ip)) => refusals.push(mismatch("externalIPs", ip)),
             Ok(ip) => external_ips.push(ip),
             Err(_) => refusals.push(refuse(
                 "ExternalIPNotAllowed",
@@ -243,7 +243,7 @@ mod tests {
         );
         let (bound, refusals) = bind(&only_ipv6, &groups);
         let bound = bound.expect("served over IPv6");
-        assert_eq!((bound.families.as_slice(), bound.prefer_dual_stack), (&[Family::V6][..], false));
+        assert_eq!((bound.families.as_slice(), bound.prefer_dual_stack), (&[IpFamily::V6][..], false));
         assert_eq!(bound.requested, [ip("2001:db8:6::7")]);
         assert!(bound.external_ips.is_empty());
         let refused: Vec<(&str, &str)> = refusals.iter().map(|r| (r.reason, r.message.as_str())).collect();
@@ -270,7 +270,7 @@ mod tests {
         let bound = bound.expect("served");
         assert_eq!(
             (bound.families.as_slice(), bound.prefer_dual_stack),
-            (&[Family::V6, Family::V4][..], true)
+            (&[IpFamily::V6, IpFamily::V4][..], true)
         );
         assert_eq!(bound.requested, [ip("198.51.100.7"), ip("2001:db8:6::7")]);
         assert_eq!(bound.external_ips, [ip("2001:db8:6::8"), ip("198.51.100.8")]);
@@ -285,7 +285,7 @@ mod tests {
         let bound = bind(&old, &groups).0.unwrap();
         assert_eq!(
             (bound.families.as_slice(), bound.requested.as_slice()),
-            (&[Family::V4][..], &[ip("198.51.100.9")][..])
+            (&[IpFamily::V4][..], &[ip("198.51.100.9")][..])
         );
     }
 

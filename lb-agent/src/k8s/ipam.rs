@@ -19,12 +19,12 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-use crate::vrrp::family::Family;
+use crate::vrrp::family::IpFamily;
 
 /// An inclusive range of addresses of one family, as integers (IPv4's in the low 32 bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Range {
-    family: Family,
+    family: IpFamily,
     first: u128,
     last: u128,
 }
@@ -36,18 +36,18 @@ fn to_bits(ip: IpAddr) -> u128 {
     }
 }
 
-fn from_bits(family: Family, bits: u128) -> IpAddr {
+fn from_bits(family: IpFamily, bits: u128) -> IpAddr {
     match family {
-        Family::V4 => IpAddr::V4(Ipv4Addr::from(bits as u32)),
-        Family::V6 => IpAddr::V6(Ipv6Addr::from(bits)),
+        IpFamily::V4 => IpAddr::V4(Ipv4Addr::from(bits as u32)),
+        IpFamily::V6 => IpAddr::V6(Ipv6Addr::from(bits)),
     }
 }
 
 /// The Kubernetes name of a family (`spec.ipFamilies`).
-pub fn family_name(family: Family) -> &'static str {
+pub fn family_name(family: IpFamily) -> &'static str {
     match family {
-        Family::V4 => "IPv4",
-        Family::V6 => "IPv6",
+        IpFamily::V4 => "IPv4",
+        IpFamily::V6 => "IPv6",
     }
 }
 
@@ -85,23 +85,23 @@ impl Pools {
             let range = if let Some((a, b)) = entry.split_once('-') {
                 let (a, b): (IpAddr, IpAddr) =
                     (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
-                if Family::of(a) != Family::of(b) || to_bits(a) > to_bits(b) {
+                if IpFamily::of(a) != IpFamily::of(b) || to_bits(a) > to_bits(b) {
                     return Err(bad());
                 }
-                Range { family: Family::of(a), first: to_bits(a), last: to_bits(b) }
+                Range { family: IpFamily::of(a), first: to_bits(a), last: to_bits(b) }
             } else {
                 let (net, len) = entry.split_once('/').ok_or_else(bad)?;
                 let net: IpAddr = net.trim().parse().map_err(|_| bad())?;
-                let family = Family::of(net);
-                let bits = if family == Family::V4 { 32 } else { 128 };
+                let family = IpFamily::of(net);
+                let bits = if family == IpFamily::V4 { 32 } else { 128 };
                 let len: u32 = len.trim().parse().ok().filter(|l| *l <= bits).ok_or_else(bad)?;
                 // The host part's bits, within the family's width.
                 let host = if len == 0 { u128::MAX >> (128 - bits) } else { (1u128 << (bits - len)) - 1 };
                 let first = to_bits(net) & !host;
                 let last = first | host;
                 match (hosts_only, family) {
-                    (true, Family::V4) if len <= 30 => Range { family, first: first + 1, last: last - 1 },
-                    (true, Family::V6) if len <= 126 => Range { family, first: first + 1, last },
+                    (true, IpFamily::V4) if len <= 30 => Range { family, first: first + 1, last: last - 1 },
+                    (true, IpFamily::V6) if len <= 126 => Range { family, first: first + 1, last },
                     _ => Range { family, first, last },
                 }
             };
@@ -111,17 +111,17 @@ impl Pools {
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let (family, bits) = (Family::of(ip), to_bits(ip));
+        let (family, bits) = (IpFamily::of(ip), to_bits(ip));
         self.ranges.iter().any(|r| r.family == family && (r.first..=r.last).contains(&bits))
     }
 
     /// Whether any pool is of `family`.
-    pub fn has(&self, family: Family) -> bool {
+    pub fn has(&self, family: IpFamily) -> bool {
         self.ranges.iter().any(|r| r.family == family)
     }
 
     /// `family`'s addresses, pool by pool, lowest first (lazily: a /64 is not listed).
-    fn addresses(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {
+    fn addresses(&self, family: IpFamily) -> impl Iterator<Item = IpAddr> + '_ {
         self.ranges
             .iter()
             .filter(move |r| r.family == family)
@@ -136,7 +136,7 @@ pub struct Request {
     pub service: String,
     pub group: String,
     /// The families it needs an address of, primary first (`spec.ipFamilies`; empty: IPv4).
-    pub families: Vec<Family>,
+    pub families: Vec<IpFamily>,
     /// `ipFamilyPolicy: PreferDualStack`: a family the group has no pool of (and that it asks
     /// no address of) is left out rather than refused.
     pub prefer_dual_stack: bool,
@@ -151,21 +151,21 @@ pub struct Request {
 
 impl Request {
     /// The families it gets an address of from `pool`, in its order.
-    fn needs(&self, pool: &Pools) -> Vec<Family> {
-        let families = if self.families.is_empty() { &[Family::V4][..] } else { &self.families };
+    fn needs(&self, pool: &Pools) -> Vec<IpFamily> {
+        let families = if self.families.is_empty() { &[IpFamily::V4][..] } else { &self.families };
         families
             .iter()
             .copied()
             .filter(|f| {
                 !self.prefer_dual_stack
                     || pool.has(*f)
-                    || self.requested.iter().any(|ip| Family::of(*ip) == *f)
+                    || self.requested.iter().any(|ip| IpFamily::of(*ip) == *f)
             })
             .collect()
     }
 
-    fn requested_of(&self, family: Family) -> Vec<IpAddr> {
-        self.requested.iter().copied().filter(|ip| Family::of(*ip) == family).collect()
+    fn requested_of(&self, family: IpFamily) -> Vec<IpAddr> {
+        self.requested.iter().copied().filter(|ip| IpFamily::of(*ip) == family).collect()
     }
 }
 
@@ -174,8 +174,8 @@ pub enum IpamError {
     UnknownGroup { group: String },
     NotInPool { ip: IpAddr, group: String },
     InUse { ip: IpAddr, by: String },
-    Exhausted { group: String, family: Family },
-    NoPool { group: String, family: Family },
+    Exhausted { group: String, family: IpFamily },
+    NoPool { group: String, family: IpFamily },
 }
 
 impl IpamError {
@@ -230,7 +230,7 @@ pub fn allocate(pools: &BTreeMap<String, Pools>, requests: &[Request]) -> Alloca
     sorted.sort_by(|a, b| a.service.cmp(&b.service));
     let mut holders: BTreeMap<IpAddr, Vec<&Request>> = BTreeMap::new();
     // Each (Service, family)'s addresses, as the passes settle them.
-    let mut settled: BTreeMap<(&str, Family), Vec<IpAddr>> = BTreeMap::new();
+    let mut settled: BTreeMap<(&str, IpFamily), Vec<IpAddr>> = BTreeMap::new();
     let mut out = Allocation::default();
     let may_join =
         |holders: &BTreeMap<IpAddr, Vec<&Request>>, ip: IpAddr, r: &Request| -> Result<(), String> {
@@ -249,7 +249,7 @@ pub fn allocate(pools: &BTreeMap<String, Pools>, requests: &[Request]) -> Alloca
                 .current
                 .iter()
                 .copied()
-                .filter(|ip| Family::of(*ip) == family && pool.contains(*ip))
+                .filter(|ip| IpFamily::of(*ip) == family && pool.contains(*ip))
                 .filter(|ip| requested.is_empty() || requested.contains(ip))
                 .filter(|ip| may_join(&holders, *ip, r).is_ok())
                 .collect();
@@ -354,9 +354,9 @@ mod tests {
     #[test]
     fn pools_parse_cidrs_and_ranges_and_name_bad_entries() {
         let p = Pools::parse(&["198.51.100.0/30".into(), "198.51.100.10-198.51.100.11".into()]).unwrap();
-        let all: Vec<IpAddr> = p.addresses(Family::V4).collect();
+        let all: Vec<IpAddr> = p.addresses(IpFamily::V4).collect();
         assert_eq!(all, [ip("198.51.100.1"), ip("198.51.100.2"), ip("198.51.100.10"), ip("198.51.100.11")]);
-        assert_eq!(p.addresses(Family::V6).count(), 0);
+        assert_eq!(p.addresses(IpFamily::V6).count(), 0);
         let e = Pools::parse(&["198.51.100.0/28".into(), "10.0.0.9-10.0.0.1".into()]).unwrap_err();
         assert!(e.starts_with("addressPools[1]"), "{e}");
         assert!(Pools::parse(&["198.51.100.0/33".into()]).is_err());
@@ -375,7 +375,7 @@ mod tests {
             "2001:db8:9::/64".into(),
         ])
         .unwrap();
-        let all: Vec<IpAddr> = p.addresses(Family::V6).take(8).collect();
+        let all: Vec<IpAddr> = p.addresses(IpFamily::V6).take(8).collect();
         let expected: Vec<IpAddr> = [
             "2001:db8:6::1",
             "2001:db8:6::2",
@@ -389,7 +389,7 @@ mod tests {
         .map(ip)
         .collect();
         assert_eq!(all, expected);
-        assert!(p.has(Family::V6) && !p.has(Family::V4));
+        assert!(p.has(IpFamily::V6) && !p.has(IpFamily::V4));
         assert!(p.contains(ip("2001:db8:9::ffff:ffff:ffff:ffff")) && !p.contains(ip("2001:db8:9::")));
         assert!(!p.contains(ip("2001:db8:a::1")) && !p.contains(ip("198.51.100.1")));
         // allowedExternalIPs: every address of a CIDR, of either family.
@@ -401,7 +401,7 @@ mod tests {
     }
 
     fn dual(service: &str, current: &[&str], requested: &[&str]) -> Request {
-        Request { families: vec![Family::V4, Family::V6], ..req(service, current, requested) }
+        Request { families: vec![IpFamily::V4, IpFamily::V6], ..req(service, current, requested) }
     }
 
     #[test]
@@ -434,7 +434,7 @@ mod tests {
         assert_eq!(a.addresses["ns/p"], [ip("198.51.100.1")], "PreferDualStack: IPv4 alone");
         assert!(!a.errors.contains_key("ns/p"));
         assert_eq!(a.addresses["ns/r"], [ip("198.51.100.2")], "RequireDualStack keeps what it got");
-        assert_eq!(a.errors["ns/r"], IpamError::NoPool { group: "g".into(), family: Family::V6 });
+        assert_eq!(a.errors["ns/r"], IpamError::NoPool { group: "g".into(), family: IpFamily::V6 });
         assert!(a.errors["ns/r"].to_string().contains("no IPv6 address pool"), "{}", a.errors["ns/r"]);
         // PreferDualStack asking for an IPv6 address still gets it checked.
         prefer.requested = vec![ip("2001:db8:6::1")];
@@ -444,7 +444,7 @@ mod tests {
         let one_v6 = pools(&["198.51.100.0/29", "2001:db8:6::1-2001:db8:6::1"]);
         let a = allocate(&one_v6, &[dual("ns/a", &[], &[]), dual("ns/b", &[], &[])]);
         assert_eq!(a.addresses["ns/b"], [ip("198.51.100.2")]);
-        assert_eq!(a.errors["ns/b"], IpamError::Exhausted { group: "g".into(), family: Family::V6 });
+        assert_eq!(a.errors["ns/b"], IpamError::Exhausted { group: "g".into(), family: IpFamily::V6 });
         assert!(a.errors["ns/b"].to_string().contains("IPv6 address pools"), "{}", a.errors["ns/b"]);
     }
 
@@ -478,7 +478,7 @@ mod tests {
         let mut other = req("ns/z", &[], &[]);
         other.group = "nope".into();
         let a = allocate(&p, &[req("ns/a", &[], &[]), req("ns/b", &[], &[]), other]);
-        assert_eq!(a.errors["ns/b"], IpamError::Exhausted { group: "g".into(), family: Family::V4 });
+        assert_eq!(a.errors["ns/b"], IpamError::Exhausted { group: "g".into(), family: IpFamily::V4 });
         assert_eq!(a.errors["ns/z"].reason(), "UnknownGroup");
     }
 
@@ -521,9 +521,9 @@ mod tests {
                     let mut r = req(&format!("ns/s{i:02}"), &current, &[]);
                     r.families = match stacks[i] {
                         0 => vec![],
-                        1 => vec![Family::V6],
-                        2 => vec![Family::V4, Family::V6],
-                        _ => vec![Family::V6, Family::V4],
+                        1 => vec![IpFamily::V6],
+                        2 => vec![IpFamily::V4, IpFamily::V6],
+                        _ => vec![IpFamily::V6, IpFamily::V4],
                     };
                     r
                 })
@@ -543,7 +543,7 @@ mod tests {
                 let got = first.addresses.get(&r.service).cloned().unwrap_or_default();
                 let needs = r.needs(&p["g"]);
                 prop_assert!(got.len() == needs.len() || first.errors.contains_key(&r.service));
-                let families: Vec<Family> = got.iter().map(|ip| Family::of(*ip)).collect();
+                let families: Vec<IpFamily> = got.iter().map(|ip| IpFamily::of(*ip)).collect();
                 prop_assert!(needs.starts_with(&families) || families.len() == 1 && needs.contains(&families[0]));
             }
         }

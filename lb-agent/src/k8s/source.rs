@@ -971,9 +971,9 @@ services:
         assert!(from_cluster.refusals.is_empty(), "{:?}", from_cluster.refusals);
         assert_same_plans(&from_cluster.config, &Config::parse(DUAL_STACK_EQUIVALENT).unwrap());
         // n0 runs the IPv4 instance only; an IPv6 one runs where the IPv6 VIPs may go.
-        use crate::vrrp::family::Family;
-        assert!(node_plan(&from_cluster.config, "n0").instances.iter().all(|i| i.family == Family::V4));
-        assert!(node_plan(&from_cluster.config, "n1").instances.iter().any(|i| i.family == Family::V6));
+        use crate::vrrp::family::IpFamily;
+        assert!(node_plan(&from_cluster.config, "n0").instances.iter().all(|i| i.family == IpFamily::V4));
+        assert!(node_plan(&from_cluster.config, "n1").instances.iter().any(|i| i.family == IpFamily::V6));
     }
 
     #[test]

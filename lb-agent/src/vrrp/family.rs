@@ -5,37 +5,37 @@
 use std::{fmt, net::IpAddr};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Family {
+pub enum IpFamily {
     V4,
     V6,
 }
 
-impl Family {
+impl IpFamily {
     pub fn of(address: IpAddr) -> Self {
         match address {
-            IpAddr::V4(_) => Family::V4,
-            IpAddr::V6(_) => Family::V6,
+            IpAddr::V4(_) => IpFamily::V4,
+            IpAddr::V6(_) => IpFamily::V6,
         }
     }
 
     /// The metric label and the word in logs.
     pub fn as_str(self) -> &'static str {
         match self {
-            Family::V4 => "ipv4",
-            Family::V6 => "ipv6",
+            IpFamily::V4 => "ipv4",
+            IpFamily::V6 => "ipv6",
         }
     }
 
     /// The family's unspecified address: the source of an instance with no local address yet.
     pub fn unspecified(self) -> IpAddr {
         match self {
-            Family::V4 => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-            Family::V6 => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+            IpFamily::V4 => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            IpFamily::V6 => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
         }
     }
 }
 
-impl fmt::Display for Family {
+impl fmt::Display for IpFamily {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -44,7 +44,7 @@ impl fmt::Display for Family {
 /// One virtual router of this node: its family and VRID.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct InstanceId {
-    pub family: Family,
+    pub family: IpFamily,
     pub vrid: u8,
 }
 
@@ -53,25 +53,25 @@ const IPV6_LEASES: u16 = 256;
 
 impl InstanceId {
     pub const fn v4(vrid: u8) -> Self {
-        Self { family: Family::V4, vrid }
+        Self { family: IpFamily::V4, vrid }
     }
 
     pub const fn v6(vrid: u8) -> Self {
-        Self { family: Family::V6, vrid }
+        Self { family: IpFamily::V6, vrid }
     }
 
     /// The data plane's lease slot for this instance's VIPs.
     pub fn lease_slot(self) -> u16 {
         match self.family {
-            Family::V4 => u16::from(self.vrid),
-            Family::V6 => IPV6_LEASES + u16::from(self.vrid),
+            IpFamily::V4 => u16::from(self.vrid),
+            IpFamily::V6 => IPV6_LEASES + u16::from(self.vrid),
         }
     }
 
     /// The instance whose lease is `slot`.
     pub fn from_lease_slot(slot: u16) -> Option<Self> {
         let (family, vrid) =
-            if slot >= IPV6_LEASES { (Family::V6, slot - IPV6_LEASES) } else { (Family::V4, slot) };
+            if slot >= IPV6_LEASES { (IpFamily::V6, slot - IPV6_LEASES) } else { (IpFamily::V4, slot) };
         let vrid = u8::try_from(vrid).ok().filter(|v| *v != 0)?;
         Some(Self { family, vrid })
     }
@@ -81,8 +81,8 @@ impl fmt::Display for InstanceId {
     /// `51` for IPv4 (as VRIDs always read), `51/ipv6` for IPv6.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.family {
-            Family::V4 => write!(f, "{}", self.vrid),
-            Family::V6 => write!(f, "{}/ipv6", self.vrid),
+            IpFamily::V4 => write!(f, "{}", self.vrid),
+            IpFamily::V6 => write!(f, "{}/ipv6", self.vrid),
         }
     }
 }

@@ -9,7 +9,7 @@ use prometheus_client::{
 };
 
 use super::{
-    family::{Family as AddressFamily, InstanceId},
+    family::{InstanceId, IpFamily},
     instance::State,
 };
 
@@ -103,7 +103,7 @@ impl VrrpMetrics {
         let m = Self::default();
         // Exported from the start (as zero), so dashboards and alerts see "none yet", not
         // "no such metric".
-        for family in [AddressFamily::V4, AddressFamily::V6] {
+        for family in [IpFamily::V4, IpFamily::V6] {
             let _ = m.dropped.get_or_create(&DropLabels {
                 vrid: String::new(),
                 family: family.as_str(),
@@ -207,7 +207,7 @@ impl VrrpMetrics {
     }
 
     /// A datagram of `family` dropped; `vrid` when it was whole enough to name one.
-    pub fn dropped(&self, family: AddressFamily, vrid: Option<u8>, reason: &'static str) {
+    pub fn dropped(&self, family: IpFamily, vrid: Option<u8>, reason: &'static str) {
         let vrid = vrid.map(|v| v.to_string()).unwrap_or_default();
         self.dropped.get_or_create(&DropLabels { vrid, family: family.as_str(), reason }).inc();
     }

@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     auth::{FRESHNESS, Keyring},
-    family::{Family, InstanceId},
+    family::{InstanceId, IpFamily},
     instance::{Action, Ignored, Instance, InstanceConfig, PRIORITY_RESIGN, State},
     ipv4::{decode_ipv4, decode_ipv4_with_trailer},
     ipv6::{self, decode_ipv6, decode_ipv6_with_trailer},
@@ -45,7 +45,7 @@ pub struct InstanceSpec {
     /// The interface its adverts leave and must arrive by.
     pub interface: String,
     /// The family of its VIPs, its peers' addresses and its adverts.
-    pub family: Family,
+    pub family: IpFamily,
     pub vrid: u8,
     pub priority: u8,
     pub advert_interval: Duration,
@@ -102,10 +102,10 @@ pub enum Datagram<'a> {
 }
 
 impl Datagram<'_> {
-    pub fn family(&self) -> Family {
+    pub fn family(&self) -> IpFamily {
         match self {
-            Datagram::V4(_) => Family::V4,
-            Datagram::V6 { .. } => Family::V6,
+            Datagram::V4(_) => IpFamily::V4,
+            Datagram::V6 { .. } => IpFamily::V6,
         }
     }
 
@@ -150,7 +150,7 @@ struct Handover {
 
 /// This node's address of each family on each interface it runs instances on: the source of
 /// its advertisements there.
-pub type Locals = BTreeMap<(String, Family), IpAddr>;
+pub type Locals = BTreeMap<(String, IpFamily), IpAddr>;
 
 pub struct Router {
     locals: Locals,
@@ -762,8 +762,8 @@ fn encode_adverts(local: IpAddr, spec: &InstanceSpec, priority: u8, sequence: u6
     };
     match spec.transport {
         Transport::Multicast => out.push(encode(match spec.family {
-            Family::V4 => VRRP_MULTICAST_V4.into(),
-            Family::V6 => VRRP_MULTICAST_V6.into(),
+            IpFamily::V4 => VRRP_MULTICAST_V4.into(),
+            IpFamily::V6 => VRRP_MULTICAST_V6.into(),
         })),
         Transport::Unicast => out.extend(spec.peers.iter().map(|&peer| encode(peer))),
     }
@@ -837,7 +837,7 @@ mod tests {
         InstanceSpec {
             group: "g".into(),
             interface: "eth0".into(),
-            family: Family::V4,
+            family: IpFamily::V4,
             vrid: 9,
             priority,
             advert_interval: ms(100),
@@ -854,7 +854,7 @@ mod tests {
     fn router(local: Ipv4Addr, spec: InstanceSpec) -> (Router, Registry) {
         let mut registry = Registry::default();
         let metrics = VrrpMetrics::register(&mut registry);
-        let mut r = Router::new([(("eth0".to_owned(), Family::V4), local.into())].into(), metrics);
+        let mut r = Router::new([(("eth0".to_owned(), IpFamily::V4), local.into())].into(), metrics);
         r.reconfigure(Instant::now(), vec![spec]);
         (r, registry)
     }
@@ -997,8 +997,11 @@ mod tests {
         let mut registry = Registry::default();
         let lan = Ipv4Addr::new(10, 30, 0, 10);
         let mut r = Router::new(
-            [(("eth0".to_owned(), Family::V4), A.into()), (("eth0.30".to_owned(), Family::V4), lan.into())]
-                .into(),
+            [
+                (("eth0".to_owned(), IpFamily::V4), A.into()),
+                (("eth0.30".to_owned(), IpFamily::V4), lan.into()),
+            ]
+            .into(),
             VrrpMetrics::register(&mut registry),
         );
         let other =
@@ -1260,14 +1263,14 @@ mod tests {
         peer6: Ipv6Addr,
     ) -> Router {
         let v6 = InstanceSpec {
-            family: Family::V6,
+            family: IpFamily::V6,
             vips: [VIP6].into(),
             peers: [IpAddr::V6(peer6)].into(),
             ..spec(priority, &[peer4], Transport::Multicast)
         };
         let locals = [
-            (("eth0".to_owned(), Family::V4), local4.into()),
-            (("eth0".to_owned(), Family::V6), local6.into()),
+            (("eth0".to_owned(), IpFamily::V4), local4.into()),
+            (("eth0".to_owned(), IpFamily::V6), local6.into()),
         ];
         let mut r = Router::new(locals.into(), VrrpMetrics::register(&mut Registry::default()));
         r.reconfigure(Instant::now(), vec![spec(priority, &[peer4], Transport::Multicast), v6]);
@@ -1305,8 +1308,8 @@ mod tests {
         a.on_datagram(t0 + ms(401), "eth0", Datagram::V6 { header, payload: &payload });
         a.on_timer(t0 + ms(560)); // past the handover grace
         assert_eq!(a.owned_vips(), [VIP].into(), "the IPv6 VIP is B's now, the IPv4 one still A's");
-        let states: Vec<(Family, State)> = a.instances().map(|(s, i)| (s.family, i.state())).collect();
-        assert_eq!(states, vec![(Family::V4, State::Master), (Family::V6, State::Backup)]);
+        let states: Vec<(IpFamily, State)> = a.instances().map(|(s, i)| (s.family, i.state())).collect();
+        assert_eq!(states, vec![(IpFamily::V4, State::Master), (IpFamily::V6, State::Backup)]);
         assert_eq!(a.instances().nth(1).unwrap().1.master(), Some(B6.into()));
         // An IPv6 advert with a hop limit other than 255 is dropped (§7.1).
         let mut c = dual_stack(A, A6, 200, B, B6);
@@ -1331,7 +1334,8 @@ mod tests {
         a.on_datagram(t0 + ms(323), "eth0", Datagram::V6 { header, payload: &payload });
         let (header, payload) = received6(A6, &a_adverts[1], 255);
         b.on_datagram(t0 + ms(323), "eth0", Datagram::V6 { header, payload: &payload });
-        let ipv6_state = |r: &Router| r.instances().find(|(s, _)| s.family == Family::V6).unwrap().1.state();
+        let ipv6_state =
+            |r: &Router| r.instances().find(|(s, _)| s.family == IpFamily::V6).unwrap().1.state();
         assert_eq!((ipv6_state(&a), ipv6_state(&b)), (State::Backup, State::Master));
     }
 
@@ -1340,7 +1344,7 @@ mod tests {
         let t0 = Instant::now();
         let keyed6 = |r: &mut Router, priority: u8, peer: Ipv6Addr| {
             let v6 = InstanceSpec {
-                family: Family::V6,
+                family: IpFamily::V6,
                 vips: [VIP6].into(),
                 peers: [IpAddr::V6(peer)].into(),
                 ..keyed(spec(priority, &[], Transport::Multicast), KEY)
@@ -1362,7 +1366,7 @@ mod tests {
         // addresses, no longer verifies.
         let (mut c, registry) = {
             let mut registry = Registry::default();
-            let locals = [(("eth0".to_owned(), Family::V6), IpAddr::V6(B6))];
+            let locals = [(("eth0".to_owned(), IpFamily::V6), IpAddr::V6(B6))];
             (Router::new(locals.into(), VrrpMetrics::register(&mut registry)), registry)
         };
         keyed6(&mut c, 100, A6);

@@ -14,7 +14,7 @@ use socket2::{Domain, InterfaceIndexOrAddress, Protocol, SockAddr, Socket, Type}
 use tokio::io::{Interest, unix::AsyncFd};
 
 use super::{
-    family::Family,
+    family::IpFamily,
     ipv6,
     packet::{IPPROTO_VRRP, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6, VRRP_TTL},
     router::Datagram,
@@ -89,8 +89,8 @@ impl VrrpSocket {
         self.source
     }
 
-    pub fn family(&self) -> Family {
-        Family::of(self.source)
+    pub fn family(&self) -> IpFamily {
+        IpFamily::of(self.source)
     }
 
     /// Receives one datagram if one is already queued; `WouldBlock` otherwise.
@@ -206,10 +206,10 @@ fn set_int(socket: &Socket, level: i32, name: i32, value: i32) -> io::Result<()>
     if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
-fn receive(socket: &Socket, family: Family, buf: &mut [u8]) -> io::Result<Arrived> {
+fn receive(socket: &Socket, family: IpFamily, buf: &mut [u8]) -> io::Result<Arrived> {
     match family {
-        Family::V4 => socket.recv(uninit(buf)).map(|len| Arrived::V4 { len }),
-        Family::V6 => receive_v6(socket, buf),
+        IpFamily::V4 => socket.recv(uninit(buf)).map(|len| Arrived::V4 { len }),
+        IpFamily::V6 => receive_v6(socket, buf),
     }
 }
 

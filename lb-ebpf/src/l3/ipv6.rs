@@ -17,7 +17,7 @@ use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
 use super::icmp::EchoHdr;
 use crate::{
-    family::{Family, V6},
+    family::{IpFamily, V6},
     maps::{IPV6_SERVICES, OWNED_VIPS6, STATE6},
     owned,
     packet::{self, IPV6_LEN, Ports, header},

@@ -20,7 +20,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use super::flow::Picked;
 use crate::{
-    family::{Family, V4},
+    family::{IpFamily, V4},
     maps,
     packet::{self, ETH_LEN, ETHERTYPE_IPV4, FRAGMENT_MASK, IPV4_LEN, Ports, header, l4_layout},
     rewrite,

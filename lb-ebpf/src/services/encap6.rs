@@ -17,7 +17,7 @@ use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
 use super::flow::Picked;
 use crate::{
-    family::{Family, V6},
+    family::{IpFamily, V6},
     packet::{self, ETH_LEN, ETHERTYPE_IPV6, IPV6_LEN, Ports, header, l4_layout},
     route::{self, remember_reply, route_out},
     stats,

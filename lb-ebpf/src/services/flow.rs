@@ -8,7 +8,7 @@ use lb_common::{
     },
 };
 
-use crate::{family::Family, maps::MAGLEV_RINGS};
+use crate::{family::IpFamily, maps::MAGLEV_RINGS};
 
 /// The backend a packet goes to, and what its flow's entry said. Plain values, no pointer
 /// into the table: IPv6 hands them to a stage of its own through a tail call.
@@ -29,7 +29,7 @@ pub struct Picked<A> {
 impl<A: Address> Picked<A> {
     /// Records a new flow with its backend and SNAT port; a known flow has its entry.
     #[inline(always)]
-    pub fn remember<F: Family<Addr = A>>(&self, flow: &FlowKeyOf<A>, snat_port: [u8; 2], now: u64) {
+    pub fn remember<F: IpFamily<Addr = A>>(&self, flow: &FlowKeyOf<A>, snat_port: [u8; 2], now: u64) {
         if !self.known {
             record::<F>(flow, self.service, self.id, snat_port, now);
         }
@@ -43,7 +43,7 @@ impl<A: Address> Picked<A> {
 
 /// Writes `flow`'s entry whole.
 #[inline(always)]
-pub(super) fn record<F: Family>(
+pub(super) fn record<F: IpFamily>(
     flow: &FlowKeyOf<F::Addr>,
     service: u16,
     id: u32,
@@ -56,7 +56,7 @@ pub(super) fn record<F: Family>(
 
 /// The flow's backend: the one it already has if that still exists, else the Maglev choice.
 #[inline(always)]
-pub(super) fn pick_backend<F: Family>(
+pub(super) fn pick_backend<F: IpFamily>(
     flow: &FlowKeyOf<F::Addr>,
     service: &Service,
     now: u64,

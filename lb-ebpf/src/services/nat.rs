@@ -17,7 +17,7 @@ use network_types::eth::EthHdr;
 
 use super::flow::{self, Picked};
 use crate::{
-    family::Family,
+    family::IpFamily,
     maps,
     packet::{self, L4Layout, header},
     route::{self, remember_reply, route_out},
@@ -30,7 +30,7 @@ const SNAT_ATTEMPTS: u32 = 8;
 /// An endpoint on this node: DNAT to it and redirect to its interface. The reply is
 /// translated back on the uplink's egress (the TC program), from the `REPLY_NAT` entry.
 #[inline(always)]
-pub(super) fn local<F: Family>(
+pub(super) fn local<F: IpFamily>(
     ctx: &XdpContext,
     layout: L4Layout,
     flow: &FlowKeyOf<F::Addr>,
@@ -54,7 +54,7 @@ pub(super) fn local<F: Family>(
 /// An endpoint on another node, kube-proxy Cluster style: DNAT to it and SNAT to this node,
 /// so the reply comes back here to be translated.
 #[inline(always)]
-pub(super) fn full_nat<F: Family>(
+pub(super) fn full_nat<F: IpFamily>(
     ctx: &XdpContext,
     layout: L4Layout,
     flow: &FlowKeyOf<F::Addr>,
@@ -111,7 +111,7 @@ pub(super) fn full_nat<F: Family>(
 /// Candidates start at a hash of the flow, so concurrent flows rarely contend and a flow
 /// meets its own port first.
 #[inline(always)]
-fn claim_snat_port<F: Family>(
+fn claim_snat_port<F: IpFamily>(
     flow: &FlowKeyOf<F::Addr>,
     backend: &BackendOf<F::Addr>,
     node: F::Addr,
@@ -176,7 +176,7 @@ fn must_check_reply(proto: u8, check_due: bool) -> bool {
 /// (Should another flow hold it by then, this flow idled past the timeout and lost it, as a
 /// conntrack entry would.)
 #[inline(always)]
-fn keep_snat_reply<F: Family>(
+fn keep_snat_reply<F: IpFamily>(
     flow: &FlowKeyOf<F::Addr>,
     backend: &BackendOf<F::Addr>,
     node: F::Addr,
@@ -205,7 +205,7 @@ fn keep_snat_reply<F: Family>(
 /// A reply from a full-NAT backend to this node's translated source port: restore the VIP as
 /// its source and the client as its destination, and send it to the client.
 #[inline(always)]
-pub(super) fn translate_reply<F: Family>(
+pub(super) fn translate_reply<F: IpFamily>(
     ctx: &XdpContext,
     layout: L4Layout,
     flow: &FlowKeyOf<F::Addr>,

@@ -17,7 +17,7 @@ use lb_common::{
 
 use super::{encap6, flow::Picked, nat};
 use crate::{
-    family::{Family, V6},
+    family::{IpFamily, V6},
     maps::{IPV6_SERVICES, STATE6},
     packet::{self, l4_layout},
     stats,

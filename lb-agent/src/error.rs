@@ -77,6 +77,26 @@ impl Error {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), source }
     }
+
+    /// The error's kind as the `error` label of `lbagent_errors_total`: short, stable, one per
+    /// variant (kube-rs controller-rs's `metric_label`).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::ConfigRead { .. } => "config_read",
+            Error::Config { .. } => "config",
+            Error::BpfLoad(_) => "bpf_load",
+            Error::BpfProgram { .. } => "bpf_program",
+            Error::BpfMap { .. } => "bpf_map",
+            Error::BpfMapMissing(_) => "bpf_map_missing",
+            Error::XdpAttach { .. } => "xdp_attach",
+            Error::BpfLink { .. } => "bpf_link",
+            Error::Capacity { .. } => "capacity",
+            Error::Pin { .. } => "pin",
+            Error::Kube(_) => "kube",
+            Error::Netlink(_) => "netlink",
+            Error::Io { .. } => "io",
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -94,4 +114,25 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
         cause = e.source();
     }
     message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_labels_are_distinct_snake_case_words() {
+        let io = || std::io::Error::other("x");
+        let errors = [
+            Error::ConfigRead { path: "a".into(), source: io() },
+            Error::Config { path: "a".into(), error: ConfigError::new("f", "e") },
+            Error::BpfMapMissing("M"),
+            Error::Capacity { what: "services", limit: 1 },
+            Error::Pin { path: "a".into(), reason: "r".into() },
+            Error::io("c", io()),
+        ];
+        let labels: std::collections::BTreeSet<_> = errors.iter().map(Error::metric_label).collect();
+        assert_eq!(labels.len(), errors.len());
+        assert!(labels.iter().all(|l| l.chars().all(|c| c.is_ascii_lowercase() || c == '_')), "{labels:?}");
+    }
 }

@@ -27,6 +27,13 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+/// An error: where it happened, and its [`crate::error::Error::metric_label`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub during: &'static str,
+    pub error: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct XdpLabels {
     pub interface: String,
@@ -87,6 +94,7 @@ pub struct Metrics {
     pub lease_expiries: Family<VridLabels, Counter>,
     pub impersonations: Family<MemberLabels, Counter>,
     pub authentication_keys: Family<GroupLabels, Gauge>,
+    pub errors: Family<ErrorLabels, Counter>,
 }
 
 impl Metrics {
@@ -169,6 +177,12 @@ impl Metrics {
             "Keys loaded for each group of this node's that authenticates VRRP; 0 means its key file was never readable, and its instances do not run here",
             authentication_keys.clone(),
         );
+        let errors = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "errors",
+            "Errors the agent recovered from, by what it was doing (during: config_reload, service_sync) and kind (error)",
+            errors.clone(),
+        );
         Self {
             registry,
             owned_vips,
@@ -185,6 +199,7 @@ impl Metrics {
             lease_expiries,
             impersonations,
             authentication_keys,
+            errors,
         }
     }
 

@@ -26,7 +26,7 @@ use crate::{
         services::{RefusedService, SyncReport, entry},
     },
     error::Result,
-    metrics::{LIMITS, LimitLabels, MapLabels, ResultLabels},
+    metrics::{ErrorLabels, LIMITS, LimitLabels, MapLabels, ResultLabels},
     service_plan::IncrementalPlanner,
 };
 
@@ -53,6 +53,7 @@ pub struct SyncRequest {
 #[derive(Clone)]
 pub struct SyncMetrics {
     pub syncs: Family<ResultLabels, Counter>,
+    pub errors: Family<ErrorLabels, Counter>,
     pub seconds: prometheus_client::metrics::histogram::Histogram,
     pub services: Gauge,
     pub backends: Gauge,
@@ -157,6 +158,12 @@ impl ServiceSync {
         self.metrics.seconds.observe(started.elapsed().as_secs_f64());
         let label = if result.is_ok() { "applied" } else { "failed" };
         self.metrics.syncs.get_or_create(&ResultLabels { result: label }).inc();
+        if let Err(e) = &result {
+            self.metrics
+                .errors
+                .get_or_create(&ErrorLabels { during: "service_sync", error: e.metric_label() })
+                .inc();
+        }
         self.applied.send_replace(request.generation);
         if let Err(e) = self.v4.maps.remove_retired_rings().and_then(|()| self.v6.maps.remove_retired_rings())
         {

@@ -95,6 +95,7 @@ fn a_rejected_reload_keeps_the_running_vips() {
     std::fs::write(&agent.config, "interface: eth0\nvips:\n  - address: 198.51.100.300\n").unwrap();
     agent.signal(libc::SIGHUP);
     agent.wait_metric(r#"lbagent_config_reloads_total{result="rejected"}"#, 1.0);
+    assert_eq!(agent.metric(r#"lbagent_errors_total{during="config_reload",error="config"}"#), 1.0);
     assert!(agent.log_text().contains("vips[0].address"), "{}", agent.log_text());
     assert_eq!(lab.client.arping(VIP_A, 1), vec![VIP_A_MAC]);
 }

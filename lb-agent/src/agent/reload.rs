@@ -12,7 +12,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     config::{Config, ConfigError},
-    metrics::{GroupLabels, MemberLabels, ResultLabels, VridLabels, XdpLabels},
+    metrics::{ErrorLabels, GroupLabels, MemberLabels, ResultLabels, VridLabels, XdpLabels},
     node_plan::{NodePlan, node_plan},
     service_sync::SyncRequest,
     uplinks,
@@ -80,6 +80,7 @@ impl Agent {
             Err(e) => {
                 error!(error = %e, "SIGHUP: config rejected, keeping the running config");
                 self.count_reload("rejected");
+                self.count_error("config_reload", e.metric_label());
                 return;
             }
         };
@@ -87,6 +88,7 @@ impl Agent {
             let error = ConfigError::new(field, expected);
             error!(%error, "SIGHUP: config rejected, keeping the running config");
             self.count_reload("rejected");
+            self.count_error("config_reload", "config");
             return;
         }
         self.apply_config(new).await;
@@ -94,6 +96,10 @@ impl Agent {
 
     pub(super) fn count_reload(&self, result: &'static str) {
         self.state.metrics.config_reloads.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    fn count_error(&self, during: &'static str, error: &'static str) {
+        self.state.metrics.errors.get_or_create(&ErrorLabels { during, error }).inc();
     }
 
     /// A new config, from the file (SIGHUP) or the cluster: applied by difference, or

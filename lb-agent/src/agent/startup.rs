@@ -165,6 +165,7 @@ pub async fn run(
     };
     let sync_metrics = SyncMetrics {
         syncs: metrics.service_syncs.clone(),
+        errors: metrics.errors.clone(),
         seconds: metrics.service_sync_seconds.clone(),
         services: metrics.services.clone(),
         backends: metrics.backends.clone(),

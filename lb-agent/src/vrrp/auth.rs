@@ -83,7 +83,7 @@ pub enum AuthError {
 }
 
 impl AuthError {
-    pub fn label(&self) -> &'static str {
+    pub fn metric_label(&self) -> &'static str {
         match self {
             AuthError::Missing => "unauthenticated",
             AuthError::Malformed(_) => "bad_auth_trailer",

@@ -9,15 +9,15 @@ use super::packet::{
 
 /// Decodes a whole IPv4 datagram as a raw socket delivers it: header checks (protocol, TTL 255,
 /// no fragments) then the VRRP message, with nothing after it.
-pub fn decode_ipv4(datagram: &[u8], mode: ChecksumMode) -> Result<Received, DecodeError> {
+pub fn decode(datagram: &[u8], mode: ChecksumMode) -> Result<Received, DecodeError> {
     let (source, destination, payload) = ipv4_payload(datagram)?;
     let advert = Advertisement::decode(payload, source, destination, mode)?;
     Ok(Received { source: source.into(), destination: destination.into(), advert })
 }
 
-/// As [`decode_ipv4`], for a group that authenticates: the advertisement, the message bytes the
+/// As [`decode`], for a group that authenticates: the advertisement, the message bytes the
 /// tag covers, and what follows them (the [`super::auth`] trailer, or nothing).
-pub fn decode_ipv4_with_trailer(
+pub fn decode_with_trailer(
     datagram: &[u8],
     mode: ChecksumMode,
 ) -> Result<(Received, &[u8], &[u8]), DecodeError> {

@@ -22,15 +22,15 @@ const HEADER_LEN: usize = 40;
 
 /// Decodes a VRRP payload that arrived under `header`: hop limit 255 (§7.1: "MUST verify that
 /// the IPv6 Hop Limit is 255"), then the message, with nothing after it.
-pub fn decode_ipv6(payload: &[u8], header: Header, mode: ChecksumMode) -> Result<Received, DecodeError> {
+pub fn decode(payload: &[u8], header: Header, mode: ChecksumMode) -> Result<Received, DecodeError> {
     check(header)?;
     let advert = Advertisement::decode(payload, header.source, header.destination, mode)?;
     Ok(Received { source: header.source.into(), destination: header.destination.into(), advert })
 }
 
-/// As [`decode_ipv6`], for a group that authenticates: the advertisement, the message bytes the
+/// As [`decode`], for a group that authenticates: the advertisement, the message bytes the
 /// tag covers, and what follows them.
-pub fn decode_ipv6_with_trailer(
+pub fn decode_with_trailer(
     payload: &[u8],
     header: Header,
     mode: ChecksumMode,
@@ -104,7 +104,7 @@ mod tests {
     fn decodes_what_keepalived_sends() {
         let (header, payload) = split_packet(&KEEPALIVED_PACKET).unwrap();
         assert_eq!(header, Header { source: SOURCE, destination: VRRP_MULTICAST_V6, hop_limit: 255 });
-        let got = decode_ipv6(payload, header, ChecksumMode::Rfc).unwrap();
+        let got = decode(payload, header, ChecksumMode::Rfc).unwrap();
         assert_eq!(got.advert, advert());
         assert_eq!((got.source, got.destination), (IpAddr::V6(SOURCE), IpAddr::V6(VRRP_MULTICAST_V6)));
     }
@@ -118,22 +118,19 @@ mod tests {
     #[test]
     fn the_pseudo_header_binds_both_addresses_and_the_hop_limit_is_checked() {
         let (header, payload) = split_packet(&KEEPALIVED_PACKET).unwrap();
-        let decode = |h: Header| decode_ipv6(payload, h, ChecksumMode::Rfc);
-        assert_eq!(decode(Header { hop_limit: 64, ..header }), Err(DecodeError::BadTtl(64)));
+        let rfc_decode = |h: Header| decode(payload, h, ChecksumMode::Rfc);
+        assert_eq!(rfc_decode(Header { hop_limit: 64, ..header }), Err(DecodeError::BadTtl(64)));
         let other = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0x11);
-        assert_eq!(decode(Header { source: other, ..header }), Err(DecodeError::BadChecksum));
+        assert_eq!(rfc_decode(Header { source: other, ..header }), Err(DecodeError::BadChecksum));
         // Unicast to a peer: the real destination, or ff02::12 in keepalived's old mode.
         for mode in [ChecksumMode::Rfc, ChecksumMode::MulticastDestination, ChecksumMode::NoPseudoHeader] {
             let msg = advert().encode(SOURCE, other, mode);
-            let got = decode_ipv6(&msg, Header { destination: other, ..header }, mode).unwrap();
+            let got = decode(&msg, Header { destination: other, ..header }, mode).unwrap();
             assert_eq!(got.advert, advert(), "{mode:?}");
         }
         let rfc = advert().encode(SOURCE, other, ChecksumMode::Rfc);
         let unicast = Header { destination: other, ..header };
-        assert_eq!(
-            decode_ipv6(&rfc, unicast, ChecksumMode::MulticastDestination),
-            Err(DecodeError::BadChecksum)
-        );
+        assert_eq!(decode(&rfc, unicast, ChecksumMode::MulticastDestination), Err(DecodeError::BadChecksum));
         // Addresses of the other family are not part of an IPv6 advertisement.
         let mixed = Advertisement { addresses: vec!["198.51.100.10".parse().unwrap()], ..advert() };
         assert_eq!(mixed.encode(SOURCE, VRRP_MULTICAST_V6, ChecksumMode::Rfc)[3], 0);
@@ -148,10 +145,10 @@ mod tests {
         assert_eq!(split_packet(&hop_by_hop), Err(DecodeError::NotVrrp));
         let (header, payload) = split_packet(&KEEPALIVED_PACKET).unwrap();
         assert_eq!(
-            decode_ipv6(&payload[..payload.len() - 16], header, ChecksumMode::Rfc),
+            decode(&payload[..payload.len() - 16], header, ChecksumMode::Rfc),
             Err(DecodeError::BadCount { count: 2, len: 16 })
         );
-        let (_, message, trailer) = decode_ipv6_with_trailer(payload, header, ChecksumMode::Rfc).unwrap();
+        let (_, message, trailer) = decode_with_trailer(payload, header, ChecksumMode::Rfc).unwrap();
         assert_eq!((message.len(), trailer.len()), (40, 0));
     }
 }

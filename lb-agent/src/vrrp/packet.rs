@@ -97,7 +97,7 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
-    pub fn label(&self) -> &'static str {
+    pub fn metric_label(&self) -> &'static str {
         match self {
             DecodeError::Truncated(_) => "truncated",
             DecodeError::NotVrrp => "not_vrrp",
@@ -266,7 +266,7 @@ pub fn checksum(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vrrp::ipv4::decode_ipv4;
+    use crate::vrrp::ipv4;
 
     const SRC: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 
@@ -303,7 +303,7 @@ mod tests {
 
     #[test]
     fn decodes_what_keepalived_sends() {
-        let got = decode_ipv4(&KEEPALIVED_DATAGRAM, ChecksumMode::Rfc).unwrap();
+        let got = ipv4::decode(&KEEPALIVED_DATAGRAM, ChecksumMode::Rfc).unwrap();
         assert_eq!(
             got,
             Received { source: SRC.into(), destination: VRRP_MULTICAST_V4.into(), advert: advert() }
@@ -321,7 +321,7 @@ mod tests {
         for mode in [ChecksumMode::Rfc, ChecksumMode::MulticastDestination, ChecksumMode::NoPseudoHeader] {
             let dst = Ipv4Addr::new(192, 0, 2, 11);
             let msg = advert().encode(SRC, dst, mode);
-            let got = decode_ipv4(&datagram(&msg, 255, dst), mode).unwrap();
+            let got = ipv4::decode(&datagram(&msg, 255, dst), mode).unwrap();
             assert_eq!(got.advert, advert(), "{mode:?}");
             assert_eq!((got.source, got.destination), (SRC.into(), dst.into()));
         }
@@ -334,7 +334,7 @@ mod tests {
         let old = advert().encode(SRC, dst, ChecksumMode::MulticastDestination);
         assert_ne!(rfc, old);
         assert_eq!(
-            decode_ipv4(&datagram(&rfc, 255, dst), ChecksumMode::MulticastDestination),
+            ipv4::decode(&datagram(&rfc, 255, dst), ChecksumMode::MulticastDestination),
             Err(DecodeError::BadChecksum)
         );
         // For multicast the two modes agree.
@@ -348,7 +348,7 @@ mod tests {
     fn hostile_datagrams_are_rejected_with_their_reason() {
         let msg = advert().encode(SRC, VRRP_MULTICAST_V4, ChecksumMode::Rfc);
         let good = datagram(&msg, 255, VRRP_MULTICAST_V4);
-        let decode = |d: &[u8]| decode_ipv4(d, ChecksumMode::Rfc);
+        let decode = |d: &[u8]| ipv4::decode(d, ChecksumMode::Rfc);
         assert!(decode(&good).is_ok());
 
         assert_eq!(decode(&datagram(&msg, 254, VRRP_MULTICAST_V4)), Err(DecodeError::BadTtl(254)));
@@ -392,7 +392,7 @@ mod tests {
         d.splice(20..20, [0x94, 0x04, 0x00, 0x00]);
         let total = (d.len() as u16).to_be_bytes();
         d[2..4].copy_from_slice(&total);
-        assert_eq!(decode_ipv4(&d, ChecksumMode::Rfc).unwrap().advert, advert());
+        assert_eq!(ipv4::decode(&d, ChecksumMode::Rfc).unwrap().advert, advert());
     }
 
     #[test]
@@ -423,7 +423,7 @@ mod fuzz {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::vrrp::ipv4::decode_ipv4;
+    use crate::vrrp::ipv4;
 
     fn valid_datagram(vrid: u8, priority: u8, count: usize) -> Vec<u8> {
         let advert = Advertisement {
@@ -448,8 +448,8 @@ mod fuzz {
 
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = decode_ipv4(&bytes, ChecksumMode::Rfc);
-            let _ = decode_ipv4(&bytes, ChecksumMode::NoPseudoHeader);
+            let _ = ipv4::decode(&bytes, ChecksumMode::Rfc);
+            let _ = ipv4::decode(&bytes, ChecksumMode::NoPseudoHeader);
         }
 
         #[test]
@@ -466,7 +466,7 @@ mod fuzz {
                 d[at] ^= xor;
             }
             d.truncate(cut % (d.len() + 1));
-            if let Ok(r) = decode_ipv4(&d, ChecksumMode::Rfc) {
+            if let Ok(r) = ipv4::decode(&d, ChecksumMode::Rfc) {
                 let again = r.advert.encode(r.source, r.destination, ChecksumMode::Rfc);
                 let header_len = usize::from(d[0] & 0x0f) * 4;
                 // Reserved bits are ignored on receipt and sent as zero, so compare without them.

@@ -20,8 +20,7 @@ use super::{
     auth::{FRESHNESS, Keyring},
     family::{InstanceId, IpFamily},
     instance::{Action, Ignored, Instance, InstanceConfig, PRIORITY_RESIGN, State},
-    ipv4::{decode_ipv4, decode_ipv4_with_trailer},
-    ipv6::{self, decode_ipv6, decode_ipv6_with_trailer},
+    ipv4, ipv6,
     metrics::{VrrpMetrics, drop_reason},
     packet::{Advertisement, ChecksumMode, DecodeError, Received, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6},
 };
@@ -780,22 +779,22 @@ fn decode_authenticated(
     checksum: ChecksumMode,
     keys: Option<&Keyring>,
 ) -> Result<(Received, Option<u64>), (String, &'static str)> {
-    let decode_error = |e: DecodeError| (e.to_string(), e.label());
+    let decode_error = |e: DecodeError| (e.to_string(), e.metric_label());
     let Some(keys) = keys else {
         let received = match datagram {
-            Datagram::V4(datagram) => decode_ipv4(datagram, checksum),
-            Datagram::V6 { header, payload } => decode_ipv6(payload, header, checksum),
+            Datagram::V4(datagram) => ipv4::decode(datagram, checksum),
+            Datagram::V6 { header, payload } => ipv6::decode(payload, header, checksum),
         };
         return Ok((received.map_err(decode_error)?, None));
     };
     let (received, message, trailer) = match datagram {
-        Datagram::V4(datagram) => decode_ipv4_with_trailer(datagram, checksum),
-        Datagram::V6 { header, payload } => decode_ipv6_with_trailer(payload, header, checksum),
+        Datagram::V4(datagram) => ipv4::decode_with_trailer(datagram, checksum),
+        Datagram::V6 { header, payload } => ipv6::decode_with_trailer(payload, header, checksum),
     }
     .map_err(decode_error)?;
     match keys.verify(received.source, received.destination, message, trailer) {
         Ok(sequence) => Ok((received, Some(sequence))),
-        Err(e) => Err((format!("from {}: {e}", received.source), e.label())),
+        Err(e) => Err((format!("from {}: {e}", received.source), e.metric_label())),
     }
 }
 
@@ -1011,10 +1010,10 @@ mod tests {
         let out = r.on_timer(t0 + ms(400));
         let sent: Vec<(&str, IpAddr)> = out.iter().map(|o| (o.interface.as_str(), o.destination)).collect();
         assert_eq!(sent, vec![("eth0", VRRP_MULTICAST_V4.into()), ("eth0.30", B.into())]);
-        let source = |o: &Outgoing| decode_ipv4(&on_wire(Ipv4Addr::UNSPECIFIED, o, 255), ChecksumMode::Rfc);
+        let source = |o: &Outgoing| ipv4::decode(&on_wire(Ipv4Addr::UNSPECIFIED, o, 255), ChecksumMode::Rfc);
         // The checksum covers the source address: each advert verifies only from its own.
-        assert!(decode_ipv4(&on_wire(A, &out[0], 255), ChecksumMode::Rfc).is_ok());
-        assert!(decode_ipv4(&on_wire(lan, &out[1], 255), ChecksumMode::Rfc).is_ok());
+        assert!(ipv4::decode(&on_wire(A, &out[0], 255), ChecksumMode::Rfc).is_ok());
+        assert!(ipv4::decode(&on_wire(lan, &out[1], 255), ChecksumMode::Rfc).is_ok());
         assert!(source(&out[1]).is_err());
         // Moved to the other interface, the instance restarts there.
         let moved = InstanceSpec { interface: "eth0.30".into(), ..spec(200, &[B], Transport::Multicast) };
@@ -1230,7 +1229,7 @@ mod tests {
         let out = a.on_timer(t0 + ms(322));
         assert_eq!(out.iter().map(|o| o.destination).collect::<Vec<_>>(), vec![IpAddr::V4(B), IpAddr::V4(c)]);
         for o in &out {
-            let received = decode_ipv4(&on_wire(A, o, 255), ChecksumMode::Rfc).unwrap();
+            let received = ipv4::decode(&on_wire(A, o, 255), ChecksumMode::Rfc).unwrap();
             assert_eq!(received.advert.addresses, vec![VIP]);
         }
     }
@@ -1297,7 +1296,7 @@ mod tests {
         assert_ne!(ids[0].lease_slot(), ids[1].lease_slot());
         // The IPv6 advert is RFC 5798 §5.1.2's: checksummed with the link-local source.
         let (header, payload) = received6(A6, &adverts[1], 255);
-        let decoded = decode_ipv6(&payload, header, ChecksumMode::Rfc).unwrap();
+        let decoded = ipv6::decode(&payload, header, ChecksumMode::Rfc).unwrap();
         assert_eq!((decoded.advert.vrid, decoded.advert.addresses.clone()), (9, vec![VIP6]));
 
         // B, a higher-priority IPv6 router, takes over the IPv6 instance only.

@@ -39,15 +39,31 @@ pub fn check(workspace: &Path) -> Result<()> {
 
 /// The circles of the crate at `src`, described.
 pub fn crate_circles(src: &Path) -> Result<Vec<String>> {
-    let files = module_files(src)?;
-    let modules: BTreeSet<Module> = files.keys().cloned().collect();
+    let mut parsed_files = BTreeMap::new();
+    for (module, file) in module_files(src)? {
+        let text = fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        let parsed = syn::parse_file(&text).with_context(|| format!("parsing {}", file.display()))?;
+        parsed_files.insert(module, parsed);
+    }
+    // A file declared `#[cfg(test)] mod tests;` is test code, as an inline test module is.
+    let test_files: BTreeSet<Module> = parsed_files
+        .iter()
+        .flat_map(|(module, parsed)| {
+            parsed.items.iter().filter_map(move |item| match item {
+                syn::Item::Mod(m) if m.content.is_none() && is_test_only(&m.attrs) => {
+                    Some(with(module, m.ident.to_string()))
+                }
+                _ => None,
+            })
+        })
+        .collect();
+    parsed_files.retain(|module, _| !test_files.iter().any(|t| module.starts_with(t)));
+    let modules: BTreeSet<Module> = parsed_files.keys().cloned().collect();
     // Each edge with one path that makes it, for the message.
     let mut edges: BTreeMap<(Module, Module), String> = BTreeMap::new();
-    for (module, file) in &files {
-        let text = fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        let parsed = syn::parse_file(&text).with_context(|| format!("parsing {}", file.display()))?;
+    for (module, parsed) in &parsed_files {
         let mut paths = Paths::default();
-        paths.visit_file(&parsed);
+        paths.visit_file(parsed);
         for path in paths.found {
             let Some(target) = resolve(module, &path, &modules) else { continue };
             if !related(module, &target) {
@@ -314,5 +330,16 @@ mod tests {
         ]);
         assert_eq!(circles.len(), 1, "{circles:?}");
         assert!(circles[0].contains("top-level modules [x, y]"), "{circles:?}");
+    }
+
+    #[test]
+    fn a_test_module_in_a_file_of_its_own_is_test_code() {
+        let circles = crate_of(&[
+            ("lib.rs", "mod a; mod b;"),
+            ("a.rs", "use crate::b::B; pub struct A;"),
+            ("b.rs", "pub struct B;\n#[cfg(test)]\nmod tests;"),
+            ("b/tests.rs", "use crate::a::A;"),
+        ]);
+        assert!(circles.is_empty(), "{circles:?}");
     }
 }

@@ -6,6 +6,10 @@
 //!
 //! Still sans-IO: datagrams and time go in, [`Outgoing`] datagrams and the owned-VIP set come
 //! out. The agent's shell owns the socket and the data plane.
+//!
+//! Here: the instances, their dispatch and what they own. Beside it: `wire` (datagrams in and
+//! out, encoding, decoding, authentication), `replay` (sequences, anti-replay), `handover`
+//! (shutdown), `foreign` (routers outside a group that use its VRIDs).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -17,14 +21,24 @@ use std::{
 use tracing::{debug, info, warn};
 
 use super::{
-    auth::{FRESHNESS, Keyring},
+    auth::Keyring,
     family::{InstanceId, IpFamily},
     instance::{Action, Ignored, Instance, InstanceConfig, PRIORITY_RESIGN, State},
-    ipv4, ipv6,
     metrics::{VrrpMetrics, drop_reason},
-    packet::{Advertisement, ChecksumMode, DecodeError, Received, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6},
+    packet::ChecksumMode,
 };
 use crate::logging::LogBudget;
+
+mod foreign;
+mod handover;
+mod replay;
+mod wire;
+
+pub use foreign::FOREIGN_LOG_EVERY;
+use foreign::ForeignRouter;
+use handover::{HANDOVER_GRACE, Handover};
+pub use wire::{Datagram, Outgoing};
+use wire::{decode_authenticated, encode_adverts, same_addresses, unix_micros};
 
 /// Multicast to the family's group (224.0.0.18, ff02::12), or unicast to each peer.
 #[derive(
@@ -83,48 +97,6 @@ pub fn master_lease(last_advert: Instant, advert_interval: Duration) -> Instant 
     last_advert + advert_interval * 3
 }
 
-/// A datagram for the shell to send, out of `interface`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Outgoing {
-    pub interface: String,
-    pub destination: IpAddr,
-    pub payload: Vec<u8>,
-}
-
-/// A datagram as a raw socket of its family delivers it.
-#[derive(Clone, Copy, Debug)]
-pub enum Datagram<'a> {
-    /// The whole IPv4 datagram, header included.
-    V4(&'a [u8]),
-    /// The VRRP payload, and the IPv6 header's fields from the ancillary data.
-    V6 { header: ipv6::Header, payload: &'a [u8] },
-}
-
-impl Datagram<'_> {
-    pub fn family(&self) -> IpFamily {
-        match self {
-            Datagram::V4(_) => IpFamily::V4,
-            Datagram::V6 { .. } => IpFamily::V6,
-        }
-    }
-
-    /// The VRID byte, before anything is verified.
-    fn peek_vrid(&self) -> Option<u8> {
-        match self {
-            Datagram::V4(datagram) => {
-                let header_len = usize::from(*datagram.first()? & 0x0f) * 4;
-                datagram.get(header_len + 1).copied()
-            }
-            Datagram::V6 { payload, .. } => payload.get(1).copied(),
-        }
-    }
-
-    /// The instance the datagram names, before anything is verified.
-    fn peek_id(&self) -> Option<InstanceId> {
-        Some(InstanceId { family: self.family(), vrid: self.peek_vrid()? })
-    }
-}
-
 struct Running {
     spec: InstanceSpec,
     machine: Instance,
@@ -135,16 +107,6 @@ struct Running {
     /// When this master last announced its VIPs again over a lower-priority one (see
     /// [`REANNOUNCE_EVERY`]).
     reannounced: Option<Instant>,
-}
-
-/// A resigned master that keeps its VIPs until a new master is heard (or a bound passes), so a
-/// rolling restart never leaves the VIPs unanswered.
-struct Handover {
-    group: String,
-    vips: BTreeSet<IpAddr>,
-    peers: BTreeSet<IpAddr>,
-    release_at: Instant,
-    successor_heard: bool,
 }
 
 /// This node's address of each family on each interface it runs instances on: the source of
@@ -184,26 +146,6 @@ pub struct Router {
     sequences: BTreeMap<(InstanceId, IpAddr), u64>,
 }
 
-/// A router outside the group that advertises one of its VRIDs.
-struct ForeignRouter {
-    group: String,
-    logged: Option<Instant>,
-    /// Advertisements since the last log line.
-    unlogged: u64,
-}
-
-impl ForeignRouter {
-    /// Counts one more advertisement; `Some(unlogged since the last line)` when a line is due.
-    fn log_now(&mut self, now: Instant) -> Option<u64> {
-        if self.logged.is_some_and(|at| now < at + FOREIGN_LOG_EVERY) {
-            self.unlogged += 1;
-            return None;
-        }
-        self.logged = Some(now);
-        Some(std::mem::take(&mut self.unlogged))
-    }
-}
-
 /// Every transition of a start or a failover is logged (a node of a 16-node group runs up to
 /// 240 instances); past that, ten lines a second, each saying how many were held back.
 const TRANSITION_LOG: LogBudget = LogBudget::new(256, 10);
@@ -218,15 +160,6 @@ pub const REANNOUNCE_EVERY: Duration = Duration::from_secs(1);
 /// Whenever timers fire, masters due within this long advertise too (see
 /// [`Instance::advertise_early`]).
 pub const ADVERT_EARLY: Duration = Duration::from_millis(1);
-
-/// At most one log line per foreign router and VRID in this long.
-pub const FOREIGN_LOG_EVERY: Duration = Duration::from_secs(60);
-/// Foreign routers remembered at most.
-const FOREIGN_MAX: usize = 256;
-
-/// After the successor's first advertisement, keep answering this long: its gratuitous ARPs
-/// are on their way to the clients, and traffic still addressed to us is served meanwhile.
-const HANDOVER_GRACE: Duration = Duration::from_millis(150);
 
 impl Router {
     pub fn new(locals: Locals, metrics: VrrpMetrics) -> Self {
@@ -468,50 +401,6 @@ impl Router {
             .min()
     }
 
-    /// SIGTERM: every master resigns with priority 0 and keeps its VIPs until a successor
-    /// advertises (or three of its intervals pass, when nobody is there to take over).
-    pub fn shutdown(&mut self, now: Instant) -> Vec<Outgoing> {
-        self.ownership_epoch += 1;
-        let mut out = Vec::new();
-        let ids: Vec<InstanceId> = self.instances.keys().copied().collect();
-        for id in ids {
-            let Some(running) = self.instances.get_mut(&id) else { continue };
-            let was_master = running.machine.state() == State::Master;
-            let actions = running.machine.shutdown();
-            if was_master {
-                let spec = &running.spec;
-                let bound = spec.advert_interval * 3 + Duration::from_millis(100);
-                self.handovers.insert(
-                    id,
-                    Handover {
-                        group: spec.group.clone(),
-                        vips: spec.vips.clone(),
-                        peers: spec.peers.clone(),
-                        release_at: now + bound,
-                        successor_heard: false,
-                    },
-                );
-            }
-            // The Release is deferred to the handover; only the resignation goes out now.
-            for action in actions {
-                if let Action::SendAdvert { priority } = action {
-                    let sequence = self.next_sequence(now);
-                    let spec = &self.instances[&id].spec;
-                    encode_adverts(running_local(&self.locals, spec), spec, priority, sequence, &mut out);
-                    self.metrics.sent(&self.instances[&id].spec.group, id);
-                }
-            }
-            let group = self.instances[&id].spec.group.clone();
-            self.record_state(now, id, &group, State::Initialize);
-        }
-        out
-    }
-
-    /// True while a handover still holds VIPs.
-    pub fn handing_over(&self) -> bool {
-        !self.handovers.is_empty()
-    }
-
     /// The VIPs this node must answer for now: those of Master instances and of handovers.
     pub fn owned_vips(&self) -> BTreeSet<IpAddr> {
         self.claims().into_values().flat_map(|c| c.vips).collect()
@@ -575,64 +464,6 @@ impl Router {
         let handovers = self.handovers.iter().map(|(id, h)| (*id, &h.vips, h.release_at));
         let lingering = self.lingering.iter().map(|(id, (vips, until))| (*id, vips, *until));
         masters.chain(handovers).chain(lingering)
-    }
-
-    /// The sequence for the adverts sent now: the wall clock in microseconds as it was at start
-    /// plus the time since, and always past the last one.
-    fn next_sequence(&mut self, now: Instant) -> u64 {
-        self.last_sequence = self.wall_micros(now).max(self.last_sequence + 1);
-        self.last_sequence
-    }
-
-    /// `now` on the wall clock, in microseconds, as mapped at start (see `wall_clock`).
-    fn wall_micros(&self, now: Instant) -> u64 {
-        let (at, micros) = self.wall_clock;
-        micros + now.saturating_duration_since(at).as_micros() as u64
-    }
-
-    /// Whether an authenticated advert's sequence is new: past the last accepted from the same
-    /// sender for the VRID, or, from a sender not heard yet, signed within [`FRESHNESS`].
-    /// Remembered when it is.
-    fn fresh(&mut self, now: Instant, id: InstanceId, source: IpAddr, sequence: u64) -> bool {
-        let clock = self.wall_micros(now);
-        let fresh = match self.sequences.get(&(id, source)) {
-            Some(&last) => sequence > last,
-            None => sequence.saturating_add(FRESHNESS.as_micros() as u64) >= clock,
-        };
-        if fresh {
-            self.sequences.insert((id, source), sequence);
-        } else {
-            let age = Duration::from_micros(clock.saturating_sub(sequence));
-            debug!(instance = %id, %source, ?age, "authenticated advert replayed, or the sender's clock is behind");
-        }
-        fresh
-    }
-
-    /// A router outside the group advertises one of our VRIDs: logged once per
-    /// [`FOREIGN_LOG_EVERY`] per (VRID, source), with how many went unlogged, and remembered
-    /// for [`Router::foreign_routers`].
-    fn foreign_advert(&mut self, now: Instant, group: String, id: InstanceId, source: IpAddr) {
-        if self.foreign.len() >= FOREIGN_MAX && !self.foreign.contains_key(&(id, source)) {
-            return; // spoofed sources must not grow memory; the drop counter still counts them
-        }
-        let seen =
-            self.foreign.entry((id, source)).or_insert(ForeignRouter { group, logged: None, unlogged: 0 });
-        if let Some(since_last_log) = seen.log_now(now) {
-            warn!(
-                group = %seen.group,
-                instance = %id,
-                %source,
-                since_last_log,
-                "a router outside the group advertises this VRID; its advertisements are dropped (add the VRID \
-                 to the group's excludedVrids, or find who sends them)"
-            );
-        }
-    }
-
-    /// Routers outside their group heard advertising one of its VRIDs: (group, instance,
-    /// source).
-    pub fn foreign_routers(&self) -> impl Iterator<Item = (&str, InstanceId, IpAddr)> + '_ {
-        self.foreign.iter().map(|((id, source), f)| (f.group.as_str(), *id, *source))
     }
 
     /// VIPs to announce again since the last call (see [`Action::Reannounce`]).
@@ -740,79 +571,6 @@ impl Router {
 /// This node's address of `spec`'s family on its interface.
 fn running_local(locals: &Locals, spec: &InstanceSpec) -> IpAddr {
     locals.get(&(spec.interface.clone(), spec.family)).copied().unwrap_or(spec.family.unspecified())
-}
-
-/// The advertisement for each destination; signed with `sequence` when the group
-/// authenticates.
-fn encode_adverts(local: IpAddr, spec: &InstanceSpec, priority: u8, sequence: u64, out: &mut Vec<Outgoing>) {
-    let advert = Advertisement {
-        vrid: spec.vrid,
-        priority,
-        max_adver_int_cs: (spec.advert_interval.as_millis() / 10) as u16,
-        addresses: spec.vips.iter().copied().collect(),
-    };
-    let encode = |destination: IpAddr| {
-        let mut payload = advert.encode(local, destination, spec.checksum);
-        if let Some(keys) = &spec.keys {
-            let trailer = keys.sign(local, destination, &payload, sequence);
-            payload.extend_from_slice(&trailer);
-        }
-        Outgoing { interface: spec.interface.clone(), destination, payload }
-    };
-    match spec.transport {
-        Transport::Multicast => out.push(encode(match spec.family {
-            IpFamily::V4 => VRRP_MULTICAST_V4.into(),
-            IpFamily::V6 => VRRP_MULTICAST_V6.into(),
-        })),
-        Transport::Unicast => out.extend(spec.peers.iter().map(|&peer| encode(peer))),
-    }
-}
-
-fn unix_micros(at: SystemTime) -> u64 {
-    at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
-}
-
-/// Decodes, and for a group with keys authenticates: the sender, the advert and its sequence,
-/// or the error and its drop label.
-fn decode_authenticated(
-    datagram: Datagram,
-    checksum: ChecksumMode,
-    keys: Option<&Keyring>,
-) -> Result<(Received, Option<u64>), (String, &'static str)> {
-    let decode_error = |e: DecodeError| (e.to_string(), e.metric_label());
-    let Some(keys) = keys else {
-        let received = match datagram {
-            Datagram::V4(datagram) => ipv4::decode(datagram, checksum),
-            Datagram::V6 { header, payload } => ipv6::decode(payload, header, checksum),
-        };
-        return Ok((received.map_err(decode_error)?, None));
-    };
-    let (received, message, trailer) = match datagram {
-        Datagram::V4(datagram) => ipv4::decode_with_trailer(datagram, checksum),
-        Datagram::V6 { header, payload } => ipv6::decode_with_trailer(payload, header, checksum),
-    }
-    .map_err(decode_error)?;
-    match keys.verify(received.source, received.destination, message, trailer) {
-        Ok(sequence) => Ok((received, Some(sequence))),
-        Err(e) => Err((format!("from {}: {e}", received.source), e.metric_label())),
-    }
-}
-
-fn same_addresses(advert: &Advertisement, ours: &BTreeSet<IpAddr>) -> bool {
-    // Another lb-agent lists the first of the same sorted addresses: compared in place, with
-    // nothing allocated (this runs for every advertisement accepted).
-    if let Some(first) = advert.addresses.first() {
-        let listed_by_us =
-            ours.iter().filter(|a| a.is_ipv4() == first.is_ipv4()).take(super::packet::MAX_ADVERTISED_ADDRS);
-        if advert.addresses.iter().eq(listed_by_us) {
-            return true;
-        }
-    }
-    let listed: BTreeSet<IpAddr> = advert.addresses.iter().copied().collect();
-    // Large instances advertise only the first addresses (see packet::MAX_ADVERTISED_ADDRS).
-    listed.len() == advert.addresses.len()
-        && listed.iter().all(|a| ours.contains(a))
-        && (listed.len() == ours.len() || listed.len() == super::packet::MAX_ADVERTISED_ADDRS)
 }
 
 #[cfg(test)]

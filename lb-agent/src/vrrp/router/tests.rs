@@ -1,6 +1,11 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::*;
+use crate::vrrp::{
+    auth::FRESHNESS,
+    ipv4, ipv6,
+    packet::{Advertisement, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6},
+};
 use prometheus_client::registry::Registry;
 
 const A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);

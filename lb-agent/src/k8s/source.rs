@@ -11,6 +11,9 @@
 //! relist) and the groups and their members are unchanged. Each Service is validated alone as
 //! it is translated: one that is invalid, or serves a port an earlier Service (by name)
 //! serves, is left out and reported, and the rest of the cluster is served.
+//!
+//! Here: the translator and the groups. Beside it: `members` (a group's nodes and their
+//! published addresses), `service` (one Service's translation).
 
 use std::{
     borrow::Borrow,
@@ -31,6 +34,13 @@ use super::{
     slice::Slice,
 };
 use crate::config::{Config, GroupConfig, GroupVip, Protocol, ServiceConfig};
+
+mod members;
+mod service;
+
+use members::{eligible_members, members};
+pub use members::{group_interface, member_names, published_addresses, published_addresses6, selects};
+use service::translate_service;
 
 /// The Node annotation where each agent publishes its address on each of its groups'
 /// interfaces, as JSON (`{"edge": "10.30.0.10"}`): a group on another interface than the
@@ -537,239 +547,6 @@ impl Translator {
         }
         Ok(Translation { config, refusals, unserved })
     }
-}
-
-/// The interface `group` uses on this node, or why it cannot be served here.
-pub fn group_interface(group: &LoadBalancerGroup, state: &ClusterState) -> Result<String, Refusal> {
-    let spec = &group.spec;
-    let interface = match (&spec.interface, &spec.interface_from_ip) {
-        (Some(interface), _) if state.missing_interfaces.contains(interface) => {
-            Err(format!("this node has no interface {interface}"))
-        }
-        (Some(interface), _) => Ok(interface.clone()),
-        (None, Some(ip)) => {
-            state.routes.get(ip).cloned().ok_or_else(|| format!("no route from this node to {ip}"))
-        }
-        (None, None) => Err("neither interface nor interfaceFromIP is set".to_owned()),
-    };
-    interface.map_err(|message| Refusal { service: String::new(), reason: "InterfaceNotFound", message })
-}
-
-/// One Service's translation from its objects: how it is bound, its group VIPs and its
-/// service entries (one per VIP).
-fn translate_service(
-    service: &Arc<Service>,
-    slices: &[&Arc<Slice>],
-    all_groups: &[Arc<LoadBalancerGroup>],
-    groups: &GroupsByName<'_>,
-) -> Result<Translated, String> {
-    let (bound, refusals) = bind(service, all_groups);
-    let mut translated = Translated {
-        service: service.clone(),
-        slices: slices.iter().map(|s| Arc::clone(s)).collect(),
-        bound: None,
-        refusals,
-        unserved: None,
-        vips: Vec::new(),
-        configs: Vec::new(),
-        ports: SmallVec::new(),
-        at: None,
-    };
-    let Some(b) = bound else { return Ok(translated) };
-    let Some((group, members)) = groups.get(b.group.as_str()) else {
-        translated.bound = Some(b);
-        return Ok(translated);
-    };
-    let addresses = service_vips(&b, service);
-    // `externalTrafficPolicy: Local`: only members with a ready endpoint may own it.
-    let local = service.spec.as_ref().and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
-    for address in &addresses {
-        // The VIP's family's EndpointSlices: an IPv6 VIP forwards to IPv6 pods.
-        let address_type = if address.is_ipv4() { "IPv4" } else { "IPv6" };
-        let mine: Vec<&Slice> =
-            slices.iter().map(|s| s.as_ref()).filter(|s| s.address_type == address_type).collect();
-        let eligible =
-            eligible_members(members, address.is_ipv6(), local.then(|| ready_endpoint_nodes(&mine)));
-        translated.vips.push(GroupVip {
-            address: *address,
-            service: Some(b.service.clone()),
-            spread: b.spread,
-            eligible_nodes: eligible,
-        });
-        let document = service_document(&b, service, *address, &mine, group.spec.remote_mode);
-        let config: ServiceConfig =
-            serde_json::from_value(document).map_err(|e| format!("Service {}: {e}", b.service))?;
-        if let Err(e) = config.validate() {
-            // Refused alone: the rest of the cluster is served as before.
-            translated.vips.clear();
-            translated.configs.clear();
-            translated.ports.clear();
-            translated.unserved = Some(Refusal {
-                service: b.service.clone(),
-                reason: "InvalidService",
-                message: format!("as a service of {address}: {e}"),
-            });
-            break;
-        }
-        translated.ports.extend(config.ports.iter().map(|p| (config.vip, p.port, p.protocol)));
-        translated.configs.push(Arc::new(config));
-    }
-    translated.bound = Some(b);
-    Ok(translated)
-}
-
-/// The members that may own a VIP: for an IPv6 one, those that published their link-local
-/// address; under `externalTrafficPolicy: Local`, those of `with_endpoints`. `None`: all.
-fn eligible_members(
-    members: &[Member],
-    ipv6: bool,
-    with_endpoints: Option<std::collections::BTreeSet<String>>,
-) -> Option<Vec<String>> {
-    let restricted = with_endpoints.is_some() || (ipv6 && members.iter().any(|m| m.address6.is_none()));
-    restricted.then(|| {
-        members
-            .iter()
-            .filter(|m| !ipv6 || m.address6.is_some())
-            .filter(|m| with_endpoints.as_ref().is_none_or(|nodes| nodes.contains(&m.name)))
-            .map(|m| m.name.clone())
-            .collect()
-    })
-}
-
-/// The names of the nodes in a group, in order.
-pub fn member_names<N: Borrow<Node>>(nodes: &[N], group: &LoadBalancerGroup) -> Vec<String> {
-    members(nodes, group, false).into_iter().map(|m| m.name).collect()
-}
-
-/// Whether `node` is one of `group`'s.
-pub fn selects(group: &LoadBalancerGroup, node: &Node) -> bool {
-    let labels = node.metadata.labels.as_ref();
-    group.spec.node_selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-}
-
-/// Nodes of `group`, with their addresses for it, in name order: the one the node published
-/// for the group ([`GROUP_ADDRESSES_ANNOTATION`]), else (unless `published_only`) its IPv4
-/// InternalIP; and the link-local one it published ([`GROUP_ADDRESSES6_ANNOTATION`]).
-fn members<N: Borrow<Node>>(nodes: &[N], group: &LoadBalancerGroup, published_only: bool) -> Vec<Member> {
-    let name = group.metadata.name.as_deref().unwrap_or_default();
-    let mut out: Vec<Member> = nodes
-        .iter()
-        .map(Borrow::<Node>::borrow)
-        .filter(|n| selects(group, n))
-        .filter_map(|n| {
-            let published = published_addresses(n).remove(name);
-            if published_only && published.is_none() {
-                return None;
-            }
-            let address = published.or_else(|| {
-                n.status.as_ref()?.addresses.as_ref()?.iter().find_map(|a| {
-                    (a.type_ == "InternalIP").then(|| a.address.parse::<Ipv4Addr>().ok()).flatten()
-                })
-            })?;
-            let address6 = published_addresses6(n).remove(name);
-            Some(Member { name: n.metadata.name.clone()?, address, address6 })
-        })
-        .collect();
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
-}
-
-/// The addresses `node`'s agent published for its groups; an unreadable annotation is none.
-pub fn published_addresses(node: &Node) -> BTreeMap<String, Ipv4Addr> {
-    published(node, GROUP_ADDRESSES_ANNOTATION)
-}
-
-/// The IPv6 link-local addresses `node`'s agent published for its groups; an unreadable
-/// annotation, or an address that is not link-local, is none.
-pub fn published_addresses6(node: &Node) -> BTreeMap<String, Ipv6Addr> {
-    let mut addresses: BTreeMap<String, Ipv6Addr> = published(node, GROUP_ADDRESSES6_ANNOTATION);
-    addresses.retain(|_, a| a.is_unicast_link_local());
-    addresses
-}
-
-fn published<A: serde::de::DeserializeOwned>(node: &Node, annotation: &str) -> BTreeMap<String, A> {
-    node.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(annotation))
-        .and_then(|text| serde_json::from_str(text).ok())
-        .unwrap_or_default()
-}
-
-/// Nodes with a ready endpoint in a Service's `slices`.
-fn ready_endpoint_nodes(slices: &[&Slice]) -> std::collections::BTreeSet<String> {
-    slices
-        .iter()
-        .flat_map(|s| s.endpoints.iter())
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
-        .filter_map(|e| e.node_name.clone())
-        .collect()
-}
-
-/// A Service's VIPs: its LoadBalancer addresses (written by the IPAM leader into
-/// `status.loadBalancer.ingress`) and its allowed externalIPs.
-fn service_vips(bound: &Bound, service: &Service) -> Vec<IpAddr> {
-    let mut vips = current_ingress(service);
-    vips.extend(bound.external_ips.iter().copied());
-    vips.dedup();
-    vips
-}
-
-/// A Service's entry for one of its VIPs, from the Service and its EndpointSlices.
-fn service_document(
-    bound: &Bound,
-    service: &Service,
-    vip: IpAddr,
-    mine: &[&Slice],
-    mode: RemoteMode,
-) -> Value {
-    let spec = service.spec.clone().unwrap_or_default();
-    let ports: Vec<Value> = spec
-        .ports
-        .unwrap_or_default()
-        .iter()
-        .map(|p| {
-            let target = match &p.target_port {
-                Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n)) => *n as u16,
-                Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(port_name)) => mine
-                    .iter()
-                    .flat_map(|s| s.ports.iter().flatten())
-                    .find(|sp| sp.name.as_deref() == Some(port_name.as_str()))
-                    .and_then(|sp| sp.port)
-                    .map_or(p.port as u16, |n| n as u16),
-                None => p.port as u16,
-            };
-            json!({"port": p.port, "protocol": p.protocol.clone().unwrap_or_else(|| "TCP".into()), "targetPort": target})
-        })
-        .collect();
-    // Ready endpoints; when none is, the serving ones that are terminating, so connections
-    // drain instead of failing (as kube-proxy does).
-    let all: Vec<(&str, Option<&str>, bool, bool)> = mine
-        .iter()
-        .flat_map(|s| s.endpoints.iter())
-        .flat_map(|e| {
-            let c = e.conditions.clone().unwrap_or_default();
-            let ready = c.ready.unwrap_or(true);
-            let serving_terminating = c.serving.unwrap_or(ready) && c.terminating.unwrap_or(false);
-            e.addresses.iter().map(move |a| (a.as_str(), e.node_name.as_deref(), ready, serving_terminating))
-        })
-        .collect();
-    let any_ready = all.iter().any(|e| e.2);
-    let mut endpoints: Vec<Value> = all
-        .iter()
-        .filter(|e| if any_ready { e.2 } else { e.3 })
-        .filter_map(|(address, node, _, _)| Some(json!({"address": address, "node": (*node)?})))
-        .collect();
-    endpoints.sort_by_key(|e| e["address"].as_str().unwrap_or_default().to_owned());
-    endpoints.dedup();
-    json!({
-        "name": bound.service,
-        "vip": vip.to_string(),
-        "ports": ports,
-        "endpoints": endpoints,
-        "remoteMode": mode,
-        "trafficPolicy": if spec.external_traffic_policy.as_deref() == Some("Local") { "Local" } else { "Cluster" },
-    })
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ mod ebpf;
 mod image;
 mod modules;
 mod setup;
+mod sizes;
 
 use std::{
     path::{Path, PathBuf},
@@ -45,7 +46,7 @@ enum Task {
     },
     /// Build a lab and show a VIP answered by XDP, with the counters.
     Demo,
-    /// The import-circle check alone (part of `test`).
+    /// The import-circle and size checks alone (part of `test`).
     Modules,
     /// Build the book (`docs/`, mdBook) into `target/book`, failing on a broken internal link
     /// (part of `test`).
@@ -165,7 +166,7 @@ fn main() -> Result<()> {
             ebpf::build()?;
             demo::run()
         }
-        Task::Modules => modules::check(&workspace_root()),
+        Task::Modules => modules::check(&workspace_root()).and_then(|()| sizes::check(&workspace_root())),
         Task::Docs => docs::build(&workspace_root()),
         Task::Bench { which: Bench::Failover { quick, repeat, case } } => {
             prepare_bench()?;
@@ -295,6 +296,7 @@ fn test(extra: &[String]) -> Result<()> {
     cargo(&["fmt", "--all", "--check"])?;
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
     modules::check(&workspace_root())?;
+    sizes::check(&workspace_root())?;
     docs::build(&workspace_root())?;
     // Build every test, then flush the build to disk before any runs: a few GB of artefacts
     // being written back stood CPUs of this VM still for 150–700 ms at a time (measured; see the lab's

@@ -23,9 +23,9 @@ use tracing::{debug, info, warn};
 use super::{
     auth::Keyring,
     family::{InstanceId, IpFamily},
-    instance::{Action, Ignored, Instance, InstanceConfig, PRIORITY_RESIGN, State},
+    instance::{Action, Ignored, Instance, InstanceConfig, State},
     metrics::{VrrpMetrics, drop_reason},
-    packet::ChecksumMode,
+    packet::{ChecksumMode, Received},
 };
 use crate::logging::LogBudget;
 
@@ -278,42 +278,9 @@ impl Router {
     pub fn on_datagram(&mut self, now: Instant, interface: &str, datagram: Datagram) -> Vec<Outgoing> {
         let mut out = Vec::new();
         let family = datagram.family();
-        // The checksum mode and keys are per instance, so find the instance before verifying.
-        let spec = datagram.peek_id().and_then(|id| self.instances.get(&id)).map(|r| &r.spec);
-        let (checksum, keys) = spec.map_or((ChecksumMode::Rfc, None), |s| (s.checksum, s.keys.clone()));
-        let received = match decode_authenticated(datagram, checksum, keys.as_deref()) {
-            Ok((received, sequence)) => {
-                let id = InstanceId { family, vrid: received.advert.vrid };
-                if self.locals.values().any(|local| *local == received.source) {
-                    self.metrics.dropped(family, Some(id.vrid), drop_reason::OWN);
-                    return out;
-                }
-                if let Some(sequence) = sequence
-                    && !self.fresh(now, id, received.source, sequence)
-                {
-                    self.metrics.dropped(family, Some(id.vrid), drop_reason::REPLAYED);
-                    return out;
-                }
-                received
-            }
-            Err((error, label)) => {
-                debug!(%error, family = family.as_str(), "VRRP datagram dropped");
-                self.metrics.dropped(family, datagram.peek_vrid(), label);
-                return out;
-            }
-        };
+        let Some(received) = self.verified(now, datagram) else { return out };
         let id = InstanceId { family, vrid: received.advert.vrid };
-        if let Some(handover) = self.handovers.get_mut(&id)
-            && handover.peers.contains(&received.source)
-            && received.advert.priority != PRIORITY_RESIGN
-        {
-            if !handover.successor_heard {
-                info!(instance = %id, successor = %received.source, "successor heard, releasing VIPs shortly");
-                handover.successor_heard = true;
-                handover.release_at = handover.release_at.min(now + HANDOVER_GRACE);
-                self.renewed.insert(id);
-            }
-            self.metrics.received(&handover.group, id);
+        if self.heard_successor(now, id, &received) {
             return out;
         }
         let Some(running) = self.instances.get_mut(&id) else {
@@ -355,6 +322,35 @@ impl Router {
             }
         }
         out
+    }
+
+    /// The datagram decoded and, for a group with keys, authenticated and fresh; `None` (the
+    /// drop counted) for our own, a replay, or one that does not decode.
+    fn verified(&mut self, now: Instant, datagram: Datagram) -> Option<Received> {
+        let family = datagram.family();
+        // The checksum mode and keys are per instance, so find the instance before verifying.
+        let spec = datagram.peek_id().and_then(|id| self.instances.get(&id)).map(|r| &r.spec);
+        let (checksum, keys) = spec.map_or((ChecksumMode::Rfc, None), |s| (s.checksum, s.keys.clone()));
+        let (received, sequence) = match decode_authenticated(datagram, checksum, keys.as_deref()) {
+            Ok(decoded) => decoded,
+            Err((error, label)) => {
+                debug!(%error, family = family.as_str(), "VRRP datagram dropped");
+                self.metrics.dropped(family, datagram.peek_vrid(), label);
+                return None;
+            }
+        };
+        let id = InstanceId { family, vrid: received.advert.vrid };
+        if self.locals.values().any(|local| *local == received.source) {
+            self.metrics.dropped(family, Some(id.vrid), drop_reason::OWN);
+            return None;
+        }
+        if let Some(sequence) = sequence
+            && !self.fresh(now, id, received.source, sequence)
+        {
+            self.metrics.dropped(family, Some(id.vrid), drop_reason::REPLAYED);
+            return None;
+        }
+        Some(received)
     }
 
     /// Fires every timer due by `now`.

@@ -8,9 +8,12 @@ use std::{
 };
 
 use super::{Outgoing, Router, encode_adverts, running_local};
+use tracing::info;
+
 use crate::vrrp::{
     family::InstanceId,
-    instance::{Action, State},
+    instance::{Action, PRIORITY_RESIGN, State},
+    packet::Received,
 };
 
 /// After the successor's first advertisement, keep answering this long: its gratuitous ARPs
@@ -70,5 +73,22 @@ impl Router {
     /// True while a handover still holds VIPs.
     pub fn handing_over(&self) -> bool {
         !self.handovers.is_empty()
+    }
+
+    /// Whether `received` is a handover's successor speaking (not resigning): the first one
+    /// starts the release's grace period. Such an advert is for the handover alone.
+    pub(super) fn heard_successor(&mut self, now: Instant, id: InstanceId, received: &Received) -> bool {
+        let Some(handover) = self.handovers.get_mut(&id) else { return false };
+        if !handover.peers.contains(&received.source) || received.advert.priority == PRIORITY_RESIGN {
+            return false;
+        }
+        if !handover.successor_heard {
+            info!(instance = %id, successor = %received.source, "successor heard, releasing VIPs shortly");
+            handover.successor_heard = true;
+            handover.release_at = handover.release_at.min(now + HANDOVER_GRACE);
+            self.renewed.insert(id);
+        }
+        self.metrics.received(&handover.group, id);
+        true
     }
 }

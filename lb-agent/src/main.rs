@@ -119,31 +119,8 @@ fn main() -> ExitCode {
     init_logging(cli.log_format, &cli.log);
     let result = match cli.command {
         Command::Run { config, node, pin_path, admin_socket, kubernetes, namespace } => {
-            agent::hold_signals();
-            // The VRRP loop on this thread alone; everything else on two workers beside it
-            // (see `agent::run`).
-            let runtimes = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .thread_name("lb-agent-worker")
-                .enable_all()
-                .build()
-                .and_then(|background| {
-                    Ok((tokio::runtime::Builder::new_current_thread().enable_all().build()?, background))
-                })
-                .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e));
-            runtimes.and_then(|(vrrp_loop, background)| {
-                let source = kubernetes.then_some(agent::KubernetesSource { namespace });
-                let overrides = agent::Overrides { pin_path, admin_socket };
-                let result = vrrp_loop.block_on(agent::run(
-                    config,
-                    node,
-                    overrides,
-                    source,
-                    background.handle().clone(),
-                ));
-                background.shutdown_timeout(std::time::Duration::from_secs(1));
-                result
-            })
+            let source = kubernetes.then_some(agent::KubernetesSource { namespace });
+            run_agent(config, node, agent::Overrides { pin_path, admin_socket }, source)
         }
         Command::LogLevel { socket, filter } => {
             let answer = match &filter {
@@ -195,6 +172,32 @@ fn main() -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// `lb-agent run`: the VRRP loop on this thread alone; everything else on two workers beside it
+/// (see `agent::run`).
+fn run_agent(
+    config: std::path::PathBuf,
+    node: Option<String>,
+    overrides: agent::Overrides,
+    source: Option<agent::KubernetesSource>,
+) -> lb_agent::error::Result<()> {
+    agent::hold_signals();
+    let runtimes = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("lb-agent-worker")
+        .enable_all()
+        .build()
+        .and_then(|background| {
+            Ok((tokio::runtime::Builder::new_current_thread().enable_all().build()?, background))
+        })
+        .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e));
+    runtimes.and_then(|(vrrp_loop, background)| {
+        let result =
+            vrrp_loop.block_on(agent::run(config, node, overrides, source, background.handle().clone()));
+        background.shutdown_timeout(std::time::Duration::from_secs(1));
+        result
+    })
 }
 
 fn init_logging(format: LogFormat, filter: &str) {

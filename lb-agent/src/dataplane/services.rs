@@ -55,6 +55,8 @@ use crate::{
 };
 
 type Ring = Array<MapData, RingEntry>;
+/// `MAGLEV_RINGS`: ring id → ring.
+type Rings = HashOfMaps<MapData, u32, Ring>;
 
 /// How many entries the maps hold, as they were created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +75,7 @@ pub struct ServiceMaps<A: Address = Addr4> {
     /// The program's next-hop cache by backend slot, written here only to empty a slot's
     /// before another backend takes it.
     next_hops: Array<MapData, NextHopEntry>,
-    rings: HashOfMaps<MapData, u32, Ring>,
+    rings: Rings,
     local_endpoints: BpfHashMap<MapData, LocalEndpointKeyOf<A>, LocalEndpoint>,
     /// Node-wide, written through IPv4's maps.
     settings: Option<Array<MapData, Settings>>,

@@ -228,40 +228,11 @@ pub struct Allocation {
 pub fn allocate(pools: &BTreeMap<String, Pools>, requests: &[Request]) -> Allocation {
     let mut sorted: Vec<&Request> = requests.iter().collect();
     sorted.sort_by(|a, b| a.service.cmp(&b.service));
-    let mut holders: BTreeMap<IpAddr, Vec<&Request>> = BTreeMap::new();
-    // Each (Service, family)'s addresses, as the passes settle them.
-    let mut settled: BTreeMap<(&str, IpFamily), Vec<IpAddr>> = BTreeMap::new();
-    let mut out = Allocation::default();
-    let may_join =
-        |holders: &BTreeMap<IpAddr, Vec<&Request>>, ip: IpAddr, r: &Request| -> Result<(), String> {
-            match holders.get(&ip).and_then(|existing| existing.iter().find(|h| !can_share(h, r))) {
-                None => Ok(()),
-                Some(h) => Err(h.service.clone()),
-            }
-        };
-
+    let mut holders = Holders::new();
     // 1. Keep what is held, when it is still valid.
-    for r in &sorted {
-        let Some(pool) = pools.get(&r.group) else { continue };
-        for family in r.needs(pool) {
-            let requested = r.requested_of(family);
-            let keep: Vec<IpAddr> = r
-                .current
-                .iter()
-                .copied()
-                .filter(|ip| IpFamily::of(*ip) == family && pool.contains(*ip))
-                .filter(|ip| requested.is_empty() || requested.contains(ip))
-                .filter(|ip| may_join(&holders, *ip, r).is_ok())
-                .collect();
-            if !keep.is_empty() && (requested.is_empty() || keep.len() == requested.len()) {
-                for ip in &keep {
-                    holders.entry(*ip).or_default().push(r);
-                }
-                settled.insert((r.service.as_str(), family), keep);
-            }
-        }
-    }
+    let settled = keep_held(pools, &sorted, &mut holders);
     // 2 and 3. Everything else, in name order.
+    let mut out = Allocation::default();
     for r in &sorted {
         let Some(pool) = pools.get(&r.group) else {
             out.errors.insert(r.service.clone(), IpamError::UnknownGroup { group: r.group.clone() });
@@ -273,32 +244,7 @@ pub fn allocate(pools: &BTreeMap<String, Pools>, requests: &[Request]) -> Alloca
                 addresses.extend(kept);
                 continue;
             }
-            let requested = r.requested_of(family);
-            let result = if !pool.has(family) && requested.is_empty() {
-                Err(IpamError::NoPool { group: r.group.clone(), family })
-            } else if requested.is_empty() {
-                pool.addresses(family)
-                    .find(|ip| {
-                        may_join(&holders, *ip, r).is_ok()
-                            && (!holders.contains_key(ip) || r.shared_key.is_some())
-                    })
-                    .or_else(|| pool.addresses(family).find(|ip| !holders.contains_key(ip)))
-                    .map(|ip| vec![ip])
-                    .ok_or(IpamError::Exhausted { group: r.group.clone(), family })
-            } else {
-                requested
-                    .iter()
-                    .map(|ip| {
-                        if !pool.contains(*ip) {
-                            return Err(IpamError::NotInPool { ip: *ip, group: r.group.clone() });
-                        }
-                        may_join(&holders, *ip, r)
-                            .map(|()| *ip)
-                            .map_err(|by| IpamError::InUse { ip: *ip, by })
-                    })
-                    .collect()
-            };
-            match result {
+            match choose(pool, family, r, &holders) {
                 Ok(ips) => {
                     for ip in &ips {
                         holders.entry(*ip).or_default().push(r);
@@ -315,6 +261,75 @@ pub fn allocate(pools: &BTreeMap<String, Pools>, requests: &[Request]) -> Alloca
         }
     }
     out
+}
+
+/// Each address given so far, with the requests holding it.
+type Holders<'r> = BTreeMap<IpAddr, Vec<&'r Request>>;
+
+/// Whether `r` may hold `ip` beside its holders; else the Service that cannot share it.
+fn may_join(holders: &Holders, ip: IpAddr, r: &Request) -> Result<(), String> {
+    match holders.get(&ip).and_then(|existing| existing.iter().find(|h| !can_share(h, r))) {
+        None => Ok(()),
+        Some(h) => Err(h.service.clone()),
+    }
+}
+
+/// The first pass: each (Service, family)'s held addresses that are still valid, kept.
+fn keep_held<'r>(
+    pools: &BTreeMap<String, Pools>,
+    sorted: &[&'r Request],
+    holders: &mut Holders<'r>,
+) -> BTreeMap<(&'r str, IpFamily), Vec<IpAddr>> {
+    let mut settled = BTreeMap::new();
+    for r in sorted {
+        let Some(pool) = pools.get(&r.group) else { continue };
+        for family in r.needs(pool) {
+            let requested = r.requested_of(family);
+            let keep: Vec<IpAddr> = r
+                .current
+                .iter()
+                .copied()
+                .filter(|ip| IpFamily::of(*ip) == family && pool.contains(*ip))
+                .filter(|ip| requested.is_empty() || requested.contains(ip))
+                .filter(|ip| may_join(holders, *ip, r).is_ok())
+                .collect();
+            if !keep.is_empty() && (requested.is_empty() || keep.len() == requested.len()) {
+                for ip in &keep {
+                    holders.entry(*ip).or_default().push(*r);
+                }
+                settled.insert((r.service.as_str(), family), keep);
+            }
+        }
+    }
+    settled
+}
+
+/// The addresses of `family` for `r`: those it requests, if it may have them, or the pool's
+/// first it may join (a shared key may join a holder), else its first free one.
+fn choose(pool: &Pools, family: IpFamily, r: &Request, holders: &Holders) -> Result<Vec<IpAddr>, IpamError> {
+    let requested = r.requested_of(family);
+    if !pool.has(family) && requested.is_empty() {
+        return Err(IpamError::NoPool { group: r.group.clone(), family });
+    }
+    if requested.is_empty() {
+        return pool
+            .addresses(family)
+            .find(|ip| {
+                may_join(holders, *ip, r).is_ok() && (!holders.contains_key(ip) || r.shared_key.is_some())
+            })
+            .or_else(|| pool.addresses(family).find(|ip| !holders.contains_key(ip)))
+            .map(|ip| vec![ip])
+            .ok_or(IpamError::Exhausted { group: r.group.clone(), family });
+    }
+    requested
+        .iter()
+        .map(|ip| {
+            if !pool.contains(*ip) {
+                return Err(IpamError::NotInPool { ip: *ip, group: r.group.clone() });
+            }
+            may_join(holders, *ip, r).map(|()| *ip).map_err(|by| IpamError::InUse { ip: *ip, by })
+        })
+        .collect()
 }
 
 fn can_share(a: &Request, b: &Request) -> bool {

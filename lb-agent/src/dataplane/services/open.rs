@@ -47,24 +47,13 @@ impl<A: Address> ServiceMaps<A> {
         };
         let settings =
             if first { Some(Array::try_from(take(SETTINGS)?).map_err(err(SETTINGS))?) } else { None };
-        let aya::maps::Map::HashOfMaps(data) = &rings else {
-            return Err(Error::BpfMap {
-                map: MAGLEV_RINGS,
-                source: MapError::InvalidMapType { map_type: 0 },
-            });
-        };
-        let rings_outer_bytes = batch::memlock(data.fd()).unwrap_or(0);
-        let rings_fd = data
-            .fd()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| Error::io("duplicating the fd of BPF map MAGLEV_RINGS", e))?;
+        let (rings, rings_fd, rings_outer_bytes) = outer_rings(rings)?;
         let mut maps = Self {
             services,
             backends,
             backend_stats: PerCpuArray::try_from(stats).map_err(err(names.backend_stats))?,
             next_hops,
-            rings: HashOfMaps::try_from(rings).map_err(err(MAGLEV_RINGS))?,
+            rings,
             local_endpoints,
             settings,
             limits,
@@ -145,4 +134,19 @@ impl<A: Address> ServiceMaps<A> {
         }
         Ok(())
     }
+}
+
+/// `MAGLEV_RINGS` as the mirror holds it: the map, a second fd for ring writes, and the outer
+/// map's own memory.
+fn outer_rings(rings: aya::maps::Map) -> Result<(Rings, std::os::fd::OwnedFd, u64)> {
+    let aya::maps::Map::HashOfMaps(data) = &rings else {
+        return Err(Error::BpfMap { map: MAGLEV_RINGS, source: MapError::InvalidMapType { map_type: 0 } });
+    };
+    let outer_bytes = batch::memlock(data.fd()).unwrap_or(0);
+    let fd = data
+        .fd()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| Error::io("duplicating the fd of BPF map MAGLEV_RINGS", e))?;
+    Ok((HashOfMaps::try_from(rings).map_err(err(MAGLEV_RINGS))?, fd, outer_bytes))
 }

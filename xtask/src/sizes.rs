@@ -21,7 +21,6 @@ const LONGER_FOR_NOW: &[(&str, &str, usize)] = &[
     ("dataplane/services/install.rs", "ServiceMaps::install_batch", 123),
     ("k8s/binding.rs", "bind", 159),
     ("k8s/controller.rs", "Shell::run", 262),
-    ("k8s/source.rs", "Translator::assemble", 93),
     ("k8s/status.rs", "plan", 194),
     ("metrics.rs", "Metrics::new", 104),
     ("metrics.rs", "XdpCollector::encode", 88),

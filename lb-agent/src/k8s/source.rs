@@ -498,42 +498,15 @@ impl Translator {
                     continue;
                 }
             };
-            let spec = &group.spec;
             let members = groups_by_name.get(name.as_str()).map_or(&[][..], |(_, m)| m);
             if members.is_empty() {
                 // No node yet (a selector nobody matches, or another network whose addresses
                 // nobody has published): nothing to run, and its Services wait with it.
                 continue;
             }
-            let nodes: Vec<Value> = members
-                .iter()
-                .map(|m| match m.address6 {
-                    Some(address6) => json!({"name": m.name, "address": m.address, "address6": address6}),
-                    None => json!({"name": m.name, "address": m.address}),
-                })
-                .collect();
             let (vips, mine) = bound.remove(name.as_str()).unwrap_or_default();
             services.extend(mine);
-            let document = json!({
-                "name": name,
-                "interface": interface,
-                "nodes": nodes,
-                "advertInterval": spec.advert_interval,
-                "garp": {"refresh": spec.garp_refresh.as_deref().unwrap_or("0s")},
-                "spread": spec.spread,
-                "transport": spec.transport,
-                "excludedVrids": spec.excluded_vrids,
-                "preempt": spec.preempt,
-                "vipMode": spec.vip_mode,
-                "announce": spec.announce,
-                "authentication": spec.authentication,
-                // Keep the VRIDs the leader published, so instances are never renumbered.
-                "pinnedVrids": group.status.as_ref().map(|s| s.vrids.clone()).unwrap_or_default(),
-            });
-            let mut group: GroupConfig =
-                serde_json::from_value(document).map_err(|e| format!("LoadBalancerGroup {name}: {e}"))?;
-            group.vips = vips.into();
-            groups.push(group);
+            groups.push(group_config(group, &name, interface, members, vips)?);
         }
         let config = Config { groups, services, ..base.clone() };
         // Each service was validated when it was translated, and conflicts between them were
@@ -547,6 +520,45 @@ impl Translator {
         }
         Ok(Translation { config, refusals, unserved })
     }
+}
+
+/// A group's config, built as a document and parsed with the config's own types, so it gets
+/// the YAML's defaults and validation.
+fn group_config(
+    group: &LoadBalancerGroup,
+    name: &str,
+    interface: String,
+    members: &[Member],
+    vips: Vec<GroupVip>,
+) -> Result<GroupConfig, String> {
+    let spec = &group.spec;
+    let nodes: Vec<Value> = members
+        .iter()
+        .map(|m| match m.address6 {
+            Some(address6) => json!({"name": m.name, "address": m.address, "address6": address6}),
+            None => json!({"name": m.name, "address": m.address}),
+        })
+        .collect();
+    let document = json!({
+        "name": name,
+        "interface": interface,
+        "nodes": nodes,
+        "advertInterval": spec.advert_interval,
+        "garp": {"refresh": spec.garp_refresh.as_deref().unwrap_or("0s")},
+        "spread": spec.spread,
+        "transport": spec.transport,
+        "excludedVrids": spec.excluded_vrids,
+        "preempt": spec.preempt,
+        "vipMode": spec.vip_mode,
+        "announce": spec.announce,
+        "authentication": spec.authentication,
+        // Keep the VRIDs the leader published, so instances are never renumbered.
+        "pinnedVrids": group.status.as_ref().map(|s| s.vrids.clone()).unwrap_or_default(),
+    });
+    let mut config: GroupConfig =
+        serde_json::from_value(document).map_err(|e| format!("LoadBalancerGroup {name}: {e}"))?;
+    config.vips = vips.into();
+    Ok(config)
 }
 
 #[cfg(test)]

@@ -25,7 +25,6 @@ const LONGER_FOR_NOW: &[(&str, &str, usize)] = &[
     ("metrics.rs", "Metrics::new", 104),
     ("metrics.rs", "XdpCollector::encode", 88),
     ("node_plan.rs", "node_plan", 115),
-    ("planner/mod.rs", "plan", 81),
     ("routes/mod.rs", "apply_loop", 117),
 ];
 

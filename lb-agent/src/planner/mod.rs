@@ -158,13 +158,7 @@ pub fn plan(input: &GroupInput) -> GroupPlan {
         (a.address, &a.service, a.spread, &a.eligible).cmp(&(b.address, &b.service, b.spread, &b.eligible))
     });
     unique.dedup_by_key(|v| v.address);
-
-    // Services, each with its VIPs in address order (the index that rotates the ranking).
-    let mut services: BTreeMap<String, Vec<&VipInput>> = BTreeMap::new();
-    for vip in &unique {
-        let key = vip.service.clone().unwrap_or_else(|| format!("vip:{}", vip.address));
-        services.entry(key).or_default().push(vip);
-    }
+    let services = by_service(&unique);
     let mut order: Vec<(&String, &Vec<&VipInput>)> = services.iter().collect();
     order.sort_by_key(|(key, _)| (hash::of(key), *key));
 
@@ -212,6 +206,29 @@ pub fn plan(input: &GroupInput) -> GroupPlan {
         }
     }
 
+    number_instances(input, &nodes, members, &mut plan);
+    plan
+}
+
+/// Services, each with its VIPs in address order (the index that rotates the ranking); a VIP
+/// of no Service is a service of its own.
+fn by_service<'v>(unique: &[&'v VipInput]) -> BTreeMap<String, Vec<&'v VipInput>> {
+    let mut services: BTreeMap<String, Vec<&VipInput>> = BTreeMap::new();
+    for vip in unique {
+        let key = vip.service.clone().unwrap_or_else(|| format!("vip:{}", vip.address));
+        services.entry(key).or_default().push(vip);
+    }
+    services
+}
+
+/// Gives each instance its VRID and ranking, and each VIP its instance's; VIPs of instances
+/// left without a VRID are unplaced.
+fn number_instances(
+    input: &GroupInput,
+    nodes: &BTreeSet<&str>,
+    members: BTreeMap<InstanceKey, BTreeSet<IpAddr>>,
+    plan: &mut GroupPlan,
+) {
     let vrids = allocate_vrids(members.keys(), &input.excluded_vrids, &input.pinned_vrids);
     for (key, vips) in members {
         let Some(&vrid) = vrids.get(&key) else {
@@ -220,13 +237,12 @@ pub fn plan(input: &GroupInput) -> GroupPlan {
             }
             continue;
         };
-        let ranking = instance_ranking(&key, &nodes);
+        let ranking = instance_ranking(&key, nodes);
         for vip in &vips {
             plan.vips.insert(*vip, VipPlan { ranking: ranking.clone(), vrid });
         }
         plan.instances.insert(vrid, InstancePlan { key, ranking, vips });
     }
-    plan
 }
 
 /// Nodes by HRW score for `seed`, best first (ties by name, so the order is total).

@@ -34,10 +34,10 @@ impl Agent {
         self.renew_leases();
         self.publish_foreign();
         let epoch = self.vrrp.as_ref().map(|v| v.router.ownership_epoch());
-        if epoch.is_some() && epoch == self.applied_epoch {
+        if epoch.is_some() && epoch == self.ownership.applied_epoch {
             return;
         }
-        self.applied_epoch = epoch;
+        self.ownership.applied_epoch = epoch;
         self.publish_owners();
         let claims = self.vrrp.as_ref().map(|v| v.router.claims()).unwrap_or_default();
         let uplinks: BTreeMap<String, UplinkView> = self
@@ -48,7 +48,7 @@ impl Agent {
                 (name.clone(), UplinkView { mac: u.interface.mac, slot: self.uplinks.slots.for_vips(name) })
             })
             .collect();
-        let mut wanted = ownership::wanted(&self.config, &self.plan, &uplinks, &claims);
+        let mut wanted = ownership::wanted(&self.current.config, &self.current.plan, &uplinks, &claims);
         if self.stopping {
             wanted = wanted.withdrawn();
         }
@@ -73,9 +73,11 @@ impl Agent {
         }
         self.state.metrics.owned_vips.set(xdp.len() as i64);
 
-        let newly_owned: Vec<IpAddr> = vrrp_owned.difference(&self.announced).copied().collect();
-        self.announcer.withdraw(self.announced.difference(&vrrp_owned).copied().collect());
-        self.announced = vrrp_owned;
+        let newly_owned: Vec<IpAddr> = vrrp_owned.difference(&self.ownership.announced).copied().collect();
+        self.announcing
+            .announcer
+            .withdraw(self.ownership.announced.difference(&vrrp_owned).copied().collect());
+        self.ownership.announced = vrrp_owned;
         self.vip_addresses.set(self.with_ifindex(kernel), self.with_ifindex(listening));
         self.announce(newly_owned);
         self.schedule_announcement_refresh(Instant::now());
@@ -84,8 +86,14 @@ impl Agent {
     /// Drops the per-VIP counters of VIPs the config no longer has (after a new plan: it walks
     /// the counter maps, too slow for every ownership change).
     pub(super) fn prune_vip_counters(&self) {
-        let configured: BTreeSet<IpAddr> =
-            self.config.vips.iter().map(|v| v.address).chain(self.plan.vips.keys().copied()).collect();
+        let configured: BTreeSet<IpAddr> = self
+            .current
+            .config
+            .vips
+            .iter()
+            .map(|v| v.address)
+            .chain(self.current.plan.vips.keys().copied())
+            .collect();
         if let Ok(mut counters) = self.counters.lock()
             && let Err(e) = counters.retain_vips(|vip| configured.contains(vip))
         {
@@ -109,8 +117,8 @@ impl Agent {
         let to_ns = |until| leases::to_monotonic_ns(until, now, now_ns);
         let epoch = self.vrrp.as_ref().map(|v| v.router.ownership_epoch());
         let renewed = self.vrrp.as_mut().map(|v| v.router.take_renewed()).unwrap_or_default();
-        let lapsed: Result<Vec<u16>> = if self.leases_epoch != Some(epoch) {
-            self.leases_epoch = Some(epoch);
+        let lapsed: Result<Vec<u16>> = if self.ownership.leases_epoch != Some(epoch) {
+            self.ownership.leases_epoch = Some(epoch);
             let deadlines = self.vrrp.as_ref().map(|v| v.router.lease_deadlines()).unwrap_or_default();
             let deadlines: BTreeMap<u16, u64> =
                 deadlines.into_iter().map(|(id, until)| (id.lease_slot(), to_ns(until))).collect();
@@ -132,7 +140,7 @@ impl Agent {
         match lapsed {
             Ok(lapsed) => {
                 for slot in lapsed {
-                    if let Some(held_back) = self.lease_log.allow(now) {
+                    if let Some(held_back) = self.ownership.lease_log.allow(now) {
                         warn!(
                             lease = slot,
                             held_back,
@@ -146,7 +154,7 @@ impl Agent {
             }
             Err(e) => {
                 // Rewrite them all on the next event.
-                self.leases_epoch = None;
+                self.ownership.leases_epoch = None;
                 error!(error = %e, "renewing the VIP leases failed");
             }
         }
@@ -158,7 +166,11 @@ impl Agent {
         let bursts: Vec<(IpAddr, u32, Duration)> = vips
             .into_iter()
             .filter_map(|vip| {
-                self.plan.vips.get(&vip).map(|s| (vip, s.announcements.count, s.announcements.interval))
+                self.current
+                    .plan
+                    .vips
+                    .get(&vip)
+                    .map(|s| (vip, s.announcements.count, s.announcements.interval))
             })
             .filter(|(_, count, _)| *count > 0)
             .collect();
@@ -169,20 +181,20 @@ impl Agent {
     /// change); a new period's first refresh is one period away, since taking over has its own
     /// burst.
     pub(super) fn schedule_announcement_refresh(&mut self, now: Instant) {
-        if self.config.groups.iter().all(|g| g.announcements.refresh.is_zero()) {
-            self.announcement_refresh.clear();
+        if self.current.config.groups.iter().all(|g| g.announcements.refresh.is_zero()) {
+            self.announcing.refresh.clear();
             return;
         }
         let mut by_period: BTreeMap<Duration, Vec<IpAddr>> = BTreeMap::new();
-        for vip in &self.announced {
-            if let Some(settings) = self.plan.vips.get(vip)
+        for vip in &self.ownership.announced {
+            if let Some(settings) = self.current.plan.vips.get(vip)
                 && !settings.announcements.refresh.is_zero()
             {
                 by_period.entry(settings.announcements.refresh).or_default().push(*vip);
             }
         }
-        let previous = std::mem::take(&mut self.announcement_refresh);
-        self.announcement_refresh = by_period
+        let previous = std::mem::take(&mut self.announcing.refresh);
+        self.announcing.refresh = by_period
             .into_iter()
             .map(|(period, vips)| {
                 let next = previous.get(&period).map_or(now + period, |(next, _)| *next);
@@ -194,7 +206,7 @@ impl Agent {
     /// `garp.refresh`: while Master, one gratuitous ARP per owned VIP every period.
     pub(super) fn refresh_announcements(&mut self, now: Instant) {
         let mut due = Vec::new();
-        for (period, (next, vips)) in &mut self.announcement_refresh {
+        for (period, (next, vips)) in &mut self.announcing.refresh {
             if *next <= now {
                 *next = now + *period;
                 due.extend(vips.iter().map(|vip| (*vip, 1, Duration::ZERO)));
@@ -209,7 +221,8 @@ impl Agent {
         let announcements = bursts
             .into_iter()
             .filter_map(|(vip, count, pause)| {
-                let interface = self.plan.vips.get(&vip).map_or(&self.config.interface, |s| &s.interface);
+                let interface =
+                    self.current.plan.vips.get(&vip).map_or(&self.current.config.interface, |s| &s.interface);
                 let uplink = self.uplinks.get(interface)?;
                 Some(Announcement {
                     vip,
@@ -220,7 +233,7 @@ impl Agent {
                 })
             })
             .collect();
-        self.announcer.announce(announcements);
+        self.announcing.announcer.announce(announcements);
     }
 
     /// The uplink lost or regained its link. Back up, this node announces what it owns again:
@@ -235,8 +248,8 @@ impl Agent {
             warn!(interface = %name, "the uplink lost its link");
             return;
         }
-        let on_it = |vip: &&IpAddr| self.plan.vips.get(*vip).is_some_and(|s| s.interface == *name);
-        let owned: Vec<IpAddr> = self.announced.iter().filter(on_it).copied().collect();
+        let on_it = |vip: &&IpAddr| self.current.plan.vips.get(*vip).is_some_and(|s| s.interface == *name);
+        let owned: Vec<IpAddr> = self.ownership.announced.iter().filter(on_it).copied().collect();
         info!(interface = %name, owned = owned.len(), "the uplink has its link again: announcing the owned VIPs");
         self.announce(owned);
     }

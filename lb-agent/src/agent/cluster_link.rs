@@ -56,6 +56,7 @@ impl Agent {
         let (Some(cluster), Some(vrrp)) = (&self.cluster, &self.vrrp) else { return };
         let owners = &cluster.owners;
         let names: BTreeMap<IpAddr, String> = self
+            .current
             .config
             .groups
             .iter()
@@ -99,9 +100,10 @@ impl Agent {
         let now = Instant::now();
         let mut heard: Vec<(String, IpAddr, String, u64)> = Vec::new();
         for seen in self.dataplane.impersonations() {
-            let own = self.plan.locals.values().any(|local| *local == seen.source);
+            let own = self.current.plan.locals.values().any(|local| *local == seen.source);
             let member_of = |i: &&crate::vrrp::router::InstanceSpec| own || i.peers.contains(&seen.source);
-            let Some(group) = self.plan.instances.iter().find(member_of).map(|i| i.group.clone()) else {
+            let Some(group) = self.current.plan.instances.iter().find(member_of).map(|i| i.group.clone())
+            else {
                 continue;
             };
             let how = if own {
@@ -116,7 +118,8 @@ impl Agent {
             *counts.entry(*member).or_default() += adverts;
         }
         for (member, total) in counts {
-            let (counted, logged, at_log) = self.impersonations_seen.entry(member).or_insert((0, None, 0));
+            let (counted, logged, at_log) =
+                self.ownership.impersonations_seen.entry(member).or_insert((0, None, 0));
             if total <= *counted {
                 continue;
             }

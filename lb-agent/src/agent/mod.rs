@@ -84,12 +84,8 @@ impl Overrides {
 }
 
 struct Agent {
-    config_path: PathBuf,
-    /// Shared with the sync task: a large config is never copied.
-    config: Arc<Config>,
-    node: String,
-    /// Shared with the pending config's, when that config changed no group.
-    plan: Arc<NodePlan>,
+    /// What this agent runs: its config, node and plan.
+    current: Current,
     netlink: rtnetlink::Handle,
     /// Every interface VIPs are served on, the default uplink first among equals.
     uplinks: Uplinks,
@@ -98,47 +94,81 @@ struct Agent {
     state: Arc<HttpState>,
     /// `None` once stopping: nothing is claimed through VRRP any more.
     vrrp: Option<Vrrp>,
-    /// VRRP VIPs owned at the last apply: the ones new since then get gratuitous ARPs.
-    announced: BTreeSet<IpAddr>,
-    /// Sends the gratuitous ARPs and NAs, paced.
-    announcer: Announcer,
+    /// What the last ownership apply left, to apply the next by difference.
+    ownership: Applied,
+    /// Gratuitous ARPs and NAs: sent, paced, and refreshed.
+    announcing: Announcing,
     /// Holds the routed VIPs' kernel routes, for the node's FRR.
     routes: Routes,
     /// A graceful stop began: routes are withdrawn while the rest keeps serving.
     stopping: bool,
-    /// Owned VIPs by `garp.refresh` period, and when they are next announced again.
-    announcement_refresh: BTreeMap<Duration, (Instant, Vec<IpAddr>)>,
     /// Keeps the VIP addresses on the uplinks (modes `netlink`, `both`) without the loop
     /// waiting on netlink.
     vip_addresses: VipAddresses,
+    /// The service-sync task: configs to it, and what it applied.
+    service_sync: ServiceSyncLink,
+    /// With `--kubernetes`: the cluster side's channels (see [`cluster_link::ClusterLink`]).
+    cluster: Option<cluster_link::ClusterLink>,
+    /// Requests the loop answers between events.
+    inputs: Inputs,
+}
+
+/// What this agent runs.
+struct Current {
+    config_path: PathBuf,
+    /// Shared with the sync task: a large config is never copied.
+    config: Arc<Config>,
+    node: String,
+    /// Shared with the pending config's, when that config changed no group.
+    plan: Arc<NodePlan>,
+    /// The command line's settings, which outrank the config file's on every load.
+    overrides: Overrides,
+    /// The source of full-NAT and IPIP traffic leaving by the default uplink (the others'
+    /// are in the uplink map).
+    node_address: Ipv4Addr,
+    /// The key files of the plan's authenticating groups, re-read every second.
+    keys: KeyFiles,
+}
+
+/// What the last ownership apply left.
+struct Applied {
+    /// VRRP VIPs owned at the last apply: the ones new since then get gratuitous ARPs.
+    announced: BTreeSet<IpAddr>,
     /// The router's ownership epoch last applied; `None` forces a full apply.
     applied_epoch: Option<u64>,
     /// The ownership epoch whose leases were last written whole; `None` forces that.
     leases_epoch: Option<Option<u64>>,
     /// Lapsed-lease warnings: a loaded host may lapse often (each is counted).
     lease_log: crate::logging::LogBudget,
-    /// The source of full-NAT and IPIP traffic leaving by the default uplink (the others'
-    /// are in the uplink map).
-    node_address: Ipv4Addr,
     /// The uplink slot of each VIP, as the service maps were last told.
     vip_uplinks: Arc<std::collections::HashMap<IpAddr, u8>>,
+    /// Per member: the impersonating advertisements counted so far, when last logged, and the
+    /// count then.
+    impersonations_seen: BTreeMap<IpAddr, (u64, Option<Instant>, u64)>,
+}
+
+/// Announcements of owned VIPs.
+struct Announcing {
+    /// Sends the gratuitous ARPs and NAs, paced.
+    announcer: Announcer,
+    /// Owned VIPs by `garp.refresh` period, and when they are next announced again.
+    refresh: BTreeMap<Duration, (Instant, Vec<IpAddr>)>,
+}
+
+/// The service-sync task's side of the loop.
+struct ServiceSyncLink {
     /// Hands each accepted config to the service-sync task.
-    services: watch::Sender<SyncRequest>,
+    requests: watch::Sender<SyncRequest>,
     /// The generation of the last config whose services the sync task has applied.
-    services_applied: watch::Receiver<u64>,
+    applied: watch::Receiver<u64>,
     /// An accepted config waiting for its services to reach the maps before VRRP and the
     /// owned VIPs follow it, so a VIP is never taken before its services: (generation,
     /// config, plan).
     pending: Option<(u64, Arc<Config>, Arc<NodePlan>)>,
-    /// The command line's settings, which outrank the config file's on every load.
-    overrides: Overrides,
-    /// With `--kubernetes`: the cluster side's channels (see [`cluster_link::ClusterLink`]).
-    cluster: Option<cluster_link::ClusterLink>,
-    /// Per member: the impersonating advertisements counted so far, when last logged, and the
-    /// count then.
-    impersonations_seen: BTreeMap<IpAddr, (u64, Option<Instant>, u64)>,
-    /// The key files of the plan's authenticating groups, re-read every second.
-    keys: KeyFiles,
+}
+
+/// Inputs the loop selects on besides VRRP and signals.
+struct Inputs {
     /// `/status` asking for the VRRP instances, answered between events.
     status_requests: mpsc::Receiver<tokio::sync::oneshot::Sender<LoopSnapshot>>,
     /// The interfaces' carrier changes: (ifindex, link up).
@@ -160,7 +190,7 @@ impl Agent {
         let mut once_a_second = tokio::time::interval(Duration::from_secs(1));
         // The routes' keeper withdraws them when this loop goes unheard (see `routes::keeper`);
         // beats go from here, the loop that decides, not from a task that might outlive it.
-        let mut heartbeat = tokio::time::interval(self.config.routes.hold_time / 3);
+        let mut heartbeat = tokio::time::interval(self.current.config.routes.hold_time / 3);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if let Some(deadline) = stop_by {
@@ -178,7 +208,7 @@ impl Agent {
             }
             let vrrp_deadline =
                 self.vrrp.as_ref().and_then(|v| v.router.next_deadline()).map(Instant::from_std);
-            let announcement_refresh = self.announcement_refresh.values().map(|(at, _)| *at);
+            let announcement_refresh = self.announcing.refresh.values().map(|(at, _)| *at);
             let deadline = vrrp_deadline
                 .into_iter()
                 .chain(announcement_refresh)
@@ -218,22 +248,22 @@ impl Agent {
                 Some(config) = or_pending(self.cluster.as_mut().map(|c| c.configs.recv())), if stop_by.is_none() => {
                     self.apply_config(config).await;
                 }
-                Ok(()) = self.services_applied.changed(), if self.pending.is_some() => {
-                    let applied = *self.services_applied.borrow_and_update();
-                    if self.pending.as_ref().is_some_and(|(generation, _, _)| applied >= *generation) {
-                        let (_, config, plan) = self.pending.take().expect("checked above");
+                Ok(()) = self.service_sync.applied.changed(), if self.service_sync.pending.is_some() => {
+                    let applied = *self.service_sync.applied.borrow_and_update();
+                    if self.service_sync.pending.as_ref().is_some_and(|(generation, _, _)| applied >= *generation) {
+                        let (_, config, plan) = self.service_sync.pending.take().expect("checked above");
                         self.commit_config(config, plan).await;
                     }
                 }
-                Some((ifindex, up)) = self.carrier.recv() => self.on_carrier(ifindex, up),
+                Some((ifindex, up)) = self.inputs.carrier.recv() => self.on_carrier(ifindex, up),
                 _ = heartbeat.tick() => self.routes.alive(),
                 _ = once_a_second.tick() => {
                     self.check_impersonations();
-                    if self.keys.refresh(self.plan.key_files.values()) {
+                    if self.current.keys.refresh(self.current.plan.key_files.values()) {
                         self.reconfigure_vrrp();
                     }
                 }
-                Some(reply) = self.status_requests.recv() => {
+                Some(reply) = self.inputs.status_requests.recv() => {
                     let _ = reply.send(LoopSnapshot {
                         instances: self.instance_snapshot(),
                         uplinks: self.uplink_snapshot(),
@@ -284,9 +314,9 @@ impl Agent {
             let out = vrrp.router.shutdown(Instant::now().into_std());
             vrrp.send(&out);
         }
-        self.applied_epoch = None;
+        self.ownership.applied_epoch = None;
         self.apply_ownership().await;
-        routed.then(|| Instant::now() + self.config.routes.drain)
+        routed.then(|| Instant::now() + self.current.config.routes.drain)
     }
 }
 

@@ -72,9 +72,9 @@ impl Agent {
             );
             return;
         }
-        let new = match Config::load(&self.config_path) {
+        let new = match Config::load(&self.current.config_path) {
             Ok(mut new) => {
-                self.overrides.apply(&mut new);
+                self.current.overrides.apply(&mut new);
                 new
             }
             Err(e) => {
@@ -84,7 +84,7 @@ impl Agent {
                 return;
             }
         };
-        if let Err((field, expected)) = check_key_files(&new, &self.node) {
+        if let Err((field, expected)) = check_key_files(&new, &self.current.node) {
             let error = ConfigError::new(field, expected);
             error!(%error, "SIGHUP: config rejected, keeping the running config");
             self.count_reload("rejected");
@@ -107,12 +107,16 @@ impl Agent {
     pub(super) async fn apply_config(&mut self, mut new: Config) {
         // An endpoint change (most cluster events) leaves groups and VIPs as they were: their
         // plan is kept, and nothing VRRP runs is touched.
-        let (latest, latest_plan) =
-            self.pending.as_ref().map_or((&self.config, &self.plan), |(_, config, plan)| (config, plan));
+        let (latest, latest_plan) = self
+            .service_sync
+            .pending
+            .as_ref()
+            .map_or((&self.current.config, &self.current.plan), |(_, config, plan)| (config, plan));
         let plan_kept = new.groups == latest.groups && new.vips == latest.vips;
-        let new_plan = if plan_kept { latest_plan.clone() } else { Arc::new(node_plan(&new, &self.node)) };
+        let new_plan =
+            if plan_kept { latest_plan.clone() } else { Arc::new(node_plan(&new, &self.current.node)) };
         for setting in RESTART_ONLY {
-            if (setting.differs)(&new, &self.config) {
+            if (setting.differs)(&new, &self.current.config) {
                 warn!(field = setting.field, "this only takes effect on restart; keeping the running value");
             }
         }
@@ -130,23 +134,23 @@ impl Agent {
             return;
         }
         for setting in RESTART_ONLY {
-            (setting.keep)(&mut new, &self.config);
+            (setting.keep)(&mut new, &self.current.config);
         }
         let config = Arc::new(new);
-        let generation = self.services.borrow().generation + 1;
+        let generation = self.service_sync.requests.borrow().generation + 1;
         // An endpoint change (most cluster events) keeps the VIPs and their uplinks: the map
         // of 10,000 VIPs is not rebuilt, and the sync task sees the same one.
         if !plan_kept || self.uplinks.slots != slots_before {
-            self.vip_uplinks = self.uplinks.vip_slots(&config, &new_plan);
+            self.ownership.vip_uplinks = self.uplinks.vip_slots(&config, &new_plan);
         }
-        self.services.send_replace(SyncRequest {
+        self.service_sync.requests.send_replace(SyncRequest {
             config: config.clone(),
-            node: self.node.clone(),
-            node_address: self.node_address,
-            vip_uplinks: self.vip_uplinks.clone(),
+            node: self.current.node.clone(),
+            node_address: self.current.node_address,
+            vip_uplinks: self.ownership.vip_uplinks.clone(),
             generation,
         });
-        self.pending = Some((generation, config, new_plan));
+        self.service_sync.pending = Some((generation, config, new_plan));
         self.count_reload("applied");
     }
 
@@ -166,7 +170,7 @@ impl Agent {
             |name: &str| found.get(name).or_else(|| self.uplinks.get(name)).map(|u| u.interface.index);
         let sockets = match &self.vrrp {
             Some(vrrp) => vrrp.open_missing(plan, index).map_err(|((interface, family), expected)| {
-                ConfigError::new(node_address_field(config, &self.node, &interface, family), expected)
+                ConfigError::new(node_address_field(config, &self.current.node, &interface, family), expected)
                     .to_string()
             })?,
             None => BTreeMap::new(),
@@ -198,8 +202,13 @@ impl Agent {
 
     /// Detaches from the uplinks the plan no longer uses, once their VIPs are gone from them.
     pub(super) fn retire_uplinks(&mut self) {
-        let leaving: Vec<String> =
-            self.uplinks.by_name.keys().filter(|n| !self.plan.uplinks.contains(*n)).cloned().collect();
+        let leaving: Vec<String> = self
+            .uplinks
+            .by_name
+            .keys()
+            .filter(|n| !self.current.plan.uplinks.contains(*n))
+            .cloned()
+            .collect();
         if leaving.is_empty() {
             return;
         }
@@ -221,9 +230,9 @@ impl Agent {
     /// Brings the VRRP instances to the plan. Each instance's lease-expiry counter starts at
     /// zero, so that its first expiry is an increase Prometheus can see.
     pub(super) fn reconfigure_vrrp(&mut self) {
-        for spec in &self.plan.instances {
+        for spec in &self.current.plan.instances {
             let _ = self.state.metrics.lease_expiries.get_or_create(&VridLabels::of(spec.id()));
-            for member in spec.peers.iter().chain(self.plan.locals.values()) {
+            for member in spec.peers.iter().chain(self.current.plan.locals.values()) {
                 let _ = self
                     .state
                     .metrics
@@ -231,7 +240,7 @@ impl Agent {
                     .get_or_create(&MemberLabels { member: member.to_string() });
             }
         }
-        self.keys.refresh(self.plan.key_files.values());
+        self.current.keys.refresh(self.current.plan.key_files.values());
         let specs = self.keyed_instances();
         if let Some(vrrp) = &mut self.vrrp {
             let out = vrrp.router.reconfigure(Instant::now().into_std(), specs);
@@ -242,42 +251,45 @@ impl Agent {
     /// The plan's instances with their groups' keys; those of a group whose key file was never
     /// readable are left out (their absence is logged by [`KeyFiles`] and exported).
     pub(super) fn keyed_instances(&self) -> Vec<InstanceSpec> {
-        for (group, path) in &self.plan.key_files {
-            let loaded = self.keys.keys(path).map_or(0, |k| k.key_ids().len());
+        for (group, path) in &self.current.plan.key_files {
+            let loaded = self.current.keys.keys(path).map_or(0, |k| k.key_ids().len());
             self.state
                 .metrics
                 .authentication_keys
                 .get_or_create(&GroupLabels { group: group.clone() })
                 .set(loaded as i64);
         }
-        self.plan
+        self.current
+            .plan
             .instances
             .iter()
-            .filter_map(|spec| match self.plan.key_files.get(&spec.group) {
+            .filter_map(|spec| match self.current.plan.key_files.get(&spec.group) {
                 None => Some(spec.clone()),
-                Some(path) => Some(InstanceSpec { keys: Some(self.keys.keys(path)?), ..spec.clone() }),
+                Some(path) => {
+                    Some(InstanceSpec { keys: Some(self.current.keys.keys(path)?), ..spec.clone() })
+                }
             })
             .collect()
     }
 
     /// Follows a config whose services are in the maps: VRRP instances and owned VIPs.
     pub(super) async fn commit_config(&mut self, config: Arc<Config>, plan: Arc<NodePlan>) {
-        self.config = config;
-        if Arc::ptr_eq(&plan, &self.plan) {
+        self.current.config = config;
+        if Arc::ptr_eq(&plan, &self.current.plan) {
             return;
         }
         let started = Instant::now();
-        self.plan = plan;
+        self.current.plan = plan;
         self.log_plan();
         if let Some(vrrp) = &mut self.vrrp {
-            vrrp.router.set_locals(self.plan.locals.clone());
+            vrrp.router.set_locals(self.current.plan.locals.clone());
         }
         self.reconfigure_vrrp();
         let reconfigured = started.elapsed();
         if let Some(vrrp) = &mut self.vrrp {
-            vrrp.close_unused_sockets(&self.plan);
+            vrrp.close_unused_sockets(&self.current.plan);
         }
-        self.applied_epoch = None;
+        self.ownership.applied_epoch = None;
         self.apply_ownership().await;
         self.prune_vip_counters();
         let applied = started.elapsed();

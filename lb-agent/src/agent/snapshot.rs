@@ -41,7 +41,7 @@ impl Agent {
             .held()
             .into_iter()
             .map(|vip| {
-                let settings = self.plan.vips.get(&vip);
+                let settings = self.current.plan.vips.get(&vip);
                 crate::status::RoutedStatus {
                     vip: vip.to_string(),
                     group: settings.map(|s| s.group.clone()).unwrap_or_default(),

@@ -35,7 +35,10 @@ use crate::{
     vrrp_driver::Vrrp,
 };
 
-use super::{Agent, KubernetesSource, Overrides, Signals, cluster_link::ClusterLink, stop_signal};
+use super::{
+    Agent, Announcing, Applied, Current, Inputs, KubernetesSource, Overrides, ServiceSyncLink, Signals,
+    cluster_link::ClusterLink, stop_signal,
+};
 
 /// Runs the agent on the calling thread's current-thread runtime, which then holds only the
 /// VRRP loop: its sockets and timers. Everything else (the service-sync task, HTTP, the
@@ -197,40 +200,32 @@ pub async fn run(
     let vip_addresses = within(&background, || VipAddresses::spawn(netlink.clone()));
     let routes = within(&background, || Routes::spawn(config.routes.clone(), netlink.clone(), route_metrics));
     let mut agent = Agent {
-        config_path,
-        config,
-        node,
-        plan: Arc::new(plan),
+        current: Current { config_path, config, node, plan: Arc::new(plan), overrides, node_address, keys },
         netlink,
-        carrier,
         uplinks,
         dataplane,
         counters,
         state: state.clone(),
         vrrp: Some(vrrp),
-        announced: BTreeSet::new(),
-        announcer: within(&background, Announcer::spawn),
+        ownership: Applied {
+            announced: BTreeSet::new(),
+            applied_epoch: None,
+            leases_epoch: None,
+            lease_log: crate::logging::LogBudget::new(16, 1),
+            vip_uplinks,
+            impersonations_seen: BTreeMap::new(),
+        },
+        announcing: Announcing { announcer: within(&background, Announcer::spawn), refresh: BTreeMap::new() },
         routes,
         stopping: false,
-        announcement_refresh: BTreeMap::new(),
         vip_addresses,
-        applied_epoch: None,
-        leases_epoch: None,
-        lease_log: crate::logging::LogBudget::new(16, 1),
-        node_address,
-        vip_uplinks,
-        services,
-        services_applied,
-        pending: None,
-        overrides,
+        service_sync: ServiceSyncLink { requests: services, applied: services_applied, pending: None },
         cluster,
-        impersonations_seen: BTreeMap::new(),
-        keys,
-        status_requests,
+        inputs: Inputs { status_requests, carrier },
     };
     // Impersonations counted before this agent started (the map is pinned) are not news.
     for seen in agent.dataplane.impersonations() {
-        agent.impersonations_seen.insert(seen.source, (seen.adverts, None, seen.adverts));
+        agent.ownership.impersonations_seen.insert(seen.source, (seen.adverts, None, seen.adverts));
     }
     // A crashed earlier run may have left VIP addresses behind: start from none, and have
     // them gone before VRRP starts and readiness is reported (the kernel would answer ARP for
@@ -249,7 +244,7 @@ pub async fn run(
     let server = background.spawn(http::serve(listener, state.clone()));
     let admin_server = background.spawn(http::serve_admin(admin, state.clone()));
     state.ready.store(true, Ordering::Relaxed);
-    info!(config = %agent.config_path.display(), node = %agent.node, listen = %agent.config.listen, "lb-agent running");
+    info!(config = %agent.current.config_path.display(), node = %agent.current.node, listen = %agent.current.config.listen, "lb-agent running");
 
     let result = agent.event_loop(&mut signals).await;
     if let Some(cluster) = agent.cluster.take() {
@@ -259,14 +254,14 @@ pub async fn run(
     state.ready.store(false, Ordering::Relaxed);
     server.abort();
     admin_server.abort();
-    http::remove_admin(&agent.config.admin_socket, admin_ino);
-    agent.applied_epoch = None;
+    http::remove_admin(&agent.current.config.admin_socket, admin_ino);
+    agent.ownership.applied_epoch = None;
     agent.vrrp = None;
     agent.stopping = true;
     agent.apply_ownership().await;
     agent.routes.settled(Duration::from_secs(2)).await;
     agent.vip_addresses.flush(Duration::from_secs(2)).await;
-    if agent.config.dataplane.keep_on_exit {
+    if agent.current.config.dataplane.keep_on_exit {
         agent.dataplane.keep();
     } else {
         agent.dataplane.remove()?;
@@ -344,14 +339,15 @@ pub(super) fn node_name(config: &Config, node_override: Option<String>) -> Strin
 
 impl Agent {
     pub(super) fn log_plan(&self) {
-        let member = self.config.groups.iter().any(|g| g.nodes.iter().any(|n| n.name == self.node));
-        if !self.config.groups.is_empty() && !member {
-            warn!(node = %self.node, "this node is in no group's nodes: it serves no group's VIPs (check `node` or --node)");
+        let member =
+            self.current.config.groups.iter().any(|g| g.nodes.iter().any(|n| n.name == self.current.node));
+        if !self.current.config.groups.is_empty() && !member {
+            warn!(node = %self.current.node, "this node is in no group's nodes: it serves no group's VIPs (check `node` or --node)");
         }
-        for spec in &self.plan.instances {
+        for spec in &self.current.plan.instances {
             info!(group = %spec.group, interface = %spec.interface, instance = %spec.id(), priority = spec.priority, vips = spec.vips.len(), "VRRP instance planned");
         }
-        for (group, vip, reason) in &self.plan.unplaced {
+        for (group, vip, reason) in &self.current.plan.unplaced {
             warn!(group, %vip, reason, "VIP could not be placed");
         }
     }

@@ -26,7 +26,8 @@
 //! - [`uplinks`]: the interfaces VIPs are served on, resolved and with their sockets.
 //! - [`vip_addresses`]: VIP addresses on the uplinks, kept by a task so netlink never stalls VRRP.
 //! - [`maglev`]: Maglev lookup tables for the data plane.
-//! - [`hash`]: the fixed hash every agent ranks and places with.
+//! - [`name_hash`]: the fixed hash of names every agent ranks and places with (the flow hash is
+//!   `lb_common::hash`).
 //! - [`error`]: the crate's error type.
 
 pub mod admin;
@@ -35,7 +36,6 @@ pub mod announcer;
 pub mod config;
 pub mod dataplane;
 pub mod error;
-pub mod hash;
 pub mod http;
 pub mod k8s;
 pub mod key_files;
@@ -43,6 +43,7 @@ pub mod logging;
 pub mod mac;
 pub mod maglev;
 pub mod metrics;
+pub mod name_hash;
 pub mod netdev;
 pub mod node_plan;
 pub mod ownership;

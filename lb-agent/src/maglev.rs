@@ -5,7 +5,7 @@
 //! DSR mode a flow keeps its backend when another LB node takes over the VIP; and a backend
 //! change moves only about 1/N of the slots.
 
-use crate::hash;
+use crate::name_hash;
 
 /// Table sizes: primes, so every skip is coprime with the size and each backend's permutation
 /// visits every slot. [`table_size`] picks the smallest that is at least 100 × the backends
@@ -37,8 +37,8 @@ pub fn lookup_table(backends: &[String], size: u32) -> Vec<u32> {
         .iter()
         .map(|&i| {
             let name = &backends[i];
-            let offset = hash::of(&format!("maglev-offset/{name}")) % m;
-            let skip = hash::of(&format!("maglev-skip/{name}")) % (m - 1) + 1;
+            let offset = name_hash::of(&format!("maglev-offset/{name}")) % m;
+            let skip = name_hash::of(&format!("maglev-skip/{name}")) % (m - 1) + 1;
             (offset, skip)
         })
         .collect();

@@ -23,7 +23,7 @@ use std::{
     net::IpAddr,
 };
 
-use crate::hash::{self, hrw};
+use crate::name_hash::{self, hrw};
 
 /// Up to this many nodes, instances are keyed by (owner, backup): 16·15 = 240 ≤ 255 VRIDs.
 pub const PAIR_KEYED_MAX_NODES: usize = 16;
@@ -160,7 +160,7 @@ pub fn plan(input: &GroupInput) -> GroupPlan {
     unique.dedup_by_key(|v| v.address);
     let services = by_service(&unique);
     let mut order: Vec<(&String, &Vec<&VipInput>)> = services.iter().collect();
-    order.sort_by_key(|(key, _)| (hash::of(key), *key));
+    order.sort_by_key(|(key, _)| (name_hash::of(key), *key));
 
     let placeable = unique.len().max(1) as f64;
     let capacity = ((placeable / nodes.len().max(1) as f64) * LOAD_FACTOR).ceil() as usize;
@@ -330,7 +330,7 @@ fn allocate_vrids<'a>(
         if out.contains_key(key) {
             continue;
         }
-        let preferred = (hash::of(&key.label()) % 255) as u8 + 1;
+        let preferred = (name_hash::of(&key.label()) % 255) as u8 + 1;
         let free = (0..255u16)
             .map(|step| ((u16::from(preferred) - 1 + step) % 255) as u8 + 1)
             .find(|v| !taken.contains(v));

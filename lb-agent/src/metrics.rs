@@ -100,106 +100,49 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("lbagent");
-        let owned_vips = Gauge::default();
-        registry.register("owned_vips", "VIPs in the XDP owned-VIP map", owned_vips.clone());
+        let r = &mut registry;
+        // Label sets that exist from the start, so a dashboard sees zeros rather than nothing.
         let config_reloads = Family::<ResultLabels, Counter>::default();
         for result in ["applied", "rejected"] {
             let _ = config_reloads.get_or_create(&ResultLabels { result });
         }
-        registry.register("config_reloads", "Config reloads on SIGHUP, by result", config_reloads.clone());
-        let xdp_attached = Family::<XdpLabels, Gauge>::default();
-        registry.register(
-            "xdp_attached",
-            "1 while the XDP program is attached to the interface",
-            xdp_attached.clone(),
-        );
         let service_syncs = Family::<ResultLabels, Counter>::default();
         for result in ["applied", "failed"] {
             let _ = service_syncs.get_or_create(&ResultLabels { result });
         }
-        registry.register(
-            "service_syncs",
-            "Updates of the service maps from a config, by result",
-            service_syncs.clone(),
-        );
-        let service_sync_seconds = Histogram::new([0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0]);
-        registry.register(
-            "service_sync_seconds",
-            "How long an update of the service maps took (plan, map writes, next hops)",
-            service_sync_seconds.clone(),
-        );
-        let services = Gauge::default();
-        registry.register(
-            "services",
-            "Service entries (VIP, port, protocol) in the data plane",
-            services.clone(),
-        );
-        let backends = Gauge::default();
-        registry.register("backends", "Backends (endpoint and delivery) in the data plane", backends.clone());
         let services_refused = Family::<LimitLabels, Gauge>::default();
         for limit in LIMITS {
             let _ = services_refused.get_or_create(&LimitLabels { limit });
         }
-        registry.register(
-            "services_refused",
-            "Service entries left out of the data plane because a map is full, by the capacity setting that was reached",
-            services_refused.clone(),
-        );
-        let snat_ports = Gauge::default();
-        registry.register(
-            "snat_ports",
-            "Full-NAT source ports held by flows (never evicted; released when idle past dataplane.snatIdleTimeout)",
-            snat_ports.clone(),
-        );
-        let snat_expired = Counter::default();
-        registry.register("snat_expired", "Full-NAT source ports released as idle", snat_expired.clone());
-        let map_bytes = Family::<MapLabels, Gauge>::default();
-        registry.register(
-            "bpf_map_bytes",
-            "Kernel memory of the service maps (memlock), by map; MAGLEV_RINGS includes every ring",
-            map_bytes.clone(),
-        );
-        let lease_expiries = Family::<VridLabels, Counter>::default();
-        registry.register(
-            "vip_lease_expiries",
-            "Leases on owned VIPs found run out before the agent renewed them (it was stalled, frozen or not running): the data plane stopped claiming those VIPs meanwhile",
-            lease_expiries.clone(),
-        );
-        let impersonations = Family::<MemberLabels, Counter>::default();
-        registry.register(
-            "vrrp_impersonated_adverts",
-            "VRRP advertisements that impersonate a group member: its address from another MAC while its own is live (seen by XDP), or this node's address from another host",
-            impersonations.clone(),
-        );
-        let authentication_keys = Family::<GroupLabels, Gauge>::default();
-        registry.register(
-            "vrrp_authentication_keys",
-            "Keys loaded for each group of this node's that authenticates VRRP; 0 means its key file was never readable, and its instances do not run here",
-            authentication_keys.clone(),
-        );
-        let errors = Family::<ErrorLabels, Counter>::default();
-        registry.register(
-            "errors",
-            "Errors the agent recovered from, by what it was doing (during: config_reload, service_sync) and kind (error)",
-            errors.clone(),
-        );
         Self {
+            owned_vips: registered(r, "owned_vips", Gauge::default()),
+            config_reloads: registered(r, "config_reloads", config_reloads),
+            xdp_attached: registered(r, "xdp_attached", Family::<XdpLabels, Gauge>::default()),
+            service_syncs: registered(r, "service_syncs", service_syncs),
+            service_sync_seconds: registered(
+                r,
+                "service_sync_seconds",
+                Histogram::new([0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0]),
+            ),
+            services: registered(r, "services", Gauge::default()),
+            backends: registered(r, "backends", Gauge::default()),
+            services_refused: registered(r, "services_refused", services_refused),
+            snat_ports: registered(r, "snat_ports", Gauge::default()),
+            snat_expired: registered(r, "snat_expired", Counter::default()),
+            map_bytes: registered(r, "bpf_map_bytes", Family::<MapLabels, Gauge>::default()),
+            lease_expiries: registered(r, "vip_lease_expiries", Family::<VridLabels, Counter>::default()),
+            impersonations: registered(
+                r,
+                "vrrp_impersonated_adverts",
+                Family::<MemberLabels, Counter>::default(),
+            ),
+            authentication_keys: registered(
+                r,
+                "vrrp_authentication_keys",
+                Family::<GroupLabels, Gauge>::default(),
+            ),
+            errors: registered(r, "errors", Family::<ErrorLabels, Counter>::default()),
             registry,
-            owned_vips,
-            config_reloads,
-            xdp_attached,
-            service_syncs,
-            service_sync_seconds,
-            services,
-            backends,
-            services_refused,
-            map_bytes,
-            snat_ports,
-            snat_expired,
-            lease_expiries,
-            impersonations,
-            authentication_keys,
-            errors,
         }
     }
 
@@ -280,61 +223,130 @@ impl Collector for XdpCollector {
             "Packets by the path the XDP program took",
             reasons.iter().map(|(l, c)| (l, c.packets)),
         )?;
-        let answers = |ipv6: bool| -> Vec<_> {
-            snapshot
-                .vips
-                .iter()
-                .filter(|(vip, _)| vip.is_ipv6() == ipv6)
-                .map(|(vip, s)| (VipLabel { vip: vip.to_string() }, s.arp_replies))
-                .collect()
-        };
-        counter_family(
-            &mut encoder,
-            "arp_replies",
-            "ARP replies sent from XDP, per IPv4 VIP",
-            answers(false).iter().map(|(l, v)| (l, *v)),
-        )?;
-        counter_family(
-            &mut encoder,
-            "neighbor_advertisements",
-            "Neighbor Advertisements sent from XDP in answer to solicitations, per IPv6 VIP",
-            answers(true).iter().map(|(l, v)| (l, *v)),
-        )?;
-        let vip_traffic: Vec<_> =
-            snapshot.vips.iter().map(|(vip, s)| (VipLabel { vip: vip.to_string() }, *s)).collect();
-        counter_family(
-            &mut encoder,
-            "vip_packets",
-            "Packets to a VIP's services, per VIP",
-            vip_traffic.iter().map(|(l, s)| (l, s.packets)),
-        )?;
-        counter_family(
-            &mut encoder,
-            "vip_bytes",
-            "Bytes to a VIP's services, per VIP",
-            vip_traffic.iter().map(|(l, s)| (l, s.bytes)),
-        )?;
-        let backends: Vec<_> = snapshot
-            .backends
-            .iter()
-            .map(|(b, c)| {
-                let delivery = Delivery::from_u8(b.delivery).map_or("none", Delivery::label);
-                (BackendLabel { backend: b.endpoint.to_string(), delivery }, *c)
-            })
-            .collect();
-        counter_family(
-            &mut encoder,
-            "backend_packets",
-            "Packets forwarded to each backend (endpoint address and port)",
-            backends.iter().map(|(l, c)| (l, c.packets)),
-        )?;
-        counter_family(
-            &mut encoder,
-            "backend_bytes",
-            "Bytes forwarded to each backend",
-            backends.iter().map(|(l, c)| (l, c.bytes)),
-        )
+        encode_per_vip(&mut encoder, &snapshot)?;
+        encode_per_backend(&mut encoder, &snapshot)
     }
+}
+
+/// Per VIP: ARP replies and Neighbor Advertisements, packets and bytes to its services.
+fn encode_per_vip(
+    encoder: &mut DescriptorEncoder,
+    snapshot: &crate::dataplane::counters::CounterSnapshot,
+) -> Result<(), std::fmt::Error> {
+    let answers = |ipv6: bool| -> Vec<_> {
+        snapshot
+            .vips
+            .iter()
+            .filter(|(vip, _)| vip.is_ipv6() == ipv6)
+            .map(|(vip, s)| (VipLabel { vip: vip.to_string() }, s.arp_replies))
+            .collect()
+    };
+    counter_family(
+        encoder,
+        "arp_replies",
+        "ARP replies sent from XDP, per IPv4 VIP",
+        answers(false).iter().map(|(l, v)| (l, *v)),
+    )?;
+    counter_family(
+        encoder,
+        "neighbor_advertisements",
+        "Neighbor Advertisements sent from XDP in answer to solicitations, per IPv6 VIP",
+        answers(true).iter().map(|(l, v)| (l, *v)),
+    )?;
+    let vip_traffic: Vec<_> =
+        snapshot.vips.iter().map(|(vip, s)| (VipLabel { vip: vip.to_string() }, *s)).collect();
+    counter_family(
+        encoder,
+        "vip_packets",
+        "Packets to a VIP's services, per VIP",
+        vip_traffic.iter().map(|(l, s)| (l, s.packets)),
+    )?;
+    counter_family(
+        encoder,
+        "vip_bytes",
+        "Bytes to a VIP's services, per VIP",
+        vip_traffic.iter().map(|(l, s)| (l, s.bytes)),
+    )?;
+    Ok(())
+}
+
+/// Per backend: packets and bytes forwarded.
+fn encode_per_backend(
+    encoder: &mut DescriptorEncoder,
+    snapshot: &crate::dataplane::counters::CounterSnapshot,
+) -> Result<(), std::fmt::Error> {
+    let backends: Vec<_> = snapshot
+        .backends
+        .iter()
+        .map(|(b, c)| {
+            let delivery = Delivery::from_u8(b.delivery).map_or("none", Delivery::label);
+            (BackendLabel { backend: b.endpoint.to_string(), delivery }, *c)
+        })
+        .collect();
+    counter_family(
+        encoder,
+        "backend_packets",
+        "Packets forwarded to each backend (endpoint address and port)",
+        backends.iter().map(|(l, c)| (l, c.packets)),
+    )?;
+    counter_family(
+        encoder,
+        "backend_bytes",
+        "Bytes forwarded to each backend",
+        backends.iter().map(|(l, c)| (l, c.bytes)),
+    )
+}
+
+/// Each of the agent's own metrics (prefixed `lbagent_`) and its help text.
+const HELP: &[(&str, &str)] = &[
+    ("config_reloads", "Config reloads on SIGHUP, by result"),
+    ("owned_vips", "VIPs in the XDP owned-VIP map"),
+    ("xdp_attached", "1 while the XDP program is attached to the interface"),
+    ("service_syncs", "Updates of the service maps from a config, by result"),
+    ("service_sync_seconds", "How long an update of the service maps took (plan, map writes, next hops)"),
+    ("services", "Service entries (VIP, port, protocol) in the data plane"),
+    ("backends", "Backends (endpoint and delivery) in the data plane"),
+    (
+        "services_refused",
+        "Service entries left out of the data plane because a map is full, by the capacity setting that was reached",
+    ),
+    (
+        "snat_ports",
+        "Full-NAT source ports held by flows (never evicted; released when idle past dataplane.snatIdleTimeout)",
+    ),
+    ("snat_expired", "Full-NAT source ports released as idle"),
+    (
+        "bpf_map_bytes",
+        "Kernel memory of the service maps (memlock), by map; MAGLEV_RINGS includes every ring",
+    ),
+    (
+        "vip_lease_expiries",
+        "Leases on owned VIPs found run out before the agent renewed them (it was stalled, frozen or not running): the data plane stopped claiming those VIPs meanwhile",
+    ),
+    (
+        "vrrp_impersonated_adverts",
+        "VRRP advertisements that impersonate a group member: its address from another MAC while its own is live (seen by XDP), or this node's address from another host",
+    ),
+    (
+        "vrrp_authentication_keys",
+        "Keys loaded for each group of this node's that authenticates VRRP; 0 means its key file was never readable, and its instances do not run here",
+    ),
+    (
+        "errors",
+        "Errors the agent recovered from, by what it was doing (during: config_reload, service_sync) and kind (error)",
+    ),
+];
+
+/// `metric`, registered under `name` with its [`HELP`].
+fn registered<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    metric: M,
+) -> M {
+    let help = HELP.iter().find(|(n, _)| *n == name).map_or("", |(_, help)| *help);
+    debug_assert!(!help.is_empty(), "metric {name} has no help in HELP");
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 fn counter_family<'a, L: EncodeLabelSet + 'a>(
@@ -349,4 +361,21 @@ fn counter_family<'a, L: EncodeLabelSet + 'a>(
         ConstCounter::new(value).encode(family.encode_family(labels)?)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_has_its_help() {
+        // `registered` asserts each metric's help (in debug builds, as tests run).
+        let text = Metrics::new().encode().unwrap();
+        assert!(
+            text.contains("# HELP lbagent_config_reloads Config reloads on SIGHUP, by result."),
+            "{text}"
+        );
+        let names: std::collections::BTreeSet<&str> = HELP.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names.len(), HELP.len(), "a metric listed twice in HELP");
+    }
 }

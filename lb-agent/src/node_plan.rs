@@ -10,7 +10,7 @@ use std::{
 };
 
 use crate::{
-    config::{Announce, AnnouncementConfig, Config, GroupConfig, VipMode},
+    config::{Announce, AnnouncementConfig, Config, GroupConfig, GroupNode, VipMode},
     planner::{self, GroupInput, VipInput},
     vrrp::{
         family::IpFamily,
@@ -82,28 +82,7 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
             plan_routed(&mut plan, group, interface, me);
             continue;
         }
-        if let Some(node) = me_in_group {
-            plan.locals.insert((interface.to_owned(), IpFamily::V4), node.address.into());
-            if let Some(address6) = node.address6 {
-                plan.locals.insert((interface.to_owned(), IpFamily::V6), address6.into());
-            }
-            plan.uplinks.insert(interface.to_owned());
-            if let Some(auth) = &group.authentication {
-                plan.key_files.insert(group.name.clone(), auth.key_file.clone());
-            }
-        }
-        for vip in group.vips.iter() {
-            plan.vips.insert(
-                vip.address,
-                VipSettings {
-                    group: group.name.clone(),
-                    interface: interface.to_owned(),
-                    mode: group.vip_mode,
-                    announce: group.announce,
-                    announcements: group.announcements.clone(),
-                },
-            );
-        }
+        plan_member(&mut plan, group, interface, me_in_group);
         let spec = |family: IpFamily, vrid: u8, priority: u8, vips: BTreeSet<IpAddr>| InstanceSpec {
             group: group.name.clone(),
             interface: interface.to_owned(),
@@ -138,26 +117,7 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
             continue;
         }
 
-        let input = GroupInput {
-            nodes: group.nodes.iter().map(|n| n.name.clone()).collect(),
-            vips: group
-                .vips
-                .iter()
-                .map(|v| VipInput {
-                    address: v.address,
-                    service: v.service.clone(),
-                    spread: v.spread.or(group.spread).unwrap_or(true),
-                    eligible: v.eligible_nodes.as_ref().map(|nodes| nodes.iter().cloned().collect()),
-                })
-                .collect(),
-            excluded_vrids: group.excluded_vrids.iter().copied().chain(taken.iter().copied()).collect(),
-            pinned_vrids: group
-                .pinned_vrids
-                .iter()
-                .filter_map(|(key, vrid)| Some((planner::InstanceKey::from_status_key(key)?, *vrid)))
-                .collect(),
-        };
-        let group_plan = planner::plan(&input);
+        let group_plan = planner::plan(&planner_input(group, &taken));
         taken.extend(group_plan.instances.keys().copied());
         plan.vrids.insert(
             group.name.clone(),
@@ -175,6 +135,56 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
         }
     }
     plan
+}
+
+/// What a group adds wherever it runs: this node's local addresses, uplink and key file when it
+/// is a member, and every VIP's settings.
+fn plan_member(plan: &mut NodePlan, group: &GroupConfig, interface: &str, me_in_group: Option<&GroupNode>) {
+    if let Some(node) = me_in_group {
+        plan.locals.insert((interface.to_owned(), IpFamily::V4), node.address.into());
+        if let Some(address6) = node.address6 {
+            plan.locals.insert((interface.to_owned(), IpFamily::V6), address6.into());
+        }
+        plan.uplinks.insert(interface.to_owned());
+        if let Some(auth) = &group.authentication {
+            plan.key_files.insert(group.name.clone(), auth.key_file.clone());
+        }
+    }
+    for vip in group.vips.iter() {
+        plan.vips.insert(
+            vip.address,
+            VipSettings {
+                group: group.name.clone(),
+                interface: interface.to_owned(),
+                mode: group.vip_mode,
+                announce: group.announce,
+                announcements: group.announcements.clone(),
+            },
+        );
+    }
+}
+
+/// The planner's input for `group`, with the VRIDs other groups took excluded.
+fn planner_input(group: &GroupConfig, taken: &BTreeSet<u8>) -> GroupInput {
+    GroupInput {
+        nodes: group.nodes.iter().map(|n| n.name.clone()).collect(),
+        vips: group
+            .vips
+            .iter()
+            .map(|v| VipInput {
+                address: v.address,
+                service: v.service.clone(),
+                spread: v.spread.or(group.spread).unwrap_or(true),
+                eligible: v.eligible_nodes.as_ref().map(|nodes| nodes.iter().cloned().collect()),
+            })
+            .collect(),
+        excluded_vrids: group.excluded_vrids.iter().copied().chain(taken.iter().copied()).collect(),
+        pinned_vrids: group
+            .pinned_vrids
+            .iter()
+            .filter_map(|(key, vrid)| Some((planner::InstanceKey::from_status_key(key)?, *vrid)))
+            .collect(),
+    }
 }
 
 /// An `announce: bgp` group: no VRRP, so no instances, VRIDs or local addresses; this node

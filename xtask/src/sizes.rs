@@ -21,7 +21,6 @@ const LONGER_FOR_NOW: &[(&str, &str, usize)] = &[
     ("k8s/binding.rs", "bind", 159),
     ("k8s/controller.rs", "Shell::run", 262),
     ("k8s/status.rs", "plan", 194),
-    ("node_plan.rs", "node_plan", 115),
     ("routes/mod.rs", "apply_loop", 117),
 ];
 

@@ -198,25 +198,7 @@ async fn apply_loop(
                 unheard = matches!(&status, Ok(s) if s.code() == Some(1));
                 // Beats from before the lapse do not count: wait for a new one.
                 alive.borrow_and_update();
-                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
-                let reason = if held.is_empty() {
-                    // Nothing was routed (a stop's withdrawal already went, or none was wanted).
-                    debug!(%status, "the routes' keeper ended with no route held");
-                    UNHEARD
-                } else if unheard {
-                    error!(
-                        %status,
-                        withdrawn = held.len(),
-                        hold = ?settings.hold_time,
-                        "this agent went unheard for longer than routes.holdTime (frozen?): its routes' \
-                         keeper withdrew them; routing them again"
-                    );
-                    UNHEARD
-                } else {
-                    error!(%status, withdrawn = held.len(), "the routes' keeper was ended from outside, and the routes with it; routing them again");
-                    KEEPER_LOST
-                };
-                metrics.withdrawals.get_or_create(&ReasonLabels { reason }).inc_by(held.len() as u64);
+                count_keeper_end(status, unheard, &held, &settings, &metrics);
                 device = None;
                 held.clear();
             }
@@ -242,33 +224,7 @@ async fn apply_loop(
             applied.send_replace(held.clone());
             continue;
         };
-        let mut ok = true;
-        for vip in held.clone().difference(&routes) {
-            match netlink.route().del(route(*vip, *index, settings.protocol)).execute().await {
-                // Already gone counts as withdrawn.
-                Ok(()) | Err(rtnetlink::Error::NetlinkError(_)) => {
-                    held.remove(vip);
-                    metrics.withdrawals.get_or_create(&ReasonLabels { reason: why.as_str() }).inc();
-                }
-                Err(e) => {
-                    ok = false;
-                    warn!(%vip, error = %e, "withdrawing a VIP's route failed");
-                }
-            }
-        }
-        for vip in routes.difference(&held.clone()) {
-            match netlink.route().add(route(*vip, *index, settings.protocol)).replace().execute().await {
-                Ok(()) => {
-                    held.insert(*vip);
-                }
-                Err(e) => {
-                    ok = false;
-                    if !failing {
-                        warn!(%vip, error = %e, "routing a VIP failed (retried every second)");
-                    }
-                }
-            }
-        }
+        let ok = sync_routes((&netlink, &settings, &metrics), *index, &mut held, &routes, why, failing).await;
         if !ok {
             metrics.failures.inc();
         } else if failing {
@@ -278,6 +234,76 @@ async fn apply_loop(
         metrics.routed.set(held.len() as i64);
         applied.send_replace(held.clone());
     }
+}
+
+/// Logs and counts the routes a keeper took with it when it ended (`unheard`: it withdrew them
+/// because this agent's loop went unheard).
+fn count_keeper_end(
+    status: std::io::Result<std::process::ExitStatus>,
+    unheard: bool,
+    held: &BTreeSet<IpAddr>,
+    settings: &RoutesConfig,
+    metrics: &RouteMetrics,
+) {
+    let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+    let reason = if held.is_empty() {
+        // Nothing was routed (a stop's withdrawal already went, or none was wanted).
+        debug!(%status, "the routes' keeper ended with no route held");
+        UNHEARD
+    } else if unheard {
+        error!(
+            %status,
+            withdrawn = held.len(),
+            hold = ?settings.hold_time,
+            "this agent went unheard for longer than routes.holdTime (frozen?): its routes' \
+             keeper withdrew them; routing them again"
+        );
+        UNHEARD
+    } else {
+        error!(%status, withdrawn = held.len(), "the routes' keeper was ended from outside, and the routes with it; routing them again");
+        KEEPER_LOST
+    };
+    metrics.withdrawals.get_or_create(&ReasonLabels { reason }).inc_by(held.len() as u64);
+}
+
+/// Withdraws the held routes no longer wanted (counted with `why`) and adds the wanted ones
+/// not held; whether every change went through.
+async fn sync_routes(
+    (netlink, settings, metrics): (&Handle, &RoutesConfig, &RouteMetrics),
+    index: u32,
+    held: &mut BTreeSet<IpAddr>,
+    routes: &BTreeSet<IpAddr>,
+    why: Why,
+    failing: bool,
+) -> bool {
+    let mut ok = true;
+    for vip in held.clone().difference(routes) {
+        match netlink.route().del(route(*vip, index, settings.protocol)).execute().await {
+            // Already gone counts as withdrawn.
+            Ok(()) | Err(rtnetlink::Error::NetlinkError(_)) => {
+                held.remove(vip);
+                metrics.withdrawals.get_or_create(&ReasonLabels { reason: why.as_str() }).inc();
+            }
+            Err(e) => {
+                ok = false;
+                warn!(%vip, error = %e, "withdrawing a VIP's route failed");
+            }
+        }
+    }
+    for vip in routes.difference(&held.clone()) {
+        match netlink.route().add(route(*vip, index, settings.protocol)).replace().execute().await {
+            Ok(()) => {
+                held.insert(*vip);
+            }
+            Err(e) => {
+                ok = false;
+                if !failing {
+                    warn!(%vip, error = %e, "routing a VIP failed (retried every second)");
+                }
+            }
+        }
+    }
+    ok
 }
 
 /// Resolves when the device's keeper has ended; never without a device.

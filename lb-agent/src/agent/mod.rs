@@ -193,28 +193,13 @@ impl Agent {
         let mut heartbeat = tokio::time::interval(self.current.config.routes.hold_time / 3);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if let Some(deadline) = stop_by {
-                let handing_over = self.vrrp.as_ref().is_some_and(|v| v.router.handing_over());
-                let draining = drain_until.is_some_and(|until| Instant::now() < until);
-                if !(handing_over || draining) || Instant::now() >= deadline {
-                    if draining {
-                        info!("drained: stopping");
-                    }
-                    return Ok(());
-                }
+            if self.stopped(stop_by, drain_until) {
+                return Ok(());
             }
             if let Some(vrrp) = &mut self.vrrp {
                 vrrp.router.idle(Instant::now().into_std());
             }
-            let vrrp_deadline =
-                self.vrrp.as_ref().and_then(|v| v.router.next_deadline()).map(Instant::from_std);
-            let announcement_refresh = self.announcing.refresh.values().map(|(at, _)| *at);
-            let deadline = vrrp_deadline
-                .into_iter()
-                .chain(announcement_refresh)
-                .chain(receive_from)
-                .chain(drain_until)
-                .min();
+            let deadline = self.next_deadline(receive_from, drain_until);
             // Busy sockets are read on a tick: until it, this thread sleeps outside epoll, where
             // every advertisement that arrives would wake it. Nothing else shares the thread
             // (see `run`), and the sleep ends at the next deadline.
@@ -229,17 +214,7 @@ impl Agent {
                 // it ran out), not after other work has made the loop look merely busy.
                 biased;
                 _ = or_pending(deadline.map(tokio::time::sleep_until)) => {
-                    // Advertisements that queued up while this loop was busy may reset the
-                    // timer that just fired: read them first, so a slow moment here never
-                    // passes for a silent master.
-                    let received = self.drain_vrrp(&mut buf);
-                    receive_from = received.then(|| Instant::now() + RECEIVE_TICK);
-                    if let Some(vrrp) = &mut self.vrrp {
-                        let out = vrrp.router.on_timer(Instant::now().into_std());
-                        vrrp.send(&out);
-                    }
-                    self.apply_ownership().await;
-                    self.refresh_announcements(Instant::now());
+                    receive_from = self.on_deadline(&mut buf).await;
                 }
                 _ = stop_signal(&mut signals.term, &mut signals.int), if stop_by.is_none() => {
                     drain_until = self.begin_stop().await;
@@ -249,20 +224,11 @@ impl Agent {
                     self.apply_config(config).await;
                 }
                 Ok(()) = self.service_sync.applied.changed(), if self.service_sync.pending.is_some() => {
-                    let applied = *self.service_sync.applied.borrow_and_update();
-                    if self.service_sync.pending.as_ref().is_some_and(|(generation, _, _)| applied >= *generation) {
-                        let (_, config, plan) = self.service_sync.pending.take().expect("checked above");
-                        self.commit_config(config, plan).await;
-                    }
+                    self.on_services_applied().await;
                 }
                 Some((ifindex, up)) = self.inputs.carrier.recv() => self.on_carrier(ifindex, up),
                 _ = heartbeat.tick() => self.routes.alive(),
-                _ = once_a_second.tick() => {
-                    self.check_impersonations();
-                    if self.current.keys.refresh(self.current.plan.key_files.values()) {
-                        self.reconfigure_vrrp();
-                    }
-                }
+                _ = once_a_second.tick() => self.once_a_second(),
                 Some(reply) = self.inputs.status_requests.recv() => {
                     let _ = reply.send(LoopSnapshot {
                         instances: self.instance_snapshot(),
@@ -279,8 +245,7 @@ impl Agent {
                     match received {
                         Ok(arrived) => {
                             let vrrp = self.vrrp.as_mut().expect("recv only completes with VRRP running");
-                            let datagram = arrived.datagram(&buf);
-                            let out = vrrp.router.on_datagram(Instant::now().into_std(), &interface, datagram);
+                            let out = vrrp.router.on_datagram(Instant::now().into_std(), &interface, arrived.datagram(&buf));
                             vrrp.send(&out);
                             receive_from = Some(Instant::now() + RECEIVE_TICK);
                             self.apply_ownership().await;
@@ -289,6 +254,60 @@ impl Agent {
                     }
                 }
             }
+        }
+    }
+
+    /// Whether a stop that began can end: no handover holds VIPs and the drain is over, or the
+    /// stop's bound passed.
+    fn stopped(&self, stop_by: Option<Instant>, drain_until: Option<Instant>) -> bool {
+        let Some(deadline) = stop_by else { return false };
+        let handing_over = self.vrrp.as_ref().is_some_and(|v| v.router.handing_over());
+        let draining = drain_until.is_some_and(|until| Instant::now() < until);
+        let stopped = !(handing_over || draining) || Instant::now() >= deadline;
+        if stopped && draining {
+            info!("drained: stopping");
+        }
+        stopped
+    }
+
+    /// The loop's next deadline: VRRP's timers, announcements' refresh, the receive tick, the
+    /// drain's end.
+    fn next_deadline(&self, receive_from: Option<Instant>, drain_until: Option<Instant>) -> Option<Instant> {
+        let vrrp_deadline = self.vrrp.as_ref().and_then(|v| v.router.next_deadline()).map(Instant::from_std);
+        let announcement_refresh = self.announcing.refresh.values().map(|(at, _)| *at);
+        vrrp_deadline.into_iter().chain(announcement_refresh).chain(receive_from).chain(drain_until).min()
+    }
+
+    /// A deadline passed: VRRP's timers fire and ownership follows; returns the next receive
+    /// tick when datagrams were waiting.
+    async fn on_deadline(&mut self, buf: &mut [u8]) -> Option<Instant> {
+        // Advertisements that queued up while this loop was busy may reset the timer that just
+        // fired: read them first, so a slow moment here never passes for a silent master.
+        let received = self.drain_vrrp(buf);
+        if let Some(vrrp) = &mut self.vrrp {
+            let out = vrrp.router.on_timer(Instant::now().into_std());
+            vrrp.send(&out);
+        }
+        self.apply_ownership().await;
+        self.refresh_announcements(Instant::now());
+        received.then(|| Instant::now() + RECEIVE_TICK)
+    }
+
+    /// The sync task applied a generation: the pending config, once its services are in the
+    /// maps, becomes the running one.
+    async fn on_services_applied(&mut self) {
+        let applied = *self.service_sync.applied.borrow_and_update();
+        if self.service_sync.pending.as_ref().is_some_and(|(generation, _, _)| applied >= *generation) {
+            let (_, config, plan) = self.service_sync.pending.take().expect("checked above");
+            self.commit_config(config, plan).await;
+        }
+    }
+
+    /// Impersonations read, reported and logged; key files re-read.
+    fn once_a_second(&mut self) {
+        self.check_impersonations();
+        if self.current.keys.refresh(self.current.plan.key_files.values()) {
+            self.reconfigure_vrrp();
         }
     }
 

@@ -144,8 +144,27 @@ impl<A: Address> ServiceMaps<A> {
             }
         }
 
-        // Rings of an unchanged size are rewritten in place. Their entries say so first
-        // (`REWRITING`), so that a crash in the middle is never mistaken for a finished ring.
+        self.rewrite_in_place(in_place, &mut staged, report)?;
+
+        self.register_rings(&mut staged)?;
+        let keys: Vec<ServiceKeyOf<A>> = staged.iter().map(|(k, ..)| *k).collect();
+        let entries: Vec<Service> = staged.iter().map(|(_, _, e, _)| *e).collect();
+        batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(A::MAPS.services))?;
+        self.free_numbers.drain(..numbers_taken);
+
+        self.record_installed(staged, released, report);
+        Ok(())
+    }
+
+    /// Rings of an unchanged size are rewritten in place, and staged with their entries (a
+    /// ring that cannot be rewritten is made anew). Their entries say so first (`REWRITING`),
+    /// so that a crash in the middle is never mistaken for a finished ring.
+    fn rewrite_in_place<'p>(
+        &mut self,
+        in_place: Vec<InPlace<'p, A>>,
+        staged: &mut Vec<Staged<'p, A>>,
+        report: &mut SyncReport,
+    ) -> Result<()> {
         let marks: Vec<(ServiceKeyOf<A>, Service)> = in_place
             .iter()
             .map(|(key, _, old, _, _)| (*key, Service { ring_digest: REWRITING, ..*old }))
@@ -159,30 +178,17 @@ impl<A: Address> ServiceMaps<A> {
                 staged.push((key, planned, entry, Some(self.create_ring(&ring)?)));
             }
         }
+        Ok(())
+    }
 
-        let mut ids = Vec::new();
-        let mut fds = Vec::new();
-        for (_, _, entry, array) in &mut staged {
-            if let Some(array) = array {
-                entry.ring_id = self.ring_id();
-                ids.push(entry.ring_id);
-                fds.push(array.map().fd().as_fd().as_raw_fd() as u32);
-            }
-        }
-        if let Err(e) = batch::update(&self.rings_fd, &ids, &fds) {
-            // Kernels without batch writes to maps of maps: one write per ring.
-            tracing::debug!(error = %e, "batch write to MAGLEV_RINGS refused; writing ring by ring");
-            for (_, _, entry, array) in &staged {
-                if let Some(array) = array {
-                    self.rings.insert(entry.ring_id, array, 0).map_err(err(MAGLEV_RINGS))?;
-                }
-            }
-        }
-        let keys: Vec<ServiceKeyOf<A>> = staged.iter().map(|(k, ..)| *k).collect();
-        let entries: Vec<Service> = staged.iter().map(|(_, _, e, _)| *e).collect();
-        batch::update(self.services.map().fd(), &keys, &entries).map_err(batch_err(A::MAPS.services))?;
-        self.free_numbers.drain(..numbers_taken);
-
+    /// The mirror follows the entries just written: replaced rings retired, replaced backends
+    /// released, a VIP's services counted.
+    fn record_installed(
+        &mut self,
+        staged: Vec<Staged<'_, A>>,
+        released: &mut Vec<BackendOf<A>>,
+        report: &mut SyncReport,
+    ) {
         for (key, planned, entry, _) in staged {
             let new = Installed { entry, name: planned.name.clone(), backends: planned.backends.clone() };
             match self.installed.insert(key, new) {
@@ -198,6 +204,29 @@ impl<A: Address> ServiceMaps<A> {
                     if let Some((_, services)) = self.vip_slots.get_mut(&key.vip) {
                         *services += 1;
                     }
+                }
+            }
+        }
+    }
+
+    /// Gives each new ring of `staged` an id and registers them all in `MAGLEV_RINGS`, in one
+    /// batch where the kernel takes it.
+    fn register_rings(&mut self, staged: &mut [Staged<'_, A>]) -> Result<()> {
+        let mut ids = Vec::new();
+        let mut fds = Vec::new();
+        for (_, _, entry, array) in staged.iter_mut() {
+            if let Some(array) = array {
+                entry.ring_id = self.ring_id();
+                ids.push(entry.ring_id);
+                fds.push(array.map().fd().as_fd().as_raw_fd() as u32);
+            }
+        }
+        if let Err(e) = batch::update(&self.rings_fd, &ids, &fds) {
+            // Kernels without batch writes to maps of maps: one write per ring.
+            tracing::debug!(error = %e, "batch write to MAGLEV_RINGS refused; writing ring by ring");
+            for (_, _, entry, array) in staged.iter() {
+                if let Some(array) = array {
+                    self.rings.insert(entry.ring_id, array, 0).map_err(err(MAGLEV_RINGS))?;
                 }
             }
         }

@@ -61,18 +61,51 @@ pub fn plan(
     now: &str,
 ) -> StatusPlan {
     let mut out = StatusPlan::default();
-    let key = |s: &Service| {
-        (
-            s.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
-            s.metadata.name.clone().unwrap_or_default(),
-        )
-    };
     let pools: BTreeMap<String, Pools> = state
         .groups
         .iter()
         .filter_map(|g| Some((g.metadata.name.clone()?, Pools::parse(&g.spec.address_pools).ok()?)))
         .collect();
+    let Requests { requests, by_name, refusals } = requests(state, &mut out);
+    let allocation = ipam::allocate(&pools, &requests);
+    ingress_and_warnings(&allocation, &by_name, planned, &mut out);
+    for refusal in refusals.iter().chain(unserved) {
+        if let Some((ns, name)) = refusal.service.split_once('/') {
+            out.warnings.push(((ns.to_owned(), name.to_owned()), refusal.reason, refusal.message.clone()));
+        }
+    }
+    for (service, message) in refused {
+        if let Some((ns, name)) = service.split_once('/') {
+            out.warnings.push(((ns.to_owned(), name.to_owned()), CAPACITY_EXCEEDED, message.clone()));
+        }
+    }
+    service_conditions(state, &allocation, &mut out, now);
+    for group in &state.groups {
+        if let Some((name, status)) = group_status(group, state, owners, planned, &allocation, &by_name, now)
+        {
+            out.groups.insert(name, status);
+        }
+    }
+    out
+}
 
+/// A Service's `(namespace, name)`.
+fn service_key(s: &Service) -> (String, String) {
+    (
+        s.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+        s.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The Services aimed at a group, as address requests; each by name with its group; and the
+/// refusals of binding. Finalizers to add and release go into `out`.
+struct Requests<'s> {
+    requests: Vec<ipam::Request>,
+    by_name: BTreeMap<String, (&'s Service, String)>,
+    refusals: Vec<Refusal>,
+}
+
+fn requests<'s>(state: &'s ClusterState, out: &mut StatusPlan) -> Requests<'s> {
     let mut requests = Vec::new();
     let mut by_name: BTreeMap<String, (&Service, String)> = BTreeMap::new();
     let mut refusals: Vec<Refusal> = Vec::new();
@@ -80,7 +113,7 @@ pub fn plan(
         let (bound, r) = bind(service, &state.groups);
         refusals.extend(r);
         let Some(bound) = bound else { continue };
-        let k = key(service);
+        let k = service_key(service);
         if service.metadata.deletion_timestamp.is_some() {
             if has_finalizer(service) {
                 out.release.push(k);
@@ -112,16 +145,26 @@ pub fn plan(
                 .collect(),
         });
     }
-    let allocation = ipam::allocate(&pools, &requests);
+    Requests { requests, by_name, refusals }
+}
+
+/// Ingress to write where the allocation changed it, and warnings for what it could not give
+/// and for VIPs the planner left without an owner.
+fn ingress_and_warnings(
+    allocation: &ipam::Allocation,
+    by_name: &BTreeMap<String, (&Service, String)>,
+    planned: &crate::node_plan::NodePlan,
+    out: &mut StatusPlan,
+) {
     for (service, ips) in &allocation.addresses {
         let (svc, _) = by_name[service];
         if current_ingress(svc) != *ips {
-            out.ingress.insert(key(svc), ips.clone());
+            out.ingress.insert(service_key(svc), ips.clone());
         }
     }
     for (service, error) in &allocation.errors {
         let (svc, _) = by_name[service];
-        out.warnings.push((key(svc), error.reason(), error.to_string()));
+        out.warnings.push((service_key(svc), error.reason(), error.to_string()));
     }
     for (group, vip, reason) in &planned.unplaced {
         let service = allocation
@@ -138,18 +181,11 @@ pub fn plan(
             ));
         }
     }
-    for refusal in refusals.iter().chain(unserved) {
-        if let Some((ns, name)) = refusal.service.split_once('/') {
-            out.warnings.push(((ns.to_owned(), name.to_owned()), refusal.reason, refusal.message.clone()));
-        }
-    }
-    for (service, message) in refused {
-        if let Some((ns, name)) = service.split_once('/') {
-            out.warnings.push(((ns.to_owned(), name.to_owned()), CAPACITY_EXCEEDED, message.clone()));
-        }
-    }
+}
 
-    // One condition per Service aimed at us: the first problem, or served.
+/// One `Served` condition per Service aimed at us: the first problem, or served; written only
+/// where it changes, keeping its transition time while its status stays.
+fn service_conditions(state: &ClusterState, allocation: &ipam::Allocation, out: &mut StatusPlan, now: &str) {
     let mut verdicts: BTreeMap<String, (&'static str, String, String)> = BTreeMap::new();
     for (service, ips) in &allocation.addresses {
         let list: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
@@ -162,7 +198,7 @@ pub fn plan(
         }
     }
     for svc in &state.services {
-        let k = key(svc);
+        let k = service_key(svc);
         let Some((status, reason, message)) = verdicts.get(&format!("{}/{}", k.0, k.1)) else { continue };
         if svc.metadata.deletion_timestamp.is_some() {
             continue;
@@ -190,61 +226,68 @@ pub fn plan(
             },
         );
     }
+}
 
-    for group in &state.groups {
-        let Some(name) = group.metadata.name.clone() else { continue };
-        let members = super::source::member_names(&state.nodes, group);
-        let mut vips = Vec::new();
-        for (service, ips) in &allocation.addresses {
-            if by_name[service].1 == name {
-                for ip in ips {
-                    vips.push(VipStatus {
-                        address: ip.to_string(),
-                        service: service.clone(),
-                        owner: owners.get(ip).cloned(),
-                    });
-                }
+/// A group's status (members, VIPs and owners, VRIDs, Ready and Degraded), when it differs
+/// from the stored one.
+fn group_status(
+    group: &super::crd::LoadBalancerGroup,
+    state: &ClusterState,
+    owners: &BTreeMap<std::net::IpAddr, String>,
+    planned: &crate::node_plan::NodePlan,
+    allocation: &ipam::Allocation,
+    by_name: &BTreeMap<String, (&Service, String)>,
+    now: &str,
+) -> Option<(String, LoadBalancerGroupStatus)> {
+    let name = group.metadata.name.clone()?;
+    let members = super::source::member_names(&state.nodes, group);
+    let mut vips = Vec::new();
+    for (service, ips) in &allocation.addresses {
+        if by_name[service].1 == name {
+            for ip in ips {
+                vips.push(VipStatus {
+                    address: ip.to_string(),
+                    service: service.clone(),
+                    owner: owners.get(ip).cloned(),
+                });
             }
         }
-        let mut problems: Vec<String> = allocation
-            .errors
-            .iter()
-            .filter(|(s, _)| by_name.get(*s).is_some_and(|(_, g)| *g == name))
-            .map(|(s, e)| format!("{s}: {e}"))
-            .collect();
-        for (_, vip, reason) in planned.unplaced.iter().filter(|(g, _, _)| *g == name) {
-            problems.push(format!("VIP {vip} is not placed: {reason}"));
-        }
-        let pools_ok = Pools::parse(&group.spec.address_pools);
-        let generation = group.metadata.generation.unwrap_or(0);
-        let previous = group.status.clone().unwrap_or_default().conditions;
-        let ready = match (&pools_ok, members.is_empty()) {
-            (Err(e), _) => ("False", "InvalidPools", e.clone()),
-            (_, true) => ("False", "NoMembers", "no node matches nodeSelector".to_owned()),
-            _ => ("True", "Serving", format!("{} members, {} VIPs", members.len(), vips.len())),
-        };
-        let degraded = if problems.is_empty() {
-            ("False", "AllServed", String::new())
-        } else {
-            ("True", "ServicesRefused", problems.join("; "))
-        };
-        let conditions = vec![
-            condition(&previous, "Ready", ready, generation, now),
-            condition(&previous, "Degraded", degraded, generation, now),
-        ];
-        let status = LoadBalancerGroupStatus {
-            vrids: planned.vrids.get(&name).cloned().unwrap_or_default(),
-            member_count: members.len() as u32,
-            vip_count: vips.len() as u32,
-            members,
-            vips,
-            conditions,
-        };
-        if group.status.as_ref() != Some(&status) {
-            out.groups.insert(name, status);
-        }
     }
-    out
+    let mut problems: Vec<String> = allocation
+        .errors
+        .iter()
+        .filter(|(s, _)| by_name.get(*s).is_some_and(|(_, g)| *g == name))
+        .map(|(s, e)| format!("{s}: {e}"))
+        .collect();
+    for (_, vip, reason) in planned.unplaced.iter().filter(|(g, _, _)| *g == name) {
+        problems.push(format!("VIP {vip} is not placed: {reason}"));
+    }
+    let pools_ok = Pools::parse(&group.spec.address_pools);
+    let generation = group.metadata.generation.unwrap_or(0);
+    let previous = group.status.clone().unwrap_or_default().conditions;
+    let ready = match (&pools_ok, members.is_empty()) {
+        (Err(e), _) => ("False", "InvalidPools", e.clone()),
+        (_, true) => ("False", "NoMembers", "no node matches nodeSelector".to_owned()),
+        _ => ("True", "Serving", format!("{} members, {} VIPs", members.len(), vips.len())),
+    };
+    let degraded = if problems.is_empty() {
+        ("False", "AllServed", String::new())
+    } else {
+        ("True", "ServicesRefused", problems.join("; "))
+    };
+    let conditions = vec![
+        condition(&previous, "Ready", ready, generation, now),
+        condition(&previous, "Degraded", degraded, generation, now),
+    ];
+    let status = LoadBalancerGroupStatus {
+        vrids: planned.vrids.get(&name).cloned().unwrap_or_default(),
+        member_count: members.len() as u32,
+        vip_count: vips.len() as u32,
+        members,
+        vips,
+        conditions,
+    };
+    (group.status.as_ref() != Some(&status)).then_some((name, status))
 }
 
 /// A condition of `kind`, keeping its transition time when the status did not change: the

@@ -16,7 +16,6 @@ pub const MAX_FN_LINES: usize = 80;
 /// `(file under lb-agent/src, function, lines today)`: the functions still to split.
 const LONGER_FOR_NOW: &[(&str, &str, usize)] = &[
     ("agent/startup.rs", "run", 222),
-    ("k8s/binding.rs", "bind", 159),
     ("k8s/controller.rs", "Shell::run", 262),
 ];
 

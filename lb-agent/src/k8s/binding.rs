@@ -62,72 +62,12 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
     let no_annotations = BTreeMap::new();
     let annotations = service.metadata.annotations.as_ref().unwrap_or(&no_annotations);
     let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
-    let class = spec.load_balancer_class.as_deref();
-    let annotated = annotations.get(ANNOTATION_GROUP).cloned();
-
-    let group_name = match (class, annotated) {
-        (Some(c), _) if c != LOAD_BALANCER_CLASS => return (None, Vec::new()),
-        (_, Some(g)) => g,
-        (Some(_), None) | (None, None) if is_lb => {
-            let defaults: Vec<&LoadBalancerGroup> =
-                groups.iter().map(Borrow::borrow).filter(|g: &&LoadBalancerGroup| g.spec.default).collect();
-            match defaults.as_slice() {
-                [one] => one.metadata.name.clone().unwrap_or_default(),
-                [] if class.is_some() => {
-                    return (
-                        None,
-                        vec![refuse(
-                            "NoGroup",
-                            format!("no {ANNOTATION_GROUP} annotation and no default LoadBalancerGroup"),
-                        )],
-                    );
-                }
-                [] => return (None, Vec::new()),
-                many => {
-                    let names: Vec<String> = many.iter().filter_map(|g| g.metadata.name.clone()).collect();
-                    return (
-                        None,
-                        vec![refuse(
-                            "AmbiguousDefault",
-                            format!("several default LoadBalancerGroups: {}", names.join(", ")),
-                        )],
-                    );
-                }
-            }
-        }
-        _ => return (None, Vec::new()),
+    let (group_name, group) = match group_of(spec, annotations, groups, &refuse) {
+        Ok(found) => found,
+        Err(refusal) => return (None, refusal.into_iter().collect()),
     };
-    let Some(group) = groups
-        .iter()
-        .map(Borrow::<LoadBalancerGroup>::borrow)
-        .find(|g| g.metadata.name.as_deref() == Some(group_name.as_str()))
-    else {
-        return (
-            None,
-            vec![refuse("UnknownGroup", format!("LoadBalancerGroup {group_name:?} does not exist"))],
-        );
-    };
-
     let mut refusals = Vec::new();
-    // `spec.ipFamilies` as the API server filled it in; empty on old objects (IPv4).
-    let mut families: Vec<IpFamily> = Vec::new();
-    for name in spec.ip_families.iter().flatten() {
-        let family = match name.as_str() {
-            "IPv4" => IpFamily::V4,
-            "IPv6" => IpFamily::V6,
-            other => {
-                refusals
-                    .push(refuse("BadIPFamily", format!("ipFamilies: expected IPv4 or IPv6, got {other:?}")));
-                continue;
-            }
-        };
-        if !families.contains(&family) {
-            families.push(family);
-        }
-    }
-    if families.is_empty() {
-        families.push(IpFamily::V4);
-    }
+    let families = families_of(spec, &mut refusals, &refuse);
     let families_text =
         || format!("[{}]", families.iter().map(|f| family_name(*f)).collect::<Vec<_>>().join(", "));
     // An address of a family the Service is not served in: nothing would answer it there.
@@ -151,6 +91,106 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
             None
         }
     };
+    let requested = requested_addresses(spec, annotations, &families, &mut refusals, &refuse, &mismatch);
+    let external_ips =
+        allowed_external_ips(spec, group, &group_name, &families, &mut refusals, &refuse, &mismatch);
+    let bound = Bound {
+        service: name.clone(),
+        group: group_name,
+        spread,
+        families,
+        prefer_dual_stack: spec.ip_family_policy.as_deref() == Some("PreferDualStack"),
+        requested,
+        shared_key: annotations.get(ANNOTATION_SHARED).cloned(),
+        wants_load_balancer_ip: is_lb,
+        external_ips,
+    };
+    (Some(bound), refusals)
+}
+
+/// Builds a refusal of this Service: reason and message.
+type Refuse<'a> = dyn Fn(&'static str, String) -> Refusal + 'a;
+
+/// The group a Service is aimed at (its annotation, else the one default group for a
+/// LoadBalancer Service), by name; `Err` with a refusal, or with none for a Service that is
+/// not ours.
+fn group_of<'g, G: Borrow<LoadBalancerGroup>>(
+    spec: &ServiceSpec,
+    annotations: &BTreeMap<String, String>,
+    groups: &'g [G],
+    refuse: &Refuse,
+) -> Result<(String, &'g LoadBalancerGroup), Option<Refusal>> {
+    let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
+    let class = spec.load_balancer_class.as_deref();
+    let annotated = annotations.get(ANNOTATION_GROUP).cloned();
+    let group_name = match (class, annotated) {
+        (Some(c), _) if c != LOAD_BALANCER_CLASS => return Err(None),
+        (_, Some(g)) => g,
+        (Some(_), None) | (None, None) if is_lb => {
+            let defaults: Vec<&LoadBalancerGroup> =
+                groups.iter().map(Borrow::borrow).filter(|g: &&LoadBalancerGroup| g.spec.default).collect();
+            match defaults.as_slice() {
+                [one] => one.metadata.name.clone().unwrap_or_default(),
+                [] if class.is_some() => {
+                    return Err(Some(refuse(
+                        "NoGroup",
+                        format!("no {ANNOTATION_GROUP} annotation and no default LoadBalancerGroup"),
+                    )));
+                }
+                [] => return Err(None),
+                many => {
+                    let names: Vec<String> = many.iter().filter_map(|g| g.metadata.name.clone()).collect();
+                    return Err(Some(refuse(
+                        "AmbiguousDefault",
+                        format!("several default LoadBalancerGroups: {}", names.join(", ")),
+                    )));
+                }
+            }
+        }
+        _ => return Err(None),
+    };
+    let Some(group) = groups
+        .iter()
+        .map(Borrow::<LoadBalancerGroup>::borrow)
+        .find(|g| g.metadata.name.as_deref() == Some(group_name.as_str()))
+    else {
+        return Err(Some(refuse("UnknownGroup", format!("LoadBalancerGroup {group_name:?} does not exist"))));
+    };
+    Ok((group_name, group))
+}
+
+/// `spec.ipFamilies` as the API server filled it in; IPv4 on old objects that have none.
+fn families_of(spec: &ServiceSpec, refusals: &mut Vec<Refusal>, refuse: &Refuse) -> Vec<IpFamily> {
+    let mut families: Vec<IpFamily> = Vec::new();
+    for name in spec.ip_families.iter().flatten() {
+        let family = match name.as_str() {
+            "IPv4" => IpFamily::V4,
+            "IPv6" => IpFamily::V6,
+            other => {
+                refusals
+                    .push(refuse("BadIPFamily", format!("ipFamilies: expected IPv4 or IPv6, got {other:?}")));
+                continue;
+            }
+        };
+        if !families.contains(&family) {
+            families.push(family);
+        }
+    }
+    if families.is_empty() {
+        families.push(IpFamily::V4);
+    }
+    families
+}
+
+/// The addresses the Service asks for (the annotation, else `loadBalancerIP`), of its families.
+fn requested_addresses(
+    spec: &ServiceSpec,
+    annotations: &BTreeMap<String, String>,
+    families: &[IpFamily],
+    refusals: &mut Vec<Refusal>,
+    refuse: &Refuse,
+    mismatch: &dyn Fn(&str, IpAddr) -> Refusal,
+) -> Vec<IpAddr> {
     let mut requested = Vec::new();
     if let Some(list) = annotations.get(ANNOTATION_IPS) {
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -172,7 +212,19 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
             refusals.push(mismatch("loadBalancerIP", ip));
         }
     }
+    requested
+}
 
+/// The Service's `externalIPs` that its group allows, of its families.
+fn allowed_external_ips(
+    spec: &ServiceSpec,
+    group: &LoadBalancerGroup,
+    group_name: &str,
+    families: &[IpFamily],
+    refusals: &mut Vec<Refusal>,
+    refuse: &Refuse,
+    mismatch: &dyn Fn(&str, IpAddr) -> Refusal,
+) -> Vec<IpAddr> {
     let allowed = Pools::parse_allowed(&group.spec.allowed_external_ips).unwrap_or_default();
     let mut external_ips = Vec::new();
     for text in spec.external_ips.iter().flatten() {
@@ -196,18 +248,7 @@ pub fn bind<G: Borrow<LoadBalancerGroup>>(service: &Service, groups: &[G]) -> (O
             )),
         }
     }
-    let bound = Bound {
-        service: name.clone(),
-        group: group_name,
-        spread,
-        families,
-        prefer_dual_stack: spec.ip_family_policy.as_deref() == Some("PreferDualStack"),
-        requested,
-        shared_key: annotations.get(ANNOTATION_SHARED).cloned(),
-        wants_load_balancer_ip: is_lb,
-        external_ips,
-    };
-    (Some(bound), refusals)
+    external_ips
 }
 
 /// The reason of a refusal of an address of a family the Service is not served in.

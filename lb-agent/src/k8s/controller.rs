@@ -231,32 +231,22 @@ impl Shell {
                     }
                 }
                 Ok(()) = refused.changed() => status_due = true,
+                // Problems of this node's segment, so every agent reports what it hears, once.
                 Ok(()) = foreign.changed() => {
-                    // A problem of this node's segment, so every agent reports what it hears.
                     let heard = foreign.borrow_and_update().clone();
-                    for (group, vrid, source) in heard.difference(&reported) {
-                        let message = format!(
-                            "VRID {vrid} is advertised by {source}, which is not a member of this group; its \
-                             advertisements are dropped. Add the VRID to excludedVrids, or find who sends them"
-                        );
-                        if let Err(e) = writer.group_warning(group, "ForeignVrid", &message).await {
-                            warn!(error = %e, "publishing an Event failed");
-                        }
-                    }
+                    let news = heard.difference(&reported).map(|(group, vrid, source)| {
+                        (group.as_str(), foreign_vrid_message(vrid, source))
+                    });
+                    warn_groups(&writer, "ForeignVrid", news).await;
                     reported = heard;
                     continue;
                 }
                 Ok(()) = impersonated.changed() => {
                     let heard = impersonated.borrow_and_update().clone();
-                    for (group, member, how) in heard.difference(&reported_impersonations) {
-                        let message = format!(
-                            "VRRP advertisements with the address of member {member} come {how}: a host on the \
-                             segment may be impersonating it (VRRPv3 has no authentication)"
-                        );
-                        if let Err(e) = writer.group_warning(group, "Impersonation", &message).await {
-                            warn!(error = %e, "publishing an Event failed");
-                        }
-                    }
+                    let news = heard.difference(&reported_impersonations).map(|(group, member, how)| {
+                        (group.as_str(), impersonation_message(member, how))
+                    });
+                    warn_groups(&writer, "Impersonation", news).await;
                     reported_impersonations = heard;
                     continue;
                 }
@@ -275,29 +265,7 @@ impl Shell {
                 _ = tick.tick() => {
                     status_due = true;
                     let was = leading;
-                    let tried = std::time::Instant::now();
-                    leading = match lease.try_lead().await {
-                        Ok(leading) => {
-                            // client-go's renew deadline: writes stop well before the Lease
-                            // could pass to another agent.
-                            writer.lead_until = leading.then(|| tried + RENEW_DEADLINE);
-                            if let Some(since) = unanswered.take() {
-                                info!(after = ?since.elapsed(), "the API server answers again");
-                            }
-                            leading
-                        }
-                        Err(e) => {
-                            // Once per outage: VRRP and forwarding never wait on the API server.
-                            if unanswered.is_none() {
-                                warn!(error = %e, "the leader Lease cannot be read or renewed: not leading; VRRP, \
-                                    ownership and forwarding carry on with the cluster's last state");
-                                unanswered = Some(std::time::Instant::now());
-                            } else {
-                                debug!(error = %e, "the leader Lease still cannot be read or renewed");
-                            }
-                            false
-                        }
-                    };
+                    leading = try_lead(&lease, &mut writer, &mut unanswered).await;
                     if leading != was {
                         info!(leading, "leader Lease");
                         // Another leader may have written since.
@@ -427,6 +395,61 @@ impl Shell {
                     warn!(error = %e, "writing status failed; retrying on the next change");
                 }
             }
+        }
+    }
+}
+
+fn foreign_vrid_message(vrid: &crate::vrrp::family::InstanceId, source: &std::net::IpAddr) -> String {
+    format!(
+        "VRID {vrid} is advertised by {source}, which is not a member of this group; its advertisements are \
+         dropped. Add the VRID to excludedVrids, or find who sends them"
+    )
+}
+
+fn impersonation_message(member: &std::net::IpAddr, how: &str) -> String {
+    format!(
+        "VRRP advertisements with the address of member {member} come {how}: a host on the segment may be \
+         impersonating it (VRRPv3 has no authentication)"
+    )
+}
+
+/// One Warning Event on each group of `news` (group, message), with `reason`.
+async fn warn_groups<'g>(writer: &StatusWriter, reason: &str, news: impl Iterator<Item = (&'g str, String)>) {
+    for (group, message) in news {
+        if let Err(e) = writer.group_warning(group, reason, &message).await {
+            warn!(error = %e, "publishing an Event failed");
+        }
+    }
+}
+
+/// Takes or renews the leader Lease: whether this agent leads. An outage (`unanswered`, since
+/// when) is logged once, and its end.
+async fn try_lead(
+    lease: &LeaseLock,
+    writer: &mut StatusWriter,
+    unanswered: &mut Option<std::time::Instant>,
+) -> bool {
+    let tried = std::time::Instant::now();
+    match lease.try_lead().await {
+        Ok(leading) => {
+            // client-go's renew deadline: writes stop well before the Lease could pass to
+            // another agent.
+            writer.lead_until = leading.then(|| tried + RENEW_DEADLINE);
+            if let Some(since) = unanswered.take() {
+                info!(after = ?since.elapsed(), "the API server answers again");
+            }
+            leading
+        }
+        Err(e) => {
+            // Once per outage: VRRP and forwarding never wait on the API server.
+            if unanswered.is_none() {
+                warn!(error = %e, "the leader Lease cannot be read or renewed: not leading; VRRP, \
+                    ownership and forwarding carry on with the cluster's last state");
+                *unanswered = Some(std::time::Instant::now());
+            } else {
+                debug!(error = %e, "the leader Lease still cannot be read or renewed");
+            }
+            false
         }
     }
 }

@@ -8,15 +8,17 @@ use tokio::{
     task::JoinHandle,
     time::Instant,
 };
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::{
     config::Config,
-    k8s::controller::{ForeignRouters, Impersonations},
+    error::{Error, Result},
+    k8s::controller::{ForeignRouters, FromAgent, Impersonations},
     metrics::MemberLabels,
+    netdev,
 };
 
-use super::Agent;
+use super::{Agent, KubernetesSource, Signals, stop_signal, within};
 
 /// The agent's ends of the channels to the cluster side (`k8s::controller::Shell`).
 pub(super) struct ClusterLink {
@@ -38,6 +40,61 @@ pub(super) struct ClusterLink {
 const RELEASE_BOUND: Duration = Duration::from_secs(2);
 
 impl ClusterLink {
+    /// Starts the cluster side (`k8s::controller::Shell`) on `background` and waits for its
+    /// first config; `None` when a stop signal came first (nothing was attached).
+    pub(super) async fn connect(
+        source: KubernetesSource,
+        config: &Config,
+        node: &str,
+        refused: watch::Receiver<BTreeMap<String, String>>,
+        background: &tokio::runtime::Handle,
+        signals: &mut Signals,
+    ) -> Result<Option<(ClusterLink, Config)>> {
+        // The client's buffer task runs where it is made.
+        let (client, requests) = background
+            .spawn(crate::k8s::controller::clients())
+            .await
+            .map_err(|e| Error::io("starting the Kubernetes client", std::io::Error::other(e)))?
+            .map_err(Error::Kube)?;
+        let (configs_tx, configs_rx) = mpsc::channel(4);
+        let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
+        let (foreign_tx, foreign_rx) = watch::channel(ForeignRouters::new());
+        let (impersonated_tx, impersonated_rx) = watch::channel(Impersonations::new());
+        let mut base = config.clone();
+        base.node = Some(node.to_owned());
+        let shell = crate::k8s::controller::Shell {
+            client,
+            requests,
+            netlink: within(background, netdev::connect)?,
+            base,
+            node: node.to_owned(),
+            namespace: source.namespace,
+        };
+        let from_agent =
+            FromAgent { owners: owners_rx, refused, foreign: foreign_rx, impersonated: impersonated_rx };
+        let (stopping_tx, stopping_rx) = watch::channel(false);
+        let mut link = ClusterLink {
+            configs: configs_rx,
+            owners: owners_tx,
+            foreign: foreign_tx,
+            impersonated: impersonated_tx,
+            stopping: stopping_tx,
+            shell: background.spawn(shell.run(configs_tx, from_agent, stopping_rx)),
+        };
+        info!("waiting for the cluster's groups and services");
+        let first = tokio::select! {
+            first = link.configs.recv() => Some(first),
+            () = stop_signal(&mut signals.term, &mut signals.int) => None,
+        };
+        let Some(first) = first else {
+            info!("stopped before the cluster's first config: nothing was attached");
+            link.finish().await;
+            return Ok(None);
+        };
+        let config = first
+            .ok_or_else(|| Error::io("watching the cluster", std::io::Error::other("the watch ended")))?;
+        Ok(Some((link, config)))
+    }
     /// Waits (bounded) for the shell to finish after `stopping`: a leader's release then
     /// reaches the API server before the process exits.
     pub(super) async fn finish(self) {

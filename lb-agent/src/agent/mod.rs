@@ -83,6 +83,13 @@ impl Overrides {
     }
 }
 
+/// Runs `f` in `runtime`'s context: the tasks it spawns and the sockets it registers live
+/// there (see [`startup::run`]).
+pub(super) fn within<T>(runtime: &tokio::runtime::Handle, f: impl FnOnce() -> T) -> T {
+    let _entered = runtime.enter();
+    f()
+}
+
 struct Agent {
     /// What this agent runs: its config, node and plan.
     current: Current,
@@ -145,6 +152,20 @@ struct Applied {
     /// Per member: the impersonating advertisements counted so far, when last logged, and the
     /// count then.
     impersonations_seen: BTreeMap<IpAddr, (u64, Option<Instant>, u64)>,
+}
+
+impl Applied {
+    /// Nothing applied yet: the first apply is a full one.
+    fn new(vip_uplinks: Arc<std::collections::HashMap<IpAddr, u8>>) -> Self {
+        Applied {
+            announced: BTreeSet::new(),
+            applied_epoch: None,
+            leases_epoch: None,
+            lease_log: crate::logging::LogBudget::new(16, 1),
+            vip_uplinks,
+            impersonations_seen: BTreeMap::new(),
+        }
+    }
 }
 
 /// Announcements of owned VIPs.

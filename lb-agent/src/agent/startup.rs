@@ -19,10 +19,9 @@ use tracing::{info, warn};
 use crate::{
     announcer::Announcer,
     config::{Config, ConfigError},
-    dataplane::Dataplane,
+    dataplane::{Dataplane, ServiceMapsByFamily, XdpCounters},
     error::{Error, Result},
     http::{self, HttpState, StatusSource},
-    k8s::controller::{ForeignRouters, FromAgent, Impersonations},
     key_files::{self, KeyFiles},
     metrics::{Metrics, XdpLabels},
     netdev,
@@ -37,7 +36,7 @@ use crate::{
 
 use super::{
     Agent, Announcing, Applied, Current, Inputs, KubernetesSource, Overrides, ServiceSyncLink, Signals,
-    cluster_link::ClusterLink, stop_signal,
+    cluster_link::ClusterLink, within,
 };
 
 /// Runs the agent on the calling thread's current-thread runtime, which then holds only the
@@ -61,53 +60,12 @@ pub async fn run(
     // Services the data plane has no room for, by name, for the cluster's status.
     let (refused_tx, refused_rx) = watch::channel(BTreeMap::new());
     if let Some(source) = kubernetes {
-        // The client's buffer task runs where it is made.
-        let (client, requests) = background
-            .spawn(crate::k8s::controller::clients())
-            .await
-            .map_err(|e| Error::io("starting the Kubernetes client", std::io::Error::other(e)))?
-            .map_err(Error::Kube)?;
-        let (configs_tx, configs_rx) = mpsc::channel(4);
-        let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
-        let (foreign_tx, foreign_rx) = watch::channel(ForeignRouters::new());
-        let (impersonated_tx, impersonated_rx) = watch::channel(Impersonations::new());
-        let mut base = config.clone();
-        base.node = Some(node.clone());
-        let shell = crate::k8s::controller::Shell {
-            client,
-            requests,
-            netlink: within(&background, netdev::connect)?,
-            base,
-            node: node.clone(),
-            namespace: source.namespace,
-        };
-        let from_agent = FromAgent {
-            owners: owners_rx,
-            refused: refused_rx,
-            foreign: foreign_rx,
-            impersonated: impersonated_rx,
-        };
-        let (stopping_tx, stopping_rx) = watch::channel(false);
-        let mut link = ClusterLink {
-            configs: configs_rx,
-            owners: owners_tx,
-            foreign: foreign_tx,
-            impersonated: impersonated_tx,
-            stopping: stopping_tx,
-            shell: background.spawn(shell.run(configs_tx, from_agent, stopping_rx)),
-        };
-        info!("waiting for the cluster's groups and services");
-        let first = tokio::select! {
-            first = link.configs.recv() => Some(first),
-            () = stop_signal(&mut signals.term, &mut signals.int) => None,
-        };
-        let Some(first) = first else {
-            info!("stopped before the cluster's first config: nothing was attached");
-            link.finish().await;
+        let Some((link, first)) =
+            ClusterLink::connect(source, &config, &node, refused_rx, &background, &mut signals).await?
+        else {
             return Ok(());
         };
-        config = first
-            .ok_or_else(|| Error::io("watching the cluster", std::io::Error::other("the watch ended")))?;
+        config = first;
         cluster = Some(link);
     }
     let netlink = within(&background, netdev::connect)?;
@@ -128,16 +86,7 @@ pub async fn run(
         .await?
         .map_err(|e| config_error(&e.field, e.expected))?;
     let node_address = uplinks.by_name[&config.interface].node_address;
-    let listen = config.listen;
-    let listener = background
-        .spawn(TcpListener::bind(listen))
-        .await
-        .map_err(std::io::Error::other)
-        .flatten()
-        .map_err(|e| Error::io(format!("listening on {listen} (listen)"), e))?;
-    let (admin, admin_ino) = within(&background, || http::bind_admin(&config.admin_socket)).map_err(|e| {
-        Error::io(format!("listening on the admin socket {} (adminSocket)", config.admin_socket.display()), e)
-    })?;
+    let (listener, admin, admin_ino) = listen(&config, &background).await?;
 
     let mut metrics = Metrics::new();
     let mut vrrp = Vrrp::new(Router::new(plan.locals.clone(), VrrpMetrics::register(&mut metrics.registry)));
@@ -147,16 +96,7 @@ pub async fn run(
         config_error(&node_address_field(&config, &node, &interface, family), expected)
     })?;
 
-    let names: Vec<&str> = uplinks.by_name.keys().map(String::as_str).collect();
-    let (mut dataplane, counters, service_maps) =
-        Dataplane::load(&names, config.xdp_mode, &config.dataplane.pin_path, &config.dataplane)?;
-    for uplink in uplinks.by_name.values() {
-        attach(&mut dataplane, &metrics.xdp_attached, &uplink.interface)?;
-    }
-    dataplane.detach_strays()?;
-    write_uplink_map(&mut uplinks, &mut dataplane)?;
-    let counters = Arc::new(Mutex::new(counters));
-    // The first sync completes before anything is announced ready; later ones run beside VRRP.
+    let (dataplane, counters, service_maps) = load_dataplane(&config, &mut uplinks, &metrics)?;
     let config = Arc::new(config);
     let vip_uplinks = uplinks.vip_slots(&config, &plan);
     let request = SyncRequest {
@@ -166,35 +106,11 @@ pub async fn run(
         vip_uplinks: vip_uplinks.clone(),
         generation: 0,
     };
-    let sync_metrics = SyncMetrics {
-        syncs: metrics.service_syncs.clone(),
-        errors: metrics.errors.clone(),
-        seconds: metrics.service_sync_seconds.clone(),
-        services: metrics.services.clone(),
-        backends: metrics.backends.clone(),
-        refused: metrics.services_refused.clone(),
-        map_bytes: metrics.map_bytes.clone(),
-        snat_ports: metrics.snat_ports.clone(),
-        snat_expired: metrics.snat_expired.clone(),
-    };
-    let mut sync =
-        ServiceSync::new(service_maps, netlink.clone(), counters.clone(), sync_metrics, refused_tx);
-    // No VIP before its services: VRRP starts only once the maps hold them.
-    sync.apply(&request).await?;
-    let services_applied = sync.applied();
-    let (services, requests) = watch::channel(request);
-    let sync_task = within(&background, || sync.spawn(requests));
+    let sync =
+        ServiceSync::new(service_maps, netlink.clone(), counters.clone(), sync_metrics(&metrics), refused_tx);
+    let (service_sync, sync_task) = first_sync(sync, request, &background).await?;
     metrics.register_xdp(counters.clone());
-    let (status_requests_tx, status_requests) = mpsc::channel(8);
-    let default_mode = dataplane.uplinks().get(&config.interface).map_or("none", |a| a.mode.as_str());
-    let status = StatusSource {
-        node: node.clone(),
-        interface: config.interface.clone(),
-        xdp_mode: default_mode,
-        requests: status_requests_tx,
-        counters: counters.clone(),
-    };
-    let state = Arc::new(HttpState { metrics, ready: Default::default(), status });
+    let (state, status_requests) = http_state(metrics, &node, &config, &dataplane, &counters);
 
     let carrier = within(&background, netdev::watch_carrier)?;
     let vip_addresses = within(&background, || VipAddresses::spawn(netlink.clone()));
@@ -207,39 +123,16 @@ pub async fn run(
         counters,
         state: state.clone(),
         vrrp: Some(vrrp),
-        ownership: Applied {
-            announced: BTreeSet::new(),
-            applied_epoch: None,
-            leases_epoch: None,
-            lease_log: crate::logging::LogBudget::new(16, 1),
-            vip_uplinks,
-            impersonations_seen: BTreeMap::new(),
-        },
+        ownership: Applied::new(vip_uplinks),
         announcing: Announcing { announcer: within(&background, Announcer::spawn), refresh: BTreeMap::new() },
         routes,
         stopping: false,
         vip_addresses,
-        service_sync: ServiceSyncLink { requests: services, applied: services_applied, pending: None },
+        service_sync,
         cluster,
         inputs: Inputs { status_requests, carrier },
     };
-    // Impersonations counted before this agent started (the map is pinned) are not news.
-    for seen in agent.dataplane.impersonations() {
-        agent.ownership.impersonations_seen.insert(seen.source, (seen.adverts, None, seen.adverts));
-    }
-    // A crashed earlier run may have left VIP addresses behind: start from none, and have
-    // them gone before VRRP starts and readiness is reported (the kernel would answer ARP for
-    // a VIP another node owns).
-    agent.apply_ownership().await;
-    agent.prune_vip_counters();
-    agent.vip_addresses.flush(Duration::from_secs(2)).await;
-    agent.log_plan();
-    agent.reconfigure_vrrp();
-    if let Some(vrrp) = &mut agent.vrrp {
-        let out = vrrp.router.start(Instant::now().into_std());
-        vrrp.send(&out);
-    }
-    agent.apply_ownership().await;
+    agent.start().await;
 
     let server = background.spawn(http::serve(listener, state.clone()));
     let admin_server = background.spawn(http::serve_admin(admin, state.clone()));
@@ -251,22 +144,99 @@ pub async fn run(
         cluster.finish().await;
     }
     sync_task.abort();
-    state.ready.store(false, Ordering::Relaxed);
     server.abort();
     admin_server.abort();
+    state.ready.store(false, Ordering::Relaxed);
     http::remove_admin(&agent.current.config.admin_socket, admin_ino);
-    agent.ownership.applied_epoch = None;
-    agent.vrrp = None;
-    agent.stopping = true;
-    agent.apply_ownership().await;
-    agent.routes.settled(Duration::from_secs(2)).await;
-    agent.vip_addresses.flush(Duration::from_secs(2)).await;
-    if agent.current.config.dataplane.keep_on_exit {
-        agent.dataplane.keep();
-    } else {
-        agent.dataplane.remove()?;
-    }
+    agent.release().await?;
     result
+}
+
+/// The first sync of the services, before anything is announced ready (no VIP before its
+/// services: VRRP starts only once the maps hold them); later ones run in the task it returns,
+/// beside VRRP.
+async fn first_sync(
+    mut sync: ServiceSync,
+    request: SyncRequest,
+    background: &tokio::runtime::Handle,
+) -> Result<(ServiceSyncLink, tokio::task::JoinHandle<()>)> {
+    sync.apply(&request).await?;
+    let applied = sync.applied();
+    let (requests, receiver) = watch::channel(request);
+    let task = within(background, || sync.spawn(receiver));
+    Ok((ServiceSyncLink { requests, applied, pending: None }, task))
+}
+
+/// The metrics listener (`listen`) and the admin socket (`adminSocket`), bound on `background`.
+async fn listen(
+    config: &Config,
+    background: &tokio::runtime::Handle,
+) -> Result<(TcpListener, tokio::net::UnixListener, u64)> {
+    let listen = config.listen;
+    let listener = background
+        .spawn(TcpListener::bind(listen))
+        .await
+        .map_err(std::io::Error::other)
+        .flatten()
+        .map_err(|e| Error::io(format!("listening on {listen} (listen)"), e))?;
+    let (admin, admin_ino) = within(background, || http::bind_admin(&config.admin_socket)).map_err(|e| {
+        Error::io(format!("listening on the admin socket {} (adminSocket)", config.admin_socket.display()), e)
+    })?;
+    Ok((listener, admin, admin_ino))
+}
+
+/// The data plane loaded (pins adopted), attached to every uplink, strays detached and the
+/// uplink map written.
+fn load_dataplane(
+    config: &Config,
+    uplinks: &mut Uplinks,
+    metrics: &Metrics,
+) -> Result<(Dataplane, Arc<Mutex<XdpCounters>>, ServiceMapsByFamily)> {
+    let names: Vec<&str> = uplinks.by_name.keys().map(String::as_str).collect();
+    let (mut dataplane, counters, service_maps) =
+        Dataplane::load(&names, config.xdp_mode, &config.dataplane.pin_path, &config.dataplane)?;
+    for uplink in uplinks.by_name.values() {
+        attach(&mut dataplane, &metrics.xdp_attached, &uplink.interface)?;
+    }
+    dataplane.detach_strays()?;
+    write_uplink_map(uplinks, &mut dataplane)?;
+    Ok((dataplane, Arc::new(Mutex::new(counters)), service_maps))
+}
+
+/// What the HTTP side serves (metrics, readiness, `/status`), and the loop's end of the
+/// status requests.
+fn http_state(
+    metrics: Metrics,
+    node: &str,
+    config: &Config,
+    dataplane: &Dataplane,
+    counters: &Arc<Mutex<XdpCounters>>,
+) -> (Arc<HttpState>, mpsc::Receiver<tokio::sync::oneshot::Sender<super::LoopSnapshot>>) {
+    let (requests, status_requests) = mpsc::channel(8);
+    let default_mode = dataplane.uplinks().get(&config.interface).map_or("none", |a| a.mode.as_str());
+    let status = StatusSource {
+        node: node.to_owned(),
+        interface: config.interface.clone(),
+        xdp_mode: default_mode,
+        requests,
+        counters: counters.clone(),
+    };
+    (Arc::new(HttpState { metrics, ready: Default::default(), status }), status_requests)
+}
+
+/// The service-sync task's share of the agent's metrics.
+fn sync_metrics(metrics: &Metrics) -> SyncMetrics {
+    SyncMetrics {
+        syncs: metrics.service_syncs.clone(),
+        errors: metrics.errors.clone(),
+        seconds: metrics.service_sync_seconds.clone(),
+        services: metrics.services.clone(),
+        backends: metrics.backends.clone(),
+        refused: metrics.services_refused.clone(),
+        map_bytes: metrics.map_bytes.clone(),
+        snat_ports: metrics.snat_ports.clone(),
+        snat_expired: metrics.snat_expired.clone(),
+    }
 }
 
 /// Every key file of a group this node is in reads and parses: else its field and the problem.
@@ -303,13 +273,6 @@ pub(super) fn write_uplink_map(uplinks: &mut Uplinks, dataplane: &mut Dataplane)
     dataplane.set_uplinks(&uplinks.entries(), &uplinks.entries6())
 }
 
-/// Runs `f` in `runtime`'s context: the tasks it spawns and the sockets it registers live
-/// there (see [`run`]).
-pub(super) fn within<T>(runtime: &tokio::runtime::Handle, f: impl FnOnce() -> T) -> T {
-    let _entered = runtime.enter();
-    f()
-}
-
 /// The config path of this node's address of `family` on `interface`, e.g.
 /// `groups[0].nodes[2].address` (`address6` for IPv6).
 pub(super) fn node_address_field(config: &Config, node: &str, interface: &str, family: IpFamily) -> String {
@@ -338,6 +301,44 @@ pub(super) fn node_name(config: &Config, node_override: Option<String>) -> Strin
 }
 
 impl Agent {
+    /// From nothing owned to VRRP running: leftovers of a crashed run cleared first.
+    async fn start(&mut self) {
+        // Impersonations counted before this agent started (the map is pinned) are not news.
+        for seen in self.dataplane.impersonations() {
+            self.ownership.impersonations_seen.insert(seen.source, (seen.adverts, None, seen.adverts));
+        }
+        // A crashed earlier run may have left VIP addresses behind: start from none, and have
+        // them gone before VRRP starts and readiness is reported (the kernel would answer ARP
+        // for a VIP another node owns).
+        self.apply_ownership().await;
+        self.prune_vip_counters();
+        self.vip_addresses.flush(Duration::from_secs(2)).await;
+        self.log_plan();
+        self.reconfigure_vrrp();
+        if let Some(vrrp) = &mut self.vrrp {
+            let out = vrrp.router.start(Instant::now().into_std());
+            vrrp.send(&out);
+        }
+        self.apply_ownership().await;
+    }
+
+    /// After the loop: nothing owned or routed any more, VIP addresses gone, and the data
+    /// plane kept pinned (`dataplane.keepOnExit`) or removed.
+    async fn release(mut self) -> Result<()> {
+        self.ownership.applied_epoch = None;
+        self.vrrp = None;
+        self.stopping = true;
+        self.apply_ownership().await;
+        self.routes.settled(Duration::from_secs(2)).await;
+        self.vip_addresses.flush(Duration::from_secs(2)).await;
+        if self.current.config.dataplane.keep_on_exit {
+            self.dataplane.keep();
+            Ok(())
+        } else {
+            self.dataplane.remove()
+        }
+    }
+
     pub(super) fn log_plan(&self) {
         let member =
             self.current.config.groups.iter().any(|g| g.nodes.iter().any(|n| n.name == self.current.node));

@@ -29,18 +29,7 @@ pub fn build(workspace: &Path) -> Result<()> {
 /// Every link in the README and the book's pages to a file or heading that does not exist.
 pub fn broken_links(workspace: &Path) -> Result<Vec<String>> {
     let mut pages = vec![workspace.join("README.md")];
-    let mut dirs = vec![workspace.join("docs/src")];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
-            let path = entry?.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                pages.push(path);
-            }
-        }
-    }
-    pages.sort();
+    pages.extend(crate::files::with_extension(&workspace.join("docs/src"), "md", |_| false)?);
     let mut broken = Vec::new();
     for page in &pages {
         let text = fs::read_to_string(page)?;

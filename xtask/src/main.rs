@@ -12,6 +12,7 @@ mod baseline;
 mod demo;
 mod docs;
 mod ebpf;
+mod files;
 mod image;
 mod modules;
 mod setup;

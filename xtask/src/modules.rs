@@ -189,29 +189,16 @@ fn resolve(module: &Module, path: &[String], modules: &BTreeSet<Module>) -> Opti
 /// `a.rs` module `a`. Binaries under `src/bin` are crates of their own and left out.
 fn module_files(src: &Path) -> Result<BTreeMap<Module, PathBuf>> {
     let mut files = BTreeMap::new();
-    let mut dirs = vec![src.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
-            let path = entry?.path();
-            let relative = path.strip_prefix(src)?.to_path_buf();
-            if path.is_dir() {
-                if relative != Path::new("bin") {
-                    dirs.push(path);
-                }
-                continue;
-            }
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
-            }
-            let mut module: Module =
-                relative.with_extension("").iter().map(|s| s.to_string_lossy().into_owned()).collect();
-            if module.len() == 1 && matches!(module[0].as_str(), "lib" | "main") {
-                module.clear();
-            } else if module.last().is_some_and(|l| l == "mod") {
-                module.pop();
-            }
-            files.insert(module, path);
+    for path in crate::files::with_extension(src, "rs", |dir| dir == src.join("bin"))? {
+        let relative = path.strip_prefix(src)?.to_path_buf();
+        let mut module: Module =
+            relative.with_extension("").iter().map(|s| s.to_string_lossy().into_owned()).collect();
+        if module.len() == 1 && matches!(module[0].as_str(), "lib" | "main") {
+            module.clear();
+        } else if module.last().is_some_and(|l| l == "mod") {
+            module.pop();
         }
+        files.insert(module, path);
     }
     Ok(files)
 }

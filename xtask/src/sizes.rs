@@ -77,22 +77,13 @@ fn long_functions(relative: &str, text: &str) -> Result<(Vec<String>, Vec<Listed
 
 /// Every `.rs` file under `src`, by its path relative to it, with its text.
 fn sources(src: &Path) -> Result<Vec<(String, String)>> {
-    let mut found = Vec::new();
-    let mut dirs = vec![src.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
-            let path = entry?.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let text =
-                    fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-                found.push((path.strip_prefix(src)?.to_string_lossy().into_owned(), text));
-            }
-        }
-    }
-    found.sort();
-    Ok(found)
+    crate::files::with_extension(src, "rs", |_| false)?
+        .into_iter()
+        .map(|path| {
+            let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            Ok((path.strip_prefix(src)?.to_string_lossy().into_owned(), text))
+        })
+        .collect()
 }
 
 /// Each function's name and length in lines (signature to closing brace), outside test code.

@@ -24,12 +24,13 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use super::{
+    binding::Refusal,
     changes::{Pending, SliceIndex, Touch},
     cluster::ClusterState,
     crd::LoadBalancerGroup,
     lease::LeaseLock,
     slice::Slice,
-    source::{self, Changed, ServiceObjects, Translator},
+    source::{self, Changed, ServiceObjects},
     status,
     trim::Trim,
     writer::StatusWriter,
@@ -177,60 +178,27 @@ impl Shell {
         // Foreign routers and impersonations already reported by this agent, each once.
         let mut reported = ForeignRouters::new();
         let mut reported_impersonations = Impersonations::new();
-        let (groups, g) = watch_into(Api::<LoadBalancerGroup>::all(self.client.clone()), Touch::of_other);
-        let (services, s) = watch_into(Api::<Service>::all(self.client.clone()), Touch::of_service);
-        let (slices, e) = watch_into(Api::<Slice>::all(self.client.clone()), Touch::of_slice);
-        let (nodes, n) = watch_into(Api::<Node>::all(self.client.clone()), Touch::of_other);
-        // The watches run in tasks of their own, so the stores follow the API server while this
-        // loop is busy: a leader's pass of thousands of writes otherwise left its own watches
-        // unread (an HTTP/1 body is read only as it is polled), its cache fell behind for good,
-        // and every pass planned the same writes again (`cargo xtask bench control` found it).
-        let (touches, mut changes) = mpsc::unbounded_channel();
-        let mut watches = tokio::task::JoinSet::new();
-        for mut stream in [g, s, e, n] {
-            let touches = touches.clone();
-            watches.spawn(async move {
-                while let Some(touch) = stream.next().await {
-                    if touches.send(touch).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        drop(touches);
+        let (stores, mut changes, _watches) = self.watch();
         let lease = LeaseLock::new(self.requests.clone(), &self.namespace, self.node.clone(), LEASE_DURATION);
         let mut writer = StatusWriter::new(self.requests.clone(), self.node.clone());
         let mut tick = tokio::time::interval(LEADER_TICK);
         // After a long pass, one renewal, not one for every tick missed meanwhile.
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut leading = false;
-        // The Service conditions written while leading (see status::keep_written_times).
-        let mut written = status::Written::new();
         // Since when the Lease's reads or writes fail (the API server is out of reach, say).
         let mut unanswered: Option<std::time::Instant> = None;
-        let mut last: Option<Config> = None;
-        let mut refusals = Vec::new();
-        // The group addresses last patched onto this node, until the watch shows them.
-        let mut published = None;
-        let mut unserved = Vec::new();
-        let mut translator = Translator::default();
-        let mut index = SliceIndex::default();
-        // Until a pass succeeds, and after one fails, the next one translates everything.
-        let mut pending = Pending { all: true, ..Pending::default() };
-        // Whether the leader's status may have changed since it was last planned.
-        let mut status_due = true;
+        let mut state = Passes::default();
         loop {
             tokio::select! {
                 change = changes.recv() => {
                     let Some(touch) = change else { return };
-                    pending.record(touch, &mut index);
+                    state.pending.record(touch, &mut state.index);
                     // Handled at once, with every change already queued: a burst is coalesced by
                     // the time a pass takes, not by a fixed wait that every event would pay.
                     while let Ok(touch) = changes.try_recv() {
-                        pending.record(touch, &mut index);
+                        state.pending.record(touch, &mut state.index);
                     }
                 }
-                Ok(()) = refused.changed() => status_due = true,
+                Ok(()) = refused.changed() => state.status_due = true,
                 // Problems of this node's segment, so every agent reports what it hears, once.
                 Ok(()) = foreign.changed() => {
                     let heard = foreign.borrow_and_update().clone();
@@ -251,150 +219,190 @@ impl Shell {
                     continue;
                 }
                 Ok(()) = stopping.changed() => {
-                    if !*stopping.borrow() {
-                        continue;
+                    if *stopping.borrow() {
+                        return state.stop(&lease).await;
                     }
-                    if leading {
-                        match lease.release().await {
-                            Ok(()) => info!("stopping: leader Lease released"),
-                            Err(e) => warn!(error = %e, "releasing the leader Lease failed; it expires instead"),
-                        }
-                    }
-                    return;
+                    continue;
                 }
-                _ = tick.tick() => {
-                    status_due = true;
-                    let was = leading;
-                    leading = try_lead(&lease, &mut writer, &mut unanswered).await;
-                    if leading != was {
-                        info!(leading, "leader Lease");
-                        // Another leader may have written since.
-                        written.clear();
-                    }
-                }
+                _ = tick.tick() => state.renew(&lease, &mut writer, &mut unanswered).await,
             }
-            let ready = [groups.is_ready(), services.is_ready(), slices.is_ready(), nodes.is_ready()];
-            if ready.contains(&false) {
+            if !stores.ready() {
                 continue;
             }
-            let groups_now = snapshot(&groups);
-            let mut routes = BTreeMap::new();
-            for ip in groups_now.iter().filter_map(|g| g.spec.interface_from_ip) {
-                match crate::netdev::route_interface(&self.netlink, ip).await {
-                    Ok(Some(name)) => {
-                        routes.insert(ip, name);
-                    }
-                    Ok(None) => {}
-                    Err(e) => warn!(%ip, error = %e, "looking up the route for interfaceFromIP failed"),
-                }
-            }
-            // Each group interface's link, looked up once a pass: for the missing ones, and for
-            // the addresses this node publishes there.
-            let mut links = BTreeMap::new();
-            for name in groups_now.iter().filter_map(|g| g.spec.interface.as_ref()).chain(routes.values()) {
-                if !links.contains_key(name)
-                    && let Ok(link) = crate::netdev::find(&self.netlink, name).await
-                {
-                    links.insert(name.clone(), link);
-                }
-            }
-            let missing_interfaces = groups_now
-                .iter()
-                .filter_map(|g| g.spec.interface.as_ref())
-                .filter(|name| matches!(links.get(*name), Some(None)))
-                .cloned()
-                .collect();
-            let nodes_now = snapshot(&nodes);
-            self.publish_group_addresses(&groups_now, &nodes_now, &routes, &links, &mut published).await;
-            let changes = std::mem::take(&mut pending);
-            status_due |= changes.all || changes.service_objects;
-            let mut state = ClusterState {
-                groups: groups_now,
-                services: Vec::new(),
-                slices: Vec::new(),
-                nodes: nodes_now,
-                routes,
-                missing_interfaces,
+            let Some((mut cluster, whole)) = self.pass(&stores, &mut state, &mut writer, &configs).await
+            else {
+                return;
             };
-            // A pass of only changed Services reads them from the stores, and nothing else.
-            let whole = changes.all || leading && status_due || translator.needs_everything(&state);
-            if whole {
-                state.services = snapshot(&services);
-                state.slices = snapshot(&slices);
+            if state.leading && state.status_due {
+                if !whole {
+                    cluster.services = snapshot(&stores.services);
+                    cluster.slices = snapshot(&stores.slices);
+                }
+                state.status_due = false;
+                self.write_status(cluster, &mut state, &mut writer, &mut refused, &owners).await;
             }
-            let changed = if changes.all {
-                index = SliceIndex::of(state.slices.iter().map(|s| s.as_ref()));
-                Changed::All
-            } else if changes.services.is_empty() {
-                Changed::Services(Vec::new())
-            } else {
-                Changed::Services(objects_of(&changes, &services, &slices, &index))
-            };
-            let started = std::time::Instant::now();
-            let translated = translator.translate_changed(&state, &self.base, changed);
-            debug!(
-                touched = changes.services.len(),
-                everything = whole,
-                rebuilt = translator.rebuilt(),
-                elapsed = ?started.elapsed(),
-                "cluster objects translated"
-            );
-            match translated {
-                Ok(translation) => {
-                    // Each refusal is reported when it appears, not again with every change.
-                    let changed = translation.refusals != refusals;
-                    for refusal in translation.refusals.iter().filter(|r| changed && !refusals.contains(r)) {
-                        warn!(object = %refusal.service, reason = refusal.reason, "{}", refusal.message);
-                        // Group problems are this node's own (its interfaces): each agent
-                        // reports them. Service problems are the leader's to report.
-                        if let Some(group) = refusal.service.strip_prefix(super::source::GROUP_REFUSAL_PREFIX)
-                            && let Err(e) =
-                                writer.group_warning(group, refusal.reason, &refusal.message).await
-                        {
-                            warn!(error = %e, "publishing an Event failed");
-                        }
-                    }
-                    refusals = translation.refusals;
-                    unserved = translation.unserved;
-                    if last.as_ref() != Some(&translation.config) {
-                        last = Some(translation.config.clone());
-                        if configs.send(translation.config).await.is_err() {
-                            return;
-                        }
+        }
+    }
+
+    /// Starts a watch of each kind into its store, each in a task of its own so the stores
+    /// follow the API server while the loop is busy: a leader's pass of thousands of writes
+    /// otherwise left its own watches unread (an HTTP/1 body is read only as it is polled),
+    /// its cache fell behind for good, and every pass planned the same writes again (`cargo
+    /// xtask bench control` found it). Returns the stores, their changes, and the tasks.
+    fn watch(&self) -> (Stores, mpsc::UnboundedReceiver<Touch>, tokio::task::JoinSet<()>) {
+        let (groups, g) = watch_into(Api::<LoadBalancerGroup>::all(self.client.clone()), Touch::of_other);
+        let (services, s) = watch_into(Api::<Service>::all(self.client.clone()), Touch::of_service);
+        let (slices, e) = watch_into(Api::<Slice>::all(self.client.clone()), Touch::of_slice);
+        let (nodes, n) = watch_into(Api::<Node>::all(self.client.clone()), Touch::of_other);
+        let (touches, changes) = mpsc::unbounded_channel();
+        let mut watches = tokio::task::JoinSet::new();
+        for mut stream in [g, s, e, n] {
+            let touches = touches.clone();
+            watches.spawn(async move {
+                while let Some(touch) = stream.next().await {
+                    if touches.send(touch).is_err() {
+                        return;
                     }
                 }
-                Err(e) => {
-                    pending.all = true;
-                    warn!(error = %e, "the cluster's objects give an invalid config; keeping the last one")
+            });
+        }
+        (Stores { groups, services, slices, nodes }, changes, watches)
+    }
+
+    /// One pass: the cluster's state (with the Services and slices when the pass needs them
+    /// all), this node's group addresses published, and the changes translated into a config
+    /// for the agent. Returns the state and whether it holds every Service and slice, or
+    /// `None` once the agent is gone.
+    async fn pass(
+        &self,
+        stores: &Stores,
+        state: &mut Passes,
+        writer: &mut StatusWriter,
+        configs: &mpsc::Sender<Config>,
+    ) -> Option<(ClusterState, bool)> {
+        let mut cluster = self.cluster_state(stores, &mut state.published).await;
+        let changes = std::mem::take(&mut state.pending);
+        state.status_due |= changes.all || changes.service_objects;
+        // A pass of only changed Services reads them from the stores, and nothing else.
+        let whole =
+            changes.all || state.leading && state.status_due || state.translator.needs_everything(&cluster);
+        if whole {
+            cluster.services = snapshot(&stores.services);
+            cluster.slices = snapshot(&stores.slices);
+        }
+        let changed = if changes.all {
+            state.index = SliceIndex::of(cluster.slices.iter().map(|s| s.as_ref()));
+            Changed::All
+        } else if changes.services.is_empty() {
+            Changed::Services(Vec::new())
+        } else {
+            Changed::Services(objects_of(&changes, &stores.services, &stores.slices, &state.index))
+        };
+        let started = std::time::Instant::now();
+        let translated = state.translator.translate_changed(&cluster, &self.base, changed);
+        debug!(
+            touched = changes.services.len(),
+            everything = whole,
+            rebuilt = state.translator.rebuilt(),
+            elapsed = ?started.elapsed(),
+            "cluster objects translated"
+        );
+        match translated {
+            Ok(translation) => {
+                report_refusals(&translation.refusals, &state.refusals, writer).await;
+                state.refusals = translation.refusals;
+                state.unserved = translation.unserved;
+                if state.last.as_ref() != Some(&translation.config) {
+                    state.last = Some(translation.config.clone());
+                    configs.send(translation.config).await.ok()?;
                 }
             }
-            if !(leading && status_due) {
-                continue;
+            Err(e) => {
+                state.pending.all = true;
+                warn!(error = %e, "the cluster's objects give an invalid config; keeping the last one")
             }
-            if !whole {
-                state.services = snapshot(&services);
-                state.slices = snapshot(&slices);
-            }
-            status_due = false;
-            if leading && let Some(config) = &last {
-                let planned = crate::node_plan::node_plan(config, &self.node);
-                let refused = refused.borrow_and_update().clone();
-                let mut plan = status::plan(
-                    &state,
-                    &owners.borrow().clone(),
-                    &planned,
-                    &refused,
-                    &unserved,
-                    &Timestamp::now().to_string(),
-                );
-                status::keep_written_times(&mut plan, &written);
-                if plan != status::StatusPlan::default()
-                    && let Err(e) =
-                        writer.apply(&plan).await.inspect(|()| written.extend(plan.conditions.clone()))
-                {
-                    warn!(error = %e, "writing status failed; retrying on the next change");
+        }
+        Some((cluster, whole))
+    }
+
+    /// The groups and nodes now, with each group interface's route (`interfaceFromIP`) and
+    /// link looked up once a pass; this node's addresses on its groups' interfaces published.
+    /// Services and slices are left to the pass.
+    async fn cluster_state(&self, stores: &Stores, published: &mut Option<GroupAddresses>) -> ClusterState {
+        let groups = snapshot(&stores.groups);
+        let mut routes = BTreeMap::new();
+        for ip in groups.iter().filter_map(|g| g.spec.interface_from_ip) {
+            match crate::netdev::route_interface(&self.netlink, ip).await {
+                Ok(Some(name)) => {
+                    routes.insert(ip, name);
                 }
+                Ok(None) => {}
+                Err(e) => warn!(%ip, error = %e, "looking up the route for interfaceFromIP failed"),
             }
+        }
+        // For the missing interfaces, and for the addresses this node publishes there.
+        let mut links = BTreeMap::new();
+        for name in groups.iter().filter_map(|g| g.spec.interface.as_ref()).chain(routes.values()) {
+            if !links.contains_key(name)
+                && let Ok(link) = crate::netdev::find(&self.netlink, name).await
+            {
+                links.insert(name.clone(), link);
+            }
+        }
+        let missing_interfaces = groups
+            .iter()
+            .filter_map(|g| g.spec.interface.as_ref())
+            .filter(|name| matches!(links.get(*name), Some(None)))
+            .cloned()
+            .collect();
+        let nodes = snapshot(&stores.nodes);
+        self.publish_group_addresses(&groups, &nodes, &routes, &links, published).await;
+        ClusterState { groups, services: Vec::new(), slices: Vec::new(), nodes, routes, missing_interfaces }
+    }
+
+    /// The leader plans the cluster's status from `cluster` and writes what changed.
+    async fn write_status(
+        &self,
+        cluster: ClusterState,
+        state: &mut Passes,
+        writer: &mut StatusWriter,
+        refused: &mut watch::Receiver<BTreeMap<String, String>>,
+        owners: &watch::Receiver<BTreeMap<std::net::IpAddr, String>>,
+    ) {
+        let Some(config) = &state.last else { return };
+        let planned = crate::node_plan::node_plan(config, &self.node);
+        let refused = refused.borrow_and_update().clone();
+        let mut plan = status::plan(
+            &cluster,
+            &owners.borrow().clone(),
+            &planned,
+            &refused,
+            &state.unserved,
+            &Timestamp::now().to_string(),
+        );
+        status::keep_written_times(&mut plan, &state.written);
+        if plan != status::StatusPlan::default()
+            && let Err(e) =
+                writer.apply(&plan).await.inspect(|()| state.written.extend(plan.conditions.clone()))
+        {
+            warn!(error = %e, "writing status failed; retrying on the next change");
+        }
+    }
+}
+
+/// Logs each refusal when it appears, not again with every change. Group problems are this
+/// node's own (its interfaces): each agent reports them as Events too. Service problems are
+/// the leader's to report.
+async fn report_refusals(refusals: &[Refusal], before: &[Refusal], writer: &StatusWriter) {
+    if refusals == before {
+        return;
+    }
+    for refusal in refusals.iter().filter(|r| !before.contains(r)) {
+        warn!(object = %refusal.service, reason = refusal.reason, "{}", refusal.message);
+        if let Some(group) = refusal.service.strip_prefix(super::source::GROUP_REFUSAL_PREFIX)
+            && let Err(e) = writer.group_warning(group, refusal.reason, &refusal.message).await
+        {
+            warn!(error = %e, "publishing an Event failed");
         }
     }
 }
@@ -553,6 +561,10 @@ where
         self.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok())
     }
 }
+
+mod passes;
+
+use passes::{Passes, Stores};
 
 #[cfg(test)]
 mod tests;

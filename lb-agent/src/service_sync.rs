@@ -49,6 +49,18 @@ pub struct SyncRequest {
     pub generation: u64,
 }
 
+impl SyncRequest {
+    /// The first request, generation 0.
+    pub fn first(
+        config: Arc<Config>,
+        node: String,
+        node_address: Ipv4Addr,
+        vip_uplinks: Arc<std::collections::HashMap<IpAddr, u8>>,
+    ) -> Self {
+        SyncRequest { config, node, node_address, vip_uplinks, generation: 0 }
+    }
+}
+
 /// The metrics a sync updates.
 #[derive(Clone)]
 pub struct SyncMetrics {

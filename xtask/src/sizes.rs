@@ -14,7 +14,7 @@ pub const MAX_FILE_LINES: usize = 600;
 pub const MAX_FN_LINES: usize = 80;
 
 /// `(file under lb-agent/src, function, lines today)`: the functions still to split.
-const LONGER_FOR_NOW: &[(&str, &str, usize)] = &[("agent/startup.rs", "run", 106)];
+const LONGER_FOR_NOW: &[(&str, &str, usize)] = &[];
 
 /// Checks lb-agent's sources; an error lists every file and function over its limit.
 pub fn check(workspace: &Path) -> Result<()> {

@@ -9,6 +9,7 @@ use std::{
     time::Duration,
 };
 
+use futures::FutureExt;
 use tokio::{
     net::TcpListener,
     sync::{mpsc, watch},
@@ -56,66 +57,48 @@ pub async fn run(
     let mut config = Config::load(&config_path)?;
     overrides.apply(&mut config);
     let node = node_name(&config, node_override);
-    let mut cluster = None;
     // Services the data plane has no room for, by name, for the cluster's status.
     let (refused_tx, refused_rx) = watch::channel(BTreeMap::new());
-    if let Some(source) = kubernetes {
-        let Some((link, first)) =
-            ClusterLink::connect(source, &config, &node, refused_rx, &background, &mut signals).await?
-        else {
-            return Ok(());
-        };
-        config = first;
-        cluster = Some(link);
-    }
-    let netlink = within(&background, netdev::connect)?;
+    let Some((config, cluster)) =
+        source(config, &node, kubernetes, refused_rx, &background, &mut signals).await?
+    else {
+        return Ok(());
+    };
     let config_error = |field: &str, expected: String| Error::Config {
         path: config_path.clone(),
         error: ConfigError::new(field, expected),
     };
+    let netlink = within(&background, netdev::connect)?;
     let plan = node_plan(&config, &node);
-    if cluster.is_none() {
-        // A key file named in the config file is part of it: a mistake stops the start. From
-        // the cluster, the group waits for its Secret on this node instead (see key_files).
-        check_key_files(&config, &node).map_err(|(field, expected)| config_error(&field, expected))?;
-    }
-    let mut keys = KeyFiles::default();
-    keys.refresh(plan.key_files.values());
+    let keys = key_files(&config, &node, &plan, cluster.is_none())
+        .map_err(|(f, expected)| config_error(&f, expected))?;
     let mut uplinks = Uplinks::default();
     uplinks.by_name = uplinks::resolve(&netlink, &config, &plan, &BTreeSet::new())
         .await?
         .map_err(|e| config_error(&e.field, e.expected))?;
     let node_address = uplinks.by_name[&config.interface].node_address;
     let (listener, admin, admin_ino) = listen(&config, &background).await?;
-
     let mut metrics = Metrics::new();
     let mut vrrp = Vrrp::new(Router::new(plan.locals.clone(), VrrpMetrics::register(&mut metrics.registry)));
-    let route_metrics = RouteMetrics::register(&mut metrics.registry);
     let index = |name: &str| uplinks.get(name).map(|u| u.interface.index);
     vrrp.sockets = vrrp.open_missing(&plan, index).map_err(|((interface, family), expected)| {
         config_error(&node_address_field(&config, &node, &interface, family), expected)
     })?;
-
+    let route_metrics = RouteMetrics::register(&mut metrics.registry);
     let (dataplane, counters, service_maps) = load_dataplane(&config, &mut uplinks, &metrics)?;
     let config = Arc::new(config);
     let vip_uplinks = uplinks.vip_slots(&config, &plan);
-    let request = SyncRequest {
-        config: config.clone(),
-        node: node.clone(),
-        node_address,
-        vip_uplinks: vip_uplinks.clone(),
-        generation: 0,
-    };
     let sync =
         ServiceSync::new(service_maps, netlink.clone(), counters.clone(), sync_metrics(&metrics), refused_tx);
+    let request = SyncRequest::first(config.clone(), node.clone(), node_address, vip_uplinks.clone());
     let (service_sync, sync_task) = first_sync(sync, request, &background).await?;
     metrics.register_xdp(counters.clone());
     let (state, status_requests) = http_state(metrics, &node, &config, &dataplane, &counters);
-
     let carrier = within(&background, netdev::watch_carrier)?;
-    let vip_addresses = within(&background, || VipAddresses::spawn(netlink.clone()));
-    let routes = within(&background, || Routes::spawn(config.routes.clone(), netlink.clone(), route_metrics));
     let mut agent = Agent {
+        // Spawned first: they borrow the config and netlink handle the agent then takes.
+        routes: within(&background, || Routes::spawn(config.routes.clone(), netlink.clone(), route_metrics)),
+        vip_addresses: within(&background, || VipAddresses::spawn(netlink.clone())),
         current: Current { config_path, config, node, plan: Arc::new(plan), overrides, node_address, keys },
         netlink,
         uplinks,
@@ -125,31 +108,87 @@ pub async fn run(
         vrrp: Some(vrrp),
         ownership: Applied::new(vip_uplinks),
         announcing: Announcing { announcer: within(&background, Announcer::spawn), refresh: BTreeMap::new() },
-        routes,
         stopping: false,
-        vip_addresses,
         service_sync,
         cluster,
         inputs: Inputs { status_requests, carrier },
     };
     agent.start().await;
-
-    let server = background.spawn(http::serve(listener, state.clone()));
-    let admin_server = background.spawn(http::serve_admin(admin, state.clone()));
-    state.ready.store(true, Ordering::Relaxed);
+    let serving = Serving::start(listener, admin, admin_ino, sync_task, state, &background);
     info!(config = %agent.current.config_path.display(), node = %agent.current.node, listen = %agent.current.config.listen, "lb-agent running");
 
     let result = agent.event_loop(&mut signals).await;
     if let Some(cluster) = agent.cluster.take() {
         cluster.finish().await;
     }
-    sync_task.abort();
-    server.abort();
-    admin_server.abort();
-    state.ready.store(false, Ordering::Relaxed);
-    http::remove_admin(&agent.current.config.admin_socket, admin_ino);
+    serving.end(&agent.current.config.admin_socket);
     agent.release().await?;
     result
+}
+
+/// The config to start with: the file's, or with `--kubernetes` the cluster's first, once its
+/// side runs (`None`: a stop signal came first, and nothing was attached).
+async fn source(
+    config: Config,
+    node: &str,
+    kubernetes: Option<KubernetesSource>,
+    refused: watch::Receiver<BTreeMap<String, String>>,
+    background: &tokio::runtime::Handle,
+    signals: &mut Signals,
+) -> Result<Option<(Config, Option<ClusterLink>)>> {
+    let Some(source) = kubernetes else { return Ok(Some((config, None))) };
+    let connected = ClusterLink::connect(source, &config, node, refused, background, signals).await?;
+    Ok(connected.map(|(link, first)| (first, Some(link))))
+}
+
+/// The HTTP side and the service-sync task while the agent runs.
+struct Serving {
+    state: Arc<HttpState>,
+    tasks: [tokio::task::JoinHandle<()>; 3],
+    admin_ino: u64,
+}
+
+impl Serving {
+    /// Serves metrics and the admin socket, and reports ready.
+    fn start(
+        listener: TcpListener,
+        admin: tokio::net::UnixListener,
+        admin_ino: u64,
+        sync_task: tokio::task::JoinHandle<()>,
+        state: Arc<HttpState>,
+        background: &tokio::runtime::Handle,
+    ) -> Self {
+        let server = background.spawn(http::serve(listener, state.clone()).map(|_| ()));
+        let admin_server = background.spawn(http::serve_admin(admin, state.clone()).map(|_| ()));
+        state.ready.store(true, Ordering::Relaxed);
+        Serving { state, tasks: [sync_task, server, admin_server], admin_ino }
+    }
+
+    /// Stops serving and syncing: not ready, the admin socket removed.
+    fn end(self, admin_socket: &std::path::Path) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.state.ready.store(false, Ordering::Relaxed);
+        http::remove_admin(admin_socket, self.admin_ino);
+    }
+}
+
+/// The key files of the plan's authenticating groups, read. A key file named in the config
+/// file is part of it: a mistake stops the start (`standalone`). From the cluster, the group
+/// waits for its Secret on this node instead (see key_files).
+fn key_files(
+    config: &Config,
+    node: &str,
+    plan: &crate::node_plan::NodePlan,
+    standalone: bool,
+) -> std::result::Result<KeyFiles, (String, String)> {
+    if standalone {
+        check_key_files(config, node)?;
+    }
+    let mut keys = KeyFiles::default();
+    keys.refresh(plan.key_files.values());
+    Ok(keys)
 }
 
 /// The first sync of the services, before anything is announced ready (no VIP before its

@@ -191,7 +191,14 @@ fn a_dual_stack_service_gets_both_addresses_owned_and_served() {
         let session = cluster.session_to(vip, cluster.pod);
         assert_eq!(session.seen_address(), client, "DSR keeps the client address over {vip}");
     }
-    assert_eq!(cluster.owned(), 2.0, "each VIP has exactly one owner");
+    // Each VIP has one owner: once the elections settle, for a preempted master keeps
+    // answering 150 ms beside its successor by design (the IPv6 instances start only once the
+    // nodes' link-local addresses are published, so theirs may still be settling here).
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while cluster.owned() != 2.0 {
+        assert!(Instant::now() < deadline, "each VIP has exactly one owner: {} owned", cluster.owned());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // Each node runs an instance of each family, and one of them is the IPv6 VIP's master.
     let families = |node: usize| -> Vec<String> {
         let agent = cluster.agents[node].as_ref().unwrap();

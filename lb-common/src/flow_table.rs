@@ -49,16 +49,20 @@ pub struct Bucket {
 /// allocated with `kmalloc`, a larger one with `vmalloc`, where every lookup of a table bigger
 /// than the TLB's reach also walks the page tables (measured: that walk, not the line, was the
 /// one-line table's cost). A shard is one array element of [`SHARD_WORDS`] words, sized so
-/// that it and the array map's header (312 bytes on 6.18) fill 32 KiB.
-pub const SHARD_WORDS: usize = (32 * 1024 - 312) / 8;
+/// that it and the array map's header fill 32 KiB.
+pub const SHARD_WORDS: usize = (32 * 1024 - ARRAY_MAP_HEADER) / 8;
+
+/// `sizeof(struct bpf_array)` on 6.18 (from its BTF): where an array map's values start in its
+/// allocation.
+pub const ARRAY_MAP_HEADER: usize = 312;
 
 /// Buckets in a shard after [`SHARD_SKEW`]: one fewer than fit, because the verifier bounds
 /// `(h × n) >> 32` shifted to a byte offset by `n × 64 − 1`, not by the last bucket's start.
 pub const SHARD_BUCKETS: u32 = ((SHARD_WORDS * 8 - SHARD_SKEW) / 64 - 1) as u32;
 
 /// Bytes from a shard's start to its first cache-line boundary: the allocation is page-aligned
-/// and the array's values start 312 bytes in (56 past a line). Wrong on another kernel, buckets
-/// straddle two lines: slower, never incorrect.
+/// and the array's values start [`ARRAY_MAP_HEADER`] bytes in (56 past a line). Wrong on
+/// another kernel, buckets straddle two lines: slower, never incorrect.
 pub const SHARD_SKEW: usize = 8;
 
 /// One shard of a sharded table.
@@ -597,7 +601,7 @@ mod tests {
     fn a_sharded_table_puts_every_line_inside_its_shard_and_spreads_real_keys_evenly() {
         // Each bucket's line ends inside the shard's value, which with the array header fills
         // exactly the 32 KiB that the kernel still allocates with kmalloc.
-        assert_eq!(SHARD_WORDS * 8 + 312, 32 * 1024);
+        assert_eq!(SHARD_WORDS * 8 + ARRAY_MAP_HEADER, 32 * 1024);
         assert!(SHARD_SKEW + SHARD_BUCKETS as usize * 64 <= SHARD_WORDS * 8);
         // The most a bucket index can be, as the verifier bounds it: (2^32 − 1) × n >> 32.
         let last = Position { bucket_hash: u32::MAX, fingerprint: Fingerprint::of(1) };

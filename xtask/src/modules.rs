@@ -234,7 +234,7 @@ fn with(prefix: &[String], last: String) -> Vec<String> {
     prefix.iter().cloned().chain([last]).collect()
 }
 
-fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+pub(crate) fn is_test_only(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
         a.path().is_ident("cfg") && a.meta.require_list().is_ok_and(|l| l.tokens.to_string().contains("test"))
     })

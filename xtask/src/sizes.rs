@@ -93,12 +93,9 @@ struct Lengths {
     self_type: Option<String>,
 }
 
+/// `#[cfg(test)]` code (as the module check reads it) or a `#[test]` function.
 fn is_test(attrs: &[syn::Attribute]) -> bool {
-    attrs.iter().any(|a| {
-        (a.path().is_ident("cfg")
-            && a.meta.require_list().is_ok_and(|l| l.tokens.to_string().contains("test")))
-            || a.path().is_ident("test")
-    })
+    crate::modules::is_test_only(attrs) || attrs.iter().any(|a| a.path().is_ident("test"))
 }
 
 fn lines_of(start: proc_macro2::Span, end: proc_macro2::Span) -> usize {

@@ -70,7 +70,7 @@ pub async fn run(
     };
     let netlink = within(&background, netdev::connect)?;
     let plan = node_plan(&config, &node);
-    let keys = key_files(&config, &node, &plan, cluster.is_none())
+    let keys = read_key_files(&config, &node, &plan, cluster.is_none())
         .map_err(|(f, expected)| config_error(&f, expected))?;
     let mut uplinks = Uplinks::default();
     uplinks.by_name = uplinks::resolve(&netlink, &config, &plan, &BTreeSet::new())
@@ -177,7 +177,7 @@ impl Serving {
 /// The key files of the plan's authenticating groups, read. A key file named in the config
 /// file is part of it: a mistake stops the start (`standalone`). From the cluster, the group
 /// waits for its Secret on this node instead (see key_files).
-fn key_files(
+fn read_key_files(
     config: &Config,
     node: &str,
     plan: &crate::node_plan::NodePlan,

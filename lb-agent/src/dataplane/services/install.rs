@@ -80,7 +80,7 @@ impl<A: Address> ServiceMaps<A> {
         Ok(())
     }
 
-    pub(super) fn install_batch(
+    fn install_batch(
         &mut self,
         admitted: &[(ServiceKeyOf<A>, PlannedService<A>)],
         released: &mut Vec<BackendOf<A>>,

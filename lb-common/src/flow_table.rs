@@ -1,5 +1,5 @@
-//! The connection table at its floor: one cache line per lookup (issue 28's design, built and
-//! tested here as a pure core; the XDP program still uses the kernel's LRU hash, `FLOWS`).
+//! The connection table at its floor: one cache line per lookup. The XDP programs keep each
+//! family's flows in one (`FLOW_TABLE`, `FLOW_TABLE6`); this is its pure core.
 //!
 //! A flow's entry is one `u64` ([`Entry`]): a 32-bit fingerprint of its key beside its backend,
 //! its full-NAT port (as the attempt that claimed it) and a coarse clock. Eight entries make a
@@ -18,8 +18,14 @@
 //!   loses a race leaves a flow without an entry (its next packet tries again), never with
 //!   another flow's; a clock update lost to a race only makes a periodic check run once more.
 //! - **A full bucket** evicts its oldest entry: that flow's next packet takes its Maglev choice
-//!   again, as an LRU eviction does today. Full NAT's ports are not in this table, so a flood
-//!   of new flows never hands an established flow's port to another.
+//!   again, as an LRU eviction would. Full NAT's ports are held in `SNAT_REPLIES`, not here:
+//!   an entry only names the attempt that claimed the flow's port, a hint checked against that
+//!   table on every packet, so a flood of new flows never hands an established flow's port to
+//!   another, and neither a collision nor a changed port range can give a flow another's port.
+//!
+//! A table is an array of [`Bucket`]s, a power of two of them, then one more: its header
+//! ([`Keying::header`]), which holds the seed and size the programs were loaded with, so that
+//! a table pinned across a restart is read with the keying it was written with.
 
 use crate::{
     murmur3::{finalize, mix},
@@ -35,6 +41,65 @@ pub const BUCKET_SLOTS: usize = 8;
 pub const fn buckets_for(flows: u32) -> u32 {
     let half = flows / 2;
     if half <= 1 { 1 } else { half.next_power_of_two() }
+}
+
+/// How a table is keyed: its seed (per node, random) and its bucket count less one. The
+/// programs get it as a read-only global set at load; the table keeps it in its header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keying {
+    pub seed: u32,
+    pub mask: u32,
+}
+
+/// The keying of a table loaded without the agent (the fixtures, the bench): `MAX_FLOWS` flows
+/// and a fixed seed; the agent sets each table's at load.
+pub const DEFAULT_KEYING: Keying = Keying::for_flows(crate::service::MAX_FLOWS, 0x5eed_1b0b);
+
+/// [`Keying::header`]'s mark, so that a table whose last element holds anything else is not
+/// mistaken for one with a header.
+const HEADER_MARK: u64 = 0x6c62_666c; // "lbfl"
+
+impl Keying {
+    /// A table for `flows` flows, keyed with `seed`.
+    pub const fn for_flows(flows: u32, seed: u32) -> Keying {
+        Keying { seed, mask: buckets_for(flows) - 1 }
+    }
+
+    pub const fn buckets(self) -> u32 {
+        self.mask + 1
+    }
+
+    /// The table's array elements: its buckets, then its header.
+    pub const fn entries(self) -> u32 {
+        self.buckets() + 1
+    }
+
+    /// The bucket a position falls in.
+    #[inline(always)]
+    pub const fn bucket(self, position: Position) -> u32 {
+        position.bucket_hash & self.mask
+    }
+
+    /// The table's last element, which no position reaches.
+    pub const fn header(self) -> Bucket {
+        let mut slots = [0; BUCKET_SLOTS];
+        slots[0] = HEADER_MARK << 32 | self.seed as u64;
+        slots[1] = self.mask as u64;
+        Bucket { slots }
+    }
+
+    /// The keying a header records, if `bucket` is one.
+    pub const fn from_header(bucket: &Bucket) -> Option<Keying> {
+        let [mark_seed, mask, ..] = bucket.slots;
+        if mark_seed >> 32 != HEADER_MARK
+            || mask > u32::MAX as u64
+            || !(mask as u32).wrapping_add(1).is_power_of_two()
+        {
+            return None;
+        }
+        Some(Keying { seed: mark_seed as u32, mask: mask as u32 })
+    }
 }
 
 /// One cache line of entries; a table is an array of them, its length a power of two.
@@ -109,7 +174,7 @@ impl Tick {
 }
 
 /// A flow's periodic checks (its reply entry, its full-NAT port) are due after this many ticks
-/// (537 ms; the kernel-map table's interval is 503 ms).
+/// (537 ms, about a cached next hop's refresh, `HOP_REFRESH_NS`).
 pub const CHECK_TICKS: u8 = 4;
 
 /// Full NAT's source-port attempts an entry can name (`nat::claim_snat_port` tries eight).
@@ -308,8 +373,12 @@ pub fn store(cells: &impl Cells, entry: Entry, now: Tick) -> Stored {
 }
 
 #[cfg(feature = "user")]
-// SAFETY: `#[repr(C)]` words, no padding; any bit pattern is a valid shard.
-unsafe impl aya::Pod for Shard {}
+mod pod {
+    // SAFETY: `#[repr(C)]` words, no padding; any bit pattern is valid.
+    unsafe impl aya::Pod for super::Shard {}
+    unsafe impl aya::Pod for super::Bucket {}
+    unsafe impl aya::Pod for super::Keying {}
+}
 
 #[cfg(test)]
 mod tests {
@@ -352,6 +421,21 @@ mod tests {
         assert_eq!(e.with_tick(Tick(9)).tick(), Tick(9));
         assert_eq!(e.with_tick(Tick(9)).backend(), 65_535);
         assert_ne!(Entry::new(Fingerprint::of(0), 0, None, Tick(0)).0, 0, "no entry is an empty slot");
+    }
+
+    #[test]
+    fn a_header_records_the_keying_and_nothing_else_reads_as_one() {
+        let keying = Keying::for_flows(1 << 18, 0xdead_beef);
+        assert_eq!((keying.buckets(), keying.entries()), (1 << 17, (1 << 17) + 1));
+        assert_eq!(Keying::from_header(&keying.header()), Some(keying));
+        assert_eq!(Keying::from_header(&Bucket::default()), None, "an empty element");
+        let mut odd = keying.header();
+        odd.slots[1] = 1000;
+        assert_eq!(Keying::from_header(&odd), None, "not a power of two");
+        let entry = Entry::new(Fingerprint::of(7), 1, None, Tick(0));
+        assert_eq!(Keying::from_header(&Bucket { slots: [entry.0; BUCKET_SLOTS] }), None, "a bucket");
+        let pos = Position { bucket_hash: u32::MAX, fingerprint: Fingerprint::of(1) };
+        assert_eq!(keying.bucket(pos), keying.buckets() - 1, "no position reaches the header");
     }
 
     #[test]

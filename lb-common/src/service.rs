@@ -1,7 +1,7 @@
 //! Service forwarding maps: what the XDP program steers and how.
 //!
 //! A packet to `(VIP, port, protocol)` finds its [`Service`]; an established flow finds its
-//! backend in [`FLOWS`], a new one through the service's Maglev ring, an array of backend ids
+//! backend in [`FLOW_TABLE`], a new one through the service's Maglev ring, an array of backend ids
 //! computed in userspace. A ring of a new size is a new inner map of [`MAGLEV_RINGS`], filled
 //! before its service points at it; a ring of the same size is rewritten in place, slot by
 //! slot, and a packet reads one slot, so it sees the old backend or the new one. Ports and addresses are kept in
@@ -13,7 +13,11 @@ pub const SERVICES: &str = "SERVICES";
 pub const BACKENDS: &str = "BACKENDS";
 /// `HashOfMaps<u32, Array<u32>>`: ring id → Maglev ring of backend ids.
 pub const MAGLEV_RINGS: &str = "MAGLEV_RINGS";
-/// `LruHashMap<ConnectionKey, Flow>`: client flow → chosen backend.
+/// `Array<flow_table::Bucket>`: client flow → chosen backend, one cache line a lookup (see
+/// [`crate::flow_table`]).
+pub const FLOW_TABLE: &str = "FLOW_TABLE";
+/// `LruHashMap<ConnectionKey, Flow>`: the connection table before [`FLOW_TABLE`]. An agent
+/// finding it pinned converts its entries into the new table and unpins it.
 pub const FLOWS: &str = "FLOWS";
 /// `Array<NextHopEntry>` indexed by backend id: the next hop towards each backend, as the FIB
 /// last gave it.
@@ -40,6 +44,7 @@ pub const SETTINGS: &str = "SETTINGS";
 pub const SERVICES6: &str = "SERVICES6";
 pub const BACKENDS6: &str = "BACKENDS6";
 pub const BACKEND_STATS6: &str = "BACKEND_STATS6";
+pub const FLOW_TABLE6: &str = "FLOW_TABLE6";
 pub const FLOWS6: &str = "FLOWS6";
 pub const NEXT_HOPS6: &str = "NEXT_HOPS6";
 pub const REPLY_NAT6: &str = "REPLY_NAT6";
@@ -85,7 +90,9 @@ const BPF_F_MMAPABLE: u32 = 1 << 10;
 /// - 3: flows cache their next hop (`Flow` is 32 bytes); traffic per VIP is counted in the
 ///   `VIP_TRAFFIC` array, at the slot the service entry names.
 /// - 4: the connection table is keyed by client and service number ([`ConnectionKeyOf`]) and
-///   holds 8-byte entries; next hops are cached per backend (`NEXT_HOPS`).
+///   holds 8-byte entries; next hops are cached per backend (`NEXT_HOPS`). Later, still 4:
+///   the one-line connection table ([`FLOW_TABLE`]) is a new map beside the others, and an
+///   agent converts the [`FLOWS`] it replaces (so nothing else is re-created).
 pub const LAYOUT_VERSION: u32 = 4;
 
 pub const PROTO_TCP: u8 = 6;
@@ -358,31 +365,21 @@ impl<A: Copy> ConnectionKeyOf<A> {
     }
 }
 
-/// A flow's backend, and when the flow last did its periodic checks (its reply entry, its
-/// full-NAT port): every [`FLOW_CHECK_TICKS`] while it sends.
+/// An entry of [`FLOWS`], the kernel-hash connection table before [`FLOW_TABLE`]: read to
+/// convert an earlier build's flows, and the value of the bench's kernel-hash yardstick.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Flow {
     pub backend: u32,
     /// Full-NAT only: the source port this flow uses towards the backend.
     pub snat_port: [u8; 2],
-    /// [`flow_tick`] of the last check. It wraps every 18 minutes: a flow idle for a multiple
-    /// of that may skip one check, and does it at the next.
+    /// When the flow last did its periodic checks, in units of 2^24 ns.
     pub checked: u16,
 }
 
 /// How long a cached next hop ([`NextHopEntry`]) is used before the FIB is asked again, so a
 /// neighbour or route change is followed within that long, never trusted forever.
 pub const HOP_REFRESH_NS: u64 = 500_000_000;
-
-/// A flow's clock: `bpf_ktime_get_coarse_ns` in units of 2^24 ns (16.8 ms), 16 bits.
-#[inline(always)]
-pub const fn flow_tick(now_ns: u64) -> u16 {
-    (now_ns >> 24) as u16
-}
-
-/// A flow's periodic checks are due after this many ticks (30: 503 ms).
-pub const FLOW_CHECK_TICKS: u16 = (HOP_REFRESH_NS >> 24) as u16 + 1;
 
 /// The next hop towards a backend (its address, or its node's for DSR), as the FIB gave it:
 /// shared by every flow to that backend, refreshed after [`HOP_REFRESH_NS`].

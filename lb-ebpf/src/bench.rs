@@ -13,6 +13,7 @@
 //!   `bench_dnat_line`: with a lookup in `flow_table`'s one-line buckets instead.
 
 use aya_ebpf::{
+    Global,
     bindings::{
         BPF_F_MMAPABLE, TC_ACT_OK, TC_ACT_SHOT,
         xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
@@ -26,8 +27,7 @@ use aya_ebpf::{
 use lb_common::{
     csum,
     flow_table::{
-        self, BUCKET_SLOTS, Bucket, Cells, Entry, Position, SHARD_SKEW, Shard, Stored, Tick, buckets_for,
-        shards_for,
+        self, Bucket, DEFAULT_KEYING, Entry, Keying, Position, SHARD_SKEW, Shard, Stored, Tick, shards_for,
     },
     service::{ConnectionKey, Flow, MAX_FLOWS, PROTO_UDP, bench::BenchConfig},
 };
@@ -39,6 +39,7 @@ use network_types::{
 use crate::{
     packet::{ETH_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPV6_LEN, L4_OFFSET},
     rewrite,
+    services::flow::MapBucket,
 };
 
 #[map]
@@ -46,6 +47,9 @@ static BENCH_CONFIG: Array<BenchConfig> = Array::with_max_entries(1, 0);
 
 #[map]
 static BENCH_COUNT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// `bench_gen`'s source ports per source address.
+const SOURCE_PORTS: u64 = 32_768;
 
 #[xdp]
 pub fn bench_gen(ctx: XdpContext) -> u32 {
@@ -65,7 +69,10 @@ pub fn bench_gen(ctx: XdpContext) -> u32 {
         *counter = n + 1;
         (n, (*(start as *const EthHdr)).ether_type == ETHERTYPE_IPV6.to_be())
     };
-    let port = (1024 + n % flows) as u16;
+    // Up to 32,768 flows differ in their source port; beyond, also in the source address's
+    // second byte (a million flows: 32 addresses).
+    let flow = n % flows;
+    let port = (1024 + flow % SOURCE_PORTS) as u16;
     if ipv6 {
         const UDP6: usize = ETH_LEN + IPV6_LEN;
         if start + UDP6 + 8 > end {
@@ -90,8 +97,15 @@ pub fn bench_gen(ctx: XdpContext) -> u32 {
         udp[6..8].copy_from_slice(&check.to_be_bytes());
         return XDP_TX;
     }
-    // SAFETY: the eight UDP header bytes were bounds-checked above.
-    let udp = unsafe { &mut *((start + L4_OFFSET) as *mut [u8; 8]) };
+    // SAFETY: the IPv4 header and the eight UDP header bytes were bounds-checked above.
+    let (ip, udp) =
+        unsafe { (&mut *((start + ETH_LEN) as *mut Ipv4Hdr), &mut *((start + L4_OFFSET) as *mut [u8; 8])) };
+    let mut source = ip.src_addr;
+    source[1] = (flow / SOURCE_PORTS) as u8;
+    if source != ip.src_addr {
+        ip.check = csum::replace32(u16::from_be_bytes(ip.check), ip.src_addr, source).to_be_bytes();
+        ip.src_addr = source;
+    }
     // The frames are reused between runs: write every field that varies, and leave the UDP
     // checksum absent.
     udp[0..2].copy_from_slice(&port.to_be_bytes());
@@ -157,16 +171,19 @@ static BENCH_FLOWS: LruHashMap<ConnectionKey, Flow> = LruHashMap::with_max_entri
 /// so the kernel allocates its values page-aligned and each 64-byte bucket is one cache line
 /// (an ordinary array's values start 8-byte aligned, and a bucket would straddle two).
 #[map]
-static BENCH_LINE_TABLE: Array<Bucket> = Array::with_max_entries(LINE_BUCKETS, BPF_F_MMAPABLE);
-const LINE_BUCKETS: u32 = buckets_for(MAX_FLOWS);
-/// A node's seed would come from a map; a fixed one does for the yardstick.
-const LINE_SEED: u32 = 0x5eed_1b0b;
+static BENCH_LINE_TABLE: Array<Bucket> = Array::with_max_entries(DEFAULT_KEYING.buckets(), BPF_F_MMAPABLE);
+/// Its keying: the bench sizes the table for its flows (no header: nothing reads it back).
+#[unsafe(no_mangle)]
+static BENCH_LINE_KEYING: Global<Keying> = Global::new(DEFAULT_KEYING);
 
 /// `bench_dnat_shard`'s connection table: the same buckets in shards of one kernel allocation
 /// each (see [`Shard`]), which the bench creates and puts in.
 #[btf_map]
 static BENCH_SHARDS: btf_maps::ArrayOfMaps<btf_maps::Array<Shard, 1>, SHARDS> = btf_maps::ArrayOfMaps::new();
 const SHARDS: usize = shards_for(MAX_FLOWS) as usize;
+/// Its shards in use: the bench sizes the table for its flows.
+#[unsafe(no_mangle)]
+static BENCH_SHARD_COUNT: Global<u32> = Global::new(SHARDS as u32);
 
 /// Which connection table a bare DNAT looks each flow up in first.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -200,39 +217,6 @@ pub fn bench_dnat_line(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn bench_dnat_shard(ctx: XdpContext) -> u32 {
     dnat(&ctx, Table::Sharded)
-}
-
-/// A bucket in the map: each slot read and written with one 8-byte access. BPF at the
-/// linker's CPU level has no compare-and-swap, so a compare then a store (see [`Cells`]).
-struct MapBucket(*mut Bucket);
-
-impl MapBucket {
-    #[inline(always)]
-    fn slot(&self, slot: usize) -> *mut u64 {
-        // SAFETY: masked to the bucket's eight slots, inside the map value.
-        unsafe { (*self.0).slots.as_mut_ptr().add(slot & (BUCKET_SLOTS - 1)) }
-    }
-}
-
-impl Cells for MapBucket {
-    #[inline(always)]
-    fn load(&self, slot: usize) -> u64 {
-        // SAFETY: an aligned u64 of the map value.
-        unsafe { core::ptr::read_volatile(self.slot(slot)) }
-    }
-
-    #[inline(always)]
-    fn compare_exchange(&self, slot: usize, current: u64, new: u64) -> bool {
-        let at = self.slot(slot);
-        // SAFETY: an aligned u64 of the map value.
-        unsafe {
-            if core::ptr::read_volatile(at) != current {
-                return false;
-            }
-            core::ptr::write_volatile(at, new);
-        }
-        true
-    }
 }
 
 /// Whether the flow's entry names a backend (the yardsticks' never do); records a new one.
@@ -282,8 +266,9 @@ fn dnat(ctx: &XdpContext, table: Table) -> u32 {
             }
         }
         Table::OneLine => {
-            let position = flow_table::position(&key, LINE_SEED);
-            let Some(bucket) = BENCH_LINE_TABLE.get_ptr_mut(position.bucket(LINE_BUCKETS)) else {
+            let keying = BENCH_LINE_KEYING.load();
+            let position = flow_table::position(&key, keying.seed);
+            let Some(bucket) = BENCH_LINE_TABLE.get_ptr_mut(keying.bucket(position)) else {
                 return XDP_PASS;
             };
             if seen_before(&MapBucket(bucket), position) {
@@ -291,8 +276,8 @@ fn dnat(ctx: &XdpContext, table: Table) -> u32 {
             }
         }
         Table::Sharded => {
-            let position = flow_table::position(&key, LINE_SEED);
-            let (shard, bucket) = position.shard_and_bucket(SHARDS as u32);
+            let position = flow_table::position(&key, DEFAULT_KEYING.seed);
+            let (shard, bucket) = position.shard_and_bucket(BENCH_SHARD_COUNT.load());
             let Some(value) = BENCH_SHARDS.get_value_ptr_mut(shard, &0) else {
                 return XDP_PASS;
             };

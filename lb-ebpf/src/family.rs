@@ -3,16 +3,18 @@
 //! `route` are written once and compiled once per family.
 
 use aya_ebpf::{
+    Global,
     bindings::bpf_fib_lookup,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::XdpContext,
 };
 use lb_common::{
     counters::Reason,
+    flow_table::{Bucket, Keying},
     maps::{PacketCounter, UplinkKey},
     service::{
-        Addr4, Addr6, Address, BackendOf, ConnectionKeyOf, Flow, FlowKeyOf, LocalEndpoint,
-        LocalEndpointKeyOf, NextHopEntry, ReplyNatOf, Service, ServiceKeyOf, Settings, SnatEntryOf,
+        Addr4, Addr6, Address, BackendOf, FlowKeyOf, LocalEndpoint, LocalEndpointKeyOf, NextHopEntry,
+        ReplyNatOf, Service, ServiceKeyOf, Settings, SnatEntryOf,
     },
 };
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
@@ -40,7 +42,8 @@ pub trait IpFamily: Sized {
     fn backends() -> &'static Array<BackendOf<Self::Addr>>;
     fn backend_stats() -> &'static PerCpuArray<PacketCounter>;
     fn vip_traffic() -> &'static PerCpuArray<PacketCounter>;
-    fn flows() -> &'static LruHashMap<ConnectionKeyOf<Self::Addr>, Flow>;
+    fn flow_table() -> &'static Array<Bucket>;
+    fn flow_keying() -> &'static Global<Keying>;
     fn next_hops() -> &'static Array<NextHopEntry>;
     fn reply_nat() -> &'static LruHashMap<FlowKeyOf<Self::Addr>, ReplyNatOf<Self::Addr>>;
     fn snat_replies() -> &'static HashMap<FlowKeyOf<Self::Addr>, SnatEntryOf<Self::Addr>>;
@@ -96,8 +99,12 @@ impl IpFamily for V4 {
         &maps::VIP_TRAFFIC
     }
     #[inline(always)]
-    fn flows() -> &'static LruHashMap<ConnectionKeyOf<Addr4>, Flow> {
-        &maps::FLOWS
+    fn flow_table() -> &'static Array<Bucket> {
+        &maps::FLOW_TABLE
+    }
+    #[inline(always)]
+    fn flow_keying() -> &'static Global<Keying> {
+        &maps::FLOW_KEYING
     }
     #[inline(always)]
     fn next_hops() -> &'static Array<NextHopEntry> {
@@ -190,8 +197,12 @@ impl IpFamily for V6 {
         &maps::VIP_TRAFFIC6
     }
     #[inline(always)]
-    fn flows() -> &'static LruHashMap<ConnectionKeyOf<Addr6>, Flow> {
-        &maps::FLOWS6
+    fn flow_table() -> &'static Array<Bucket> {
+        &maps::FLOW_TABLE6
+    }
+    #[inline(always)]
+    fn flow_keying() -> &'static Global<Keying> {
+        &maps::FLOW_KEYING6
     }
     #[inline(always)]
     fn next_hops() -> &'static Array<NextHopEntry> {

@@ -2,21 +2,24 @@
 //! agent uses to find them.
 
 use aya_ebpf::{
+    Global,
+    bindings::BPF_F_MMAPABLE,
     btf_maps::{Array as BtfArray, HashOfMaps},
     macros::{btf_map, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray},
 };
 use lb_common::{
     counters::{Reason, XDP_ACTION_COUNT},
+    flow_table::{Bucket, DEFAULT_KEYING, Keying},
     maps::{
         MAX_LEASES, MAX_UPLINK_KEYS, MAX_VIPS, MAX_VRRP_SPEAKERS, OwnedVip, PacketCounter, Uplink, UplinkKey,
         Vip6Key, VipKey, VipStats, VrrpSpeaker,
     },
     service::{
-        Backend, Backend6, ConnectionKey, ConnectionKey6, Flow, FlowKey, FlowKey6, INNER_MAP_FLAGS,
-        LocalEndpoint, LocalEndpointKey, LocalEndpointKey6, MAX_BACKENDS, MAX_FLOWS, MAX_LOCAL_ENDPOINTS,
-        MAX_RING_SIZE, MAX_SERVICES, NextHopEntry, ReplyNat, ReplyNat6, RingEntry, Service, ServiceKey,
-        ServiceKey6, Settings, SnatEntry, SnatEntry6, ring_entries,
+        Backend, Backend6, FlowKey, FlowKey6, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKey,
+        LocalEndpointKey6, MAX_BACKENDS, MAX_FLOWS, MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE, MAX_SERVICES,
+        NextHopEntry, ReplyNat, ReplyNat6, RingEntry, Service, ServiceKey, ServiceKey6, Settings, SnatEntry,
+        SnatEntry6, ring_entries,
     },
 };
 
@@ -53,12 +56,18 @@ pub static BACKENDS: Array<Backend> = Array::with_max_entries(MAX_BACKENDS, 0);
 #[map]
 pub static BACKEND_STATS: PerCpuArray<PacketCounter> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
 
-/// `BPF_F_NO_COMMON_LRU`: each CPU keeps its own LRU list, so inserting a new flow takes no
-/// global lock (a flow usually stays on one CPU's receive queue anyway).
-const NO_COMMON_LRU: u32 = 2;
-
+/// The connection table ([`lb_common::flow_table`]): buckets for `dataplane.capacity.flows`
+/// flows, then the header. Mappable, so the kernel allocates its values page-aligned and each
+/// 64-byte bucket is one cache line (an ordinary array's values start 8-byte aligned, and a
+/// bucket would straddle two).
 #[map]
-pub static FLOWS: LruHashMap<ConnectionKey, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, NO_COMMON_LRU);
+pub static FLOW_TABLE: Array<Bucket> =
+    Array::with_max_entries(DEFAULT_KEYING.entries(), BPF_F_MMAPABLE as u32);
+
+/// How `FLOW_TABLE` is keyed: set by the agent at load, from the table's header when it is
+/// pinned already (read-only: the verifier sees constants).
+#[unsafe(no_mangle)]
+pub static FLOW_KEYING: Global<Keying> = Global::new(DEFAULT_KEYING);
 
 /// Shared by all CPUs (a per-CPU copy would multiply it by the CPUs). Two CPUs refreshing one
 /// entry write the same hop; a packet reading an entry while a neighbour change is written
@@ -105,7 +114,11 @@ pub static BACKEND_STATS6: PerCpuArray<PacketCounter> = PerCpuArray::with_max_en
 pub static VIP_TRAFFIC6: PerCpuArray<PacketCounter> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
 
 #[map]
-pub static FLOWS6: LruHashMap<ConnectionKey6, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, NO_COMMON_LRU);
+pub static FLOW_TABLE6: Array<Bucket> =
+    Array::with_max_entries(DEFAULT_KEYING.entries(), BPF_F_MMAPABLE as u32);
+
+#[unsafe(no_mangle)]
+pub static FLOW_KEYING6: Global<Keying> = Global::new(DEFAULT_KEYING);
 
 #[map]
 pub static NEXT_HOPS6: Array<NextHopEntry> = Array::with_max_entries(MAX_BACKENDS, 0);
@@ -163,7 +176,8 @@ pub struct State6 {
     pub ip_len: u16,
     /// The rest of the flow's `services::flow::Picked`.
     pub service: u16,
-    pub snat_port: [u8; 2],
+    pub snat_attempt: u8,
+    pub _pad: u8,
     pub known: u8,
     pub check_due: u8,
     /// Full NAT's room to build a source-port candidate in (see `nat::claim_snat_port`).

@@ -189,6 +189,11 @@ pub struct Session {
 }
 
 impl Session {
+    /// The client's source port.
+    pub fn client_port(&self) -> u16 {
+        self.stream.local_addr().map_or(0, |a| a.port())
+    }
+
     /// The pod that answered.
     pub fn pod(&self) -> &str {
         self.greeting.split(' ').next().unwrap_or("")

@@ -8,9 +8,10 @@ use aya::{
     maps::PerCpuArray,
     programs::{TestRun, TestRunOptions, Xdp},
 };
-use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM};
+use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM, flow_tables::FlowTable};
 use lb_common::{
     counters::Reason,
+    flow_table,
     maps::{PacketCounter, REASON_STATS},
 };
 
@@ -28,6 +29,16 @@ pub const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 pub const NODE_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x10];
 pub const PEER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
 pub const PEER_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x11];
+
+/// A family's connection table (`FLOW_TABLE`, `FLOW_TABLE6`), mapped. One the agent did not
+/// load has no header yet: it is keyed as the programs then are
+/// ([`flow_table::DEFAULT_KEYING`]), and gets that header.
+pub fn flow_table(ebpf: &Ebpf, name: &str) -> FlowTable {
+    let Some(aya::maps::Map::Array(data)) = ebpf.map(name) else { panic!("no array {name}") };
+    FlowTable::new(data).unwrap_or_else(|_| {
+        FlowTable::initialize(data, flow_table::DEFAULT_KEYING).expect("mapping the connection table")
+    })
+}
 
 /// The embedded object with its uplink program through the verifier, on fresh (unpinned) maps.
 pub fn load_uplink() -> Ebpf {

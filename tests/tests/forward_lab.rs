@@ -134,21 +134,22 @@ fn connections_keep_their_endpoint_when_one_is_added() {
     assert!(reached, "no new DSR flow reached the added endpoint {new_pod}:\n{}", c.logs());
 }
 
-/// The TCP flows to the VIP in n0's pinned connection table.
-fn tcp_flow_entries(c: &Cluster) -> usize {
-    use lb_common::service::{ConnectionKey, FLOWS, Flow, LAYOUT_VERSION, SERVICES, Service, ServiceKey};
-    let pins = c.lab.pin_path(0).join(format!("v{LAYOUT_VERSION}"));
+/// How many of `sessions` (TCP to the VIP's `port`) have an entry in n0's pinned connection
+/// table.
+fn flow_entries(c: &Cluster, port: u16, sessions: &[Session]) -> usize {
+    use lb_common::service::{ConnectionKey, FLOW_TABLE, FlowKey, SERVICES, Service, ServiceKey};
+    let pins = lb_agent::dataplane::pin_dir(&c.lab.pin_path(0));
     let map = aya::maps::Map::HashMap(aya::maps::MapData::from_pin(pins.join(SERVICES)).unwrap());
     let services: aya::maps::HashMap<_, ServiceKey, Service> = aya::maps::HashMap::try_from(&map).unwrap();
-    let numbers: Vec<u16> = services
-        .iter()
-        .filter_map(Result::ok)
-        .filter(|(k, _)| k.proto == 6 && k.vip == VIP.octets())
-        .map(|(_, s)| s.number)
-        .collect();
-    let map = aya::maps::Map::LruHashMap(aya::maps::MapData::from_pin(pins.join(FLOWS)).unwrap());
-    let flows: aya::maps::HashMap<_, ConnectionKey, Flow> = aya::maps::HashMap::try_from(&map).unwrap();
-    flows.keys().filter_map(Result::ok).filter(|k| numbers.contains(&k.service)).count()
+    let number = services.get(&ServiceKey::new(VIP.octets(), port, 6), 0).unwrap().number;
+    let table = aya::maps::MapData::from_pin(pins.join(FLOW_TABLE)).unwrap();
+    let table = lb_agent::dataplane::flow_tables::FlowTable::new(&table).unwrap();
+    let key = |s: &Session| {
+        let flow =
+            FlowKey::new(CLIENT.octets(), VIP.octets(), s.client_port().to_be_bytes(), port.to_be_bytes(), 6);
+        ConnectionKey::of(&flow, number)
+    };
+    sessions.iter().filter(|s| table.lookup(&key(s)).is_some()).count()
 }
 
 /// A flood of new 5-tuples, from both CPUs, through a small connection table and reply table:
@@ -180,13 +181,13 @@ fn a_flood_of_new_flows_never_takes_an_established_full_nat_flows_port() {
 /// evicted, and checks every connection carries on.
 fn flood_past_established_sessions(c: &mut Cluster, forwarded: &str, reply_nat: u32) {
     let services = service(&c.lab, "web", 81, "fullNat", &[0, 1]);
-    // 512 flows (256 per CPU's LRU list in FLOWS); the flood is 16 times that.
+    // 512 flows (256 buckets of 8 in the connection table); the flood is 16 times that.
     c.start(&format!("{services}dataplane:\n  capacity: {{flows: 512, replyNat: {reply_nat}}}\n"));
     let mut sessions = open_sessions(c, 81, 24);
     let pods: std::collections::BTreeSet<&str> = sessions.iter().map(|s| s.pod()).collect();
     assert_eq!(pods.len(), 2, "Maglev spreads flows over both pods: {pods:?}");
-    let established = tcp_flow_entries(c);
-    assert!(established >= 24, "{established}");
+    let established = flow_entries(c, 81, &sessions);
+    assert_eq!(established, 24, "every session has its entry");
 
     let client = &c.lab.client;
     let frame = |port: u16| {
@@ -208,8 +209,8 @@ fn flood_past_established_sessions(c: &mut Cluster, forwarded: &str, reply_nat: 
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let left = tcp_flow_entries(c);
-    // The LRU keeps recently used entries longest, so some survive; many go.
+    let left = flow_entries(c, 81, &sessions);
+    // A full bucket evicts its oldest entry, so some survive; many go.
     assert!(
         established - left >= 4,
         "the flood evicted established flows: {left} of {established} left after {} new tuples, {} forwarded",
@@ -346,6 +347,36 @@ fn an_agent_of_a_newer_layout_takes_over_an_older_ones_pins_without_a_gap() {
     assert!(!older.exists(), "the older layout's pins are removed");
 }
 
+/// An upgrade from a build whose connection table was the kernel's LRU hash (`FLOWS`): the
+/// new agent converts its entries once its programs run (the fixtures check that a converted
+/// flow keeps its backend) and unpins it.
+#[test]
+fn an_upgrade_converts_an_earlier_builds_connection_table() {
+    let (_, log, pinned) = restart_the_endpoints_agent(|c| {
+        use lb_common::service::{ConnectionKey, FLOWS, Flow};
+        let pinned = lb_agent::dataplane::pin_dir(&c.lab.pin_path(1)).join(FLOWS);
+        let created = std::process::Command::new("bpftool")
+            .args(["map", "create", pinned.to_str().unwrap(), "type", "lru_hash", "key", "8", "value", "8"])
+            .args(["entries", "64", "name", "FLOWS"])
+            .output()
+            .unwrap();
+        assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+        let map = aya::maps::Map::LruHashMap(aya::maps::MapData::from_pin(&pinned).unwrap());
+        let mut flows: aya::maps::HashMap<_, ConnectionKey, Flow> =
+            aya::maps::HashMap::try_from(map).unwrap();
+        for port in [40_000u16, 40_001] {
+            let key = ConnectionKey { client: CLIENT.octets(), client_port: port.to_be_bytes(), service: 0 };
+            flows.insert(key, Flow { backend: 0, snat_port: [0; 2], checked: 0 }, 0).unwrap();
+        }
+        pinned
+    });
+    assert!(
+        log.contains("converted an earlier build's connection table") && log.contains("flows=2"),
+        "{log}"
+    );
+    assert!(!pinned.exists(), "unpinned once converted");
+}
+
 /// An upgrade from an earlier build: its pins have no uplink map, no IPv6 service maps and a
 /// reason-counter array one reason shorter. The new agent adds the missing maps and replaces
 /// only the counter array (counts restart): every other map, flows and translations with them,
@@ -361,7 +392,7 @@ fn an_upgrade_that_grows_a_counter_map_keeps_every_other_map() {
             SERVICES6,
             BACKENDS6,
             BACKEND_STATS6,
-            FLOWS6,
+            FLOW_TABLE6,
             REPLY_NAT6,
             SNAT_REPLIES6,
             LOCAL_ENDPOINTS6,

@@ -303,7 +303,7 @@ fn traffic_per_vip_is_counted_at_its_slot_and_a_reused_slot_starts_from_zero() {
 /// service never meets a removed one's flows.
 #[test]
 fn service_numbers_are_distinct_kept_and_reused_late() {
-    use lb_common::service::{ConnectionKey, FLOWS, Flow};
+    use lb_common::service::{ConnectionKey, FLOW_TABLE};
     in_lab_node(|ifindex| {
         let mut f = Fixture::load(ifindex, &[]);
         let number = |f: &Fixture, port: u16| {
@@ -318,8 +318,11 @@ fn service_numbers_are_distinct_kept_and_reused_late() {
         assert_eq!(f.send(40_000, 80).0, XDP_TX);
         let flow =
             FlowKey::new(CLIENT.octets(), VIP.octets(), 40_000u16.to_be_bytes(), 80u16.to_be_bytes(), 6);
-        let flows: HashMap<_, ConnectionKey, Flow> = HashMap::try_from(f.ebpf.map(FLOWS).unwrap()).unwrap();
-        assert!(flows.get(&ConnectionKey::of(&flow, web), 0).is_ok(), "the flow's entry under :80's number");
+        let flows = lb_lab::fixture::flow_table(&f.ebpf, FLOW_TABLE);
+        assert!(
+            flows.lookup(&ConnectionKey::of(&flow, web)).is_some(),
+            "the flow's entry under :80's number"
+        );
 
         // :82 leaves and three services arrive: none takes :82's number, the others keep theirs.
         f.sync(&config(&[1], 1));

@@ -467,7 +467,10 @@ fn an_evicted_reply_entry_is_written_again() {
 }
 
 fn reply_entry_fixtures(ifindex: u32) {
-    use lb_common::service::{ConnectionKey, FLOW_CHECK_TICKS, FLOWS, Flow, REPLY_NAT, ReplyNat, ServiceKey};
+    use lb_common::{
+        flow_table::{CHECK_TICKS, Tick},
+        service::{ConnectionKey, FLOW_TABLE, REPLY_NAT, ReplyNat, ServiceKey},
+    };
     fn replies(f: &mut Fixture) -> HashMap<&mut aya::maps::MapData, FlowKey, ReplyNat> {
         HashMap::try_from(f.ebpf.map_mut(REPLY_NAT).unwrap()).unwrap()
     }
@@ -494,11 +497,10 @@ fn reply_entry_fixtures(ifindex: u32) {
             // UDP: at the flow's next periodic check.
             let number = f.maps.installed(&ServiceKey::new(VIP.octets(), 80, proto)).unwrap().number;
             let key = ConnectionKey::of(&flow_key, number);
-            let mut flows: HashMap<_, ConnectionKey, Flow> =
-                HashMap::try_from(f.ebpf.map_mut(FLOWS).unwrap()).unwrap();
-            let mut flow = flows.get(&key, 0).unwrap();
-            flow.checked = flow.checked.wrapping_sub(FLOW_CHECK_TICKS);
-            flows.insert(key, flow, 0).unwrap();
+            let flows = lb_lab::fixture::flow_table(&f.ebpf, FLOW_TABLE);
+            let entry = flows.lookup(&key).expect("the flow's entry");
+            let checked = Tick(entry.tick().0.wrapping_sub(CHECK_TICKS));
+            assert!(flows.replace(&key, Some(entry.with_tick(checked))));
             assert_eq!(f.run(&input).0, XDP_REDIRECT);
             assert!(replies(&mut f).get(&reply_key, 0).is_ok(), "UDP: written again at the refresh");
         }
@@ -512,7 +514,7 @@ fn reply_entry_fixtures(ifindex: u32) {
 #[test]
 fn full_nat_ports_stay_with_their_flows() {
     in_node_with_local_pod(|ifindex, _| {
-        use lb_common::service::{ConnectionKey, FLOWS, Flow, REPLY_NAT, ReplyNat, ServiceKey, SnatEntry};
+        use lb_common::service::{ConnectionKey, FLOW_TABLE, REPLY_NAT, ReplyNat, ServiceKey, SnatEntry};
         let mut f = Fixture::load(ifindex);
         let to_node = (CLIENT_MAC, NODE_MAC);
         let forward = |sport: u16, port: u16| {
@@ -532,9 +534,8 @@ fn full_nat_ports_stay_with_their_flows() {
         let (input, expected) = forward(41_100, port);
         check(&f, "full NAT, first packet", &input, XDP_TX, &expected);
         let number = f.maps.installed(&ServiceKey::new(VIP.octets(), 81, 17)).unwrap().number;
-        let mut flows: HashMap<_, ConnectionKey, Flow> =
-            HashMap::try_from(f.ebpf.map_mut(FLOWS).unwrap()).unwrap();
-        flows.remove(&ConnectionKey::of(&flow(41_100), number)).unwrap();
+        let flows = lb_lab::fixture::flow_table(&f.ebpf, FLOW_TABLE);
+        assert!(flows.replace(&ConnectionKey::of(&flow(41_100), number), None), "the flow's entry");
         check(&f, "full NAT, flow entry evicted", &input, XDP_TX, &expected);
 
         // The first candidate port of a new flow is held by another client's flow: the next one.
@@ -565,5 +566,93 @@ fn full_nat_ports_stay_with_their_flows() {
         assert_eq!((expiry.removed, expiry.kept), (1, 1));
         let snat = f.maps.snat().map_mut();
         assert!(snat.get(&reply_key(first), 0).is_err() && snat.get(&reply_key(next), 0).is_ok());
+    });
+}
+
+/// A known full-NAT flow's entry names the attempt that claimed its port; the port is checked
+/// in the port table with each packet. After the port range changes, the attempt names another
+/// port, here one another flow holds: the flow never goes out on it, it claims one of its own.
+#[test]
+fn a_changed_port_range_never_sends_a_flow_out_on_another_flows_port() {
+    in_node_with_local_pod(|ifindex, _| {
+        use lb_common::service::{ReplyNat, SnatEntry};
+        let mut f = Fixture::load(ifindex);
+        let to_node = (CLIENT_MAC, NODE_MAC);
+        let input = segment_frame(to_node, CLIENT, VIP, 64, 17, (41_200, 81));
+        let port = snat_port(41_200, 81, 17);
+        let expected = segment_frame((NODE_MAC, PEER_MAC), NODE, REMOTE_POD, 63, 17, (port, 8080));
+        check(&f, "full NAT, first packet", &input, XDP_TX, &expected);
+
+        // The range moves up by one: the entry's attempt 0 now names `moved`, held by another.
+        let (first, span) = (SNAT_FIRST + 1, SNAT_SPAN - 1);
+        let flow =
+            FlowKey::new(CLIENT.octets(), VIP.octets(), 41_200u16.to_be_bytes(), 81u16.to_be_bytes(), 17);
+        let candidate = |attempt: u32| first + (flow_hash(&flow).wrapping_add(attempt) % span) as u16;
+        let moved = candidate(0);
+        assert_ne!(moved, port);
+        let mut other =
+            ReplyNat::new(VIP.octets(), [192, 0, 2, 99], 81u16.to_be_bytes(), 41_200u16.to_be_bytes());
+        other.peer_mac = PEER_MAC;
+        let reply_key =
+            FlowKey::new(REMOTE_POD.octets(), NODE.octets(), 8080u16.to_be_bytes(), moved.to_be_bytes(), 17);
+        let held = SnatEntry { reply: other, _pad: [0; 4], last_seen_ns: 0 };
+        f.maps.snat().map_mut().insert(reply_key, held, 0).unwrap();
+        f.maps
+            .set_settings(Settings { node_addr: NODE.octets(), snat_port_min: first, snat_port_max: 65_535 })
+            .unwrap();
+
+        let expected = segment_frame((NODE_MAC, PEER_MAC), NODE, REMOTE_POD, 63, 17, (candidate(1), 8080));
+        check(&f, "full NAT after the range moved: a port of its own", &input, XDP_TX, &expected);
+        check(&f, "full NAT after the range moved: kept", &input, XDP_TX, &expected);
+    });
+}
+
+/// An agent upgraded from a build whose connection table was the kernel's hash map (`FLOWS`)
+/// converts its entries: a flow keeps the backend that table gave it, where a new flow of the
+/// same service takes the ring's. Here the old entry of a flow to the DSR service names the
+/// local pod's backend.
+#[test]
+fn an_earlier_builds_flows_are_converted_and_keep_their_backends() {
+    in_node_with_local_pod(|ifindex, local| {
+        use aya::maps::{Map, MapData};
+        use lb_agent::dataplane::flow_tables::{TABLES, convert_earlier};
+        use lb_common::service::{Addr4, ConnectionKey, FLOW_TABLE, FLOWS, Flow, ServiceKey};
+        let f = Fixture::load(ifindex);
+        let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/lb-fixture-convert-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pinned = dir.join(FLOWS);
+        let created = std::process::Command::new("bpftool")
+            .args(["map", "create", pinned.to_str().unwrap(), "type", "lru_hash", "key", "8", "value", "8"])
+            .args(["entries", "64", "name", "FLOWS"])
+            .output()
+            .unwrap();
+        assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+        let mut earlier: HashMap<MapData, ConnectionKey, Flow> =
+            HashMap::try_from(Map::LruHashMap(MapData::from_pin(&pinned).unwrap())).unwrap();
+        let number = f.maps.installed(&ServiceKey::new(VIP.octets(), 82, 6)).unwrap().number;
+        let (_, &local_slot) = f
+            .maps
+            .backends()
+            .iter()
+            .find(|(b, _)| b.addr == LOCAL_POD.octets())
+            .expect("the local pod's slot");
+        let flow =
+            FlowKey::new(CLIENT.octets(), VIP.octets(), 41_300u16.to_be_bytes(), 82u16.to_be_bytes(), 6);
+        let entry = Flow { backend: local_slot, snat_port: [0; 2], checked: 0 };
+        earlier.insert(ConnectionKey::of(&flow, number), entry, 0).unwrap();
+        drop(earlier);
+
+        convert_earlier::<Addr4>(&dir, TABLES[0], &lb_lab::fixture::flow_table(&f.ebpf, FLOW_TABLE));
+        assert!(!pinned.exists(), "the earlier table is unpinned once converted");
+        std::fs::remove_dir(&dir).unwrap();
+
+        let to_node = (CLIENT_MAC, NODE_MAC);
+        let input = segment_frame(to_node, CLIENT, VIP, 64, 6, (41_300, 82));
+        let expected = segment_frame((local.host, local.pod), CLIENT, LOCAL_POD, 63, 6, (41_300, 8080));
+        check(&f, "a converted flow keeps its backend", &input, XDP_REDIRECT, &expected);
+        let input = segment_frame(to_node, CLIENT, VIP, 64, 6, (41_301, 82));
+        let inner = segment_frame(to_node, CLIENT, VIP, 63, 6, (41_301, 82));
+        let expected = encapsulated((NODE_MAC, PEER_MAC), NODE, REMOTE_POD, &inner);
+        check(&f, "a new flow takes the ring's backend", &input, XDP_TX, &expected);
     });
 }

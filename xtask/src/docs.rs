@@ -132,6 +132,12 @@ fn anchors(text: &str) -> BTreeSet<String> {
 /// page: all of them between `<!-- bench:NAME:begin -->` and `<!-- bench:NAME:end -->`, or,
 /// where the page sets them apart with prose between, the k-th table between the markers
 /// `bench:NAME:k:begin` and `bench:NAME:k:end`.
+/// Whether the book has a place for the bench table `name`.
+pub fn has_bench_table(workspace: &Path, name: &str) -> bool {
+    let page = workspace.join("docs/src/benchmarks.md");
+    fs::read_to_string(page).is_ok_and(|text| text.contains(&format!("<!-- bench:{name}:begin -->")))
+}
+
 pub fn write_bench_table(workspace: &Path, name: &str, output: &str) -> Result<()> {
     let page = workspace.join("docs/src/benchmarks.md");
     let mut text = fs::read_to_string(&page).with_context(|| format!("reading {}", page.display()))?;

@@ -238,6 +238,7 @@ fn load_dataplane(
         attach(&mut dataplane, &metrics.xdp_attached, &uplink.interface)?;
     }
     dataplane.detach_strays()?;
+    dataplane.convert_earlier_flows();
     write_uplink_map(uplinks, &mut dataplane)?;
     Ok((dataplane, Arc::new(Mutex::new(counters)), service_maps))
 }

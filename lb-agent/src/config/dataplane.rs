@@ -71,7 +71,9 @@ pub struct Capacity {
     pub services: u32,
     /// Distinct backends (endpoint address, target port and delivery) over all services.
     pub backends: u32,
-    /// The connection table (LRU): established flows keep their backend while they are in it.
+    /// The connection table: established flows keep their backend while they are in it. Sized
+    /// at two flows a 64-byte bucket of eight, the buckets a power of two (rounded up); a full
+    /// bucket evicts its oldest flow.
     pub flows: u32,
     /// Reply translations: one per local or DSR-decapsulated flow (an LRU), and as many for
     /// full NAT's source ports (never evicted; see `snatIdleTimeout`).

@@ -14,6 +14,8 @@
 //! interface), so all uplinks share the flows and services. `uplinks` gives each a slot,
 //! which owned VIPs and services name so that a VIP is served only on its group's uplink.
 //!
+//! - `flow_tables`: the connection tables' keying, kept across restarts, and an earlier
+//!   build's flows converted into them.
 //! - `vips`: the owned-VIP map, updated by difference.
 //! - `leases`: until when each VRRP instance's VIPs may be claimed without the agent.
 //! - `services`: the service, backend, ring and endpoint maps, updated by difference.
@@ -26,6 +28,7 @@
 
 pub mod batch;
 pub mod counters;
+pub mod flow_tables;
 pub mod leases;
 pub mod neighbors;
 mod pins;
@@ -57,7 +60,7 @@ use lb_common::{
         VIP_TRAFFIC, VIP_TRAFFIC6, VRRP_SPEAKERS, VRRP_SPEAKERS6,
     },
     service::{
-        BACKEND_STATS, BACKEND_STATS6, BACKENDS, BACKENDS6, FLOWS, FLOWS6, IPV6_SERVICE_PROGRAMS,
+        BACKEND_STATS, BACKEND_STATS6, BACKENDS, BACKENDS6, FLOW_TABLE, FLOW_TABLE6, IPV6_SERVICE_PROGRAMS,
         IPV6_SERVICES, LAYOUT_VERSION, LOCAL_ENDPOINTS, LOCAL_ENDPOINTS6, MAGLEV_RINGS, NEXT_HOPS,
         NEXT_HOPS6, REPLY_NAT, REPLY_NAT6, SERVICES, SERVICES6, SETTINGS, SNAT_REPLIES, SNAT_REPLIES6,
         UPLINK_ADDRS6,
@@ -104,7 +107,7 @@ pub const PINNED_MAPS: [&str; 32] = [
     BACKENDS,
     BACKEND_STATS,
     MAGLEV_RINGS,
-    FLOWS,
+    FLOW_TABLE,
     NEXT_HOPS,
     REPLY_NAT,
     LOCAL_ENDPOINTS,
@@ -117,7 +120,7 @@ pub const PINNED_MAPS: [&str; 32] = [
     BACKENDS6,
     BACKEND_STATS6,
     VIP_TRAFFIC6,
-    FLOWS6,
+    FLOW_TABLE6,
     NEXT_HOPS6,
     REPLY_NAT6,
     SNAT_REPLIES6,
@@ -163,6 +166,8 @@ pub struct Dataplane {
     leases: leases::Leases,
     speakers: speakers::Speakers,
     uplink_map: uplinks::UplinkMap,
+    /// IPv4's connection table, then IPv6's, mapped.
+    flow_tables: Vec<flow_tables::FlowTable>,
 }
 
 /// One uplink's programs.
@@ -195,9 +200,17 @@ impl Dataplane {
         take_over_earlier_layouts(pin_path, &pin_dir, interfaces)?;
         let sizes = map_sizes(capacity);
         replace_incompatible_maps(&pin_dir, &sizes)?;
+        let keyings = [capacity.capacity.flows, capacity.capacity6.flows]
+            .iter()
+            .zip(flow_tables::TABLES)
+            .map(|(flows, names)| flow_tables::keying_for(&pin_dir.join(names.table), *flows))
+            .collect::<Result<Vec<_>>>()?;
         let mut loader = EbpfLoader::new();
         for (name, size) in &sizes {
             loader.map_max_entries(name, *size);
+        }
+        for (keying, names) in keyings.iter().zip(flow_tables::TABLES) {
+            loader.override_global(names.keying_global, keying, true);
         }
         for name in lb_common::service::bench::BENCH_TABLES {
             loader.map_max_entries(name, 1);
@@ -230,6 +243,15 @@ impl Dataplane {
         let uplink_map =
             uplinks::UplinkMap::take(take_map(&mut ebpf, UPLINKS)?, take_map(&mut ebpf, UPLINK_ADDRS6)?)?;
         let counters = XdpCounters::take(&mut ebpf)?;
+        let flow_tables = keyings
+            .iter()
+            .zip(flow_tables::TABLES)
+            .map(|(keying, names)| {
+                let map = take_map(&mut ebpf, names.table)?;
+                let aya::maps::Map::Array(data) = &map else { return Err(Error::BpfMapMissing(names.table)) };
+                flow_tables::FlowTable::initialize(data, *keying)
+            })
+            .collect::<Result<Vec<_>>>()?;
         let services = ServiceMapsByFamily::take(&mut ebpf, Some(&pin_dir))?;
         let dataplane = Self {
             ebpf,
@@ -241,6 +263,7 @@ impl Dataplane {
             leases,
             speakers,
             uplink_map,
+            flow_tables,
         };
         Ok((dataplane, counters, services))
     }
@@ -297,6 +320,14 @@ impl Dataplane {
         let Some(attached) = self.uplinks.remove(name) else { return Ok(None) };
         remove_link_pins(&self.pin_dir, |interface| interface == name)?;
         Ok(Some(attached))
+    }
+
+    /// Converts the flows an earlier build kept in `FLOWS`/`FLOWS6` into the connection tables
+    /// (see [`flow_tables::convert_earlier`]); run once every uplink runs this build's program.
+    pub fn convert_earlier_flows(&self) {
+        use lb_common::service::{Addr4, Addr6};
+        flow_tables::convert_earlier::<Addr4>(&self.pin_dir, flow_tables::TABLES[0], &self.flow_tables[0]);
+        flow_tables::convert_earlier::<Addr6>(&self.pin_dir, flow_tables::TABLES[1], &self.flow_tables[1]);
     }
 
     /// Removes the link pins of interfaces that are not attached now: left by an earlier run
@@ -386,7 +417,7 @@ pub fn map_sizes(config: &DataplaneConfig) -> [(&'static str, u32); 19] {
         (BACKENDS, capacity.backends),
         (BACKEND_STATS, capacity.backends),
         (NEXT_HOPS, capacity.backends),
-        (FLOWS, capacity.flows),
+        (FLOW_TABLE, flow_tables::table_entries(capacity.flows)),
         (REPLY_NAT, capacity.reply_nat),
         (SNAT_REPLIES, capacity.reply_nat),
         (LOCAL_ENDPOINTS, capacity.local_endpoints),
@@ -395,7 +426,7 @@ pub fn map_sizes(config: &DataplaneConfig) -> [(&'static str, u32); 19] {
         (BACKENDS6, six.backends),
         (BACKEND_STATS6, six.backends),
         (NEXT_HOPS6, six.backends),
-        (FLOWS6, six.flows),
+        (FLOW_TABLE6, flow_tables::table_entries(six.flows)),
         (REPLY_NAT6, six.reply_nat),
         (SNAT_REPLIES6, six.reply_nat),
         (LOCAL_ENDPOINTS6, six.local_endpoints),

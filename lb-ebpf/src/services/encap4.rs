@@ -62,7 +62,7 @@ pub fn encapsulate(
         Err(Reason::TooBig) => return (XDP_DROP, Reason::TooBig),
         Err(reason) => return (XDP_PASS, reason),
     };
-    picked.remember::<V4>(flow, [0; 2], now);
+    picked.remember::<V4>(flow, now);
     let source = uplink::source(hop.ifindex).unwrap_or(settings.node_addr);
     let Some(inner) = header::<Ipv4Hdr>(ctx, ETH_LEN) else {
         return (XDP_DROP, Reason::MalformedIpv4);

@@ -55,7 +55,7 @@ pub fn encapsulate(
     let Some(source) = V6::uplink_source(hop.ifindex) else {
         return (XDP_PASS, Reason::NoSourceAddress);
     };
-    picked.remember::<V6>(flow, [0; 2], now);
+    picked.remember::<V6>(flow, now);
     let Some(inner) = header::<Ipv6Hdr>(ctx, ETH_LEN) else {
         return (XDP_DROP, Reason::MalformedIpv6);
     };

@@ -1,14 +1,17 @@
-//! The connection table: each flow keeps the backend it was given (and its full-NAT source
-//! port); a new flow's backend is its Maglev slot's.
+//! The connection table: each flow keeps the backend it was given (and the attempt that
+//! claimed its full-NAT source port); a new flow's backend is its Maglev slot's. The table is
+//! [`lb_common::flow_table`]'s: one cache line a lookup.
 
 use lb_common::{
+    flow_table::{self, BUCKET_SLOTS, Bucket, Cells, Entry, Tick},
     hash::flow_hash,
-    service::{
-        Address, BackendOf, ConnectionKeyOf, Delivery, FLOW_CHECK_TICKS, Flow, FlowKeyOf, Service, flow_tick,
-    },
+    service::{Address, BackendOf, ConnectionKeyOf, Delivery, FlowKeyOf, Service},
 };
 
 use crate::{family::IpFamily, maps::MAGLEV_RINGS};
+
+/// [`Picked::snat_attempt`]: none.
+pub const NO_ATTEMPT: u8 = u8::MAX;
 
 /// The backend a packet goes to, and what its flow's entry said. Plain values, no pointer
 /// into the table: IPv6 hands them to a stage of its own through a tail call.
@@ -19,39 +22,87 @@ pub struct Picked<A> {
     pub service: u16,
     /// Whether the flow has an entry; a new flow is recorded by [`Picked::remember`].
     pub known: bool,
-    /// Full NAT's source port from the entry, `[0, 0]` for none.
-    pub snat_port: [u8; 2],
+    /// The full-NAT attempt whose source port the entry says the flow holds, [`NO_ATTEMPT`]
+    /// for none: a hint that full NAT checks against the port table.
+    pub snat_attempt: u8,
     /// Whether the flow's periodic checks are due with this packet (a new flow's are): its
     /// entry's clock was moved on when it was read.
     pub check_due: bool,
 }
 
 impl<A: Address> Picked<A> {
-    /// Records a new flow with its backend and SNAT port; a known flow has its entry.
+    /// Records a new flow with its backend; a known flow has its entry.
     #[inline(always)]
-    pub fn remember<F: IpFamily<Addr = A>>(&self, flow: &FlowKeyOf<A>, snat_port: [u8; 2], now: u64) {
+    pub fn remember<F: IpFamily<Addr = A>>(&self, flow: &FlowKeyOf<A>, now: u64) {
         if !self.known {
-            record::<F>(flow, self.service, self.id, snat_port, now);
+            record::<F>(flow, self.service, self.id, None, now);
         }
     }
 
-    /// The flow's full-NAT source port, if it has one.
-    pub(super) fn snat_port(&self) -> Option<[u8; 2]> {
-        Some(self.snat_port).filter(|port| *port != [0, 0])
+    /// The attempt that claimed the flow's full-NAT port, if its entry names one.
+    pub(super) fn snat_attempt(&self) -> Option<u8> {
+        Some(self.snat_attempt).filter(|attempt| *attempt != NO_ATTEMPT)
     }
 }
 
-/// Writes `flow`'s entry whole.
+/// A bucket in the map: each slot read and written with one 8-byte access. BPF at the
+/// linker's CPU level has no compare-and-swap, so a compare then a store (see [`Cells`]).
+pub struct MapBucket(pub *mut Bucket);
+
+impl MapBucket {
+    #[inline(always)]
+    fn slot(&self, slot: usize) -> *mut u64 {
+        // SAFETY: masked to the bucket's eight slots, inside the map value.
+        unsafe { (*self.0).slots.as_mut_ptr().add(slot & (BUCKET_SLOTS - 1)) }
+    }
+}
+
+impl Cells for MapBucket {
+    #[inline(always)]
+    fn load(&self, slot: usize) -> u64 {
+        // SAFETY: an aligned u64 of the map value.
+        unsafe { core::ptr::read_volatile(self.slot(slot)) }
+    }
+
+    #[inline(always)]
+    fn compare_exchange(&self, slot: usize, current: u64, new: u64) -> bool {
+        let at = self.slot(slot);
+        // SAFETY: an aligned u64 of the map value.
+        unsafe {
+            if core::ptr::read_volatile(at) != current {
+                return false;
+            }
+            core::ptr::write_volatile(at, new);
+        }
+        true
+    }
+}
+
+/// The bucket `key` lives in, and its position there.
+#[inline(always)]
+fn bucket_of<F: IpFamily>(key: &ConnectionKeyOf<F::Addr>) -> Option<(MapBucket, flow_table::Position)> {
+    let keying = F::flow_keying().load();
+    let position = flow_table::position(key, keying.seed);
+    let bucket = F::flow_table().get_ptr_mut(keying.bucket(position))?;
+    Some((MapBucket(bucket), position))
+}
+
+/// Writes `flow`'s entry whole (over its own, or a collider's, or the bucket's oldest).
 #[inline(always)]
 pub(super) fn record<F: IpFamily>(
     flow: &FlowKeyOf<F::Addr>,
     service: u16,
     id: u32,
-    snat_port: [u8; 2],
+    snat_attempt: Option<u8>,
     now: u64,
 ) {
-    let entry = Flow { backend: id, snat_port, checked: flow_tick(now) };
-    let _ = F::flows().insert(&ConnectionKeyOf::of(flow, service), &entry, 0);
+    let Some((bucket, position)) = bucket_of::<F>(&ConnectionKeyOf::of(flow, service)) else {
+        return;
+    };
+    let tick = Tick::at(now);
+    // Backend ids are below `MAX_BACKENDS`, 2^16.
+    let entry = Entry::new(position.fingerprint, id as u16, snat_attempt, tick);
+    let _ = flow_table::store(&bucket, entry, tick);
 }
 
 /// The flow's backend: the one it already has if that still exists, else the Maglev choice.
@@ -61,29 +112,20 @@ pub(super) fn pick_backend<F: IpFamily>(
     service: &Service,
     now: u64,
 ) -> Option<Picked<F::Addr>> {
-    let key = ConnectionKeyOf::of(flow, service.number);
-    if let Some(entry) = F::flows().get_ptr_mut(&key) {
-        // SAFETY: a map value, copied out at once (eight bytes); LRU eviction only recycles it
-        // after an RCU grace period. Only the clock is written back, and only when the checks
-        // are due (once per interval per flow): a racing CPU writes the same tick.
-        let (found, check_due) = unsafe {
-            let found = *entry;
-            let tick = flow_tick(now);
-            let due = tick.wrapping_sub(found.checked) >= FLOW_CHECK_TICKS;
-            if due {
-                (*entry).checked = tick;
-            }
-            (found, due)
-        };
-        if let Some(backend) = F::backends().get(found.backend).copied()
+    if let Some((bucket, position)) = bucket_of::<F>(&ConnectionKeyOf::of(flow, service.number))
+        && let Some(hit) = flow_table::find(&bucket, position.fingerprint)
+    {
+        let check_due = flow_table::checks_due(&bucket, hit, Tick::at(now));
+        let id = u32::from(hit.entry.backend());
+        if let Some(backend) = F::backends().get(id).copied()
             && Delivery::from_u8(backend.delivery).is_some()
         {
             return Some(Picked {
-                id: found.backend,
+                id,
                 backend,
                 service: service.number,
                 known: true,
-                snat_port: found.snat_port,
+                snat_attempt: hit.entry.snat_attempt().unwrap_or(NO_ATTEMPT),
                 check_due,
             });
         }
@@ -100,5 +142,12 @@ pub(super) fn pick_backend<F: IpFamily>(
     let id = (packed >> ((slot & 1) * 32)) as u32;
     let backend = F::backends().get(id).copied()?;
     Delivery::from_u8(backend.delivery)?;
-    Some(Picked { id, backend, service: service.number, known: false, snat_port: [0; 2], check_due: true })
+    Some(Picked {
+        id,
+        backend,
+        service: service.number,
+        known: false,
+        snat_attempt: NO_ATTEMPT,
+        check_due: true,
+    })
 }

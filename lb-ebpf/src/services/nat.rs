@@ -46,7 +46,7 @@ pub(super) fn local<F: IpFamily>(
     if must_check_reply(flow.proto, picked.check_due) {
         remember_reply::<F>(backend.addr, backend.port, flow);
     }
-    picked.remember::<F>(flow, [0; 2], now);
+    picked.remember::<F>(flow, now);
     let to = ReplyNatOf::new(flow.src, backend.addr, flow.sport, backend.port);
     route_out::<F>(ctx, layout, &to, &hop, Reason::ForwardedLocal)
 }
@@ -85,20 +85,20 @@ pub(super) fn full_nat<F: IpFamily>(
     };
     // SAFETY: bounds-checked by `header`; copied out.
     let peer_mac = || header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).src_addr }).unwrap_or_default();
-    let snat_port = match picked.snat_port() {
-        Some(port) => {
-            if picked.check_due {
-                keep_snat_reply::<F>(flow, &backend, source, port, peer_mac, now);
-            }
-            port
-        }
+    let held = picked.snat_attempt().and_then(|attempt| {
+        held_snat_port::<F>(flow, &backend, source, &settings, attempt, picked.check_due, peer_mac, now)
+    });
+    let snat_port = match held {
+        Some(port) => port,
         None => {
-            let Some(port) = claim_snat_port::<F>(flow, &backend, source, &settings, peer_mac(), now) else {
+            let Some((port, attempt)) =
+                claim_snat_port::<F>(flow, &backend, source, &settings, peer_mac(), now)
+            else {
                 return (XDP_DROP, Reason::SnatPortsExhausted);
             };
             // New, or a known flow without a port changed to full NAT: its entry is written
             // whole.
-            flow::record::<F>(flow, picked.service, picked.id, port, now);
+            flow::record::<F>(flow, picked.service, picked.id, Some(attempt), now);
             port
         }
     };
@@ -106,10 +106,22 @@ pub(super) fn full_nat<F: IpFamily>(
     route_out::<F>(ctx, layout, &to, &hop, Reason::ForwardedFullNat)
 }
 
+/// Full NAT's `attempt`th source-port candidate for a flow whose hash is `start`: candidates
+/// start at a hash of the flow, so concurrent flows rarely contend and a flow meets its own
+/// port first. `None` for an empty range.
+#[inline(always)]
+fn snat_candidate(start: u32, settings: &Settings, attempt: u32) -> Option<u16> {
+    let (min, max) = (settings.snat_port_min, settings.snat_port_max);
+    if max < min {
+        return None;
+    }
+    let span = (max - min) as u32 + 1;
+    Some((min as u32 + (start.wrapping_add(attempt) % span)) as u16)
+}
+
 /// Finds a free source port towards `backend` and records how to translate its replies, or
 /// finds the port this flow already holds (its flow entry was evicted; its port never is).
-/// Candidates start at a hash of the flow, so concurrent flows rarely contend and a flow
-/// meets its own port first.
+/// The port, and the attempt that found it (what the flow's entry keeps).
 #[inline(always)]
 fn claim_snat_port<F: IpFamily>(
     flow: &FlowKeyOf<F::Addr>,
@@ -118,38 +130,35 @@ fn claim_snat_port<F: IpFamily>(
     settings: &Settings,
     peer_mac: [u8; 6],
     now: u64,
-) -> Option<[u8; 2]> {
-    let (min, max) = (settings.snat_port_min, settings.snat_port_max);
-    if max < min {
-        return None;
-    }
-    let span = (max - min) as u32 + 1;
+) -> Option<([u8; 2], u8)> {
+    let span = u32::from(settings.snat_port_max.checked_sub(settings.snat_port_min)?) + 1;
     let start = flow_hash(flow);
-    // The port, or `NO_PORT`: a plain integer out of the closure, which is a BPF function of
-    // its own for IPv6 (an `Option`'s none would leave bytes of the result undefined, and the
-    // verifier refuses a register holding whatever was there before).
+    // The port and its attempt (`port | attempt << 16`), or `NO_PORT`: a plain integer out of
+    // the closure, which is a BPF function of its own for IPv6 (an `Option`'s none would leave
+    // bytes of the result undefined, and the verifier refuses a register holding whatever was
+    // there before).
     const NO_PORT: u32 = u32::MAX;
-    let port = F::with_snat_room(|key, entry| {
+    let claimed = F::with_snat_room(|key, entry| {
         *entry = snat_entry(flow, peer_mac, now);
         // One key, its port changed per attempt; a bound LLVM cannot see (no range is shorter
         // in practice) keeps the loop a loop: unrolled eight times, IPv6's keys and compares
         // spill past BPF's stack.
         *key = FlowKeyOf::new(backend.addr, node, backend.port, [0; 2], flow.proto);
         for attempt in 0..span.min(SNAT_ATTEMPTS) {
-            let port = (min as u32 + (start.wrapping_add(attempt) % span)) as u16;
+            let Some(port) = snat_candidate(start, settings, attempt) else { break };
             key.dport = port.to_be_bytes();
             if F::snat_replies().insert(&*key, &*entry, BPF_NOEXIST as u64).is_ok() {
-                return u32::from(port);
+                return u32::from(port) | attempt << 16;
             }
             // SAFETY: compared at once.
             if unsafe { F::snat_replies().get(&*key) }.is_some_and(|held| held.belongs_to(flow)) {
-                return u32::from(port);
+                return u32::from(port) | attempt << 16;
             }
         }
         NO_PORT
     })
     .unwrap_or(NO_PORT);
-    (port != NO_PORT).then(|| (port as u16).to_be_bytes())
+    (claimed != NO_PORT).then(|| ((claimed as u16).to_be_bytes(), (claimed >> 16) as u8))
 }
 
 /// `flow`'s reply translation, seen `now`.
@@ -165,41 +174,54 @@ fn snat_entry<A: Address>(flow: &FlowKeyOf<A>, peer_mac: [u8; 6], now: u64) -> S
 /// stays (the flood lab test caught it): the endpoint's next reply then leaves untranslated.
 /// For TCP the client answers that with a reset, which ends the connection, so every TCP
 /// packet checks (a lookup). Other protocols check with the flow's periodic checks: at most
-/// `FLOW_CHECK_TICKS` (half a second) of replies are lost, and nothing is reset.
+/// `flow_table::CHECK_TICKS` (about half a second) of replies are lost, and nothing is reset.
 #[inline(always)]
 fn must_check_reply(proto: u8, check_due: bool) -> bool {
     check_due || proto == PROTO_TCP
 }
 
-/// At each periodic check of a full-NAT flow: marks its port's entry as seen, so the agent
-/// keeps it; writes it again if the agent removed it as idle meanwhile and nobody took the port.
-/// (Should another flow hold it by then, this flow idled past the timeout and lost it, as a
-/// conntrack entry would.)
+/// The port a known full-NAT flow holds, from the attempt its entry names: checked in the
+/// port table with every packet, so a stale hint (another flow's fingerprint, a port range
+/// changed since) never sends a flow out on another flow's port; `None` then, and the flow
+/// claims a port again. At each periodic check its port's entry is marked as seen, so the
+/// agent keeps it; it is written again if the agent removed it as idle meanwhile and nobody
+/// took the port. (Should another flow hold it by then, this flow idled past the timeout and
+/// lost it, as a conntrack entry would.)
 #[inline(always)]
-fn keep_snat_reply<F: IpFamily>(
+#[allow(clippy::too_many_arguments)]
+fn held_snat_port<F: IpFamily>(
     flow: &FlowKeyOf<F::Addr>,
     backend: &BackendOf<F::Addr>,
     node: F::Addr,
-    port: [u8; 2],
+    settings: &Settings,
+    attempt: u8,
+    check_due: bool,
     peer_mac: impl FnOnce() -> [u8; 6],
     now: u64,
-) {
-    let _ = F::with_snat_room(|key, entry| {
+) -> Option<[u8; 2]> {
+    if u32::from(attempt) >= SNAT_ATTEMPTS {
+        return None;
+    }
+    let port = snat_candidate(flow_hash(flow), settings, u32::from(attempt))?.to_be_bytes();
+    let held = F::with_snat_room(|key, entry| {
         *key = FlowKeyOf::new(backend.addr, node, backend.port, port, flow.proto);
         match F::snat_replies().get_ptr_mut(&*key) {
             // SAFETY: a map value, valid while the program runs; a racing write only moves a
             // time.
             Some(held) => unsafe {
-                if (*held).belongs_to(flow) {
+                let mine = (*held).belongs_to(flow);
+                if mine && check_due {
                     (*held).last_seen_ns = now;
                 }
+                mine
             },
             None => {
                 *entry = snat_entry(flow, peer_mac(), now);
-                let _ = F::snat_replies().insert(&*key, &*entry, BPF_NOEXIST as u64);
+                F::snat_replies().insert(&*key, &*entry, BPF_NOEXIST as u64).is_ok()
             }
         }
-    });
+    })?;
+    held.then_some(port)
 }
 
 /// A reply from a full-NAT backend to this node's translated source port: restore the VIP as

@@ -42,7 +42,7 @@ pub fn enter(ctx: &XdpContext, picked: &Picked<Addr6>, ip_len: u16, slot: u32) -
             (*state).id = picked.id;
             (*state).ip_len = ip_len;
             (*state).service = picked.service;
-            (*state).snat_port = picked.snat_port;
+            (*state).snat_attempt = picked.snat_attempt;
             (*state).known = u8::from(picked.known);
             (*state).check_due = u8::from(picked.check_due);
             let _ = IPV6_SERVICES.tail_call(ctx, slot);
@@ -70,7 +70,7 @@ pub fn run(ctx: &XdpContext, which: u32) -> u32 {
         backend: state.backend,
         service: state.service,
         known: state.known != 0,
-        snat_port: state.snat_port,
+        snat_attempt: state.snat_attempt,
         check_due: state.check_due != 0,
     };
     // SAFETY: a helper without arguments.

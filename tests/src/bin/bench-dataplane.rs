@@ -34,8 +34,11 @@ use aya::{
 };
 use lb_agent::dataplane::{EMBEDDED_OBJECT, PASS_PROGRAM};
 use lb_common::{
-    flow_table::Shard,
-    service::bench::{BENCH_CONFIG, BENCH_COUNT, BENCH_SHARDS, BenchConfig},
+    flow_table::{self, Shard},
+    service::{
+        MAX_FLOWS,
+        bench::{BENCH_CONFIG, BENCH_COUNT, BENCH_SHARDS, BenchConfig},
+    },
 };
 use lb_lab::{
     Agent, Lab, Netns,
@@ -94,6 +97,8 @@ struct Bench {
     lab: Lab,
     /// The run is over IPv6 (`--ipv6`).
     ipv6: bool,
+    /// The flows the generator cycles through: the connection tables are sized for them.
+    flows: u32,
     pod_sinks: Vec<Ebpf>,
     _switch_pass: Ebpf,
     napi_thread: u32,
@@ -140,7 +145,7 @@ fn main() {
         .filter(|m| !(xdp_only && matches!(m, Mode::Iptables | Mode::Nftables)))
         .collect();
 
-    let bench = Bench::new(ipv6);
+    let bench = Bench::new(ipv6, flows);
     let machine = machine();
     eprintln!("machine: {machine}");
 
@@ -274,7 +279,7 @@ fn print_tables(
 }
 
 impl Bench {
-    fn new(ipv6: bool) -> Bench {
+    fn new(ipv6: bool, flows: u32) -> Bench {
         let mut lab = Lab::new(1);
         if ipv6 {
             lab.enable_ipv6();
@@ -328,6 +333,7 @@ impl Bench {
         Bench {
             lab,
             ipv6,
+            flows,
             pod_sinks,
             _switch_pass: switch_pass,
             napi_thread,
@@ -362,9 +368,10 @@ impl Bench {
             Mode::LbAgent => {
                 let config = format!(
                     "node: n0\ninterface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\nvips: [{{address: {VIP}}}]\n\
-                     dataplane: {{keepOnExit: false}}\nservices:\n  - name: bench\n    vip: {VIP}\n    ports:\n      \
+                     dataplane: {{keepOnExit: false, capacity: {{flows: {0}, replyNat: {0}}}}}\nservices:\n  - name: bench\n    vip: {VIP}\n    ports:\n      \
                      - {{port: 80, protocol: UDP, targetPort: {TARGET_PORT}}}\n      - {{port: 80, targetPort: {TARGET_PORT}}}\n    \
-                     endpoints:\n{}",
+                     endpoints:\n{1}",
+                    table_flows(self.flows),
                     format_args!("      - {{address: {pod}, node: n0}}\n")
                 );
                 let mut agent = self.lab.start_agent(0, &config);
@@ -379,6 +386,7 @@ impl Bench {
                     _ => ("bench_dnat", "xdp-dnat"),
                 };
                 let (_, host_mac, host_index) = self.host_ifs[0].clone();
+                let flows = self.flows;
                 let config = BenchConfig {
                     flows: 0,
                     ifindex: host_index,
@@ -392,7 +400,7 @@ impl Bench {
                 Some(Active::Program {
                     name,
                     _attached: self.node().run(move || {
-                        let mut ebpf = attach(program, "eth0");
+                        let mut ebpf = attach_sized(program, "eth0", flows);
                         let mut map: Array<_, BenchConfig> =
                             Array::try_from(ebpf.map_mut(BENCH_CONFIG).unwrap()).unwrap();
                         map.set(0, config, 0).unwrap();
@@ -747,6 +755,31 @@ fn count(ebpf: &Ebpf) -> u64 {
 
 fn attach(program: &str, interface: &str) -> Ebpf {
     let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).expect("loading the BPF object");
+    let xdp: &mut Xdp = ebpf.program_mut(program).unwrap().try_into().unwrap();
+    xdp.load().unwrap_or_else(|e| panic!("loading {program}: {e}"));
+    xdp.attach(interface, XdpMode::Driver)
+        .unwrap_or_else(|e| panic!("attaching {program} to {interface}: {e}"));
+    ebpf
+}
+
+/// The flows the connection tables hold: the object's size, or more for a bigger run.
+fn table_flows(flows: u32) -> u32 {
+    flows.max(MAX_FLOWS).next_power_of_two()
+}
+
+/// `attach` with the yardsticks' connection tables sized for `flows` flows.
+fn attach_sized(program: &str, interface: &str, flows: u32) -> Ebpf {
+    let flows = table_flows(flows);
+    let keying = flow_table::Keying::for_flows(flows, flow_table::DEFAULT_KEYING.seed);
+    let shards = flow_table::shards_for(flows);
+    let mut ebpf = aya::EbpfLoader::new()
+        .map_max_entries("BENCH_FLOWS", flows)
+        .map_max_entries("BENCH_LINE_TABLE", keying.buckets())
+        .map_max_entries(BENCH_SHARDS, shards)
+        .override_global("BENCH_LINE_KEYING", &keying, true)
+        .override_global("BENCH_SHARD_COUNT", &shards, true)
+        .load(EMBEDDED_OBJECT)
+        .expect("loading the BPF object");
     let xdp: &mut Xdp = ebpf.program_mut(program).unwrap().try_into().unwrap();
     xdp.load().unwrap_or_else(|e| panic!("loading {program}: {e}"));
     xdp.attach(interface, XdpMode::Driver)

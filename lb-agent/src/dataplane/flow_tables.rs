@@ -1,0 +1,214 @@
+//! The connection tables (`FLOW_TABLE`, `FLOW_TABLE6`; [`lb_common::flow_table`]) from the
+//! agent's side: each table's keying, kept in its header across restarts and handed to the
+//! programs at load; the conversion of an earlier build's `FLOWS` maps; and reads and writes
+//! through the table's memory, with the same atomic 8-byte slots the programs use.
+
+use std::{
+    os::fd::AsFd,
+    path::Path,
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use aya::maps::{HashMap, Map, MapData};
+use lb_common::{
+    flow_table::{self, BUCKET_SLOTS, Bucket, Entry, Keying, Tick},
+    service::{Address, ConnectionKeyOf, FLOW_TABLE, FLOW_TABLE6, FLOWS, FLOWS6, Flow},
+};
+use memmap2::{MmapMut, MmapOptions};
+use tracing::{info, warn};
+
+use crate::error::{Error, Result};
+
+/// A family's table: its map, the program global that carries its keying, and the map an
+/// earlier build kept its flows in.
+#[derive(Clone, Copy, Debug)]
+pub struct TableNames {
+    pub table: &'static str,
+    pub keying_global: &'static str,
+    pub earlier: &'static str,
+}
+
+pub const TABLES: [TableNames; 2] = [
+    TableNames { table: FLOW_TABLE, keying_global: "FLOW_KEYING", earlier: FLOWS },
+    TableNames { table: FLOW_TABLE6, keying_global: "FLOW_KEYING6", earlier: FLOWS6 },
+];
+
+/// The array elements of a table for `flows` flows (buckets and header).
+pub fn table_entries(flows: u32) -> u32 {
+    Keying::for_flows(flows, 0).entries()
+}
+
+/// The keying a table for `flows` flows is loaded with: the pinned table's, read from its
+/// header, when `pinned` is one of that size; else a fresh random seed. A pinned table
+/// without a readable header is unpinned (its entries could not be found again).
+pub fn keying_for(pinned: &Path, flows: u32) -> Result<Keying> {
+    let wanted = Keying::for_flows(flows, 0);
+    if let Ok(map) = MapData::from_pin(pinned) {
+        match FlowTable::new(&map).map(|t| t.keying) {
+            Ok(keying) if keying.mask == wanted.mask => return Ok(keying),
+            Ok(_) | Err(_) => {
+                warn!(map = %pinned.display(), "the pinned connection table has no usable header: replacing it (its flows are re-balanced)");
+                std::fs::remove_file(pinned)
+                    .map_err(|e| Error::io(format!("removing the pinned map {}", pinned.display()), e))?;
+            }
+        }
+    }
+    Ok(Keying { seed: random_seed()?, ..wanted })
+}
+
+fn random_seed() -> Result<u32> {
+    use ring::rand::{SecureRandom, SystemRandom};
+    let mut bytes = [0; 4];
+    SystemRandom::new().fill(&mut bytes).map_err(|_| {
+        Error::io("drawing the connection table's seed", std::io::Error::other("no randomness"))
+    })?;
+    Ok(u32::from_ne_bytes(bytes))
+}
+
+/// The coarse monotonic clock the programs read (`bpf_ktime_get_coarse_ns`), as a table tick.
+pub fn now() -> Tick {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid clock id and a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    Tick::at(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// A table mapped into the agent.
+pub struct FlowTable {
+    memory: MmapMut,
+    pub keying: Keying,
+}
+
+impl FlowTable {
+    /// Maps the table behind `map` and reads its header.
+    pub fn new(map: &MapData) -> Result<FlowTable> {
+        let info = map
+            .info()
+            .map_err(|e| Error::io("reading a connection table's shape", std::io::Error::other(e)))?;
+        let entries = info.max_entries() as usize;
+        // SAFETY: the mapping is shared with the kernel's array, which outlives it (the map
+        // is pinned or held by the caller); it is only read and written through atomics.
+        let memory =
+            unsafe { MmapOptions::new().len(entries * size_of::<Bucket>()).map_mut(&map.fd().as_fd()) }
+                .map_err(|e| Error::io("mapping a connection table", e))?;
+        let mut table = FlowTable { memory, keying: Keying { seed: 0, mask: 0 } };
+        let header = table.bucket(entries as u32 - 1);
+        let header = Bucket { slots: core::array::from_fn(|i| header[i].load(Ordering::Relaxed)) };
+        table.keying = Keying::from_header(&header).ok_or_else(|| {
+            Error::io("reading a connection table", std::io::Error::other("its last element is not a header"))
+        })?;
+        if table.keying.entries() as usize != entries {
+            return Err(Error::io(
+                "reading a connection table",
+                std::io::Error::other(format!(
+                    "its header says {} buckets in {entries} elements",
+                    table.keying.buckets()
+                )),
+            ));
+        }
+        Ok(table)
+    }
+
+    /// Writes `keying`'s header into a fresh table (all zero) behind `map`, and maps it.
+    pub fn initialize(map: &MapData, keying: Keying) -> Result<FlowTable> {
+        let len = keying.entries() as usize * size_of::<Bucket>();
+        // SAFETY: as in `new`.
+        let memory = unsafe { MmapOptions::new().len(len).map_mut(&map.fd().as_fd()) }
+            .map_err(|e| Error::io("mapping a connection table", e))?;
+        let table = FlowTable { memory, keying };
+        let header = keying.header();
+        for (slot, word) in table.bucket(keying.buckets()).iter().zip(header.slots) {
+            slot.store(word, Ordering::Relaxed);
+        }
+        Ok(table)
+    }
+
+    fn bucket(&self, index: u32) -> &[AtomicU64; BUCKET_SLOTS] {
+        let offset = index as usize * size_of::<Bucket>();
+        assert!(offset + size_of::<Bucket>() <= self.memory.len(), "bucket {index} beyond the table");
+        // SAFETY: in bounds (checked), 64-byte aligned (the mapping is page aligned), and the
+        // memory is only accessed through atomics.
+        unsafe { &*(self.memory.as_ptr().add(offset) as *const [AtomicU64; BUCKET_SLOTS]) }
+    }
+
+    fn bucket_of<A: Address>(
+        &self,
+        key: &ConnectionKeyOf<A>,
+    ) -> (&[AtomicU64; BUCKET_SLOTS], flow_table::Position) {
+        let position = flow_table::position(key, self.keying.seed);
+        (self.bucket(self.keying.bucket(position)), position)
+    }
+
+    /// The entry `key` finds (its own, or a collider's).
+    pub fn lookup<A: Address>(&self, key: &ConnectionKeyOf<A>) -> Option<Entry> {
+        let (bucket, position) = self.bucket_of(key);
+        flow_table::find(bucket, position.fingerprint).map(|hit| hit.entry)
+    }
+
+    /// Writes `key`'s entry as the programs do.
+    pub fn store<A: Address>(
+        &self,
+        key: &ConnectionKeyOf<A>,
+        backend: u16,
+        snat_attempt: Option<u8>,
+        now: Tick,
+    ) {
+        let (bucket, position) = self.bucket_of(key);
+        let _ = flow_table::store(bucket, Entry::new(position.fingerprint, backend, snat_attempt, now), now);
+    }
+
+    /// Replaces the entry `key` finds; whether there was one.
+    pub fn replace<A: Address>(&self, key: &ConnectionKeyOf<A>, entry: Option<Entry>) -> bool {
+        let (bucket, position) = self.bucket_of(key);
+        let Some(hit) = flow_table::find(bucket, position.fingerprint) else { return false };
+        let new = entry.map_or(0, |e| e.0);
+        bucket[hit.slot].compare_exchange(hit.entry.0, new, Ordering::SeqCst, Ordering::Relaxed).is_ok()
+    }
+
+    /// The flows the table holds.
+    pub fn len(&self) -> usize {
+        (0..self.keying.buckets())
+            .map(|b| self.bucket(b).iter().filter(|s| s.load(Ordering::Relaxed) != 0).count())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Moves the flows of an earlier build's `FLOWS` map pinned in `pin_dir` into `table`, so that
+/// they keep their backends, and unpins it. Run once this build's programs replaced the old
+/// ones (which wrote `FLOWS` until then); a flow whose packet came first has its entry already
+/// and is overwritten with the backend it had. Full NAT's ports are not carried: each flow
+/// finds its own again in `SNAT_REPLIES`, which is kept.
+pub fn convert_earlier<A: Address>(pin_dir: &Path, names: TableNames, table: &FlowTable) {
+    let path = pin_dir.join(names.earlier);
+    let Ok(data) = MapData::from_pin(&path) else { return };
+    let map = Map::LruHashMap(data);
+    let converted = HashMap::<_, ConnectionKeyOf<A>, Flow>::try_from(&map).map(|flows| {
+        let now = now();
+        let mut converted = 0;
+        for (key, flow) in flows.iter().filter_map(std::result::Result::ok) {
+            if let Ok(backend) = u16::try_from(flow.backend) {
+                table.store(&key, backend, None, now);
+                converted += 1;
+            }
+        }
+        converted
+    });
+    match converted {
+        Ok(n) => info!(
+            from = names.earlier,
+            to = names.table,
+            flows = n,
+            "converted an earlier build's connection table"
+        ),
+        Err(e) => {
+            warn!(map = %path.display(), error = %e, "an earlier build's connection table could not be read: its flows are re-balanced")
+        }
+    }
+    if let Err(e) = std::fs::remove_file(&path) {
+        warn!(map = %path.display(), error = %e, "could not unpin an earlier build's connection table");
+    }
+}

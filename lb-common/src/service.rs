@@ -53,12 +53,15 @@ pub const LOCAL_ENDPOINTS6: &str = "LOCAL_ENDPOINTS6";
 /// `HashMap<UplinkKey, Vip6Key>`: this node's IPv6 address on each uplink (as `UPLINKS` keys
 /// them): the full-NAT source and the 6in6 outer source for IPv6 traffic leaving by it.
 pub const UPLINK_ADDRS6: &str = "UPLINK_ADDRS6";
-/// `ProgramArray` of [`IPV6_SERVICE_PROGRAMS`], each at its index: the uplink program
-/// tail-calls the first for IPv6 TCP, UDP and IPv6-in-IPv6, which tail-calls the others.
+/// `ProgramArray` of [`IPV6_SERVICE_PROGRAMS`], each at its slot: the uplink program
+/// tail-calls the first for IPv6 TCP, UDP and IPv6-in-IPv6, which tail-calls full NAT's.
 pub const IPV6_SERVICES: &str = "IPV6_SERVICES";
-/// The IPv6 service path's programs, by `IPV6_SERVICES` slot: its entry, then its local,
-/// full-NAT and DSR stages (programs of their own, for stacks of their own).
-pub const IPV6_SERVICE_PROGRAMS: [&str; 4] = ["lb_xdp6", "lb_xdp6_local", "lb_xdp6_full_nat", "lb_xdp6_dsr"];
+/// The IPv6 service path's programs, by `IPV6_SERVICES` slot: its entry (local delivery and DSR
+/// run inside it), and full NAT's stage (a program of its own, for a stack of its own).
+/// Slots 1 and 3 held earlier builds' local and DSR stages: the agent empties them.
+pub const IPV6_SERVICE_PROGRAMS: [(u32, &str); 2] = [(0, "lb_xdp6"), (2, "lb_xdp6_full_nat")];
+/// `IPV6_SERVICES`' slots.
+pub const IPV6_SERVICE_SLOTS: u32 = 4;
 
 pub const MAX_SERVICES: u32 = 16_384;
 /// Service numbers ([`Service::number`]) are 16 bits: no family holds more services.

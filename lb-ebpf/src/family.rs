@@ -63,6 +63,11 @@ pub trait IpFamily: Sized {
     fn with_snat_room<R>(
         f: impl FnOnce(&mut FlowKeyOf<Self::Addr>, &mut SnatEntryOf<Self::Addr>) -> R,
     ) -> Option<R>;
+    /// Runs `f` with room to build a reply translation's key and value in: on the stack for
+    /// IPv4, in this CPU's [`maps::State6`] for IPv6, inline (`None` if that cannot be had).
+    fn with_reply_room<R>(
+        f: impl FnOnce(&mut FlowKeyOf<Self::Addr>, &mut ReplyNatOf<Self::Addr>) -> R,
+    ) -> Option<R>;
     /// Fills the family and addresses of a FIB lookup.
     fn fib_addresses(params: &mut bpf_fib_lookup, src: Self::Addr, dst: Self::Addr);
     /// The TTL or hop limit of the packet's IP header at [`ETH_LEN`].
@@ -150,6 +155,12 @@ impl IpFamily for V4 {
             last_seen_ns: 0,
         };
         Some(f(&mut key, &mut entry))
+    }
+    #[inline(always)]
+    fn with_reply_room<R>(f: impl FnOnce(&mut FlowKeyOf<Addr4>, &mut ReplyNatOf<Addr4>) -> R) -> Option<R> {
+        let mut key = FlowKeyOf::new([0; 4], [0; 4], [0; 2], [0; 2], 0);
+        let mut reply = ReplyNatOf::new([0; 4], [0; 4], [0; 2], [0; 2]);
+        Some(f(&mut key, &mut reply))
     }
     #[inline(always)]
     fn fib_addresses(params: &mut bpf_fib_lookup, src: Addr4, dst: Addr4) {
@@ -250,6 +261,14 @@ impl IpFamily for V6 {
         let state = maps::STATE6.get_ptr_mut(0)?;
         // SAFETY: this CPU's slot; these two fields are used by one claim at a time.
         unsafe { Some(f(&mut (*state).snat_key, &mut (*state).snat_entry)) }
+    }
+    /// The same fields as [`IpFamily::with_snat_room`]'s (a packet never uses both at once),
+    /// but inline: its caller's frame is small.
+    #[inline(always)]
+    fn with_reply_room<R>(f: impl FnOnce(&mut FlowKeyOf<Addr6>, &mut ReplyNatOf<Addr6>) -> R) -> Option<R> {
+        let state = maps::STATE6.get_ptr_mut(0)?;
+        // SAFETY: this CPU's slot; these fields are used by one translation at a time.
+        unsafe { Some(f(&mut (*state).snat_key, &mut (*state).snat_entry.reply)) }
     }
     #[inline(always)]
     fn fib_addresses(params: &mut bpf_fib_lookup, src: Addr6, dst: Addr6) {

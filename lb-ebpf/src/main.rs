@@ -64,28 +64,11 @@ pub fn lb_xdp6(ctx: XdpContext) -> u32 {
     action
 }
 
-/// IPv6 local delivery, tail-called by `lb_xdp6` (see `services::stages6`).
-#[xdp]
-pub fn lb_xdp6_local(ctx: XdpContext) -> u32 {
-    ipv6_stage(&ctx, services::stages6::LOCAL)
-}
-
-/// IPv6 full NAT, tail-called by `lb_xdp6`.
+/// IPv6 full NAT, tail-called by `lb_xdp6` (see `services::stages6`).
 #[xdp]
 pub fn lb_xdp6_full_nat(ctx: XdpContext) -> u32 {
-    ipv6_stage(&ctx, services::stages6::FULL_NAT)
-}
-
-/// IPv6 DSR (IPv6 in IPv6), tail-called by `lb_xdp6`.
-#[xdp]
-pub fn lb_xdp6_dsr(ctx: XdpContext) -> u32 {
-    ipv6_stage(&ctx, services::stages6::DSR)
-}
-
-#[inline(always)]
-fn ipv6_stage(ctx: &XdpContext, which: u32) -> u32 {
-    let bytes = packet::len(ctx);
-    let action = services::stages6::run(ctx, which);
+    let bytes = packet::len(&ctx);
+    let action = services::stages6::run_full_nat(&ctx);
     stats::count_action(action, bytes);
     action
 }

@@ -16,10 +16,10 @@ use lb_common::{
         Vip6Key, VipKey, VipStats, VrrpSpeaker,
     },
     service::{
-        Backend, Backend6, FlowKey, FlowKey6, INNER_MAP_FLAGS, LocalEndpoint, LocalEndpointKey,
-        LocalEndpointKey6, MAX_BACKENDS, MAX_FLOWS, MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE, MAX_SERVICES,
-        NextHopEntry, ReplyNat, ReplyNat6, RingEntry, Service, ServiceKey, ServiceKey6, Settings, SnatEntry,
-        SnatEntry6, ring_entries,
+        Backend, Backend6, FlowKey, FlowKey6, INNER_MAP_FLAGS, IPV6_SERVICE_SLOTS, LocalEndpoint,
+        LocalEndpointKey, LocalEndpointKey6, MAX_BACKENDS, MAX_FLOWS, MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE,
+        MAX_SERVICES, NextHopEntry, ReplyNat, ReplyNat6, RingEntry, Service, ServiceKey, ServiceKey6,
+        Settings, SnatEntry, SnatEntry6, ring_entries,
     },
 };
 
@@ -144,7 +144,7 @@ pub static STATE6: PerCpuArray<State6> = PerCpuArray::with_max_entries(1, 0);
 /// The IPv6 service path's programs: `lb_xdp6` (see `l3::ipv6::serve`) and its stages (see
 /// `services::stages6`).
 #[map]
-pub static IPV6_SERVICES: ProgramArray = ProgramArray::with_max_entries(4, 0);
+pub static IPV6_SERVICES: ProgramArray = ProgramArray::with_max_entries(IPV6_SERVICE_SLOTS, 0);
 
 #[map]
 pub static UPLINK_ADDRS6: HashMap<UplinkKey, Vip6Key> = HashMap::with_max_entries(MAX_UPLINK_KEYS, 0);

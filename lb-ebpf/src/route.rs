@@ -39,8 +39,8 @@ pub struct NextHop {
 pub fn cached_lookup<F: IpFamily>(
     ctx: &XdpContext,
     backend: u32,
-    src: F::Addr,
-    dst: F::Addr,
+    src: &F::Addr,
+    dst: &F::Addr,
     len: u16,
     now: u64,
 ) -> Result<NextHop, Reason> {
@@ -77,14 +77,14 @@ pub fn cached_lookup<F: IpFamily>(
 #[inline(always)]
 pub fn lookup<F: IpFamily>(
     ctx: &XdpContext,
-    src: F::Addr,
-    dst: F::Addr,
+    src: &F::Addr,
+    dst: &F::Addr,
     tot_len: u16,
 ) -> Result<NextHop, Reason> {
     F::with_fib_params(|params| {
         params.ifindex = ctx.ingress_ifindex() as u32;
         params.__bindgen_anon_1.tot_len = tot_len;
-        F::fib_addresses(params, src, dst);
+        F::fib_addresses(params, *src, *dst);
         // SAFETY: `params` is a valid, writable struct of the size passed.
         let rc = unsafe {
             fib_lookup(ctx.ctx as *mut _, params, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
@@ -112,11 +112,11 @@ pub fn lookup<F: IpFamily>(
 /// local path in single BPF_PROG_TEST_RUN timings (near that harness's 10 ns resolution, but
 /// in every run), though neither function runs there per packet.
 #[inline(always)]
-pub fn egress<F: IpFamily>(ctx: &XdpContext, src: F::Addr, dst: F::Addr, tot_len: u16) -> Option<u32> {
+pub fn egress<F: IpFamily>(ctx: &XdpContext, src: &F::Addr, dst: &F::Addr, tot_len: u16) -> Option<u32> {
     F::with_fib_params(|params| {
         params.ifindex = ctx.ingress_ifindex() as u32;
         params.__bindgen_anon_1.tot_len = tot_len;
-        F::fib_addresses(params, src, dst);
+        F::fib_addresses(params, *src, *dst);
         // SAFETY: `params` is a valid, writable struct of the size passed.
         let rc = unsafe {
             fib_lookup(ctx.ctx as *mut _, params, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
@@ -143,18 +143,21 @@ pub fn send(ctx: &XdpContext, hop: &NextHop) -> Option<u32> {
 }
 
 /// Records how the backend's replies to `flow` are translated back (local and DSR delivery:
-/// only the source changes, back to the VIP and service port).
+/// only the source changes, back to the VIP and service port). Key and value are built in the
+/// family's room for them (IPv6's is off the stack).
 #[inline(always)]
 pub fn remember_reply<F: IpFamily>(backend_addr: F::Addr, backend_port: [u8; 2], flow: &FlowKeyOf<F::Addr>) {
-    let key = FlowKeyOf::new(backend_addr, flow.src, backend_port, flow.sport, flow.proto);
-    let reply = ReplyNatOf::new(flow.dst, flow.src, flow.dport, flow.sport);
-    // A lookup is much cheaper than an LRU update, and most packets belong to flows whose
-    // entry is already right; the lookup also keeps that entry recent.
-    // SAFETY: compared at once.
-    if unsafe { F::reply_nat().get(&key) }.is_some_and(|current| *current == reply) {
-        return;
-    }
-    let _ = F::reply_nat().insert(&key, &reply, 0);
+    let _ = F::with_reply_room(|key, reply| {
+        *key = FlowKeyOf::new(backend_addr, flow.src, backend_port, flow.sport, flow.proto);
+        *reply = ReplyNatOf::new(flow.dst, flow.src, flow.dport, flow.sport);
+        // A lookup is much cheaper than an LRU update, and most packets belong to flows whose
+        // entry is already right; the lookup also keeps that entry recent.
+        // SAFETY: compared at once.
+        if unsafe { F::reply_nat().get(&*key) }.is_some_and(|current| *current == *reply) {
+            return;
+        }
+        let _ = F::reply_nat().insert(&*key, &*reply, 0);
+    });
 }
 
 /// Rewrites the packet to `to`, decrements the TTL (hop limit) and sends it to `hop`.

@@ -29,10 +29,10 @@ use crate::{
     stats, uplink,
 };
 
-/// A family's delivery paths. IPv4's are inlined into `lb_xdp`. IPv6's are programs of their
-/// own, tail-called from `lb_xdp6` ([`stages6`]): an IPv6 key, backend and reply target are
-/// each several times IPv4's, and inlined together (or as BPF functions, whose frames add up)
-/// the paths pass BPF's 512 bytes of stack.
+/// A family's delivery paths. IPv4's are inlined into `lb_xdp`. IPv6's local and DSR paths are
+/// BPF functions inside `lb_xdp6`, and its full NAT a program of its own, tail-called
+/// ([`stages6`]): an IPv6 key, backend and reply target are each several times IPv4's, and
+/// inlined together the paths pass BPF's 512 bytes of stack.
 pub trait Deliver: IpFamily {
     /// Direct server return: wraps the packet for a backend on another node.
     fn encapsulate(
@@ -95,24 +95,24 @@ impl Deliver for V6 {
     #[inline(always)]
     fn encapsulate(
         ctx: &XdpContext,
-        _flow: &FlowKey6,
+        flow: &FlowKey6,
         picked: &Picked<Addr6>,
         ip_len: u16,
-        _now: u64,
+        now: u64,
     ) -> (u32, Reason) {
-        stages6::enter(ctx, picked, ip_len, stages6::DSR)
+        stages6::unpack(stages6::dsr(ctx, flow, picked, ip_len, now))
     }
 
     #[inline(always)]
     fn local(
         ctx: &XdpContext,
         _layout: L4Layout,
-        _flow: &FlowKey6,
+        flow: &FlowKey6,
         picked: &Picked<Addr6>,
         ip_len: u16,
-        _now: u64,
+        now: u64,
     ) -> (u32, Reason) {
-        stages6::enter(ctx, picked, ip_len, stages6::LOCAL)
+        stages6::unpack(stages6::local(ctx, flow, picked, ip_len, now))
     }
 
     #[inline(always)]

@@ -61,9 +61,9 @@ use lb_common::{
     },
     service::{
         BACKEND_STATS, BACKEND_STATS6, BACKENDS, BACKENDS6, FLOW_TABLE, FLOW_TABLE6, IPV6_SERVICE_PROGRAMS,
-        IPV6_SERVICES, LAYOUT_VERSION, LOCAL_ENDPOINTS, LOCAL_ENDPOINTS6, MAGLEV_RINGS, NEXT_HOPS,
-        NEXT_HOPS6, REPLY_NAT, REPLY_NAT6, SERVICES, SERVICES6, SETTINGS, SNAT_REPLIES, SNAT_REPLIES6,
-        UPLINK_ADDRS6,
+        IPV6_SERVICE_SLOTS, IPV6_SERVICES, LAYOUT_VERSION, LOCAL_ENDPOINTS, LOCAL_ENDPOINTS6, MAGLEV_RINGS,
+        NEXT_HOPS, NEXT_HOPS6, REPLY_NAT, REPLY_NAT6, SERVICES, SERVICES6, SETTINGS, SNAT_REPLIES,
+        SNAT_REPLIES6, UPLINK_ADDRS6,
     },
 };
 use tracing::{info, warn};
@@ -509,7 +509,7 @@ fn reply_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier> {
 /// data plane keeps serving IPv6; a new agent puts its own programs in.
 pub fn load_ipv6_path(ebpf: &mut Ebpf) -> Result<()> {
     let mut fds = Vec::with_capacity(IPV6_SERVICE_PROGRAMS.len());
-    for name in IPV6_SERVICE_PROGRAMS {
+    for (slot, name) in IPV6_SERVICE_PROGRAMS {
         let program: &mut Xdp = ebpf
             .program_mut(name)
             .ok_or(Error::BpfProgram { program: name, source: aya::programs::ProgramError::NotLoaded })?
@@ -517,15 +517,23 @@ pub fn load_ipv6_path(ebpf: &mut Ebpf) -> Result<()> {
             .map_err(|source| Error::BpfProgram { program: name, source })?;
         program.load().map_err(|source| Error::BpfProgram { program: name, source })?;
         let fd = program.fd().map_err(|source| Error::BpfProgram { program: name, source })?;
-        fds.push(fd.try_clone().map_err(|e| Error::io(format!("duplicating the fd of program {name}"), e))?);
+        let fd = fd.try_clone().map_err(|e| Error::io(format!("duplicating the fd of program {name}"), e))?;
+        fds.push((slot, fd));
     }
     // Borrowed, not taken: the object keeps the array open (without a pin, the kernel empties
     // a program array when its last open handle goes).
     let map = ebpf.map_mut(IPV6_SERVICES).ok_or(Error::BpfMapMissing(IPV6_SERVICES))?;
     let mut slots =
         ProgramArray::try_from(map).map_err(|source| Error::BpfMap { map: IPV6_SERVICES, source })?;
-    for (slot, fd) in fds.iter().enumerate() {
-        slots.set(slot as u32, fd, 0).map_err(|source| Error::BpfMap { map: IPV6_SERVICES, source })?;
+    // The pinned array is shared with the running programs: the stages go in before the entry
+    // that calls them, and the slots of an earlier build's stages are emptied.
+    for (slot, fd) in fds.iter().rev() {
+        slots.set(*slot, fd, 0).map_err(|source| Error::BpfMap { map: IPV6_SERVICES, source })?;
+    }
+    for slot in 0..IPV6_SERVICE_SLOTS {
+        if !IPV6_SERVICE_PROGRAMS.iter().any(|(used, _)| *used == slot) {
+            let _ = slots.clear_index(&slot);
+        }
     }
     Ok(())
 }

@@ -119,7 +119,8 @@ pub fn serve(ctx: &XdpContext) -> u32 {
     if ip.next_hdr == PROTO_IPV6 {
         return encap6::decapsulate(ctx);
     }
-    // The 5-tuple in this CPU's state slot, where the stages find it (see `services::stages6`).
+    // The 5-tuple in this CPU's state slot, off the stack, where full NAT's stage finds it too
+    // (see `services::stages6`).
     let Some(state) = STATE6.get_ptr_mut(0) else {
         return stats::verdict(Reason::Ipv6Passed, bytes, XDP_PASS);
     };

@@ -53,8 +53,8 @@ pub fn encapsulate(
     let hop = match route::cached_lookup::<V4>(
         ctx,
         picked.id,
-        settings.node_addr,
-        backend.addr,
+        &settings.node_addr,
+        &backend.addr,
         outer_len as u16,
         now,
     ) {
@@ -146,7 +146,7 @@ pub fn decapsulate(ctx: &XdpContext) -> u32 {
     if inner.ttl <= 1 {
         return stats::verdict(Reason::TtlExpired, bytes, XDP_PASS);
     }
-    let hop = match route::lookup::<V4>(ctx, flow.src, endpoint, inner_len) {
+    let hop = match route::lookup::<V4>(ctx, &flow.src, &endpoint, inner_len) {
         Ok(hop) => hop,
         Err(reason) => return stats::verdict(reason, bytes, XDP_PASS),
     };

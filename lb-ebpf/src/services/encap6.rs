@@ -40,12 +40,13 @@ pub fn encapsulate(
         return (XDP_DROP, Reason::TooBig);
     }
     let backend = picked.backend;
-    let hop = match route::cached_lookup::<V6>(ctx, picked.id, [0; 16], backend.addr, outer_len as u16, now) {
+    let hop = match route::cached_lookup::<V6>(ctx, picked.id, &[0; 16], &backend.addr, outer_len as u16, now)
+    {
         Ok(hop) => hop,
         Err(Reason::TooBig) => {
             // The route's MTU, from a lookup small enough to pass (RFC 8201: the client
             // then sends what fits the tunnel).
-            return match route::lookup::<V6>(ctx, [0; 16], backend.addr, IPV6_LEN as u16) {
+            return match route::lookup::<V6>(ctx, &[0; 16], &backend.addr, IPV6_LEN as u16) {
                 Ok(hop) => packet_too_big(ctx, hop.mtu),
                 Err(_) => (XDP_DROP, Reason::TooBig),
             };
@@ -209,7 +210,7 @@ pub fn decapsulate(ctx: &XdpContext) -> u32 {
     if inner.hop_limit <= 1 {
         return stats::verdict(Reason::TtlExpired, bytes, XDP_PASS);
     }
-    let hop = match route::lookup::<V6>(ctx, flow.src, *endpoint, inner_len as u16) {
+    let hop = match route::lookup::<V6>(ctx, &flow.src, endpoint, inner_len as u16) {
         Ok(hop) => hop,
         Err(reason) => return stats::verdict(reason, bytes, XDP_PASS),
     };

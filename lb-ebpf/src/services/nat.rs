@@ -38,8 +38,8 @@ pub(super) fn local<F: IpFamily>(
     tot_len: u16,
     now: u64,
 ) -> (u32, Reason) {
-    let backend = picked.backend;
-    let hop = match route::cached_lookup::<F>(ctx, picked.id, flow.src, backend.addr, tot_len, now) {
+    let backend = &picked.backend;
+    let hop = match route::cached_lookup::<F>(ctx, picked.id, &flow.src, &backend.addr, tot_len, now) {
         Ok(hop) => hop,
         Err(reason) => return (XDP_PASS, reason),
     };
@@ -47,8 +47,13 @@ pub(super) fn local<F: IpFamily>(
         remember_reply::<F>(backend.addr, backend.port, flow);
     }
     picked.remember::<F>(flow, now);
-    let to = ReplyNatOf::new(flow.src, backend.addr, flow.sport, backend.port);
-    route_out::<F>(ctx, layout, &to, &hop, Reason::ForwardedLocal)
+    // The rewrite's target in the family's room (IPv6's is off the stack), now that the reply
+    // entry is written.
+    F::with_reply_room(|_, to| {
+        *to = ReplyNatOf::new(flow.src, backend.addr, flow.sport, backend.port);
+        route_out::<F>(ctx, layout, to, &hop, Reason::ForwardedLocal)
+    })
+    .unwrap_or((XDP_PASS, F::PASSED))
 }
 
 /// An endpoint on another node, kube-proxy Cluster style: DNAT to it and SNAT to this node,
@@ -70,8 +75,8 @@ pub(super) fn full_nat<F: IpFamily>(
     let hop = match route::cached_lookup::<F>(
         ctx,
         picked.id,
-        node.unwrap_or(<F::Addr as Address>::ZERO),
-        backend.addr,
+        &node.unwrap_or(<F::Addr as Address>::ZERO),
+        &backend.addr,
         tot_len,
         now,
     ) {
@@ -251,14 +256,14 @@ pub(super) fn translate_reply<F: IpFamily>(
         None => unsafe { F::reply_nat().get(flow) }.copied()?,
     };
     let bytes = packet::len(ctx);
-    let hop = match route::lookup::<F>(ctx, to.src, to.dst, tot_len) {
+    let hop = match route::lookup::<F>(ctx, &to.src, &to.dst, tot_len) {
         Ok(hop) => hop,
         // Back the way the client's packets came: to the MAC they came from, out of the
         // interface the route to the client takes (with several uplinks, not necessarily the
         // one the reply arrived by).
         Err(Reason::NoNeighbor) if to.peer_mac != [0; 6] => {
             let ingress = ctx.ingress_ifindex() as u32;
-            let ifindex = route::egress::<F>(ctx, to.src, to.dst, tot_len).unwrap_or(ingress);
+            let ifindex = route::egress::<F>(ctx, &to.src, &to.dst, tot_len).unwrap_or(ingress);
             let smac = if ifindex == ingress {
                 // SAFETY: bounds-checked by `header`; copied out.
                 header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).dst_addr })?

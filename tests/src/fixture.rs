@@ -13,6 +13,7 @@ use lb_common::{
     counters::Reason,
     flow_table,
     maps::{PacketCounter, REASON_STATS},
+    service::{ConnectionKey, Flow},
 };
 
 use crate::Netns;
@@ -38,6 +39,21 @@ pub fn flow_table(ebpf: &Ebpf, name: &str) -> FlowTable {
     FlowTable::new(data).unwrap_or_else(|_| {
         FlowTable::initialize(data, flow_table::DEFAULT_KEYING).expect("mapping the connection table")
     })
+}
+
+/// Pins, at `path`, an empty connection table as a build before `FLOW_TABLE` kept it (`FLOWS`:
+/// the kernel's LRU hash of `ConnectionKey` → `Flow`), for the conversion tests.
+pub fn pin_earlier_flows(
+    path: &std::path::Path,
+) -> aya::maps::HashMap<aya::maps::MapData, ConnectionKey, Flow> {
+    let created = std::process::Command::new("bpftool")
+        .args(["map", "create", path.to_str().unwrap(), "type", "lru_hash", "key", "8", "value", "8"])
+        .args(["entries", "64", "name", "FLOWS"])
+        .output()
+        .expect("running bpftool");
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let map = aya::maps::Map::LruHashMap(aya::maps::MapData::from_pin(path).expect("the pinned FLOWS"));
+    aya::maps::HashMap::try_from(map).expect("FLOWS as a hash map")
 }
 
 /// The embedded object with its uplink program through the verifier, on fresh (unpinned) maps.

@@ -355,15 +355,7 @@ fn an_upgrade_converts_an_earlier_builds_connection_table() {
     let (_, log, pinned) = restart_the_endpoints_agent(|c| {
         use lb_common::service::{ConnectionKey, FLOWS, Flow};
         let pinned = lb_agent::dataplane::pin_dir(&c.lab.pin_path(1)).join(FLOWS);
-        let created = std::process::Command::new("bpftool")
-            .args(["map", "create", pinned.to_str().unwrap(), "type", "lru_hash", "key", "8", "value", "8"])
-            .args(["entries", "64", "name", "FLOWS"])
-            .output()
-            .unwrap();
-        assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
-        let map = aya::maps::Map::LruHashMap(aya::maps::MapData::from_pin(&pinned).unwrap());
-        let mut flows: aya::maps::HashMap<_, ConnectionKey, Flow> =
-            aya::maps::HashMap::try_from(map).unwrap();
+        let mut flows = lb_lab::fixture::pin_earlier_flows(&pinned);
         for port in [40_000u16, 40_001] {
             let key = ConnectionKey { client: CLIENT.octets(), client_port: port.to_be_bytes(), service: 0 };
             flows.insert(key, Flow { backend: 0, snat_port: [0; 2], checked: 0 }, 0).unwrap();

@@ -614,21 +614,13 @@ fn a_changed_port_range_never_sends_a_flow_out_on_another_flows_port() {
 #[test]
 fn an_earlier_builds_flows_are_converted_and_keep_their_backends() {
     in_node_with_local_pod(|ifindex, local| {
-        use aya::maps::{Map, MapData};
         use lb_agent::dataplane::flow_tables::{TABLES, convert_earlier};
         use lb_common::service::{Addr4, ConnectionKey, FLOW_TABLE, FLOWS, Flow, ServiceKey};
         let f = Fixture::load(ifindex);
         let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/lb-fixture-convert-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let pinned = dir.join(FLOWS);
-        let created = std::process::Command::new("bpftool")
-            .args(["map", "create", pinned.to_str().unwrap(), "type", "lru_hash", "key", "8", "value", "8"])
-            .args(["entries", "64", "name", "FLOWS"])
-            .output()
-            .unwrap();
-        assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
-        let mut earlier: HashMap<MapData, ConnectionKey, Flow> =
-            HashMap::try_from(Map::LruHashMap(MapData::from_pin(&pinned).unwrap())).unwrap();
+        let mut earlier = lb_lab::fixture::pin_earlier_flows(&pinned);
         let number = f.maps.installed(&ServiceKey::new(VIP.octets(), 82, 6)).unwrap().number;
         let (_, &local_slot) = f
             .maps

@@ -78,7 +78,7 @@ impl Keying {
     /// The bucket a position falls in.
     #[inline(always)]
     pub const fn bucket(self, position: Position) -> u32 {
-        position.bucket_hash & self.mask
+        position.bucket(self.buckets())
     }
 
     /// The table's last element, which no position reaches.

@@ -65,18 +65,33 @@ fn random_seed() -> Result<u32> {
     Ok(u32::from_ne_bytes(bytes))
 }
 
-/// The coarse monotonic clock the programs read (`bpf_ktime_get_coarse_ns`), as a table tick.
+/// Now, as a table tick: the programs read `bpf_ktime_get_coarse_ns`, the coarse reading of
+/// the same monotonic clock (behind it by under a jiffy, nothing beside a 134 ms tick).
 pub fn now() -> Tick {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid clock id and a valid pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    Tick::at(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+    Tick::at(super::leases::monotonic_ns())
 }
 
 /// A table mapped into the agent.
 pub struct FlowTable {
     memory: MmapMut,
     pub keying: Keying,
+}
+
+/// Maps `elements` buckets of the table behind `map`.
+fn map_memory(map: &MapData, elements: usize) -> Result<MmapMut> {
+    // SAFETY: the mapping is shared with the kernel's array, which outlives it (the map is
+    // pinned or held by the caller); it is only read and written through atomics.
+    unsafe { MmapOptions::new().len(elements * size_of::<Bucket>()).map_mut(&map.fd().as_fd()) }
+        .map_err(|e| Error::io("mapping a connection table", e))
+}
+
+/// Bucket `index` of a mapped table.
+fn bucket_in(memory: &MmapMut, index: u32) -> &[AtomicU64; BUCKET_SLOTS] {
+    let offset = index as usize * size_of::<Bucket>();
+    assert!(offset + size_of::<Bucket>() <= memory.len(), "bucket {index} beyond the table");
+    // SAFETY: in bounds (checked), 64-byte aligned (the mapping is page aligned), and the
+    // memory is only accessed through atomics.
+    unsafe { &*(memory.as_ptr().add(offset) as *const [AtomicU64; BUCKET_SLOTS]) }
 }
 
 impl FlowTable {
@@ -86,49 +101,35 @@ impl FlowTable {
             .info()
             .map_err(|e| Error::io("reading a connection table's shape", std::io::Error::other(e)))?;
         let entries = info.max_entries() as usize;
-        // SAFETY: the mapping is shared with the kernel's array, which outlives it (the map
-        // is pinned or held by the caller); it is only read and written through atomics.
-        let memory =
-            unsafe { MmapOptions::new().len(entries * size_of::<Bucket>()).map_mut(&map.fd().as_fd()) }
-                .map_err(|e| Error::io("mapping a connection table", e))?;
-        let mut table = FlowTable { memory, keying: Keying { seed: 0, mask: 0 } };
-        let header = table.bucket(entries as u32 - 1);
+        let memory = map_memory(map, entries)?;
+        let header = bucket_in(&memory, entries as u32 - 1);
         let header = Bucket { slots: core::array::from_fn(|i| header[i].load(Ordering::Relaxed)) };
-        table.keying = Keying::from_header(&header).ok_or_else(|| {
+        let keying = Keying::from_header(&header).ok_or_else(|| {
             Error::io("reading a connection table", std::io::Error::other("its last element is not a header"))
         })?;
-        if table.keying.entries() as usize != entries {
+        if keying.entries() as usize != entries {
             return Err(Error::io(
                 "reading a connection table",
                 std::io::Error::other(format!(
                     "its header says {} buckets in {entries} elements",
-                    table.keying.buckets()
+                    keying.buckets()
                 )),
             ));
         }
-        Ok(table)
+        Ok(FlowTable { memory, keying })
     }
 
     /// Writes `keying`'s header into a fresh table (all zero) behind `map`, and maps it.
     pub fn initialize(map: &MapData, keying: Keying) -> Result<FlowTable> {
-        let len = keying.entries() as usize * size_of::<Bucket>();
-        // SAFETY: as in `new`.
-        let memory = unsafe { MmapOptions::new().len(len).map_mut(&map.fd().as_fd()) }
-            .map_err(|e| Error::io("mapping a connection table", e))?;
-        let table = FlowTable { memory, keying };
-        let header = keying.header();
-        for (slot, word) in table.bucket(keying.buckets()).iter().zip(header.slots) {
+        let memory = map_memory(map, keying.entries() as usize)?;
+        for (slot, word) in bucket_in(&memory, keying.buckets()).iter().zip(keying.header().slots) {
             slot.store(word, Ordering::Relaxed);
         }
-        Ok(table)
+        Ok(FlowTable { memory, keying })
     }
 
     fn bucket(&self, index: u32) -> &[AtomicU64; BUCKET_SLOTS] {
-        let offset = index as usize * size_of::<Bucket>();
-        assert!(offset + size_of::<Bucket>() <= self.memory.len(), "bucket {index} beyond the table");
-        // SAFETY: in bounds (checked), 64-byte aligned (the mapping is page aligned), and the
-        // memory is only accessed through atomics.
-        unsafe { &*(self.memory.as_ptr().add(offset) as *const [AtomicU64; BUCKET_SLOTS]) }
+        bucket_in(&self.memory, index)
     }
 
     fn bucket_of<A: Address>(

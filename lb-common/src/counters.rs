@@ -86,10 +86,14 @@ pub enum Reason {
     /// Full NAT or 6in6 towards an IPv6 endpoint out of an uplink where this node has no IPv6
     /// address to send from: left to the kernel, untranslated.
     NoSourceAddress = 33,
+    /// Tagged with a VLAN this interface serves no group on: left to the kernel as it came.
+    VlanNotServed = 34,
+    /// Stacked tags (QinQ) or an 802.1ad service tag: left to the kernel as it came.
+    VlanStacked = 35,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 34;
+    pub const COUNT: u32 = 36;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::MalformedEthernet,
         Reason::MalformedArp,
@@ -125,6 +129,8 @@ impl Reason {
         Reason::Ipv6Passed,
         Reason::Ipv6Extension,
         Reason::NoSourceAddress,
+        Reason::VlanNotServed,
+        Reason::VlanStacked,
     ];
 
     /// The metric label value.
@@ -164,6 +170,8 @@ impl Reason {
             Reason::Ipv6Passed => "ipv6_passed",
             Reason::Ipv6Extension => "ipv6_extension",
             Reason::NoSourceAddress => "no_source_address",
+            Reason::VlanNotServed => "vlan_not_served",
+            Reason::VlanStacked => "vlan_stacked",
         }
     }
 }

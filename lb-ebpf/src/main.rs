@@ -14,7 +14,8 @@
 //!   fields, FIB parameters, rewrites).
 //! - `rewrite`: header rewrites with incremental checksums.
 //! - `owned`: owned VIPs and their leases; `uplink`: which uplink a frame came by, and this
-//!   node's address on each.
+//!   node's address on each; `vlan`: a served VLAN's tag taken off on arrival, put back on
+//!   answers and on what is passed to the kernel.
 //! - `packet`, `stats`, `maps`: bounds-checked access, counters, the maps.
 //! - `reply`: the TC egress program that translates local endpoints' replies.
 //! - `bench`: instruments for `cargo xtask bench dataplane`, never attached by the agent.
@@ -35,6 +36,7 @@ mod route;
 mod services;
 mod stats;
 mod uplink;
+mod vlan;
 mod vrrp;
 
 use aya_ebpf::{
@@ -48,7 +50,7 @@ use aya_ebpf::{
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
     let bytes = packet::len(&ctx);
-    let action = eth::handle_frame(&ctx);
+    let action = vlan::finish(&ctx, eth::handle_frame(&ctx));
     stats::count_action(action, bytes);
     action
 }
@@ -59,7 +61,7 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn lb_xdp6(ctx: XdpContext) -> u32 {
     let bytes = packet::len(&ctx);
-    let action = l3::ipv6::serve(&ctx);
+    let action = vlan::finish(&ctx, l3::ipv6::serve(&ctx));
     stats::count_action(action, bytes);
     action
 }
@@ -68,7 +70,7 @@ pub fn lb_xdp6(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn lb_xdp6_full_nat(ctx: XdpContext) -> u32 {
     let bytes = packet::len(&ctx);
-    let action = services::stages6::run_full_nat(&ctx);
+    let action = vlan::finish(&ctx, services::stages6::run_full_nat(&ctx));
     stats::count_action(action, bytes);
     action
 }

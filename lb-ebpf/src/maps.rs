@@ -138,6 +138,11 @@ pub static LOCAL_ENDPOINTS6: HashMap<LocalEndpointKey6, LocalEndpoint> =
 pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> = PerCpuArray::with_max_entries(1, 0);
 
 /// What `lb_xdp6` hands its stages (see `services::stages6`), one per CPU; not pinned.
+/// The VLAN the frame being handled arrived on (see `vlan`): per CPU, since a frame runs on
+/// one CPU from `lb_xdp` through its tail calls.
+#[map]
+pub static ARRIVAL: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
 #[map]
 pub static STATE6: PerCpuArray<State6> = PerCpuArray::with_max_entries(1, 0);
 

@@ -6,9 +6,9 @@
 use aya_ebpf::programs::XdpContext;
 use lb_common::maps::{ANY_UPLINK, UplinkKey};
 
-use crate::maps::UPLINKS;
+use crate::{maps::UPLINKS, vlan};
 
-/// Whether a VIP served on uplink `slot` is served for this frame (untagged, as received).
+/// Whether a VIP served on uplink `slot` is served for this frame (on the VLAN it came by).
 #[inline(always)]
 pub fn accepts(ctx: &XdpContext, slot: u8) -> bool {
     slot == ANY_UPLINK || arrived_on(ctx) == Some(slot)
@@ -18,7 +18,8 @@ pub fn accepts(ctx: &XdpContext, slot: u8) -> bool {
 #[inline(always)]
 fn arrived_on(ctx: &XdpContext) -> Option<u8> {
     // SAFETY: copied out at once.
-    unsafe { UPLINKS.get(&UplinkKey::new(ctx.ingress_ifindex() as u32, 0)) }.map(|u| u.slot)
+    unsafe { UPLINKS.get(&UplinkKey::new(ctx.ingress_ifindex() as u32, vlan::arrival_vlan())) }
+        .map(|u| u.slot)
 }
 
 /// This node's address on interface `ifindex`, when that is an uplink.

@@ -153,7 +153,11 @@ fn everything_else_passes_untouched_and_is_counted() {
             with_byte(with_byte(request.clone(), 12, 0x08), 13, 0x00),
             Reason::MalformedIpv4,
         ),
-        ("VLAN-tagged", with_byte(with_byte(request.clone(), 12, 0x81), 13, 0x00), Reason::NotIp),
+        (
+            "tagged with a VLAN not served",
+            with_byte(with_byte(request.clone(), 12, 0x81), 13, 0x00),
+            Reason::VlanNotServed,
+        ),
     ];
     let program = Program::load();
     for (i, (name, input, reason)) in cases.iter().enumerate() {

@@ -10,7 +10,7 @@ use lb_common::{
     maps::VipKey,
 };
 
-use crate::{maps::OWNED_VIPS, owned, packet, stats, uplink};
+use crate::{maps::OWNED_VIPS, owned, packet, stats, uplink, vlan};
 
 /// Called for frames whose EtherType is ARP.
 #[inline(always)]
@@ -58,5 +58,5 @@ pub fn answer_owned(ctx: &XdpContext) -> u32 {
     rewrite_request_into_reply(frame, owned.mac);
     stats::count_arp_reply(&target);
     stats::count_reason(Reason::ArpReplied, bytes);
-    XDP_TX
+    vlan::answer(ctx, XDP_TX)
 }

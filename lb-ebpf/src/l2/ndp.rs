@@ -17,7 +17,7 @@ use lb_common::{
 };
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
-use crate::{maps::OWNED_VIPS6, owned, packet, stats, uplink};
+use crate::{maps::OWNED_VIPS6, owned, packet, stats, uplink, vlan};
 
 /// Where the ICMPv6 type of an extension-less IPv6 frame is.
 const ICMPV6_TYPE_OFFSET: usize = EthHdr::LEN + Ipv6Hdr::LEN;
@@ -101,5 +101,5 @@ pub fn answer_owned(ctx: &XdpContext) -> u32 {
     // SAFETY: both bounds-checked again after the resize; they do not overlap.
     unsafe { rewrite_solicitation_into_advertisement(&mut *frame, &mut *option, owned.mac) };
     stats::count_neighbor_advertisement(&target);
-    stats::verdict(Reason::NdpAdvertised, bytes, XDP_TX)
+    vlan::answer(ctx, stats::verdict(Reason::NdpAdvertised, bytes, XDP_TX))
 }

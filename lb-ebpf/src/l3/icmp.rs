@@ -12,7 +12,7 @@ use crate::{
     maps::OWNED_VIPS,
     owned,
     packet::{self, ETH_LEN, L4_OFFSET, header},
-    stats, uplink,
+    stats, uplink, vlan,
 };
 
 const ECHO_REQUEST: u8 = 8;
@@ -73,5 +73,5 @@ pub fn answer_echo(ctx: &XdpContext) -> u32 {
     ip.check = csum::replace16(u16::from_be_bytes(ip.check), old, u16::from_be_bytes([ip.ttl, ip.proto]))
         .to_be_bytes();
     core::mem::swap(&mut eth.src_addr, &mut eth.dst_addr);
-    stats::verdict(Reason::IcmpEchoReplied, bytes, XDP_TX)
+    vlan::answer(ctx, stats::verdict(Reason::IcmpEchoReplied, bytes, XDP_TX))
 }

@@ -22,7 +22,7 @@ use crate::{
     owned,
     packet::{self, IPV6_LEN, Ports, header},
     services::{self, encap6},
-    stats, uplink, vrrp,
+    stats, uplink, vlan, vrrp,
 };
 
 /// Extension headers (RFC 8200 §4.1) and others that can come before TCP/UDP.
@@ -91,7 +91,7 @@ pub fn handle(ctx: &XdpContext) -> u32 {
             }
             // SAFETY: `ip` and `icmp` bounds-checked above and disjoint; `eth` below.
             unsafe { answer_echo(ctx, &mut *ip, &mut *icmp) };
-            return stats::verdict(Reason::IcmpEchoReplied, bytes, XDP_TX);
+            return vlan::answer(ctx, stats::verdict(Reason::IcmpEchoReplied, bytes, XDP_TX));
         }
     }
     if owned.kernel_too() {

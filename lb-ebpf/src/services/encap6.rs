@@ -167,7 +167,7 @@ fn packet_too_big(ctx: &XdpContext, route_mtu: u16) -> (u32, Reason) {
     }
     let check = !lb_common::csum::fold(sum as u32);
     icmp[2..4].copy_from_slice(&check.to_ne_bytes());
-    (XDP_TX, Reason::TooBig)
+    (crate::vlan::answer(ctx, XDP_TX), Reason::TooBig)
 }
 
 /// IPv6-in-IPv6 whose outer destination is one of this node's endpoints and whose inner packet

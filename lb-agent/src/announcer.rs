@@ -280,7 +280,7 @@ mod tests {
 
     fn socket() -> Arc<AnnouncementSocket> {
         // Opening an AF_PACKET socket needs CAP_NET_RAW; the schedule never sends on it.
-        Arc::new(AnnouncementSocket::open(1).unwrap_or_else(|_| AnnouncementSocket::closed()))
+        Arc::new(AnnouncementSocket::open(1, 0).unwrap_or_else(|_| AnnouncementSocket::closed()))
     }
 
     fn announcement(last: u8, count: u32, mac: u8, socket: &Arc<AnnouncementSocket>) -> Announcement {

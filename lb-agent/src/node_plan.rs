@@ -69,7 +69,7 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
     let mut taken: BTreeSet<u8> = groups.iter().filter_map(|g| g.vrid).collect();
 
     for group in groups {
-        let interface = config.group_interface(group);
+        let interface = &*config.group_interface(group);
         let me_in_group = group.nodes.iter().find(|n| n.name == me);
         let peers = |family: IpFamily| -> BTreeSet<IpAddr> {
             let others = group.nodes.iter().filter(|n| n.name != me);

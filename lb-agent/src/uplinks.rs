@@ -22,9 +22,12 @@ use crate::{
     vrrp::announcement::AnnouncementSocket,
 };
 
-/// One interface the agent serves VIPs on.
+/// One interface (or VLAN of one) the agent serves VIPs on.
 pub struct Uplink {
+    /// The interface frames arrive and leave by: for a VLAN, its parent.
     pub interface: Interface,
+    /// The 802.1Q VLAN on `interface`, zero for none.
+    pub vlan: u16,
     /// This node's address there: the full-NAT and IPIP source for traffic leaving by it.
     pub node_address: Ipv4Addr,
     /// Its IPv6 address there (`nodeAddress6`/`nodeAddresses6`, else the interface's first
@@ -42,6 +45,23 @@ pub struct Uplinks {
 }
 
 impl Uplinks {
+    /// The interfaces the uplinks arrive by, each once (a VLAN's parent once for all).
+    pub fn devices(&self) -> Vec<String> {
+        let devices: BTreeSet<&str> = self.by_name.values().map(|u| u.interface.name.as_str()).collect();
+        devices.into_iter().map(str::to_owned).collect()
+    }
+
+    /// Where `name`'s VRRP runs: the interface's index, and the VLAN's link for one on a VLAN.
+    pub fn vrrp_link(uplink: &Uplink) -> (u32, Option<crate::vrrp::tagged::Link>) {
+        let index = uplink.interface.index;
+        let link = (uplink.vlan != 0).then_some(crate::vrrp::tagged::Link {
+            ifindex: index,
+            vlan: uplink.vlan,
+            mac: uplink.interface.mac,
+        });
+        (index, link)
+    }
+
     /// The uplink `name`, if the agent has it.
     pub fn get(&self, name: &str) -> Option<&Uplink> {
         self.by_name.get(name)
@@ -59,7 +79,7 @@ impl Uplinks {
                     slot,
                     _pad: 0,
                 };
-                Some((UplinkKey::new(uplink.interface.index, 0), entry))
+                Some((UplinkKey::new(uplink.interface.index, uplink.vlan), entry))
             })
             .collect()
     }
@@ -72,7 +92,7 @@ impl Uplinks {
             .filter_map(|uplink| {
                 let address = uplink.node_address6?;
                 Some((
-                    UplinkKey::new(uplink.interface.index, 0),
+                    UplinkKey::new(uplink.interface.index, uplink.vlan),
                     lb_common::maps::Vip6Key::new(address.octets()),
                 ))
             })
@@ -100,7 +120,7 @@ pub fn interface_field(config: &Config, name: &str) -> String {
     config
         .groups
         .iter()
-        .position(|g| g.interface.as_deref() == Some(name))
+        .position(|g| g.interface.is_some() && config.group_interface(g) == name)
         .map_or_else(|| "interface".into(), |g| format!("groups[{g}].interface"))
 }
 
@@ -114,11 +134,16 @@ pub async fn resolve(
     known: &BTreeSet<String>,
 ) -> Result<std::result::Result<BTreeMap<String, Uplink>, ConfigError>> {
     let mut found = BTreeMap::new();
+    let vlans = config.vlan_uplinks();
     for name in plan.uplinks.iter().filter(|n| !known.contains(*n)) {
-        let Some(interface) = netdev::find(netlink, name).await? else {
+        let (device, vlan) = match vlans.get(name) {
+            Some((parent, vlan)) => (parent.as_str(), *vlan),
+            None => (name.as_str(), 0),
+        };
+        let Some(interface) = netdev::find(netlink, device).await? else {
             return Ok(Err(ConfigError::new(
                 interface_field(config, name),
-                format!("an interface of this node, but {name:?} does not exist here"),
+                format!("an interface of this node, but {device:?} does not exist here"),
             )));
         };
         let configured = config
@@ -126,9 +151,11 @@ pub async fn resolve(
             .get(name)
             .copied()
             .or(config.node_address.filter(|_| *name == config.interface));
+        // On a VLAN the interface's own addresses are another network's.
+        let on_interface = |found: Option<Ipv4Addr>| found.filter(|_| vlan == 0);
         let node_address = match configured {
             Some(address) => address,
-            None => match netdev::primary_ipv4(netlink, interface.index).await? {
+            None => match on_interface(netdev::primary_ipv4(netlink, interface.index).await?) {
                 Some(address) => address,
                 // A group's own address there serves as well.
                 None => match plan.ipv4_local(name) {
@@ -156,13 +183,14 @@ pub async fn resolve(
             .or(config.node_address6.filter(|_| *name == config.interface));
         let node_address6 = match configured6 {
             Some(address) => Some(address),
+            None if vlan != 0 => None,
             None => netdev::primary_ipv6(netlink, interface.index).await?,
         };
-        let announcements = AnnouncementSocket::open(interface.index)
+        let announcements = AnnouncementSocket::open(interface.index, vlan)
             .map_err(|e| Error::io(format!("opening the announcement (ARP/NA) socket on {name}"), e))?;
         found.insert(
             name.clone(),
-            Uplink { interface, node_address, node_address6, announcements: Arc::new(announcements) },
+            Uplink { interface, vlan, node_address, node_address6, announcements: Arc::new(announcements) },
         );
     }
     Ok(Ok(found))

@@ -81,7 +81,7 @@ impl Vrrp {
     pub fn open_missing(
         &self,
         plan: &NodePlan,
-        ifindex: impl Fn(&str) -> Option<u32>,
+        ifindex: impl Fn(&str) -> Option<(u32, Option<crate::vrrp::tagged::Link>)>,
     ) -> std::result::Result<BTreeMap<SocketKey, VrrpSocket>, (SocketKey, String)> {
         let mut opened = BTreeMap::new();
         let wanted: BTreeMap<SocketKey, IpAddr> = plan
@@ -98,8 +98,8 @@ impl Vrrp {
                 continue;
             }
             let name = key.0.as_str();
-            let Some(index) = ifindex(name) else { continue };
-            let socket = match VrrpSocket::open(name, index, local) {
+            let Some((index, vlan)) = ifindex(name) else { continue };
+            let socket = match VrrpSocket::open(name, index, local, vlan) {
                 Ok(socket) => socket,
                 Err(e) => {
                     let expected = if e.kind() == std::io::ErrorKind::AddrNotAvailable {

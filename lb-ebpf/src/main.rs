@@ -18,7 +18,8 @@
 //!   answers and on what is passed to the kernel.
 //! - `packet`, `stats`, `maps`: bounds-checked access, counters, the maps.
 //! - `reply`: the TC egress program that translates local endpoints' replies.
-//! - `bench`: instruments for `cargo xtask bench dataplane`, never attached by the agent.
+//! - `bench`: instruments for `cargo xtask bench dataplane`, never attached by the agent;
+//!   `lab`: the lab switch's VLAN access ports, for the tests alone.
 #![no_std]
 #![no_main]
 
@@ -27,6 +28,7 @@ mod eth;
 mod family;
 mod l2;
 mod l3;
+mod lab;
 mod maps;
 mod owned;
 mod packet;

@@ -23,6 +23,7 @@ mod netns;
 pub mod packet;
 pub mod scale;
 mod segments;
+pub mod vlans;
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
@@ -293,6 +294,11 @@ impl Lab {
     pub fn enable_native_xdp(&mut self, node: usize) {
         let port = self.nodes[node].switch_port.clone();
         self.pass_on_switch_port(port);
+    }
+
+    /// Keeps `ebpf`'s programs attached while the lab lives.
+    pub(crate) fn keep_program(&mut self, ebpf: aya::Ebpf) {
+        self.pass_programs.push(ebpf);
     }
 
     /// A pass-only program on the switch's `port`, for native XDP at its far end.

@@ -43,6 +43,9 @@ enum Out {
     Answer(Option<u16>),
 }
 
+/// (kind, what, the frame, the verdict, the reason counted, what comes out).
+type Case = (&'static str, &'static str, Vec<u8>, u32, Reason, Out);
+
 fn load() -> Ebpf {
     let mut ebpf = fixture::load_uplink();
     let mut uplinks: HashMap<_, UplinkKey, Uplink> =
@@ -131,7 +134,7 @@ fn each_vlan_answers_its_own_vips_with_its_tag_and_passes_the_rest_as_it_came() 
     let mut truncated_tag = arp(VIP_30)[..12].to_vec();
     truncated_tag.extend_from_slice(&[0x81, 0x00, 0x00]);
     #[rustfmt::skip]
-    let cases: Vec<(&str, &str, Vec<u8>, u32, Reason, Out)> = vec![
+    let cases: Vec<Case> = vec![
         ("ARP", "VLAN 30's VIP on VLAN 30", tagged(&arp(VIP_30), TCI_30), XDP_TX, Reason::ArpReplied, Out::Answer(Some(TCI_30))),
         ("ARP", "VLAN 30's VIP on VLAN 40", tagged(&arp(VIP_30), 40), XDP_PASS, Reason::WrongInterface, Out::Untouched),
         ("ARP", "VLAN 30's VIP untagged", arp(VIP_30), XDP_PASS, Reason::WrongInterface, Out::Untouched),

@@ -166,8 +166,9 @@ impl Agent {
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
-        let index =
-            |name: &str| found.get(name).or_else(|| self.uplinks.get(name)).map(|u| u.interface.index);
+        let index = |name: &str| {
+            found.get(name).or_else(|| self.uplinks.get(name)).map(crate::uplinks::Uplinks::vrrp_link)
+        };
         let sockets = match &self.vrrp {
             Some(vrrp) => vrrp.open_missing(plan, index).map_err(|((interface, family), expected)| {
                 ConfigError::new(node_address_field(config, &self.current.node, &interface, family), expected)
@@ -177,8 +178,12 @@ impl Agent {
         };
         let mut attached = Vec::new();
         for (name, uplink) in &found {
+            // A VLAN's uplink shares its parent's programs.
+            if self.dataplane.uplinks().contains_key(&uplink.interface.name) {
+                continue;
+            }
             match attach(&mut self.dataplane, &self.state.metrics.xdp_attached, &uplink.interface) {
-                Ok(()) => attached.push(name.clone()),
+                Ok(()) => attached.push(uplink.interface.name.clone()),
                 Err(e) => {
                     for name in attached {
                         drop_off_loop(self.dataplane.detach(&name));
@@ -213,13 +218,18 @@ impl Agent {
             return;
         }
         for name in &leaving {
-            let mode = self.dataplane.mode_of(name);
-            self.state.metrics.xdp_attached.remove(&XdpLabels { interface: name.clone(), mode });
-            match self.dataplane.detach(name) {
-                Ok(links) => drop_off_loop(links),
-                Err(e) => error!(interface = %name, error = %e, "detaching XDP failed"),
+            let Some(uplink) = self.uplinks.by_name.remove(name) else { continue };
+            let device = uplink.interface.name;
+            // The parent of a VLAN stays attached while another uplink (it, or a VLAN) uses it.
+            if self.uplinks.by_name.values().any(|u| u.interface.name == device) {
+                continue;
             }
-            self.uplinks.by_name.remove(name);
+            let mode = self.dataplane.mode_of(&device);
+            self.state.metrics.xdp_attached.remove(&XdpLabels { interface: device.clone(), mode });
+            match self.dataplane.detach(&device) {
+                Ok(links) => drop_off_loop(links),
+                Err(e) => error!(interface = %device, error = %e, "detaching XDP failed"),
+            }
         }
         info!(interfaces = %leaving.join(", "), "no group uses these uplinks any more: detached");
         if let Err(e) = write_uplink_map(&mut self.uplinks, &mut self.dataplane) {

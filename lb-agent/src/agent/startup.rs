@@ -80,7 +80,7 @@ pub async fn run(
     let (listener, admin, admin_ino) = listen(&config, &background).await?;
     let mut metrics = Metrics::new();
     let mut vrrp = Vrrp::new(Router::new(plan.locals.clone(), VrrpMetrics::register(&mut metrics.registry)));
-    let index = |name: &str| uplinks.get(name).map(|u| u.interface.index);
+    let index = |name: &str| uplinks.get(name).map(Uplinks::vrrp_link);
     vrrp.sockets = vrrp.open_missing(&plan, index).map_err(|((interface, family), expected)| {
         config_error(&node_address_field(&config, &node, &interface, family), expected)
     })?;
@@ -231,10 +231,15 @@ fn load_dataplane(
     uplinks: &mut Uplinks,
     metrics: &Metrics,
 ) -> Result<(Dataplane, Arc<Mutex<XdpCounters>>, ServiceMapsByFamily)> {
-    let names: Vec<&str> = uplinks.by_name.keys().map(String::as_str).collect();
+    let devices = uplinks.devices();
+    let names: Vec<&str> = devices.iter().map(String::as_str).collect();
     let (mut dataplane, counters, service_maps) =
         Dataplane::load(&names, config.xdp_mode, &config.dataplane.pin_path, &config.dataplane)?;
     for uplink in uplinks.by_name.values() {
+        // A VLAN's uplink shares its parent's programs.
+        if dataplane.uplinks().contains_key(&uplink.interface.name) {
+            continue;
+        }
         attach(&mut dataplane, &metrics.xdp_attached, &uplink.interface)?;
     }
     dataplane.detach_strays()?;

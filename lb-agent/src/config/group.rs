@@ -1,5 +1,6 @@
 //! VRRP groups in the standalone config: which nodes share which VIPs, and how.
 
+use std::borrow::Cow;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -19,6 +20,12 @@ pub struct GroupConfig {
     /// Defaults to the top-level `interface`.
     #[serde(default)]
     pub interface: Option<String>,
+    /// An 802.1Q VLAN (1–4094) of `interface` the group runs on, without a VLAN device: its
+    /// advertisements, announcements and answers are tagged, and only frames tagged with it
+    /// reach its VIPs. The group's uplink is then named `<interface>.<vlan>` (the key of
+    /// `nodeAddresses` for it).
+    #[serde(default)]
+    pub vlan: Option<u16>,
     pub nodes: Vec<GroupNode>,
     /// Shared, so that a config whose VIPs did not change (an endpoint change, from the
     /// Kubernetes source) costs no copy of them, and compares equal at a glance.
@@ -239,6 +246,38 @@ pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
 
 const MAX_ADVERT_INTERVAL: Duration = Duration::from_millis(40_950);
 
+/// The uplink a group on `interface` (and `vlan`) runs on: the interface, or `<interface>.<vlan>`
+/// (as a VLAN device is usually named, so a group naming such a device is the same uplink).
+pub fn uplink_name(interface: &str, vlan: Option<u16>) -> Cow<'_, str> {
+    match vlan {
+        Some(vlan) => Cow::Owned(format!("{interface}.{vlan}")),
+        None => Cow::Borrowed(interface),
+    }
+}
+
+/// A VLAN id 802.1Q allows (0 is "no VLAN", 4095 reserved), on a group whose VIPs live in XDP
+/// alone: without a VLAN device the kernel has nowhere on the VLAN to hold them.
+fn check_vlan(group: &GroupConfig, at: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
+    let Some(vlan) = group.vlan else { return Ok(()) };
+    if !(1..=4094).contains(&vlan) {
+        return Err(ConfigError::new(at("vlan"), format!("a VLAN id from 1 to 4094, got {vlan}")));
+    }
+    if group.vip_mode != VipMode::Xdp {
+        return Err(ConfigError::new(
+            at("vipMode"),
+            "xdp (or absent), since the group is on a VLAN: the kernel has no device there to hold its VIPs",
+        ));
+    }
+    if group.transport != Transport::Multicast {
+        return Err(ConfigError::new(
+            at("transport"),
+            "multicast (or absent), since the group is on a VLAN: unicast advertisements would need the \
+             peers' MACs there, which the kernel has no device to resolve",
+        ));
+    }
+    Ok(())
+}
+
 /// `announce: bgp` runs no VRRP, and a routed VIP lives in XDP alone: on every node at once in
 /// `bgp`, the kernel holding it would answer for it too.
 fn check_announce(group: &GroupConfig, at: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
@@ -272,13 +311,18 @@ pub(super) fn validate_groups(
     default_interface: &str,
     vip_owner: &mut BTreeMap<IpAddr, super::VipField>,
 ) -> Result<(), ConfigError> {
+    let uplinks: Vec<Cow<str>> = groups
+        .iter()
+        .map(|g| uplink_name(g.interface.as_deref().unwrap_or(default_interface), g.vlan))
+        .collect();
     let mut across = AcrossGroups::default();
     for (g, group) in groups.iter().enumerate() {
         let at = |field: &str| format!("groups[{g}].{field}");
         if let Some(interface) = &group.interface {
             check_interface_name(&at("interface"), interface)?;
         }
-        let interface = group.interface.as_deref().unwrap_or(default_interface);
+        check_vlan(group, &at)?;
+        let interface = &*uplinks[g];
         check_identity(group, g, &mut across, &at)?;
         check_announce(group, &at)?;
         let members = check_nodes(group, interface, &mut across, &at)?;

@@ -158,9 +158,22 @@ impl Config {
         self.validate_vips_and_groups().map(drop)
     }
 
-    /// The interface `group` runs on: its own, else the default uplink.
-    pub fn group_interface<'a>(&'a self, group: &'a GroupConfig) -> &'a str {
-        group.interface.as_deref().unwrap_or(&self.interface)
+    /// The uplink `group` runs on: its interface (else the default uplink's), or a VLAN of it
+    /// (`<interface>.<vlan>`).
+    pub fn group_interface<'a>(&'a self, group: &'a GroupConfig) -> std::borrow::Cow<'a, str> {
+        group::uplink_name(group.interface.as_deref().unwrap_or(&self.interface), group.vlan)
+    }
+
+    /// The uplinks groups run on VLANs of, by name: the parent interface and the VLAN id.
+    pub fn vlan_uplinks(&self) -> BTreeMap<String, (String, u16)> {
+        self.groups
+            .iter()
+            .filter_map(|g| {
+                let vlan = g.vlan?;
+                let parent = g.interface.clone().unwrap_or_else(|| self.interface.clone());
+                Some((self.group_interface(g).into_owned(), (parent, vlan)))
+            })
+            .collect()
     }
 
     /// Every check but the services', and where each VIP is declared.

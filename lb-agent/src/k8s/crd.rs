@@ -56,6 +56,12 @@ pub struct LoadBalancerGroupSpec {
     /// Or: each node uses the interface that routes to this address (IPv4 or IPv6).
     #[serde(default, rename = "interfaceFromIP", skip_serializing_if = "Option::is_none")]
     pub interface_from_ip: Option<std::net::IpAddr>,
+    /// An 802.1Q VLAN (1–4094) of that interface to run on, without a VLAN device: the
+    /// group's advertisements and answers are tagged, and only frames tagged with it reach its
+    /// VIPs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4094))]
+    pub vlan: Option<u16>,
     /// Where LoadBalancer Services get their addresses: CIDRs (`198.51.100.0/28`,
     /// `2001:db8:6::/112`) or ranges (`198.51.100.10-198.51.100.20`), of either family. A
     /// dual-stack Service gets one address of each of its `ipFamilies`.

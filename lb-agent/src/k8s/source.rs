@@ -542,6 +542,7 @@ fn group_config(
     let document = json!({
         "name": name,
         "interface": interface,
+        "vlan": spec.vlan,
         "nodes": nodes,
         "advertInterval": spec.advert_interval,
         "garp": {"refresh": spec.garp_refresh.as_deref().unwrap_or("0s")},

@@ -75,14 +75,31 @@ pub fn announcement_for(mac: MacAddr, vip: IpAddr) -> Vec<u8> {
     }
 }
 
-/// An AF_PACKET socket on the uplink for sending announcements.
+/// `frame` with an 802.1Q tag for `vlan` after its Ethernet addresses; as it is for VLAN 0.
+pub fn tagged(frame: &[u8], vlan: u16) -> std::borrow::Cow<'_, [u8]> {
+    if vlan == 0 || frame.len() < 12 {
+        return std::borrow::Cow::Borrowed(frame);
+    }
+    let mut out = Vec::with_capacity(frame.len() + 4);
+    out.extend_from_slice(&frame[..12]);
+    out.extend_from_slice(&ETHERTYPE_8021Q.to_be_bytes());
+    out.extend_from_slice(&vlan.to_be_bytes());
+    out.extend_from_slice(&frame[12..]);
+    std::borrow::Cow::Owned(out)
+}
+
+pub const ETHERTYPE_8021Q: u16 = 0x8100;
+
+/// An AF_PACKET socket on the uplink for sending announcements: on its interface, tagged with
+/// its VLAN if it has one.
 pub struct AnnouncementSocket {
     fd: std::os::fd::OwnedFd,
     ifindex: u32,
+    vlan: u16,
 }
 
 impl AnnouncementSocket {
-    pub fn open(ifindex: u32) -> io::Result<Self> {
+    pub fn open(ifindex: u32, vlan: u16) -> io::Result<Self> {
         use std::os::fd::FromRawFd;
         // SAFETY: socket() returns a new fd or -1, checked before it is owned.
         let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
@@ -90,42 +107,46 @@ impl AnnouncementSocket {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: fd is valid and owned by nothing else.
-        Ok(Self { fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }, ifindex })
+        Ok(Self { fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }, ifindex, vlan })
     }
 
     /// A socket that sends nowhere (on /dev/null), for tests of what schedules sends.
     #[cfg(test)]
     pub fn closed() -> Self {
         let null = std::fs::File::open("/dev/null").expect("/dev/null");
-        Self { fd: null.into(), ifindex: 0 }
+        Self { fd: null.into(), ifindex: 0, vlan: 0 }
     }
 
-    /// Sends a whole Ethernet frame, to the destination and EtherType it names.
+    /// Sends a whole (untagged) Ethernet frame, to the destination and EtherType it names.
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
         if frame.len() < 14 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "an Ethernet frame of 14 bytes or more"));
         }
-        use std::os::fd::AsRawFd;
-        // SAFETY: a zeroed sockaddr_ll is valid; we fill the fields the kernel reads.
-        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_protocol = u16::from_be_bytes([frame[12], frame[13]]).to_be();
-        addr.sll_ifindex = self.ifindex as i32;
-        addr.sll_halen = 6;
-        addr.sll_addr[..6].copy_from_slice(&frame[..6]);
-        // SAFETY: frame and addr outlive the call; lengths are theirs.
-        let sent = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                frame.as_ptr().cast(),
-                frame.len(),
-                0,
-                (&addr as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        if sent < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+        send_frame(&self.fd, self.ifindex, &tagged(frame, self.vlan))
     }
+}
+
+/// Sends `frame` as it is (14 bytes or more) out of `ifindex` through the packet socket `fd`.
+pub fn send_frame(fd: &impl std::os::fd::AsRawFd, ifindex: u32, frame: &[u8]) -> io::Result<()> {
+    // SAFETY: a zeroed sockaddr_ll is valid; we fill the fields the kernel reads.
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = u16::from_be_bytes([frame[12], frame[13]]).to_be();
+    addr.sll_ifindex = ifindex as i32;
+    addr.sll_halen = 6;
+    addr.sll_addr[..6].copy_from_slice(&frame[..6]);
+    // SAFETY: frame and addr outlive the call; lengths are theirs.
+    let sent = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+            (&addr as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    if sent < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
 #[cfg(test)]

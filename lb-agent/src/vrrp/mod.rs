@@ -21,3 +21,4 @@ pub mod metrics;
 pub mod packet;
 pub mod router;
 pub mod socket;
+pub mod tagged;

@@ -18,6 +18,7 @@ use super::{
     ipv6,
     packet::{IPPROTO_VRRP, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6, VRRP_TTL},
     router::Datagram,
+    tagged,
 };
 
 /// The receive socket's buffer, in bytes (the kernel counts each datagram's whole buffer,
@@ -36,6 +37,8 @@ pub struct VrrpSocket {
     send: Socket,
     source: IpAddr,
     ifindex: u32,
+    /// On a VLAN of the interface: packet sockets, frames built and read here.
+    vlan: Option<tagged::Link>,
 }
 
 /// What one receive got: the length in the buffer and, for IPv6, the header's fields (a raw
@@ -63,10 +66,18 @@ impl VrrpSocket {
     /// Bound to the device so that only the uplink's adverts arrive; multicast loop off so we
     /// never hear ourselves; TTL (hop limit) 255 both ways because receivers drop anything
     /// else (§5.1.1.3, §5.1.2.3).
-    pub fn open(interface: &str, ifindex: u32, source: IpAddr) -> io::Result<Self> {
-        let (receive, send) = match source {
-            IpAddr::V4(source) => open_v4(interface, ifindex, source)?,
-            IpAddr::V6(source) => open_v6(interface, ifindex, source)?,
+    ///
+    /// On a VLAN (`vlan`), packet sockets on the interface instead (see [`tagged`]).
+    pub fn open(
+        interface: &str,
+        ifindex: u32,
+        source: IpAddr,
+        vlan: Option<tagged::Link>,
+    ) -> io::Result<Self> {
+        let (receive, send) = match (vlan, source) {
+            (Some(link), _) => (tagged::open(link)?, tagged::open_send()?),
+            (None, IpAddr::V4(source)) => open_v4(interface, ifindex, source)?,
+            (None, IpAddr::V6(source)) => open_v6(interface, ifindex, source)?,
         };
         receive.set_nonblocking(true)?;
         // Room for every advertisement of a busy segment through a stall of a second or so (a
@@ -81,7 +92,7 @@ impl VrrpSocket {
         // SAFETY: the Socket owns its fd, which stays open until the AsyncFd drops it.
         let receive = unsafe { AsyncFd::register_with_interest(receive, Interest::READABLE) }
             .map_err(|e| io::Error::other(e.to_string()))?;
-        Ok(Self { receive, send, source, ifindex })
+        Ok(Self { receive, send, source, ifindex, vlan })
     }
 
     /// The address adverts leave from.
@@ -95,7 +106,14 @@ impl VrrpSocket {
 
     /// Receives one datagram if one is already queued; `WouldBlock` otherwise.
     pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<Arrived> {
-        receive(self.receive.get_ref(), self.family(), buf)
+        self.receive_on(self.receive.get_ref(), buf)
+    }
+
+    fn receive_on(&self, socket: &Socket, buf: &mut [u8]) -> io::Result<Arrived> {
+        match self.vlan {
+            Some(link) => tagged::receive(socket, link.vlan, self.family(), buf),
+            None => receive(socket, self.family(), buf),
+        }
     }
 
     /// Receives one datagram from whichever of `sockets` has one, and names its socket.
@@ -116,8 +134,7 @@ impl VrrpSocket {
                         Poll::Pending => break,
                         Poll::Ready(Err(e)) => return Poll::Ready((key.clone(), Err(e))),
                         Poll::Ready(Ok(mut ready)) => {
-                            let family = socket.family();
-                            if let Ok(result) = ready.try_io(|fd| receive(fd.get_ref(), family, buf)) {
+                            if let Ok(result) = ready.try_io(|fd| socket.receive_on(fd.get_ref(), buf)) {
                                 *turn = index + 1;
                                 return Poll::Ready((key.clone(), result));
                             }
@@ -134,6 +151,9 @@ impl VrrpSocket {
     /// Sends to `destination`, of the socket's family (a link-local one through this
     /// socket's interface).
     pub fn send_to(&self, msg: &[u8], destination: IpAddr) -> io::Result<()> {
+        if let Some(link) = self.vlan {
+            return tagged::send(&self.send, link, msg, self.source, destination);
+        }
         let addr = match destination {
             IpAddr::V4(v4) => SockAddr::from(SocketAddr::from((v4, 0))),
             IpAddr::V6(v6) => SockAddr::from(SocketAddrV6::new(v6, 0, 0, scope(v6, self.ifindex))),

@@ -167,3 +167,29 @@ fn authentication_names_an_absolute_key_file() {
     assert!(expected.contains("absolute"), "{expected}");
     assert_eq!(err("    authentication: {key: abc}\n").0, "groups[0].authentication.key");
 }
+
+#[test]
+fn a_group_on_a_vlan_runs_on_the_vlans_uplink_in_xdp_with_multicast() {
+    let vlan = |extra: &str| {
+        format!(
+            "{BASE}  - name: v30\n    vlan: 30\n{extra}    nodes:\n      - {{name: n0, address: 10.30.0.10}}\n"
+        )
+    };
+    let c = Config::parse(&vlan("")).unwrap();
+    assert_eq!(c.group_interface(&c.groups[1]), "eth0.30", "a VLAN of the default interface");
+    assert_eq!(c.vlan_uplinks(), [("eth0.30".to_owned(), ("eth0".to_owned(), 30))].into());
+    // A node's address on the VLAN is another than on the parent: no clash with 192.0.2.10.
+    let c = Config::parse(&vlan("    interface: eth1\n")).unwrap();
+    assert_eq!(c.group_interface(&c.groups[1]), "eth1.30");
+    for (extra, field, expected) in [
+        ("    vlan: 0\n", "groups[1].vlan", "from 1 to 4094, got 0"),
+        ("    vlan: 4095\n", "groups[1].vlan", "from 1 to 4094, got 4095"),
+        ("    vipMode: both\n", "groups[1].vipMode", "no device there"),
+        ("    transport: unicast\n", "groups[1].transport", "multicast"),
+    ] {
+        let yaml = vlan(extra).replace("    vlan: 30\n    vlan: ", "    vlan: ");
+        let e = Config::parse(&yaml).expect_err(extra);
+        assert_eq!(e.field, field, "{extra}");
+        assert!(e.expected.contains(expected), "{extra}: {}", e.expected);
+    }
+}

@@ -1,0 +1,48 @@
+//! Lab instruments, loaded only by the tests; the agent never attaches them.
+//!
+//! A VLAN-aware switch without the 802.1Q module: on a bridge's access port, `lab_access_in`
+//! (TC ingress) tags what the host sends with the port's VLAN and `lab_access_out` (TC egress)
+//! takes the tag off what goes to the host, dropping frames of other VLANs (untagged ones too,
+//! on a VLAN's port; tagged ones on an untagged port, `LAB_ACCESS_VLAN` zero). The nodes'
+//! ports are trunks and run neither. The tag pushes and pops are core networking helpers.
+
+use aya_ebpf::{
+    Global,
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    helpers::{bpf_skb_vlan_pop, bpf_skb_vlan_push},
+    macros::classifier,
+    programs::TcContext,
+};
+
+/// The access port's VLAN, set at load; zero for an untagged port.
+#[unsafe(no_mangle)]
+static LAB_ACCESS_VLAN: Global<u16> = Global::new(0);
+
+const ETHERTYPE_8021Q: u16 = 0x8100;
+
+#[classifier]
+pub fn lab_access_in(ctx: TcContext) -> i32 {
+    let vlan = LAB_ACCESS_VLAN.load();
+    if vlan == 0 {
+        return TC_ACT_OK;
+    }
+    // SAFETY: a helper on the program's own packet.
+    if unsafe { bpf_skb_vlan_push(ctx.skb.skb, ETHERTYPE_8021Q.to_be(), vlan) } != 0 {
+        return TC_ACT_SHOT;
+    }
+    TC_ACT_OK
+}
+
+#[classifier]
+pub fn lab_access_out(ctx: TcContext) -> i32 {
+    let vlan = LAB_ACCESS_VLAN.load();
+    // SAFETY: fields of the program's own context. A bridge holds a received frame's tag in
+    // the packet's metadata, never in the frame.
+    let tag = unsafe { ((*ctx.skb.skb).vlan_present != 0).then(|| (*ctx.skb.skb).vlan_tci as u16 & 0x0fff) };
+    match tag {
+        None if vlan == 0 => TC_ACT_OK,
+        // SAFETY: a helper on the program's own packet.
+        Some(tag) if tag == vlan && unsafe { bpf_skb_vlan_pop(ctx.skb.skb) } == 0 => TC_ACT_OK,
+        _ => TC_ACT_SHOT,
+    }
+}

@@ -1,0 +1,220 @@
+//! VLANs on one parent interface, with real tagged frames: two nodes whose `eth0` is a trunk
+//! of the lab switch, an untagged group and groups on VLANs 30 and 40 of `eth0`, a client on
+//! each (see `lb_lab::vlans`: the switch's access ports tag and untag with TC programs, so no
+//! 802.1Q module is needed, which this kernel lacks).
+
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use lb_lab::{Agent, Host, Lab, agent::AGENT_LISTEN};
+
+/// One group: its VLAN (none: untagged), the subnet its nodes' addresses are in, VRID,
+/// priorities, VIP.
+struct Group {
+    name: &'static str,
+    vlan: Option<u16>,
+    subnet: [u8; 3],
+    vrid: u8,
+    priorities: [u8; 2],
+    vip: Ipv4Addr,
+}
+
+const UNTAGGED: Group = Group {
+    name: "untagged",
+    vlan: None,
+    subnet: [192, 0, 2],
+    vrid: 10,
+    priorities: [100, 200],
+    vip: Ipv4Addr::new(198, 51, 100, 10),
+};
+const VLAN_30: Group = Group {
+    name: "v30",
+    vlan: Some(30),
+    subnet: [10, 30, 0],
+    vrid: 30,
+    priorities: [200, 100],
+    vip: Ipv4Addr::new(198, 51, 100, 30),
+};
+const VLAN_40: Group = Group {
+    name: "v40",
+    vlan: Some(40),
+    subnet: [10, 40, 0],
+    vrid: 40,
+    priorities: [100, 200],
+    vip: Ipv4Addr::new(198, 51, 100, 40),
+};
+const GROUPS: [&Group; 3] = [&UNTAGGED, &VLAN_30, &VLAN_40];
+
+fn config(me: usize) -> String {
+    let mut yaml = format!("node: n{me}\ninterface: eth0\nlisten: {AGENT_LISTEN}\ngroups:\n");
+    for g in GROUPS {
+        let [a, b, c] = g.subnet;
+        let vlan = g.vlan.map_or(String::new(), |v| format!("    vlan: {v}\n"));
+        yaml.push_str(&format!(
+            "  - name: {}\n    interface: eth0\n{vlan}    vrid: {}\n    advertInterval: 50ms\n    nodes:\n      \
+             - {{name: n0, address: {a}.{b}.{c}.10}}\n      - {{name: n1, address: {a}.{b}.{c}.11}}\n    \
+             priorities: {{n0: {}, n1: {}}}\n    vips:\n      - address: {}\n",
+            g.name, g.vrid, g.priorities[0], g.priorities[1], g.vip
+        ));
+    }
+    yaml
+}
+
+struct Vlans {
+    agents: Vec<Agent>,
+    /// The clients on VLANs 30 and 40.
+    clients: [Host; 2],
+    lab: Lab,
+}
+
+fn vlans() -> Vlans {
+    let mut lab = Lab::new(2);
+    for node in 0..2 {
+        lab.enable_native_xdp(node);
+    }
+    lab.make_vlan_aware();
+    let clients = [
+        lab.add_vlan_client(30, Ipv4Addr::new(10, 30, 0, 100)),
+        lab.add_vlan_client(40, Ipv4Addr::new(10, 40, 0, 100)),
+    ];
+    let agents = (0..2)
+        .map(|i| {
+            let mut agent = lab.start_agent(i, &config(i));
+            agent.wait_ready();
+            agent
+        })
+        .collect();
+    Vlans { agents, clients, lab }
+}
+
+impl Vlans {
+    fn client(&self, g: &Group) -> &Host {
+        match g.vlan {
+            None => &self.lab.client,
+            Some(30) => &self.clients[0],
+            Some(_) => &self.clients[1],
+        }
+    }
+
+    fn logs(&self) -> String {
+        let reasons = |a: &Agent| {
+            a.metrics()
+                .lines()
+                .filter(|l| l.starts_with("lbagent_xdp_reason_packets_total"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        self.agents
+            .iter()
+            .map(|a| format!("{}\n{}", a.log_text(), reasons(a)))
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    }
+
+    /// Polls until `g`'s VIP is answered on its VLAN by node `node`'s MAC alone.
+    fn wait_answer(&self, g: &Group, node: usize) {
+        let expected = lb_lab::format_mac(&self.lab.nodes[node].mac);
+        let client = self.client(g);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let replies = client.arping(g.vip, 1);
+            if replies == [expected.as_str()] {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} from {}: {replies:?}, not {expected}\n{}",
+                g.vip,
+                client.name,
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn state(&self, node: usize, g: &Group, state: &str) -> f64 {
+        self.agents[node].metric(&format!(
+            r#"lbagent_vrrp_state{{group="{}",vrid="{}",family="ipv4",state="{state}"}}"#,
+            g.name, g.vrid
+        ))
+    }
+
+    fn transitions(&self, node: usize, g: &Group) -> f64 {
+        ["master", "backup"]
+            .iter()
+            .map(|from| {
+                let to = if *from == "master" { "backup" } else { "master" };
+                self.agents[node].metric(&format!(
+                    r#"lbagent_vrrp_transitions_total{{group="{}",vrid="{}",family="ipv4",from="{from}",to="{to}"}}"#,
+                    g.name, g.vrid
+                ))
+            })
+            .sum()
+    }
+}
+
+/// The node whose priority is higher in `g`.
+fn master_of(g: &Group) -> usize {
+    usize::from(g.priorities[1] > g.priorities[0])
+}
+
+/// Each VLAN elects its own master from tagged advertisements, answers ARP and ping for its
+/// VIP with its tag, and never for another VLAN's VIP (nor the untagged group's, nor the
+/// untagged client for theirs); when VLAN 30's master dies, VLAN 30 alone moves.
+#[test]
+fn vlans_elect_answer_isolate_and_fail_over_apart() {
+    let mut net = vlans();
+    for g in GROUPS {
+        net.wait_answer(g, master_of(g));
+        for node in 0..2 {
+            let state = if node == master_of(g) { "master" } else { "backup" };
+            assert_eq!(net.state(node, g, state), 1.0, "{} on n{node}\n{}", g.name, net.logs());
+        }
+        let client = net.client(g);
+        assert!(
+            client.output_ok(&["ping", "-c", "2", "-i", "0.1", "-W", "1", &g.vip.to_string()]),
+            "ping {} from {}\n{}",
+            g.vip,
+            client.name,
+            net.logs()
+        );
+    }
+    for g in GROUPS {
+        for other in GROUPS.iter().filter(|o| o.name != g.name) {
+            let client = net.client(other);
+            assert!(
+                client.arping(g.vip, 1).is_empty(),
+                "{} answered to {}\n{}",
+                g.vip,
+                client.name,
+                net.logs()
+            );
+        }
+    }
+    // On the trunk to n1, n0's advertisements for VLAN 30 are tagged 30 (the capture reads the
+    // tag from the packet's metadata, where the bridge keeps it).
+    let capture = net.lab.switch.run_cmd(&[
+        "timeout",
+        "2",
+        "tcpdump",
+        "-i",
+        &net.lab.nodes[1].switch_port,
+        "-e",
+        "-nn",
+        "-c",
+        "2",
+        "vlan 30 and ip proto 112",
+    ]);
+    let capture = String::from_utf8_lossy(&capture.stdout);
+    assert!(capture.contains("vlan 30") && capture.contains("10.30.0.10 > 224.0.0.18"), "{capture}");
+    let moves: Vec<f64> = [&UNTAGGED, &VLAN_40].iter().map(|g| net.transitions(1, g)).collect();
+    net.agents[0].kill();
+    net.wait_answer(&VLAN_30, 1);
+    for (g, before) in [&UNTAGGED, &VLAN_40].iter().zip(moves) {
+        assert_eq!(net.transitions(1, g), before, "{} moved", g.name);
+        net.wait_answer(g, 1);
+    }
+    assert!(net.clients[0].output_ok(&["ping", "-c", "2", "-i", "0.1", "-W", "1", &VLAN_30.vip.to_string()]));
+}

@@ -4,12 +4,14 @@
 //! (TC ingress) tags what the host sends with the port's VLAN and `lab_access_out` (TC egress)
 //! takes the tag off what goes to the host, dropping frames of other VLANs (untagged ones too,
 //! on a VLAN's port; tagged ones on an untagged port, `LAB_ACCESS_VLAN` zero). The nodes'
-//! ports are trunks and run neither. The tag pushes and pops are core networking helpers.
+//! ports are trunks and run neither. `lab_vlan_device_in`/`_out` stand in for a host's VLAN
+//! device (a veth pair whose end holds the host's address on the VLAN), where the module that
+//! would make one is missing. The tag pushes and pops are core networking helpers.
 
 use aya_ebpf::{
     Global,
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    helpers::{bpf_skb_vlan_pop, bpf_skb_vlan_push},
+    helpers::{bpf_redirect, bpf_skb_vlan_pop, bpf_skb_vlan_push},
     macros::classifier,
     programs::TcContext,
 };
@@ -44,5 +46,44 @@ pub fn lab_access_out(ctx: TcContext) -> i32 {
         // SAFETY: a helper on the program's own packet.
         Some(tag) if tag == vlan && unsafe { bpf_skb_vlan_pop(ctx.skb.skb) } == 0 => TC_ACT_OK,
         _ => TC_ACT_SHOT,
+    }
+}
+
+/// Where a lab VLAN device's frames go, set at load: the parent's ifindex on the device's
+/// side, the device peer's on the parent's.
+#[unsafe(no_mangle)]
+static LAB_REDIRECT: Global<u32> = Global::new(0);
+
+/// A host's VLAN device without the module, part one, on the parent's TC ingress: a frame of
+/// `LAB_ACCESS_VLAN` (its tag in the metadata, where the kernel put it on receive) goes on
+/// untagged to the device (through its peer, `LAB_REDIRECT`). Runs after XDP, so the agent's
+/// program sees every frame first.
+#[classifier]
+pub fn lab_vlan_device_in(ctx: TcContext) -> i32 {
+    let vlan = LAB_ACCESS_VLAN.load();
+    // SAFETY: fields of the program's own context.
+    let tag = unsafe { ((*ctx.skb.skb).vlan_present != 0).then(|| (*ctx.skb.skb).vlan_tci as u16 & 0x0fff) };
+    if tag != Some(vlan) {
+        return TC_ACT_OK;
+    }
+    // SAFETY: helpers on the program's own packet.
+    unsafe {
+        if bpf_skb_vlan_pop(ctx.skb.skb) != 0 {
+            return TC_ACT_SHOT;
+        }
+        bpf_redirect(LAB_REDIRECT.load(), 0) as i32
+    }
+}
+
+/// Part two, on the device peer's TC ingress: what the host sends on the device leaves the
+/// parent (`LAB_REDIRECT`) tagged with `LAB_ACCESS_VLAN`.
+#[classifier]
+pub fn lab_vlan_device_out(ctx: TcContext) -> i32 {
+    // SAFETY: helpers on the program's own packet.
+    unsafe {
+        if bpf_skb_vlan_push(ctx.skb.skb, ETHERTYPE_8021Q.to_be(), LAB_ACCESS_VLAN.load()) != 0 {
+            return TC_ACT_SHOT;
+        }
+        bpf_redirect(LAB_REDIRECT.load(), 0) as i32
     }
 }

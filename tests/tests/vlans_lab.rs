@@ -47,7 +47,13 @@ const VLAN_40: Group = Group {
 };
 const GROUPS: [&Group; 3] = [&UNTAGGED, &VLAN_30, &VLAN_40];
 
-fn config(me: usize) -> String {
+/// VLAN 30's further VIPs: served in full NAT and DSR from n1's endpoint (the first VIP from
+/// n0's, locally).
+const VIP_30_FULL_NAT: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 31);
+const VIP_30_DSR: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 32);
+const TARGET_PORT: u16 = 8080;
+
+fn config(me: usize, services: &str) -> String {
     let mut yaml = format!("node: n{me}\ninterface: eth0\nlisten: {AGENT_LISTEN}\ngroups:\n");
     for g in GROUPS {
         let [a, b, c] = g.subnet;
@@ -58,7 +64,11 @@ fn config(me: usize) -> String {
              priorities: {{n0: {}, n1: {}}}\n    vips:\n      - address: {}\n",
             g.name, g.vrid, g.priorities[0], g.priorities[1], g.vip
         ));
+        if g.vlan == Some(30) {
+            yaml.push_str(&format!("      - address: {VIP_30_FULL_NAT}\n      - address: {VIP_30_DSR}\n"));
+        }
     }
+    yaml.push_str(&format!("services:\n{services}"));
     yaml
 }
 
@@ -69,19 +79,22 @@ struct Vlans {
     lab: Lab,
 }
 
-fn vlans() -> Vlans {
+/// The lab with agents running [`GROUPS`]; `prepare` sets it up further before they start
+/// and returns their services.
+fn vlans(prepare: impl Fn(&mut Lab) -> String) -> Vlans {
     let mut lab = Lab::new(2);
     for node in 0..2 {
         lab.enable_native_xdp(node);
     }
     lab.make_vlan_aware();
+    let services = prepare(&mut lab);
     let clients = [
         lab.add_vlan_client(30, Ipv4Addr::new(10, 30, 0, 100)),
         lab.add_vlan_client(40, Ipv4Addr::new(10, 40, 0, 100)),
     ];
     let agents = (0..2)
         .map(|i| {
-            let mut agent = lab.start_agent(i, &config(i));
+            let mut agent = lab.start_agent(i, &config(i, &services));
             agent.wait_ready();
             agent
         })
@@ -165,7 +178,7 @@ fn master_of(g: &Group) -> usize {
 /// untagged client for theirs); when VLAN 30's master dies, VLAN 30 alone moves.
 #[test]
 fn vlans_elect_answer_isolate_and_fail_over_apart() {
-    let mut net = vlans();
+    let mut net = vlans(|_| String::new());
     for g in GROUPS {
         net.wait_answer(g, master_of(g));
         for node in 0..2 {
@@ -217,4 +230,50 @@ fn vlans_elect_answer_isolate_and_fail_over_apart() {
         net.wait_answer(g, 1);
     }
     assert!(net.clients[0].output_ok(&["ping", "-c", "2", "-i", "0.1", "-W", "1", &VLAN_30.vip.to_string()]));
+}
+
+/// TCP from VLAN 30's client through its VIPs in each delivery mode: locally to n0's endpoint,
+/// in full NAT and in DSR to n1's. The request arrives tagged and leaves the master untagged
+/// towards the endpoint; the replies reach the VLAN through each node's address there (a host
+/// with `eth0.30` would use that device; see `Lab::add_vlan_device`).
+#[test]
+fn tcp_through_a_vlans_vips_in_every_delivery_mode() {
+    let net = vlans(|lab| {
+        lab.add_vlan_device(30, [10, 30, 0]);
+        lab.add_pod(0);
+        lab.add_pod(1);
+        [(VLAN_30.vip, "fullNat", 0), (VIP_30_FULL_NAT, "fullNat", 1), (VIP_30_DSR, "dsr", 1)]
+            .iter()
+            .enumerate()
+            .map(|(i, (vip, mode, pod))| {
+                lb_lab::cluster::service_config(lab, &format!("s{i}"), *vip, 80, TARGET_PORT, mode, &[*pod])
+            })
+            .collect()
+    });
+    let _servers: Vec<lb_lab::Process> = net.lab.pods.iter().map(|p| p.serve(TARGET_PORT)).collect();
+    net.wait_answer(&VLAN_30, 0);
+    let client = &net.clients[0];
+    for (vip, pod, reason) in [
+        (VLAN_30.vip, 0, "forwarded_local"),
+        (VIP_30_FULL_NAT, 1, "forwarded_full_nat"),
+        (VIP_30_DSR, 1, "forwarded_dsr"),
+    ] {
+        let sample = format!(r#"lbagent_xdp_reason_packets_total{{reason="{reason}"}}"#);
+        let before = net.agents[0].metric(&sample);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut session = loop {
+            if let Some(s) = client.session(vip, 80) {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "no session to {vip} from VLAN 30\n{}", net.logs());
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let expected = format!("{} over vlan 30", net.lab.pods[pod].name);
+        assert_eq!(
+            session.echo("over vlan 30", Duration::from_secs(1)).as_deref(),
+            Some(expected.as_str()),
+            "{vip}"
+        );
+        assert!(net.agents[0].metric(&sample) > before, "{vip}: {reason}\n{}", net.logs());
+    }
 }

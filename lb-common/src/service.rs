@@ -414,7 +414,10 @@ pub struct ReplyNatOf<A> {
     /// when the kernel has no neighbour entry for the client (XDP answered its ARP, so the
     /// kernel never learnt it). Zero when unknown.
     pub peer_mac: [u8; 6],
-    pub _pad: [u8; 2],
+    /// Full-NAT: the 802.1Q VLAN the client's packets came on (host order), zero untagged. A
+    /// tagged client's replies go back the way it came, tagged: no route leads onto a VLAN
+    /// without a device.
+    pub peer_vlan: u16,
 }
 
 /// A full-NAT source port's owner: how its replies are translated, and when its flow last
@@ -423,7 +426,8 @@ pub struct ReplyNatOf<A> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SnatEntryOf<A> {
     pub reply: ReplyNatOf<A>,
-    pub _pad: [u8; 4],
+    /// The interface a tagged client's packets arrived by (`reply.peer_vlan`), zero otherwise.
+    pub peer_ifindex: u32,
     pub last_seen_ns: u64,
 }
 
@@ -442,7 +446,7 @@ impl<A: Address> SnatEntryOf<A> {
 
 impl<A> ReplyNatOf<A> {
     pub const fn new(src: A, dst: A, sport: [u8; 2], dport: [u8; 2]) -> Self {
-        Self { src, dst, sport, dport, peer_mac: [0; 6], _pad: [0; 2] }
+        Self { src, dst, sport, dport, peer_mac: [0; 6], peer_vlan: 0 }
     }
 }
 

@@ -151,7 +151,7 @@ impl IpFamily for V4 {
         let mut key = FlowKeyOf::new([0; 4], [0; 4], [0; 2], [0; 2], 0);
         let mut entry = SnatEntryOf {
             reply: ReplyNatOf::new([0; 4], [0; 4], [0; 2], [0; 2]),
-            _pad: [0; 4],
+            peer_ifindex: 0,
             last_seen_ns: 0,
         };
         Some(f(&mut key, &mut entry))

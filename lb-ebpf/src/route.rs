@@ -27,6 +27,8 @@ pub struct NextHop {
     pub dmac: [u8; 6],
     /// The largest IP packet the route takes; zero where unknown (not cached then).
     pub mtu: u16,
+    /// The 802.1Q VLAN the frame leaves on, zero for none (the FIB's hops are untagged).
+    pub vlan: u16,
 }
 
 /// The next hop from `src` to `dst`, backend `backend`'s address (or its node's), for a packet
@@ -49,7 +51,7 @@ pub fn cached_lookup<F: IpFamily>(
         // SAFETY: a map value, copied out at once.
         let c = unsafe { &*c };
         if c.ifindex != 0 && now.wrapping_sub(c.checked_ns) < HOP_REFRESH_NS && len <= c.mtu {
-            return Ok(NextHop { ifindex: c.ifindex, smac: c.smac, dmac: c.dmac, mtu: c.mtu });
+            return Ok(NextHop { ifindex: c.ifindex, smac: c.smac, dmac: c.dmac, mtu: c.mtu, vlan: 0 });
         }
     }
     let hop = lookup::<F>(ctx, src, dst, len)?;
@@ -97,6 +99,7 @@ pub fn lookup<F: IpFamily>(
                 // SAFETY: on success the kernel wrote the route's MTU over `tot_len` (a u16
                 // either way).
                 mtu: unsafe { params.__bindgen_anon_1.mtu_result },
+                vlan: 0,
             }),
             BPF_FIB_LKUP_RET_NO_NEIGH => Err(Reason::NoNeighbor),
             BPF_FIB_LKUP_RET_FRAG_NEEDED => Err(Reason::TooBig),
@@ -126,8 +129,8 @@ pub fn egress<F: IpFamily>(ctx: &XdpContext, src: &F::Addr, dst: &F::Addr, tot_l
     .flatten()
 }
 
-/// Rewrites the Ethernet addresses for `hop` and transmits: back out of the uplink with
-/// `XDP_TX`, or to another interface with a redirect.
+/// Rewrites the Ethernet addresses for `hop` (and tags the frame for its VLAN) and transmits:
+/// back out of the uplink with `XDP_TX`, or to another interface with a redirect.
 #[inline(always)]
 pub fn send(ctx: &XdpContext, hop: &NextHop) -> Option<u32> {
     let eth = header::<EthHdr>(ctx, 0)?;
@@ -135,6 +138,9 @@ pub fn send(ctx: &XdpContext, hop: &NextHop) -> Option<u32> {
     let eth = unsafe { &mut *eth };
     eth.dst_addr = hop.dmac;
     eth.src_addr = hop.smac;
+    if hop.vlan != 0 && !crate::vlan::tag(ctx, hop.vlan) {
+        return None;
+    }
     if hop.ifindex == ctx.ingress_ifindex() as u32 {
         return Some(XDP_TX);
     }

@@ -29,9 +29,9 @@ pub fn source(ifindex: u32) -> Option<[u8; 4]> {
     unsafe { UPLINKS.get(&UplinkKey::new(ifindex, 0)) }.map(|u| u.source)
 }
 
-/// The MAC of interface `ifindex`, when that is an uplink.
+/// The MAC of interface `ifindex` (on VLAN `vlan`, zero for none), when that is an uplink.
 #[inline(always)]
-pub fn mac(ifindex: u32) -> Option<[u8; 6]> {
+pub fn mac(ifindex: u32, vlan: u16) -> Option<[u8; 6]> {
     // SAFETY: copied out at once.
-    unsafe { UPLINKS.get(&UplinkKey::new(ifindex, 0)) }.map(|u| u.mac)
+    unsafe { UPLINKS.get(&UplinkKey::new(ifindex, vlan)) }.map(|u| u.mac)
 }

@@ -114,15 +114,23 @@ pub fn finish(ctx: &XdpContext, action: u32) -> u32 {
     XDP_DROP
 }
 
-/// Puts the arrival tag back on the frame; true when there was none or it is back on. A BPF
-/// function of its own: inlined, its frame would add to `lb_xdp6`'s, whose calls fill the
-/// 512-byte stack.
-#[inline(never)]
+/// Puts the arrival tag back on the frame; true when there was none or it is back on.
+#[inline(always)]
 fn retag(ctx: &XdpContext) -> bool {
     let arrival = arrival();
     if arrival & TAGGED == 0 {
         return true;
     }
+    // Once back on, a second call must not tag the frame twice.
+    set_arrival(0);
+    tag(ctx, arrival as u16)
+}
+
+/// Tags the frame with `tci` (802.1Q); false when the frame has no room or is too short. A
+/// BPF function of its own: inlined, its frame would add to `lb_xdp6`'s, whose calls fill the
+/// 512-byte stack.
+#[inline(never)]
+pub fn tag(ctx: &XdpContext, tci: u16) -> bool {
     let Some(eth) = packet::header::<UntaggedHeader>(ctx, 0) else {
         return false;
     };
@@ -139,10 +147,8 @@ fn retag(ctx: &XdpContext) -> bool {
     unsafe {
         (*header).macs = macs;
         (*header).tpid = ETHERTYPE_8021Q.to_be_bytes();
-        (*header).tci = (arrival as u16).to_be_bytes();
+        (*header).tci = tci.to_be_bytes();
     }
-    // Once back on, a second call must not tag the frame twice.
-    set_arrival(0);
     true
 }
 

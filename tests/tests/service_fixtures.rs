@@ -543,7 +543,7 @@ fn full_nat_ports_stay_with_their_flows() {
         let mut other =
             ReplyNat::new(VIP.octets(), [192, 0, 2, 99], 81u16.to_be_bytes(), 41_101u16.to_be_bytes());
         other.peer_mac = PEER_MAC;
-        let held = SnatEntry { reply: other, _pad: [0; 4], last_seen_ns: 0 };
+        let held = SnatEntry { reply: other, peer_ifindex: 0, last_seen_ns: 0 };
         f.maps.snat().map_mut().insert(reply_key(first), held, 0).unwrap();
         let next = SNAT_FIRST + ((first - SNAT_FIRST) as u32 + 1).rem_euclid(SNAT_SPAN) as u16;
         let (input, expected) = forward(41_101, next);
@@ -595,7 +595,7 @@ fn a_changed_port_range_never_sends_a_flow_out_on_another_flows_port() {
         other.peer_mac = PEER_MAC;
         let reply_key =
             FlowKey::new(REMOTE_POD.octets(), NODE.octets(), 8080u16.to_be_bytes(), moved.to_be_bytes(), 17);
-        let held = SnatEntry { reply: other, _pad: [0; 4], last_seen_ns: 0 };
+        let held = SnatEntry { reply: other, peer_ifindex: 0, last_seen_ns: 0 };
         f.maps.snat().map_mut().insert(reply_key, held, 0).unwrap();
         f.maps
             .set_settings(Settings { node_addr: NODE.octets(), snat_port_min: first, snat_port_max: 65_535 })

@@ -51,6 +51,9 @@ const GROUPS: [&Group; 3] = [&UNTAGGED, &VLAN_30, &VLAN_40];
 /// n0's, locally).
 const VIP_30_FULL_NAT: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 31);
 const VIP_30_DSR: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 32);
+/// VLAN 40's further VIP, served in full NAT from n0's endpoint by n1, which has no address on
+/// VLAN 40.
+const VIP_40_FULL_NAT: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 41);
 const TARGET_PORT: u16 = 8080;
 
 fn config(me: usize, services: &str) -> String {
@@ -64,8 +67,12 @@ fn config(me: usize, services: &str) -> String {
              priorities: {{n0: {}, n1: {}}}\n    vips:\n      - address: {}\n",
             g.name, g.vrid, g.priorities[0], g.priorities[1], g.vip
         ));
-        if g.vlan == Some(30) {
-            yaml.push_str(&format!("      - address: {VIP_30_FULL_NAT}\n      - address: {VIP_30_DSR}\n"));
+        match g.vlan {
+            Some(30) => {
+                yaml.push_str(&format!("      - address: {VIP_30_FULL_NAT}\n      - address: {VIP_30_DSR}\n"))
+            }
+            Some(40) => yaml.push_str(&format!("      - address: {VIP_40_FULL_NAT}\n")),
+            _ => {}
         }
     }
     yaml.push_str(&format!("services:\n{services}"));
@@ -234,46 +241,52 @@ fn vlans_elect_answer_isolate_and_fail_over_apart() {
 
 /// TCP from VLAN 30's client through its VIPs in each delivery mode: locally to n0's endpoint,
 /// in full NAT and in DSR to n1's. The request arrives tagged and leaves the master untagged
-/// towards the endpoint; the replies reach the VLAN through each node's address there (a host
-/// with `eth0.30` would use that device; see `Lab::add_vlan_device`).
+/// towards the endpoint; the replies the kernel sends reach the VLAN through each node's
+/// address there (a host with `eth0.30` would use that device; see `Lab::add_vlan_device`),
+/// full NAT's go back tagged the way the client came. So full NAT needs no such address: VLAN
+/// 40, where the nodes have none, is served in full NAT too.
 #[test]
 fn tcp_through_a_vlans_vips_in_every_delivery_mode() {
     let net = vlans(|lab| {
         lab.add_vlan_device(30, [10, 30, 0]);
         lab.add_pod(0);
         lab.add_pod(1);
-        [(VLAN_30.vip, "fullNat", 0), (VIP_30_FULL_NAT, "fullNat", 1), (VIP_30_DSR, "dsr", 1)]
-            .iter()
-            .enumerate()
-            .map(|(i, (vip, mode, pod))| {
-                lb_lab::cluster::service_config(lab, &format!("s{i}"), *vip, 80, TARGET_PORT, mode, &[*pod])
-            })
-            .collect()
+        [
+            (VLAN_30.vip, "fullNat", 0),
+            (VIP_30_FULL_NAT, "fullNat", 1),
+            (VIP_30_DSR, "dsr", 1),
+            (VIP_40_FULL_NAT, "fullNat", 0),
+        ]
+        .iter()
+        .enumerate()
+        .map(|(i, (vip, mode, pod))| {
+            lb_lab::cluster::service_config(lab, &format!("s{i}"), *vip, 80, TARGET_PORT, mode, &[*pod])
+        })
+        .collect()
     });
     let _servers: Vec<lb_lab::Process> = net.lab.pods.iter().map(|p| p.serve(TARGET_PORT)).collect();
     net.wait_answer(&VLAN_30, 0);
-    let client = &net.clients[0];
-    for (vip, pod, reason) in [
-        (VLAN_30.vip, 0, "forwarded_local"),
-        (VIP_30_FULL_NAT, 1, "forwarded_full_nat"),
-        (VIP_30_DSR, 1, "forwarded_dsr"),
+    net.wait_answer(&VLAN_40, 1);
+    for (vlan, vip, pod, reason) in [
+        (30, VLAN_30.vip, 0, "forwarded_local"),
+        (30, VIP_30_FULL_NAT, 1, "forwarded_full_nat"),
+        (30, VIP_30_DSR, 1, "forwarded_dsr"),
+        (40, VIP_40_FULL_NAT, 0, "forwarded_full_nat"),
     ] {
+        let (client, master) = if vlan == 30 { (&net.clients[0], 0) } else { (&net.clients[1], 1) };
         let sample = format!(r#"lbagent_xdp_reason_packets_total{{reason="{reason}"}}"#);
-        let before = net.agents[0].metric(&sample);
+        let before = net.agents[master].metric(&sample);
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut session = loop {
             if let Some(s) = client.session(vip, 80) {
                 break s;
             }
-            assert!(Instant::now() < deadline, "no session to {vip} from VLAN 30\n{}", net.logs());
+            assert!(Instant::now() < deadline, "no session to {vip} from VLAN {vlan}\n{}", net.logs());
             std::thread::sleep(Duration::from_millis(100));
         };
-        let expected = format!("{} over vlan 30", net.lab.pods[pod].name);
-        assert_eq!(
-            session.echo("over vlan 30", Duration::from_secs(1)).as_deref(),
-            Some(expected.as_str()),
-            "{vip}"
-        );
-        assert!(net.agents[0].metric(&sample) > before, "{vip}: {reason}\n{}", net.logs());
+        let expected = format!("{} over vlan {vlan}", net.lab.pods[pod].name);
+        let said = session.echo(&format!("over vlan {vlan}"), Duration::from_secs(1));
+        assert_eq!(said.as_deref(), Some(expected.as_str()), "{vip}");
+        assert!(net.agents[master].metric(&sample) > before, "{vip}: {reason}\n{}", net.logs());
     }
 }

@@ -72,7 +72,7 @@ mod tests {
     fn only_entries_idle_past_the_timeout_go() {
         let entry = |seen: u64| SnatEntry {
             reply: ReplyNat::new([198, 51, 100, 10], [192, 0, 2, 100], [0, 80], [0x9c, 0x40]),
-            _pad: [0; 4],
+            peer_ifindex: 0,
             last_seen_ns: seen,
         };
         let key =

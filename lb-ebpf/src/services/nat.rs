@@ -89,15 +89,18 @@ pub(super) fn full_nat<F: IpFamily>(
         return (XDP_PASS, Reason::NoSourceAddress);
     };
     // SAFETY: bounds-checked by `header`; copied out.
-    let peer_mac = || header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).src_addr }).unwrap_or_default();
+    let peer = || Peer {
+        mac: header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).src_addr }).unwrap_or_default(),
+        vlan: crate::vlan::arrival_vlan(),
+        ifindex: ctx.ingress_ifindex() as u32,
+    };
     let held = picked.snat_attempt().and_then(|attempt| {
-        held_snat_port::<F>(flow, &backend, source, &settings, attempt, picked.check_due, peer_mac, now)
+        held_snat_port::<F>(flow, &backend, source, &settings, attempt, picked.check_due, peer, now)
     });
     let snat_port = match held {
         Some(port) => port,
         None => {
-            let Some((port, attempt)) =
-                claim_snat_port::<F>(flow, &backend, source, &settings, peer_mac(), now)
+            let Some((port, attempt)) = claim_snat_port::<F>(flow, &backend, source, &settings, peer(), now)
             else {
                 return (XDP_DROP, Reason::SnatPortsExhausted);
             };
@@ -133,7 +136,7 @@ fn claim_snat_port<F: IpFamily>(
     backend: &BackendOf<F::Addr>,
     node: F::Addr,
     settings: &Settings,
-    peer_mac: [u8; 6],
+    peer: Peer,
     now: u64,
 ) -> Option<([u8; 2], u8)> {
     let span = u32::from(settings.snat_port_max.checked_sub(settings.snat_port_min)?) + 1;
@@ -144,7 +147,7 @@ fn claim_snat_port<F: IpFamily>(
     // there before).
     const NO_PORT: u32 = u32::MAX;
     let claimed = F::with_snat_room(|key, entry| {
-        *entry = snat_entry(flow, peer_mac, now);
+        *entry = snat_entry(flow, peer, now);
         // One key, its port changed per attempt; a bound LLVM cannot see (no range is shorter
         // in practice) keeps the loop a loop: unrolled eight times, IPv6's keys and compares
         // spill past BPF's stack.
@@ -166,12 +169,21 @@ fn claim_snat_port<F: IpFamily>(
     (claimed != NO_PORT).then(|| ((claimed as u16).to_be_bytes(), (claimed >> 16) as u8))
 }
 
+/// Where a full-NAT flow's client sent from: the way its replies go back when no route does.
+pub(super) struct Peer {
+    mac: [u8; 6],
+    vlan: u16,
+    ifindex: u32,
+}
+
 /// `flow`'s reply translation, seen `now`.
 #[inline(always)]
-fn snat_entry<A: Address>(flow: &FlowKeyOf<A>, peer_mac: [u8; 6], now: u64) -> SnatEntryOf<A> {
+fn snat_entry<A: Address>(flow: &FlowKeyOf<A>, peer: Peer, now: u64) -> SnatEntryOf<A> {
     let mut reply = ReplyNatOf::new(flow.dst, flow.src, flow.dport, flow.sport);
-    reply.peer_mac = peer_mac;
-    SnatEntryOf { reply, _pad: [0; 4], last_seen_ns: now }
+    reply.peer_mac = peer.mac;
+    reply.peer_vlan = peer.vlan;
+    let peer_ifindex = if peer.vlan != 0 { peer.ifindex } else { 0 };
+    SnatEntryOf { reply, peer_ifindex, last_seen_ns: now }
 }
 
 /// Whether this packet makes sure its local flow's reply entry is there. Under a flood of new
@@ -201,7 +213,7 @@ fn held_snat_port<F: IpFamily>(
     settings: &Settings,
     attempt: u8,
     check_due: bool,
-    peer_mac: impl FnOnce() -> [u8; 6],
+    peer: impl FnOnce() -> Peer,
     now: u64,
 ) -> Option<[u8; 2]> {
     if u32::from(attempt) >= SNAT_ATTEMPTS {
@@ -221,7 +233,7 @@ fn held_snat_port<F: IpFamily>(
                 mine
             },
             None => {
-                *entry = snat_entry(flow, peer_mac(), now);
+                *entry = snat_entry(flow, peer(), now);
                 F::snat_replies().insert(&*key, &*entry, BPF_NOEXIST as u64).is_ok()
             }
         }
@@ -251,11 +263,22 @@ pub(super) fn translate_reply<F: IpFamily>(
     }
     // SAFETY: copied out at once. REPLY_NAT held full NAT's entries before SNAT_REPLIES did:
     // flows from before an upgrade are found there.
-    let to = match unsafe { F::snat_replies().get(flow) } {
-        Some(entry) => entry.reply,
-        None => unsafe { F::reply_nat().get(flow) }.copied()?,
+    let (to, peer_ifindex) = match unsafe { F::snat_replies().get(flow) } {
+        Some(entry) => (entry.reply, entry.peer_ifindex),
+        None => (unsafe { F::reply_nat().get(flow) }.copied()?, 0),
     };
     let bytes = packet::len(ctx);
+    if to.peer_vlan != 0 {
+        // Back the way the client's packets came, tagged: onto a VLAN without a device no
+        // route leads.
+        let Some(smac) = uplink::mac(peer_ifindex, to.peer_vlan) else {
+            return Some(stats::verdict(Reason::NoNeighbor, bytes, XDP_PASS));
+        };
+        let hop =
+            route::NextHop { ifindex: peer_ifindex, smac, dmac: to.peer_mac, mtu: 0, vlan: to.peer_vlan };
+        let (action, reason) = route_out::<F>(ctx, layout, &to, &hop, Reason::ReplyTranslated);
+        return Some(stats::verdict(reason, bytes, action));
+    }
     let hop = match route::lookup::<F>(ctx, &to.src, &to.dst, tot_len) {
         Ok(hop) => hop,
         // Back the way the client's packets came: to the MAC they came from, out of the
@@ -268,12 +291,12 @@ pub(super) fn translate_reply<F: IpFamily>(
                 // SAFETY: bounds-checked by `header`; copied out.
                 header::<EthHdr>(ctx, 0).map(|eth| unsafe { (*eth).dst_addr })?
             } else {
-                match uplink::mac(ifindex) {
+                match uplink::mac(ifindex, 0) {
                     Some(mac) => mac,
                     None => return Some(stats::verdict(Reason::NoNeighbor, bytes, XDP_PASS)),
                 }
             };
-            route::NextHop { ifindex, smac, dmac: to.peer_mac, mtu: 0 }
+            route::NextHop { ifindex, smac, dmac: to.peer_mac, mtu: 0, vlan: 0 }
         }
         Err(reason) => return Some(stats::verdict(reason, bytes, XDP_PASS)),
     };

@@ -12,6 +12,7 @@ use std::{
 };
 
 use lb_common::maps::{Uplink as UplinkEntry, UplinkKey};
+use tracing::info;
 
 use crate::{
     config::{Config, ConfigError},
@@ -136,26 +137,35 @@ pub async fn resolve(
     let mut found = BTreeMap::new();
     let vlans = config.vlan_uplinks();
     for name in plan.uplinks.iter().filter(|n| !known.contains(*n)) {
-        let (device, vlan) = match vlans.get(name) {
-            Some((parent, vlan)) => (parent.as_str(), *vlan),
-            None => (name.as_str(), 0),
+        // A VLAN without a device, named by the config; else the interface, or for a VLAN
+        // device its parent and VLAN. `addresses`: where this node's addresses there are (none
+        // on a VLAN without a device: the parent's are another network's).
+        let located = match vlans.get(name) {
+            Some((parent, vlan)) => netdev::find(netlink, parent).await?.map(|i| (i, *vlan, None)),
+            None => netdev::find_uplink(netlink, name).await?.map(|(i, vlan, own)| (i, vlan, Some(own))),
         };
-        let Some(interface) = netdev::find(netlink, device).await? else {
+        let Some((interface, vlan, addresses)) = located else {
+            let device = vlans.get(name).map_or(name.as_str(), |(parent, _)| parent.as_str());
             return Ok(Err(ConfigError::new(
                 interface_field(config, name),
                 format!("an interface of this node, but {device:?} does not exist here"),
             )));
         };
+        if vlan != 0 && addresses.is_some() {
+            info!(uplink = %name, parent = %interface.name, vlan, "a VLAN device: served on its parent, natively");
+        }
         let configured = config
             .node_addresses
             .get(name)
             .copied()
             .or(config.node_address.filter(|_| *name == config.interface));
-        // On a VLAN the interface's own addresses are another network's.
-        let on_interface = |found: Option<Ipv4Addr>| found.filter(|_| vlan == 0);
+        let primary = match addresses {
+            Some(index) => netdev::primary_ipv4(netlink, index).await?,
+            None => None,
+        };
         let node_address = match configured {
             Some(address) => address,
-            None => match on_interface(netdev::primary_ipv4(netlink, interface.index).await?) {
+            None => match primary {
                 Some(address) => address,
                 // A group's own address there serves as well.
                 None => match plan.ipv4_local(name) {
@@ -181,10 +191,10 @@ pub async fn resolve(
             .get(name)
             .copied()
             .or(config.node_address6.filter(|_| *name == config.interface));
-        let node_address6 = match configured6 {
-            Some(address) => Some(address),
-            None if vlan != 0 => None,
-            None => netdev::primary_ipv6(netlink, interface.index).await?,
+        let node_address6 = match (configured6, addresses) {
+            (Some(address), _) => Some(address),
+            (None, Some(index)) => netdev::primary_ipv6(netlink, index).await?,
+            (None, None) => None,
         };
         let announcements = AnnouncementSocket::open(interface.index, vlan)
             .map_err(|e| Error::io(format!("opening the announcement (ARP/NA) socket on {name}"), e))?;

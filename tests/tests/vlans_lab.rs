@@ -230,8 +230,24 @@ fn vlans_elect_answer_isolate_and_fail_over_apart() {
     let capture = String::from_utf8_lossy(&capture.stdout);
     assert!(capture.contains("vlan 30") && capture.contains("10.30.0.10 > 224.0.0.18"), "{capture}");
     let moves: Vec<f64> = [&UNTAGGED, &VLAN_40].iter().map(|g| net.transitions(1, g)).collect();
+    // The new master's ARP announcements reach VLAN 30's client: they left n1 tagged 30, or
+    // the client's access port would have dropped them.
+    let capture = net.clients[0]
+        .ns
+        .command(&["timeout", "3", "tcpdump", "-l", "-t", "-nn", "-e", "arp"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
     net.agents[0].kill();
     net.wait_answer(&VLAN_30, 1);
+    let announced = String::from_utf8_lossy(&capture.wait_with_output().unwrap().stdout).into_owned();
+    let n1 = lb_lab::format_mac(&net.lab.nodes[1].mac);
+    let vip = VLAN_30.vip;
+    assert!(
+        announced.lines().any(|l| l.starts_with(&n1) && l.contains(&format!("who-has {vip} tell {vip}"))),
+        "no announcement of {vip} from {n1} on VLAN 30:\n{announced}"
+    );
     for (g, before) in [&UNTAGGED, &VLAN_40].iter().zip(moves) {
         assert_eq!(net.transitions(1, g), before, "{} moved", g.name);
         net.wait_answer(g, 1);

@@ -23,7 +23,9 @@ mod group;
 mod routes;
 mod service;
 pub use dataplane::{Capacity, Capacity6, DataplaneConfig, PortRange};
-pub use group::{Announce, AnnouncementConfig, Authentication, GroupConfig, GroupNode, GroupVip, VipMode};
+pub use group::{
+    Announce, AnnouncementConfig, Authentication, GroupConfig, GroupNode, GroupVip, VipMode, uplink_name,
+};
 pub use routes::RoutesConfig;
 pub use service::{Endpoint, MAX_ENDPOINTS, Protocol, RemoteMode, ServiceConfig, ServicePort, TrafficPolicy};
 

@@ -128,6 +128,55 @@ pub fn vlan_of(msg: &LinkMessage) -> Option<(u32, u16)> {
     })
 }
 
+/// Turns receive VLAN offload off on `interface` (`ethtool -K <interface> rxvlan off`), so a
+/// NIC leaves 802.1Q tags in the frames XDP sees: with it on, the NIC strips them into
+/// metadata that only the dev-bound `bpf_xdp_metadata_rx_vlan_tag` kfunc reads, which the
+/// agent's BPF loader (aya 0.14) cannot call. True when it was on.
+pub fn keep_vlan_tags_in_frames(interface: &str) -> std::io::Result<bool> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    const ETHTOOL_GFLAGS: u32 = 0x25;
+    const ETHTOOL_SFLAGS: u32 = 0x26;
+    const ETH_FLAG_RXVLAN: u32 = 1 << 8;
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    if interface.len() >= libc::IFNAMSIZ {
+        return Err(std::io::Error::other(format!("{interface:?} is longer than an interface name may be")));
+    }
+    // SAFETY: socket() returns a new descriptor or -1, checked before it is owned.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened and owned by nothing else.
+    let socket = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut value = EthtoolValue { cmd: ETHTOOL_GFLAGS, data: 0 };
+    // SAFETY: all-zero is a valid ifreq.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (slot, byte) in request.ifr_name.iter_mut().zip(interface.bytes()) {
+        *slot = byte as libc::c_char;
+    }
+    request.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
+    let ethtool = |request: &mut libc::ifreq| {
+        // SAFETY: SIOCETHTOOL reads the ifreq and the ethtool_value it points to, both alive.
+        if unsafe { libc::ioctl(socket.as_raw_fd(), SIOCETHTOOL as _, request as *mut libc::ifreq) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    ethtool(&mut request)?;
+    if value.data & ETH_FLAG_RXVLAN == 0 {
+        return Ok(false);
+    }
+    value = EthtoolValue { cmd: ETHTOOL_SFLAGS, data: value.data & !ETH_FLAG_RXVLAN };
+    request.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
+    ethtool(&mut request)?;
+    Ok(true)
+}
+
 fn interface(name: &str, msg: &LinkMessage) -> Interface {
     let mac = msg
         .attributes

@@ -12,7 +12,7 @@ use std::{
 };
 
 use lb_common::maps::{Uplink as UplinkEntry, UplinkKey};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     config::{Config, ConfigError},
@@ -153,6 +153,19 @@ pub async fn resolve(
         };
         if vlan != 0 && addresses.is_some() {
             info!(uplink = %name, parent = %interface.name, vlan, "a VLAN device: served on its parent, natively");
+        }
+        if vlan != 0 {
+            match netdev::keep_vlan_tags_in_frames(&interface.name) {
+                Ok(true) => {
+                    info!(interface = %interface.name, "receive VLAN offload turned off, so XDP sees the tags")
+                }
+                Ok(false) => {}
+                Err(e) => warn!(
+                    interface = %interface.name,
+                    error = %e,
+                    "cannot turn receive VLAN offload off: if the NIC strips tags, its VLANs' frames reach XDP untagged and are not served"
+                ),
+            }
         }
         let configured = config
             .node_addresses

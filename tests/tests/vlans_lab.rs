@@ -213,6 +213,13 @@ fn vlans_elect_answer_isolate_and_fail_over_apart() {
             );
         }
     }
+    // The agents turned receive VLAN offload off on the parent, where a NIC would otherwise
+    // strip the tags before XDP.
+    for node in &net.lab.nodes {
+        let features =
+            String::from_utf8_lossy(&node.ns.run_cmd(&["ethtool", "-k", "eth0"]).stdout).into_owned();
+        assert!(features.contains("rx-vlan-offload: off"), "{}: {features}", node.name);
+    }
     // On the trunk to n1, n0's advertisements for VLAN 30 are tagged 30 (the capture reads the
     // tag from the packet's metadata, where the bridge keeps it).
     let capture = net.lab.switch.run_cmd(&[

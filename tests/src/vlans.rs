@@ -25,14 +25,23 @@ impl Lab {
         }
     }
 
-    /// A client on VLAN `vlan` of `br0`, at `ip`, its port an access port of the VLAN; it
-    /// reaches the VIP range on its link, as the lab's client does.
+    /// A client on VLAN `vlan` of `br0`, at `ip` (and `2001:db8:<vlan>::<ip's last octet>`), its
+    /// port an access port of the VLAN; it reaches the VIP ranges on its link, as the lab's
+    /// client does.
     pub fn add_vlan_client(&mut self, vlan: u16, ip: Ipv4Addr) -> Host {
         let [_, _, c, d] = ip.octets();
         let host = plug(&self.switch, &self.id, &format!("v{vlan}"), ip, [0x02, 0x1c, 0, c, 0, d]);
         host.ns.run_cmd(&["ip", "route", "add", VIP_RANGE, "dev", Host::IFACE]);
         // Checksums in software, as a NIC would put them on the wire.
         host.ns.run_cmd(&["ethtool", "-K", Host::IFACE, "tx", "off"]);
+        // IPv6 too: 2001:db8:<vlan>::<last octet>, and the IPv6 VIP range on its link.
+        for key in ["all", Host::IFACE] {
+            host.ns.run_cmd(&["sysctl", "-qw", &format!("net.ipv6.conf.{key}.disable_ipv6=0")]);
+        }
+        host.ns.run_cmd(&["sysctl", "-qw", &format!("net.ipv6.conf.{}.accept_dad=0", Host::IFACE)]);
+        let address6 = format!("2001:db8:{vlan:x}::{d:x}/64");
+        host.ns.run_cmd(&["ip", "-6", "addr", "add", &address6, "dev", Host::IFACE, "nodad"]);
+        host.ns.run_cmd(&["ip", "-6", "route", "add", crate::VIP6_RANGE, "dev", Host::IFACE]);
         let port = host.switch_port.clone();
         self.access_port(&port, vlan);
         host

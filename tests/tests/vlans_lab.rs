@@ -4,7 +4,7 @@
 //! 802.1Q module is needed, which this kernel lacks).
 
 use std::{
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     time::{Duration, Instant},
 };
 
@@ -55,21 +55,37 @@ const VIP_30_DSR: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 32);
 /// VLAN 40.
 const VIP_40_FULL_NAT: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 41);
 const TARGET_PORT: u16 = 8080;
+/// VLAN 30's IPv6 VIP, advertised from the nodes' link-local addresses on VLAN 30 (which the
+/// config names: without a VLAN device the kernel has none there).
+const VIP6_30: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, 0x30);
 
 fn config(me: usize, services: &str) -> String {
     let mut yaml = format!("node: n{me}\ninterface: eth0\nlisten: {AGENT_LISTEN}\ngroups:\n");
     for g in GROUPS {
         let [a, b, c] = g.subnet;
         let vlan = g.vlan.map_or(String::new(), |v| format!("    vlan: {v}\n"));
+        // VLAN 30's members advertise IPv6 from a link-local address of their own there.
+        let address6 = |node: u8| match g.vlan {
+            Some(30) => format!(", address6: 'fe80::30:{node}'"),
+            _ => String::new(),
+        };
         yaml.push_str(&format!(
             "  - name: {}\n    interface: eth0\n{vlan}    vrid: {}\n    advertInterval: 50ms\n    nodes:\n      \
-             - {{name: n0, address: {a}.{b}.{c}.10}}\n      - {{name: n1, address: {a}.{b}.{c}.11}}\n    \
+             - {{name: n0, address: {a}.{b}.{c}.10{}}}\n      - {{name: n1, address: {a}.{b}.{c}.11{}}}\n    \
              priorities: {{n0: {}, n1: {}}}\n    vips:\n      - address: {}\n",
-            g.name, g.vrid, g.priorities[0], g.priorities[1], g.vip
+            g.name,
+            g.vrid,
+            address6(10),
+            address6(11),
+            g.priorities[0],
+            g.priorities[1],
+            g.vip
         ));
         match g.vlan {
             Some(30) => {
-                yaml.push_str(&format!("      - address: {VIP_30_FULL_NAT}\n      - address: {VIP_30_DSR}\n"))
+                yaml.push_str(&format!(
+                    "      - address: {VIP_30_FULL_NAT}\n      - address: {VIP_30_DSR}\n      - address: '{VIP6_30}'\n"
+                ))
             }
             Some(40) => yaml.push_str(&format!("      - address: {VIP_40_FULL_NAT}\n")),
             _ => {}
@@ -94,6 +110,7 @@ fn vlans(prepare: impl Fn(&mut Lab) -> String) -> Vlans {
         lab.enable_native_xdp(node);
     }
     lab.make_vlan_aware();
+    lab.enable_ipv6();
     let services = prepare(&mut lab);
     let clients = [
         lab.add_vlan_client(30, Ipv4Addr::new(10, 30, 0, 100)),
@@ -154,6 +171,20 @@ impl Vlans {
         }
     }
 
+    /// Polls until VLAN 30's client resolves `vip` (IPv6) to node `node`'s MAC.
+    fn wait_ndisc(&self, vip: Ipv6Addr, node: usize) {
+        let expected = self.lab.nodes[node].mac_string();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let answer = self.clients[0].ndisc(vip);
+            if answer.as_deref() == Some(expected.as_str()) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{vip}: {answer:?}, not {expected}\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn state(&self, node: usize, g: &Group, state: &str) -> f64 {
         self.agents[node].metric(&format!(
             r#"lbagent_vrrp_state{{group="{}",vrid="{}",family="ipv4",state="{state}"}}"#,
@@ -180,9 +211,10 @@ fn master_of(g: &Group) -> usize {
     usize::from(g.priorities[1] > g.priorities[0])
 }
 
-/// Each VLAN elects its own master from tagged advertisements, answers ARP and ping for its
-/// VIP with its tag, and never for another VLAN's VIP (nor the untagged group's, nor the
-/// untagged client for theirs); when VLAN 30's master dies, VLAN 30 alone moves.
+/// Each VLAN elects its own master from tagged advertisements (IPv4, and IPv6 on VLAN 30),
+/// answers ARP, Neighbor Discovery and ping for its VIPs with its tag, and never for another
+/// VLAN's VIPs (nor the untagged group's, nor the untagged client for theirs); when VLAN 30's
+/// master dies, VLAN 30 alone moves, and its new master announces its VIPs tagged.
 #[test]
 fn vlans_elect_answer_isolate_and_fail_over_apart() {
     let mut net = vlans(|_| String::new());
@@ -200,6 +232,19 @@ fn vlans_elect_answer_isolate_and_fail_over_apart() {
             client.name,
             net.logs()
         );
+    }
+    // IPv6 on VLAN 30: its own instance elects the same master from tagged advertisements,
+    // which answers Neighbor Discovery and ping for the VIP there, and nowhere else.
+    let master6 = r#"lbagent_vrrp_state{group="v30",vrid="30",family="ipv6",state="master"}"#;
+    assert_eq!(net.agents[0].metric(master6), 1.0, "{}", net.logs());
+    net.wait_ndisc(VIP6_30, 0);
+    assert!(
+        net.clients[0].output_ok(&["ping", "-6", "-c", "2", "-i", "0.1", "-W", "1", &VIP6_30.to_string()]),
+        "ping {VIP6_30}\n{}",
+        net.logs()
+    );
+    for client in [&net.clients[1], &net.lab.client] {
+        assert_eq!(client.ndisc(VIP6_30), None, "{VIP6_30} answered to {}", client.name);
     }
     for g in GROUPS {
         for other in GROUPS.iter().filter(|o| o.name != g.name) {
@@ -248,6 +293,7 @@ fn vlans_elect_answer_isolate_and_fail_over_apart() {
     std::thread::sleep(Duration::from_millis(500));
     net.agents[0].kill();
     net.wait_answer(&VLAN_30, 1);
+    net.wait_ndisc(VIP6_30, 1);
     let announced = String::from_utf8_lossy(&capture.wait_with_output().unwrap().stdout).into_owned();
     let n1 = lb_lab::format_mac(&net.lab.nodes[1].mac);
     let vip = VLAN_30.vip;

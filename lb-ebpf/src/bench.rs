@@ -3,7 +3,8 @@
 //!
 //! - `bench_gen`: run through BPF_PROG_TEST_RUN in live-frames mode on the client, it sends
 //!   its input frame out with `XDP_TX`, cycling the UDP source port over `flows` values. IPv4
-//!   frames go without a UDP checksum; IPv6 ones (where it is mandatory) get theirs computed.
+//!   frames (802.1Q-tagged too) go without a UDP checksum; IPv6 ones (where it is mandatory) get
+//!   theirs computed.
 //! - `bench_sink`: counts and drops (XDP): the ceiling's sink on the LB node.
 //! - `bench_sink_tc`: counts and drops at the pod's TC ingress, after the kernel has built the
 //!   packet's skb as for any pod traffic, whichever mode forwarded it.
@@ -37,7 +38,7 @@ use network_types::{
 };
 
 use crate::{
-    packet::{ETH_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPV6_LEN, L4_OFFSET},
+    packet::{ETH_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPV4_LEN, IPV6_LEN, L4_OFFSET},
     rewrite,
     services::flow::MapBucket,
 };
@@ -47,6 +48,8 @@ static BENCH_CONFIG: Array<BenchConfig> = Array::with_max_entries(1, 0);
 
 #[map]
 static BENCH_COUNT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+const ETHERTYPE_8021Q: u16 = 0x8100;
 
 /// `bench_gen`'s source ports per source address.
 const SOURCE_PORTS: u64 = 32_768;
@@ -97,9 +100,16 @@ pub fn bench_gen(ctx: XdpContext) -> u32 {
         udp[6..8].copy_from_slice(&check.to_be_bytes());
         return XDP_TX;
     }
-    // SAFETY: the IPv4 header and the eight UDP header bytes were bounds-checked above.
+    // An 802.1Q-tagged frame (the VLAN rows) has its IPv4 header four bytes on.
+    // SAFETY: the Ethernet header was bounds-checked above.
+    let tagged = unsafe { (*(start as *const EthHdr)).ether_type == ETHERTYPE_8021Q.to_be() };
+    let l3 = if tagged { ETH_LEN + 4 } else { ETH_LEN };
+    if start + l3 + IPV4_LEN + 8 > end {
+        return XDP_DROP;
+    }
+    // SAFETY: the IPv4 header and the eight UDP header bytes were bounds-checked just above.
     let (ip, udp) =
-        unsafe { (&mut *((start + ETH_LEN) as *mut Ipv4Hdr), &mut *((start + L4_OFFSET) as *mut [u8; 8])) };
+        unsafe { (&mut *((start + l3) as *mut Ipv4Hdr), &mut *((start + l3 + IPV4_LEN) as *mut [u8; 8])) };
     let mut source = ip.src_addr;
     source[1] = (flow / SOURCE_PORTS) as u8;
     if source != ip.src_addr {

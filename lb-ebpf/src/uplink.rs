@@ -17,9 +17,11 @@ pub fn accepts(ctx: &XdpContext, slot: u8) -> bool {
 /// The slot of the uplink this frame arrived on, if it is one.
 #[inline(always)]
 fn arrived_on(ctx: &XdpContext) -> Option<u8> {
+    if let Some(slot) = vlan::tagged_arrival_slot() {
+        return Some(slot);
+    }
     // SAFETY: copied out at once.
-    unsafe { UPLINKS.get(&UplinkKey::new(ctx.ingress_ifindex() as u32, vlan::arrival_vlan())) }
-        .map(|u| u.slot)
+    unsafe { UPLINKS.get(&UplinkKey::new(ctx.ingress_ifindex() as u32, 0)) }.map(|u| u.slot)
 }
 
 /// This node's address on interface `ifindex`, when that is an uplink.

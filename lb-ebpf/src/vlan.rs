@@ -28,8 +28,10 @@ pub const ETHERTYPE_8021AD: u16 = 0x88a8;
 const TAG_LEN: usize = 4;
 /// The TCI's VLAN id bits.
 const VID_MASK: u16 = 0x0fff;
-/// [`ARRIVAL`]'s flag for a frame that came tagged; the TCI is in its low 16 bits.
+/// [`ARRIVAL`]'s flag for a frame that came tagged; the TCI is in its low 16 bits, the VLAN's
+/// uplink slot in its top byte (found when the tag came off, so not looked up again).
 const TAGGED: u32 = 1 << 16;
+const SLOT_SHIFT: u32 = 24;
 
 /// The Ethernet addresses, the tag, and the EtherType it carries.
 #[repr(C)]
@@ -60,6 +62,13 @@ pub fn arrival_vlan() -> u16 {
     arrival() as u16 & VID_MASK
 }
 
+/// The uplink slot of the VLAN a tagged frame arrived on; `None` for an untagged frame.
+#[inline(always)]
+pub fn tagged_arrival_slot() -> Option<u8> {
+    let arrival = arrival();
+    (arrival & TAGGED != 0).then_some((arrival >> SLOT_SHIFT) as u8)
+}
+
 /// Takes the tag off a frame whose EtherType is 802.1Q and records its VLAN, when this
 /// interface serves it. Otherwise the frame is left as it came and the reason to pass it
 /// returned: a stacked tag, a VLAN not served here, a truncated tag.
@@ -75,9 +84,10 @@ pub fn untag(ctx: &XdpContext) -> Result<(), Reason> {
         return Err(Reason::VlanStacked);
     }
     let key = UplinkKey::new(ctx.ingress_ifindex() as u32, tci & VID_MASK);
-    if UPLINKS.get_ptr(&key).is_none() {
+    // SAFETY: copied out at once.
+    let Some(slot) = (unsafe { UPLINKS.get(&key) }).map(|u| u.slot) else {
         return Err(Reason::VlanNotServed);
-    }
+    };
     // SAFETY: the helper moves the start of the packet within its buffer; every pointer into
     // the packet is taken again afterwards.
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, TAG_LEN as i32) } != 0 {
@@ -88,7 +98,7 @@ pub fn untag(ctx: &XdpContext) -> Result<(), Reason> {
     };
     // SAFETY: bounds-checked by `header`; the EtherType is already the inner one.
     unsafe { (*eth).macs = macs };
-    set_arrival(TAGGED | u32::from(tci));
+    set_arrival(TAGGED | u32::from(tci) | u32::from(slot) << SLOT_SHIFT);
     Ok(())
 }
 

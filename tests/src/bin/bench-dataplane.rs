@@ -9,7 +9,9 @@
 //! - Receiver: `bench_sink_tc` at the pod's TC ingress counts what arrives, once the kernel has
 //!   built its skb (GRO on, no XDP on the pod's side), as it does for any traffic to a pod.
 //! - Modes: `xdp-drop` (the ceiling: a sink on n0 itself), `lb-agent` (the full program: Maglev,
-//!   connection table, counters), `xdp-dnat` (a bare DNAT and redirect), `xdp-dnat-table` (the
+//!   connection table, counters), `lb-agent-vlan` (the same with the VIP on VLAN 30 of n0's
+//!   uplink and the generator's frames tagged 30 in the frame: the tagged path against the
+//!   untagged one; IPv4 only), `xdp-dnat` (a bare DNAT and redirect), `xdp-dnat-table` (the
 //!   same with a lookup in a connection table of the agent's shape), `xdp-dnat-line` (with a
 //!   lookup in `flow_table`'s one-line buckets instead), `xdp-dnat-shard` (those buckets in 32 KiB
 //!   shards the kernel allocates in its huge-page direct map), `iptables` and `nftables` (kube-proxy's
@@ -58,6 +60,7 @@ const FORWARDER_CPU: usize = 1;
 enum Mode {
     XdpDrop,
     LbAgent,
+    LbAgentVlan,
     XdpDnat,
     XdpDnatTable,
     XdpDnatLine,
@@ -67,9 +70,10 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 8] = [
+    const ALL: [Mode; 9] = [
         Mode::XdpDrop,
         Mode::LbAgent,
+        Mode::LbAgentVlan,
         Mode::XdpDnat,
         Mode::XdpDnatTable,
         Mode::XdpDnatLine,
@@ -82,6 +86,7 @@ impl Mode {
         match self {
             Mode::XdpDrop => "XDP_DROP at the LB (ceiling)",
             Mode::LbAgent => "lb-agent (full program)",
+            Mode::LbAgentVlan => "lb-agent, VIP on VLAN 30 (tagged)",
             Mode::XdpDnat => "bare XDP DNAT + redirect",
             Mode::XdpDnatTable => "bare XDP DNAT + connection table",
             Mode::XdpDnatLine => "bare XDP DNAT + one-line table",
@@ -140,7 +145,14 @@ fn main() {
         .into_iter()
         .filter(|m| {
             !(ipv6
-                && matches!(m, Mode::XdpDnat | Mode::XdpDnatTable | Mode::XdpDnatLine | Mode::XdpDnatShard))
+                && matches!(
+                    m,
+                    Mode::LbAgentVlan
+                        | Mode::XdpDnat
+                        | Mode::XdpDnatTable
+                        | Mode::XdpDnatLine
+                        | Mode::XdpDnatShard
+                ))
         })
         .filter(|m| !(xdp_only && matches!(m, Mode::Iptables | Mode::Nftables)))
         .collect();
@@ -156,7 +168,7 @@ fn main() {
     for rep in 0..repetitions {
         for (i, &mode) in modes.iter().enumerate() {
             let active = bench.activate(mode);
-            let sample = bench.measure(active.as_ref(), packets, flows);
+            let sample = bench.measure(active.as_ref(), packets, flows, mode == Mode::LbAgentVlan);
             drop(active);
             bench.deactivate(mode);
             eprintln!(
@@ -308,6 +320,9 @@ impl Bench {
         // n0 receives through NAPI in every mode (GRO on; the sending side's TSO off), run by
         // a kernel thread pinned to its own CPU.
         lab.switch.run_cmd(&["ethtool", "-K", &node.switch_port, "tso", "off"]);
+        // VLAN 30's frames reach n0 with the tag in the frame, as from a NIC without receive
+        // VLAN offload (the agent turns it off).
+        lab.switch.run_cmd(&["ethtool", "-K", &node.switch_port, "txvlan", "off"]);
         node.ns.run_cmd(&["ethtool", "-K", "eth0", "gro", "on"]);
         let before = napi_threads();
         node.ns.run_cmd(&["sh", "-c", "echo 1 > /sys/class/net/eth0/threaded"]);
@@ -365,6 +380,25 @@ impl Bench {
         let pod = self.lab.pods[0].ip;
         match mode {
             Mode::XdpDrop => Some(Active::Sink(self.node().run(|| attach("bench_sink", "eth0")))),
+            Mode::LbAgentVlan => {
+                let config = format!(
+                    "node: n0\ninterface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\n\
+                     groups:\n  - {{name: bench, vlan: 30, vrid: 30, priorities: {{n0: 200}}, advertInterval: 100ms, nodes: [{{name: n0, address: 10.30.0.10}}], \
+                     vips: [{{address: {VIP}}}]}}\n\
+                     dataplane: {{keepOnExit: false, capacity: {{flows: {0}, replyNat: {0}}}}}\nservices:\n  - name: bench\n    vip: {VIP}\n    ports:\n      \
+                     - {{port: 80, protocol: UDP, targetPort: {TARGET_PORT}}}\n    endpoints:\n{1}",
+                    table_flows(self.flows),
+                    format_args!("      - {{address: {pod}, node: n0}}\n")
+                );
+                let mut agent = self.lab.start_agent(0, &config);
+                agent.wait_ready();
+                // A lone member: master once its master-down interval passes.
+                agent.wait_metric(
+                    r#"lbagent_vrrp_state{group="bench",vrid="30",family="ipv4",state="master"}"#,
+                    1.0,
+                );
+                Some(Active::Agent(agent))
+            }
             Mode::LbAgent => {
                 let config = format!(
                     "node: n0\ninterface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\nvips: [{{address: {VIP}}}]\n\
@@ -478,7 +512,11 @@ impl Bench {
                 agent.wait_ready();
                 Some(Active::Agent(agent))
             }
-            Mode::XdpDnat | Mode::XdpDnatTable | Mode::XdpDnatLine | Mode::XdpDnatShard => None,
+            Mode::LbAgentVlan
+            | Mode::XdpDnat
+            | Mode::XdpDnatTable
+            | Mode::XdpDnatLine
+            | Mode::XdpDnatShard => None,
             Mode::Iptables => {
                 let rules = format!(
                     "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-BENCH - [0:0]\n:KUBE-SEP-BENCH - [0:0]\n\
@@ -531,7 +569,7 @@ impl Bench {
 
     /// Sends `packets` frames and returns (delivered packets per second, forwarder ns/packet).
     /// Delivered means counted by the pods' sinks, or by the ceiling mode's sink on n0.
-    fn measure(&self, active: Option<&Active>, packets: u32, flows: u32) -> Sample {
+    fn measure(&self, active: Option<&Active>, packets: u32, flows: u32, tagged: bool) -> Sample {
         let received = || -> u64 {
             match active {
                 Some(Active::Sink(ebpf)) => count(ebpf),
@@ -558,7 +596,8 @@ impl Bench {
                     &udp,
                 )
             } else {
-                ipv4_frame(self.lab.client.mac, self.lab.nodes[0].mac, CLIENT, VIP, 64, 17, &udp)
+                let frame = ipv4_frame(self.lab.client.mac, self.lab.nodes[0].mac, CLIENT, VIP, 64, 17, &udp);
+                if tagged { [&frame[..12], &[0x81, 0x00, 0x00, 30], &frame[12..]].concat() } else { frame }
             }
         };
         let client_if = ifindex(&self.lab.client.ns, "eth0");

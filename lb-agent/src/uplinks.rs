@@ -137,36 +137,10 @@ pub async fn resolve(
     let mut found = BTreeMap::new();
     let vlans = config.vlan_uplinks();
     for name in plan.uplinks.iter().filter(|n| !known.contains(*n)) {
-        // A VLAN without a device, named by the config; else the interface, or for a VLAN
-        // device its parent and VLAN. `addresses`: where this node's addresses there are (none
-        // on a VLAN without a device: the parent's are another network's).
-        let located = match vlans.get(name) {
-            Some((parent, vlan)) => netdev::find(netlink, parent).await?.map(|i| (i, *vlan, None)),
-            None => netdev::find_uplink(netlink, name).await?.map(|(i, vlan, own)| (i, vlan, Some(own))),
+        let (interface, vlan, addresses) = match locate(netlink, config, &vlans, name).await? {
+            Ok(located) => located,
+            Err(e) => return Ok(Err(e)),
         };
-        let Some((interface, vlan, addresses)) = located else {
-            let device = vlans.get(name).map_or(name.as_str(), |(parent, _)| parent.as_str());
-            return Ok(Err(ConfigError::new(
-                interface_field(config, name),
-                format!("an interface of this node, but {device:?} does not exist here"),
-            )));
-        };
-        if vlan != 0 && addresses.is_some() {
-            info!(uplink = %name, parent = %interface.name, vlan, "a VLAN device: served on its parent, natively");
-        }
-        if vlan != 0 {
-            match netdev::keep_vlan_tags_in_frames(&interface.name) {
-                Ok(true) => {
-                    info!(interface = %interface.name, "receive VLAN offload turned off, so XDP sees the tags")
-                }
-                Ok(false) => {}
-                Err(e) => warn!(
-                    interface = %interface.name,
-                    error = %e,
-                    "cannot turn receive VLAN offload off: if the NIC strips tags, its VLANs' frames reach XDP untagged and are not served"
-                ),
-            }
-        }
         let configured = config
             .node_addresses
             .get(name)
@@ -217,4 +191,46 @@ pub async fn resolve(
         );
     }
     Ok(Ok(found))
+}
+
+/// Where uplink `name` arrives: a VLAN without a device the config names (its parent and
+/// VLAN); else the interface, or for a VLAN device its parent and VLAN. With the interface
+/// whose addresses are this node's there (none on a VLAN without a device: the parent's are
+/// another network's). On a VLAN, receive VLAN offload is turned off on the parent, so XDP
+/// sees the tags.
+async fn locate(
+    netlink: &rtnetlink::Handle,
+    config: &Config,
+    vlans: &BTreeMap<String, (String, u16)>,
+    name: &str,
+) -> Result<std::result::Result<(Interface, u16, Option<u32>), ConfigError>> {
+    let located = match vlans.get(name) {
+        Some((parent, vlan)) => netdev::find(netlink, parent).await?.map(|i| (i, *vlan, None)),
+        None => netdev::find_uplink(netlink, name).await?.map(|(i, vlan, own)| (i, vlan, Some(own))),
+    };
+    let Some((interface, vlan, addresses)) = located else {
+        let device = vlans.get(name).map_or(name, |(parent, _)| parent.as_str());
+        return Ok(Err(ConfigError::new(
+            interface_field(config, name),
+            format!("an interface of this node, but {device:?} does not exist here"),
+        )));
+    };
+    if vlan == 0 {
+        return Ok(Ok((interface, vlan, addresses)));
+    }
+    if addresses.is_some() {
+        info!(uplink = %name, parent = %interface.name, vlan, "a VLAN device: served on its parent, natively");
+    }
+    match netdev::keep_vlan_tags_in_frames(&interface.name) {
+        Ok(true) => {
+            info!(interface = %interface.name, "receive VLAN offload turned off, so XDP sees the tags")
+        }
+        Ok(false) => {}
+        Err(e) => warn!(
+            interface = %interface.name,
+            error = %e,
+            "cannot turn receive VLAN offload off: if the NIC strips tags, its VLANs' frames reach XDP untagged and are not served"
+        ),
+    }
+    Ok(Ok((interface, vlan, addresses)))
 }

@@ -111,7 +111,12 @@ impl VrrpSocket {
 
     fn receive_on(&self, socket: &Socket, buf: &mut [u8]) -> io::Result<Arrived> {
         match self.vlan {
-            Some(link) => tagged::receive(socket, link.vlan, self.family(), buf),
+            Some(link) => {
+                tagged::receive(socket, link.vlan, self.family(), buf).map(|(len, header)| match header {
+                    Some(header) => Arrived::V6 { len, header },
+                    None => Arrived::V4 { len },
+                })
+            }
             None => receive(socket, self.family(), buf),
         }
     }

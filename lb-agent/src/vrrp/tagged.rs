@@ -19,7 +19,6 @@ use socket2::Socket;
 use super::{
     ipv6,
     packet::{IPPROTO_VRRP, VRRP_TTL},
-    socket::Arrived,
 };
 use crate::{mac::MacAddr, vrrp::announcement};
 
@@ -160,6 +159,10 @@ fn ipv4_header(source: Ipv4Addr, destination: Ipv4Addr, payload: usize) -> [u8; 
     h
 }
 
+/// What one receive got, as the raw sockets deliver it: the length in the buffer and, for
+/// IPv6, the header's fields (the buffer holding the message alone).
+pub type Datagram = (usize, Option<ipv6::Header>);
+
 /// Receives the next advertisement of `family` on the socket's VLAN into `buf` as the raw
 /// sockets deliver it (IPv4: header and message; IPv6: the message, the header's fields
 /// beside it); `WouldBlock` once none is queued. Frames this node sent, and any the filter
@@ -169,7 +172,7 @@ pub fn receive(
     vlan: u16,
     family: super::family::IpFamily,
     buf: &mut [u8],
-) -> io::Result<Arrived> {
+) -> io::Result<Datagram> {
     let mut frame = [0u8; 2048];
     loop {
         let (len, from, tag) = recv_frame(socket, &mut frame)?;
@@ -183,7 +186,7 @@ pub fn receive(
 }
 
 /// The VRRP datagram in an (untagged) frame, copied to `buf` as the raw sockets give it.
-fn datagram(frame: &[u8], family: super::family::IpFamily, buf: &mut [u8]) -> Option<Arrived> {
+fn datagram(frame: &[u8], family: super::family::IpFamily, buf: &mut [u8]) -> Option<Datagram> {
     use super::family::IpFamily;
     let ether_type = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
     let ip = frame.get(ETH_LEN..)?;
@@ -192,7 +195,7 @@ fn datagram(frame: &[u8], family: super::family::IpFamily, buf: &mut [u8]) -> Op
             let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
             let len = total.min(buf.len());
             buf[..len].copy_from_slice(&ip[..len]);
-            Some(Arrived::V4 { len })
+            Some((len, None))
         }
         (IpFamily::V6, ETHERTYPE_IPV6) if ip.len() >= IPV6_LEN && ip[6] == IPPROTO_VRRP => {
             let payload = usize::from(u16::from_be_bytes([ip[4], ip[5]])).min(ip.len() - IPV6_LEN);
@@ -201,7 +204,7 @@ fn datagram(frame: &[u8], family: super::family::IpFamily, buf: &mut [u8]) -> Op
             let address =
                 |at: usize| Ipv6Addr::from(<[u8; 16]>::try_from(&ip[at..at + 16]).unwrap_or_default());
             let header = ipv6::Header { source: address(8), destination: address(24), hop_limit: ip[7] };
-            Some(Arrived::V6 { len, header })
+            Some((len, Some(header)))
         }
         _ => None,
     }
@@ -315,9 +318,7 @@ mod tests {
         let sum: u32 = ip.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
         assert_eq!(lb_common::csum::fold(sum), 0xffff, "a valid header checksum");
         let mut buf = [0u8; 64];
-        let Some(Arrived::V4 { len }) = datagram(&frame, IpFamily::V4, &mut buf) else {
-            panic!("an IPv4 datagram")
-        };
+        let Some((len, None)) = datagram(&frame, IpFamily::V4, &mut buf) else { panic!("an IPv4 datagram") };
         assert_eq!(&buf[..len], &frame[14..]);
         assert!(datagram(&frame, IpFamily::V6, &mut buf).is_none(), "not for the IPv6 socket");
     }
@@ -330,9 +331,7 @@ mod tests {
         let frame = frame(LINK, &message, source.into(), group.into()).unwrap();
         assert_eq!(&frame[..6], &[0x33, 0x33, 0, 0, 0, 0x12]);
         let mut buf = [0u8; 64];
-        let Some(Arrived::V6 { len, header }) = datagram(&frame, IpFamily::V6, &mut buf) else {
-            panic!("IPv6")
-        };
+        let Some((len, Some(header))) = datagram(&frame, IpFamily::V6, &mut buf) else { panic!("IPv6") };
         assert_eq!(
             (&buf[..len], header),
             (&message[..], ipv6::Header { source, destination: group, hop_limit: 255 })

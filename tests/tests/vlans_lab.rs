@@ -4,7 +4,7 @@
 //! 802.1Q module is needed, which this kernel lacks).
 
 use std::{
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::{Duration, Instant},
 };
 
@@ -54,6 +54,8 @@ const VIP_30_DSR: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 32);
 /// VLAN 40's further VIP, served in full NAT from n0's endpoint by n1, which has no address on
 /// VLAN 40.
 const VIP_40_FULL_NAT: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 41);
+/// And its IPv6 VIP, likewise in full NAT from n0's endpoint.
+const VIP6_40_FULL_NAT: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, 0x41);
 const TARGET_PORT: u16 = 8080;
 /// VLAN 30's IPv6 VIP, advertised from the nodes' link-local addresses on VLAN 30 (which the
 /// config names: without a VLAN device the kernel has none there).
@@ -66,7 +68,7 @@ fn config(me: usize, services: &str) -> String {
         let vlan = g.vlan.map_or(String::new(), |v| format!("    vlan: {v}\n"));
         // VLAN 30's members advertise IPv6 from a link-local address of their own there.
         let address6 = |node: u8| match g.vlan {
-            Some(30) => format!(", address6: 'fe80::30:{node}'"),
+            Some(vlan) => format!(", address6: 'fe80::{vlan}:{node}'"),
             _ => String::new(),
         };
         yaml.push_str(&format!(
@@ -87,7 +89,9 @@ fn config(me: usize, services: &str) -> String {
                     "      - address: {VIP_30_FULL_NAT}\n      - address: {VIP_30_DSR}\n      - address: '{VIP6_30}'\n"
                 ))
             }
-            Some(40) => yaml.push_str(&format!("      - address: {VIP_40_FULL_NAT}\n")),
+            Some(40) => yaml.push_str(&format!(
+                "      - address: {VIP_40_FULL_NAT}\n      - address: '{VIP6_40_FULL_NAT}'\n"
+            )),
             _ => {}
         }
     }
@@ -313,7 +317,7 @@ fn vlans_elect_answer_isolate_and_fail_over_apart() {
 /// towards the endpoint; the replies the kernel sends reach the VLAN through each node's
 /// address there (a host with `eth0.30` would use that device; see `Lab::add_vlan_device`),
 /// full NAT's go back tagged the way the client came. So full NAT needs no such address: VLAN
-/// 40, where the nodes have none, is served in full NAT too.
+/// 40, where the nodes have none, is served in full NAT too, over IPv4 and IPv6.
 #[test]
 fn tcp_through_a_vlans_vips_in_every_delivery_mode() {
     let net = vlans(|lab| {
@@ -321,10 +325,11 @@ fn tcp_through_a_vlans_vips_in_every_delivery_mode() {
         lab.add_pod(0);
         lab.add_pod(1);
         [
-            (VLAN_30.vip, "fullNat", 0),
-            (VIP_30_FULL_NAT, "fullNat", 1),
-            (VIP_30_DSR, "dsr", 1),
-            (VIP_40_FULL_NAT, "fullNat", 0),
+            (IpAddr::V4(VLAN_30.vip), "fullNat", 0),
+            (VIP_30_FULL_NAT.into(), "fullNat", 1),
+            (VIP_30_DSR.into(), "dsr", 1),
+            (VIP_40_FULL_NAT.into(), "fullNat", 0),
+            (VIP6_40_FULL_NAT.into(), "fullNat", 0),
         ]
         .iter()
         .enumerate()
@@ -337,10 +342,11 @@ fn tcp_through_a_vlans_vips_in_every_delivery_mode() {
     net.wait_answer(&VLAN_30, 0);
     net.wait_answer(&VLAN_40, 1);
     for (vlan, vip, pod, reason) in [
-        (30, VLAN_30.vip, 0, "forwarded_local"),
-        (30, VIP_30_FULL_NAT, 1, "forwarded_full_nat"),
-        (30, VIP_30_DSR, 1, "forwarded_dsr"),
-        (40, VIP_40_FULL_NAT, 0, "forwarded_full_nat"),
+        (30, IpAddr::V4(VLAN_30.vip), 0, "forwarded_local"),
+        (30, VIP_30_FULL_NAT.into(), 1, "forwarded_full_nat"),
+        (30, VIP_30_DSR.into(), 1, "forwarded_dsr"),
+        (40, VIP_40_FULL_NAT.into(), 0, "forwarded_full_nat"),
+        (40, VIP6_40_FULL_NAT.into(), 0, "forwarded_full_nat"),
     ] {
         let (client, master) = if vlan == 30 { (&net.clients[0], 0) } else { (&net.clients[1], 1) };
         let sample = format!(r#"lbagent_xdp_reason_packets_total{{reason="{reason}"}}"#);

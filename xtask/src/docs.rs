@@ -128,16 +128,17 @@ fn anchors(text: &str) -> BTreeSet<String> {
     found
 }
 
-/// Puts the Markdown tables of `output` (a bench's standard output) into the book's benchmarks
-/// page: all of them between `<!-- bench:NAME:begin -->` and `<!-- bench:NAME:end -->`, or,
-/// where the page sets them apart with prose between, the k-th table between the markers
-/// `bench:NAME:k:begin` and `bench:NAME:k:end`.
 /// Whether the book has a place for the bench table `name`.
 pub fn has_bench_table(workspace: &Path, name: &str) -> bool {
     let page = workspace.join("docs/src/benchmarks.md");
     fs::read_to_string(page).is_ok_and(|text| text.contains(&format!("<!-- bench:{name}:begin -->")))
 }
 
+/// Puts the Markdown tables of `output` (a bench's standard output) into the book's benchmarks
+/// page: all of them between `<!-- bench:NAME:begin -->` and `<!-- bench:NAME:end -->`, or,
+/// where the page sets them apart with prose between, the k-th table between the markers
+/// `bench:NAME:k:begin` and `bench:NAME:k:end`. Where the README has the first kind of
+/// markers for `name` too, they get the same tables.
 pub fn write_bench_table(workspace: &Path, name: &str, output: &str) -> Result<()> {
     let page = workspace.join("docs/src/benchmarks.md");
     let mut text = fs::read_to_string(&page).with_context(|| format!("reading {}", page.display()))?;
@@ -163,6 +164,12 @@ pub fn write_bench_table(workspace: &Path, name: &str, output: &str) -> Result<(
     }
     fs::write(&page, text)?;
     eprintln!("docs: the {name} tables are written into {}", page.display());
+    let readme = workspace.join("README.md");
+    let text = fs::read_to_string(&readme).with_context(|| format!("reading {}", readme.display()))?;
+    if let Some(updated) = replace_between(&text, name, &tables.join("\n\n")) {
+        fs::write(&readme, updated)?;
+        eprintln!("docs: and into {}", readme.display());
+    }
     Ok(())
 }
 

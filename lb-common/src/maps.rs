@@ -34,6 +34,24 @@ pub const UPLINKS: &str = "UPLINKS";
 /// Capacity of [`UPLINKS`]: two keys per uplink (arrival and egress) and room for many.
 pub const MAX_UPLINK_KEYS: u32 = 512;
 
+/// `Array<VlanSlot>` indexed by 802.1Q VLAN id: the uplink a VLAN's tagged frames arrive on,
+/// for one parent per VLAN id (the lowest ifindex where several share one; the others are
+/// found in [`UPLINKS`]). An array lookup costs the tagged path less than the hash's.
+pub const VLAN_SLOTS: &str = "VLAN_SLOTS";
+
+/// [`VLAN_SLOTS`]'s size: every 12-bit VLAN id.
+pub const VLAN_IDS: u32 = 4096;
+
+/// A VLAN's uplink on one parent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VlanSlot {
+    /// The parent's ifindex; zero: no uplink (no interface has ifindex 0).
+    pub ifindex: u32,
+    pub slot: u8,
+    pub _pad: [u8; 3],
+}
+
 /// The uplink slot of an owned VIP or a service that is served on whatever interface the
 /// program runs on: written on a node with a single uplink, where the check would only cost.
 pub const ANY_UPLINK: u8 = 0;
@@ -222,6 +240,7 @@ mod pod {
     unsafe impl aya::Pod for VrrpSpeaker {}
     unsafe impl aya::Pod for UplinkKey {}
     unsafe impl aya::Pod for Uplink {}
+    unsafe impl aya::Pod for VlanSlot {}
 }
 
 #[cfg(test)]
@@ -241,5 +260,6 @@ mod tests {
         assert_eq!(align_of::<VrrpSpeaker>(), 8);
         assert_eq!(size_of::<UplinkKey>(), 8);
         assert_eq!(size_of::<Uplink>(), 12);
+        assert_eq!(size_of::<VlanSlot>(), 8);
     }
 }

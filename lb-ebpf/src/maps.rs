@@ -13,7 +13,7 @@ use lb_common::{
     flow_table::{Bucket, DEFAULT_KEYING, Keying},
     maps::{
         MAX_LEASES, MAX_UPLINK_KEYS, MAX_VIPS, MAX_VRRP_SPEAKERS, OwnedVip, PacketCounter, Uplink, UplinkKey,
-        Vip6Key, VipKey, VipStats, VrrpSpeaker,
+        VLAN_IDS, Vip6Key, VipKey, VipStats, VlanSlot, VrrpSpeaker,
     },
     service::{
         Backend, Backend6, FlowKey, FlowKey6, INNER_MAP_FLAGS, IPV6_SERVICE_SLOTS, LocalEndpoint,
@@ -138,6 +138,9 @@ pub static LOCAL_ENDPOINTS6: HashMap<LocalEndpointKey6, LocalEndpoint> =
 pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> = PerCpuArray::with_max_entries(1, 0);
 
 /// What `lb_xdp6` hands its stages (see `services::stages6`), one per CPU; not pinned.
+#[map]
+pub static VLAN_SLOTS: Array<VlanSlot> = Array::with_max_entries(VLAN_IDS, 0);
+
 /// The VLAN the frame being handled arrived on (see `vlan`): per CPU, since a frame runs on
 /// one CPU from `lb_xdp` through its tail calls.
 #[map]

@@ -18,7 +18,7 @@ use aya_ebpf::{
 use lb_common::{counters::Reason, maps::UplinkKey};
 
 use crate::{
-    maps::{ARRIVAL, UPLINKS},
+    maps::{ARRIVAL, UPLINKS, VLAN_SLOTS},
     packet, stats,
 };
 
@@ -83,9 +83,7 @@ pub fn untag(ctx: &XdpContext) -> Result<(), Reason> {
     if inner_type == ETHERTYPE_8021Q || inner_type == ETHERTYPE_8021AD {
         return Err(Reason::VlanStacked);
     }
-    let key = UplinkKey::new(ctx.ingress_ifindex() as u32, tci & VID_MASK);
-    // SAFETY: copied out at once.
-    let Some(slot) = (unsafe { UPLINKS.get(&key) }).map(|u| u.slot) else {
+    let Some(slot) = served_slot(ctx.ingress_ifindex() as u32, tci & VID_MASK) else {
         return Err(Reason::VlanNotServed);
     };
     // SAFETY: the helper moves the start of the packet within its buffer; every pointer into
@@ -100,6 +98,19 @@ pub fn untag(ctx: &XdpContext) -> Result<(), Reason> {
     unsafe { (*eth).macs = macs };
     set_arrival(TAGGED | u32::from(tci) | u32::from(slot) << SLOT_SHIFT);
     Ok(())
+}
+
+/// The uplink slot of VLAN `vid` on interface `ifindex`, if this node serves it there: from
+/// the array by VLAN id, else (another parent holds the id there) from the uplink map.
+#[inline(always)]
+fn served_slot(ifindex: u32, vid: u16) -> Option<u8> {
+    if let Some(entry) = VLAN_SLOTS.get(u32::from(vid))
+        && entry.ifindex == ifindex
+    {
+        return Some(entry.slot);
+    }
+    // SAFETY: copied out at once.
+    unsafe { UPLINKS.get(&UplinkKey::new(ifindex, vid)) }.map(|u| u.slot)
 }
 
 /// The action for an answer (`XDP_TX` back to the sender): the frame gets back the tag it

@@ -8,7 +8,9 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use aya::{Ebpf, maps::HashMap};
 use lb_common::{
     counters::Reason,
-    maps::{OWNED_VIPS, OWNED_VIPS6, OwnedVip, UPLINKS, Uplink, UplinkKey, Vip6Key, VipKey},
+    maps::{
+        OWNED_VIPS, OWNED_VIPS6, OwnedVip, UPLINKS, Uplink, UplinkKey, VLAN_SLOTS, Vip6Key, VipKey, VlanSlot,
+    },
 };
 use lb_lab::{
     fixture::{self, XDP_PASS, XDP_TX},
@@ -20,6 +22,8 @@ use lb_lab::{
 
 /// The loopback device: an interface every test host has, to arrive on.
 const PARENT: u32 = 1;
+/// Another parent, never arrived on here.
+const OTHER_PARENT: u32 = 999;
 const CLIENT_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0xcc];
 const VIP_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xaa];
 const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
@@ -53,6 +57,14 @@ fn load() -> Ebpf {
     for (vlan, slot) in SLOTS {
         let uplink = Uplink { source: [192, 0, 2, 10], mac: VIP_MAC, slot, _pad: 0 };
         uplinks.insert(UplinkKey::new(PARENT, vlan), uplink, 0).unwrap();
+    }
+    // VLAN 30 is found in the array by VLAN id; VLAN 40 only in the uplink map (another parent
+    // holds 40 in the array, as where two parents carry one VLAN id); VLAN 50 is in the array
+    // for another parent alone, so not served here.
+    let mut by_vlan: aya::maps::Array<_, VlanSlot> =
+        aya::maps::Array::try_from(ebpf.map_mut(VLAN_SLOTS).unwrap()).unwrap();
+    for (vlan, ifindex, slot) in [(30, PARENT, 2), (40, OTHER_PARENT, 9), (50, OTHER_PARENT, 9)] {
+        by_vlan.set(vlan, VlanSlot { ifindex, slot, _pad: [0; 3] }, 0).unwrap();
     }
     let mut owned: HashMap<_, VipKey, OwnedVip> =
         HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();

@@ -4,9 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use aya::maps::{HashMap, MapData, MapError};
+use aya::maps::{Array, HashMap, MapData, MapError};
 use lb_common::{
-    maps::{ANY_UPLINK, UPLINKS, Uplink, UplinkKey, Vip6Key},
+    maps::{ANY_UPLINK, UPLINKS, Uplink, UplinkKey, VLAN_SLOTS, Vip6Key, VlanSlot},
     service::UPLINK_ADDRS6,
 };
 
@@ -55,22 +55,51 @@ impl Slots {
 pub struct UplinkMap {
     map: HashMap<MapData, UplinkKey, Uplink>,
     addresses6: HashMap<MapData, UplinkKey, Vip6Key>,
+    vlan_slots: Array<MapData, VlanSlot>,
+    /// What `vlan_slots` holds (by VLAN id; the rest is zero, as the map was created).
+    vlan_slots_written: BTreeMap<u16, VlanSlot>,
 }
 
 impl UplinkMap {
-    pub fn take(map: aya::maps::Map, addresses6: aya::maps::Map) -> Result<Self> {
+    pub fn take(map: aya::maps::Map, addresses6: aya::maps::Map, vlan_slots: aya::maps::Map) -> Result<Self> {
         let map = HashMap::try_from(map).map_err(|source| Error::BpfMap { map: UPLINKS, source })?;
         let addresses6 =
             HashMap::try_from(addresses6).map_err(|source| Error::BpfMap { map: UPLINK_ADDRS6, source })?;
-        Ok(Self { map, addresses6 })
+        let vlan_slots =
+            Array::try_from(vlan_slots).map_err(|source| Error::BpfMap { map: VLAN_SLOTS, source })?;
+        Ok(Self { map, addresses6, vlan_slots, vlan_slots_written: BTreeMap::new() })
     }
 
     /// Writes the entries of `wanted` (and of `wanted6`) that differ and removes the others.
     /// New entries go in before stale ones leave, so an uplink being re-keyed is never missing.
     pub fn apply(&mut self, wanted: &UplinkSet, wanted6: &Uplink6Set) -> Result<()> {
         apply(&mut self.map, UPLINKS, wanted)?;
-        apply(&mut self.addresses6, UPLINK_ADDRS6, wanted6)
+        apply(&mut self.addresses6, UPLINK_ADDRS6, wanted6)?;
+        // After the uplink map, which the program falls back on for a VLAN not in the array.
+        let slots = vlan_slots(wanted);
+        let map_err = |source: MapError| Error::BpfMap { map: VLAN_SLOTS, source };
+        for (vlan, entry) in &slots {
+            if self.vlan_slots_written.get(vlan) != Some(entry) {
+                self.vlan_slots.set(u32::from(*vlan), entry, 0).map_err(map_err)?;
+            }
+        }
+        for vlan in self.vlan_slots_written.keys().filter(|v| !slots.contains_key(v)) {
+            self.vlan_slots.set(u32::from(*vlan), VlanSlot::default(), 0).map_err(map_err)?;
+        }
+        self.vlan_slots_written = slots;
+        Ok(())
     }
+}
+
+/// The VLAN-id array's entries for the uplinks `wanted` holds: each VLAN's uplink on the
+/// lowest ifindex that serves it (another parent's uplink on the same VLAN id stays in the
+/// uplink map alone, where the program looks next).
+fn vlan_slots(wanted: &UplinkSet) -> BTreeMap<u16, VlanSlot> {
+    let mut slots = BTreeMap::new();
+    for (key, uplink) in wanted.iter().filter(|(key, _)| key.vlan != 0) {
+        slots.entry(key.vlan).or_insert(VlanSlot { ifindex: key.ifindex, slot: uplink.slot, _pad: [0; 3] });
+    }
+    slots
 }
 
 fn apply<V: aya::Pod + PartialEq>(
@@ -116,6 +145,20 @@ mod tests {
         // eth0 left: its slot is the lowest free one for the newcomer; the others keep theirs.
         assert_eq!([slots.for_vips("bond0"), slots.for_vips("eth0.30"), slots.for_vips("eth1")], [1, 2, 3]);
         assert_eq!(slots.for_vips("eth9"), ANY_UPLINK);
+    }
+
+    #[test]
+    fn each_vlan_id_goes_to_its_lowest_parent_in_the_array() {
+        let entry = |slot| Uplink { source: [192, 0, 2, 10], mac: [2, 0, 0, 0, 0, 1], slot, _pad: 0 };
+        let wanted: UplinkSet = [
+            (UplinkKey::new(2, 0), entry(1)),
+            (UplinkKey::new(2, 30), entry(2)),
+            (UplinkKey::new(3, 30), entry(3)),
+            (UplinkKey::new(3, 40), entry(4)),
+        ]
+        .into();
+        let at = |ifindex, slot| VlanSlot { ifindex, slot, _pad: [0; 3] };
+        assert_eq!(vlan_slots(&wanted), [(30, at(2, 2)), (40, at(3, 4))].into());
     }
 
     #[test]

@@ -143,6 +143,25 @@ impl Agent {
         crate::metric(&self.metrics(), sample).unwrap_or(0.0)
     }
 
+    /// `lbagent_vrrp_state` of IPv4 instance `vrid` of `group` in `state`: 1 or 0.
+    pub fn vrrp_state(&self, group: &str, vrid: u8, state: &str) -> f64 {
+        self.metric(&format!(
+            r#"lbagent_vrrp_state{{group="{group}",vrid="{vrid}",family="ipv4",state="{state}"}}"#
+        ))
+    }
+
+    /// The transitions of IPv4 instance `vrid` of `group` between master and backup, both ways.
+    pub fn vrrp_transitions(&self, group: &str, vrid: u8) -> f64 {
+        [("master", "backup"), ("backup", "master")]
+            .iter()
+            .map(|(from, to)| {
+                self.metric(&format!(
+                    r#"lbagent_vrrp_transitions_total{{group="{group}",vrid="{vrid}",family="ipv4",from="{from}",to="{to}"}}"#
+                ))
+            })
+            .sum()
+    }
+
     /// Polls `/metrics` until `sample` equals `value`.
     pub fn wait_metric(&self, sample: &str, value: f64) {
         let deadline = Instant::now() + Duration::from_secs(5);

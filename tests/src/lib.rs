@@ -78,6 +78,26 @@ impl Host {
         Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, u16::from(self.ip.octets()[3]))
     }
 
+    /// Polls (5 s) until `vip` is answered here, by ARP, from `mac` alone; `context` (the agents'
+    /// logs, say) goes into the failure's message.
+    pub fn wait_answered_by(&self, vip: Ipv4Addr, mac: [u8; 6], context: impl Fn() -> String) {
+        let expected = format_mac(&mac);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let replies = self.arping(vip, 1);
+            if replies == [expected.as_str()] {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{vip} from {}: {replies:?}, not {expected}\n{}",
+                self.name,
+                context()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// Who answers Neighbor Discovery for `target`, by ndisc6: the target link-layer address
     /// (lower case), or `None` when nobody did.
     pub fn ndisc(&self, target: Ipv6Addr) -> Option<String> {

@@ -109,58 +109,20 @@ fn networks(groups: &[&Group], prepare: impl Fn(&Lab) -> String, pods: usize) ->
 impl Networks {
     /// Both agents' logs and data-plane reason counters, for a failure's message.
     fn logs(&self) -> String {
-        let reasons = |a: &Agent| {
-            let metrics = a.metrics();
-            metrics
-                .lines()
-                .filter(|l| l.starts_with("lbagent_xdp_reason_packets_total"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        };
-        self.agents
-            .iter()
-            .map(|a| format!("{}\n{}", a.log_text(), reasons(a)))
-            .collect::<Vec<_>>()
-            .join("\n----\n")
+        lb_lab::cluster::logs_and_reasons(&self.agents)
     }
 
     /// Polls until `vip` is answered on `client`'s segment by `mac` alone.
     fn wait_answer(&self, client: &Host, vip: Ipv4Addr, mac: [u8; 6]) {
-        let expected = lb_lab::format_mac(&mac);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let replies = client.arping(vip, 1);
-            if replies == [expected.as_str()] {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{vip} from {}: {replies:?}, not {expected}\n{}",
-                client.name,
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        client.wait_answered_by(vip, mac, || self.logs());
     }
 
     fn state(&self, node: usize, g: &Group, state: &str) -> f64 {
-        self.agents[node].metric(&format!(
-            r#"lbagent_vrrp_state{{group="{}",vrid="{}",family="ipv4",state="{state}"}}"#,
-            g.name, g.vrid
-        ))
+        self.agents[node].vrrp_state(g.name, g.vrid, state)
     }
 
     fn transitions(&self, node: usize, g: &Group) -> f64 {
-        ["master", "backup"]
-            .iter()
-            .map(|from| {
-                let to = if *from == "master" { "backup" } else { "master" };
-                self.agents[node].metric(&format!(
-                    r#"lbagent_vrrp_transitions_total{{group="{}",vrid="{}",family="ipv4",from="{from}",to="{to}"}}"#,
-                    g.name, g.vrid
-                ))
-            })
-            .sum()
+        self.agents[node].vrrp_transitions(g.name, g.vrid)
     }
 }
 

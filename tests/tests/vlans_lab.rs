@@ -140,39 +140,12 @@ impl Vlans {
     }
 
     fn logs(&self) -> String {
-        let reasons = |a: &Agent| {
-            a.metrics()
-                .lines()
-                .filter(|l| l.starts_with("lbagent_xdp_reason_packets_total"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        };
-        self.agents
-            .iter()
-            .map(|a| format!("{}\n{}", a.log_text(), reasons(a)))
-            .collect::<Vec<_>>()
-            .join("\n----\n")
+        lb_lab::cluster::logs_and_reasons(&self.agents)
     }
 
     /// Polls until `g`'s VIP is answered on its VLAN by node `node`'s MAC alone.
     fn wait_answer(&self, g: &Group, node: usize) {
-        let expected = lb_lab::format_mac(&self.lab.nodes[node].mac);
-        let client = self.client(g);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let replies = client.arping(g.vip, 1);
-            if replies == [expected.as_str()] {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} from {}: {replies:?}, not {expected}\n{}",
-                g.vip,
-                client.name,
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.client(g).wait_answered_by(g.vip, self.lab.nodes[node].mac, || self.logs());
     }
 
     /// Polls until VLAN 30's client resolves `vip` (IPv6) to node `node`'s MAC.
@@ -190,23 +163,11 @@ impl Vlans {
     }
 
     fn state(&self, node: usize, g: &Group, state: &str) -> f64 {
-        self.agents[node].metric(&format!(
-            r#"lbagent_vrrp_state{{group="{}",vrid="{}",family="ipv4",state="{state}"}}"#,
-            g.name, g.vrid
-        ))
+        self.agents[node].vrrp_state(g.name, g.vrid, state)
     }
 
     fn transitions(&self, node: usize, g: &Group) -> f64 {
-        ["master", "backup"]
-            .iter()
-            .map(|from| {
-                let to = if *from == "master" { "backup" } else { "master" };
-                self.agents[node].metric(&format!(
-                    r#"lbagent_vrrp_transitions_total{{group="{}",vrid="{}",family="ipv4",from="{from}",to="{to}"}}"#,
-                    g.name, g.vrid
-                ))
-            })
-            .sum()
+        self.agents[node].vrrp_transitions(g.name, g.vrid)
     }
 }
 

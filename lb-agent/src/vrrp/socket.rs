@@ -18,7 +18,7 @@ use super::{
     ipv6,
     packet::{IPPROTO_VRRP, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6, VRRP_TTL},
     router::Datagram,
-    tagged,
+    tagged::{self, set_int},
 };
 
 /// The receive socket's buffer, in bytes (the kernel counts each datagram's whole buffer,
@@ -215,20 +215,6 @@ fn open_v6(interface: &str, ifindex: u32, source: Ipv6Addr) -> io::Result<(Socke
 /// The scope a link-local address needs: the interface's index.
 fn scope(address: Ipv6Addr, ifindex: u32) -> u32 {
     if address.is_unicast_link_local() || address.is_multicast() { ifindex } else { 0 }
-}
-
-fn set_int(socket: &Socket, level: i32, name: i32, value: i32) -> io::Result<()> {
-    // SAFETY: an int option, its size passed with it.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            level,
-            name,
-            (&value as *const i32).cast(),
-            std::mem::size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
 fn receive(socket: &Socket, family: IpFamily, buf: &mut [u8]) -> io::Result<Arrived> {

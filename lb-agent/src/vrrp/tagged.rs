@@ -286,7 +286,8 @@ fn attach_filter(socket: &Socket, vlan: u16) -> io::Result<()> {
     if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
-fn set_int(socket: &Socket, level: i32, name: i32, value: i32) -> io::Result<()> {
+/// Sets an integer socket option (the raw sockets' too).
+pub(super) fn set_int(socket: &Socket, level: i32, name: i32, value: i32) -> io::Result<()> {
     // SAFETY: an int option, its size passed with it.
     let rc = unsafe {
         libc::setsockopt(

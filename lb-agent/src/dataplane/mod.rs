@@ -240,11 +240,7 @@ impl Dataplane {
             take_map(&mut ebpf, VRRP_SPEAKERS)?,
             take_map(&mut ebpf, VRRP_SPEAKERS6)?,
         )?;
-        let uplink_map = uplinks::UplinkMap::take(
-            take_map(&mut ebpf, UPLINKS)?,
-            take_map(&mut ebpf, UPLINK_ADDRS6)?,
-            take_map(&mut ebpf, lb_common::maps::VLAN_SLOTS)?,
-        )?;
+        let uplink_map = uplinks::UplinkMap::take(&mut ebpf)?;
         let counters = XdpCounters::take(&mut ebpf)?;
         let flow_tables = keyings
             .iter()

@@ -61,12 +61,14 @@ pub struct UplinkMap {
 }
 
 impl UplinkMap {
-    pub fn take(map: aya::maps::Map, addresses6: aya::maps::Map, vlan_slots: aya::maps::Map) -> Result<Self> {
-        let map = HashMap::try_from(map).map_err(|source| Error::BpfMap { map: UPLINKS, source })?;
-        let addresses6 =
-            HashMap::try_from(addresses6).map_err(|source| Error::BpfMap { map: UPLINK_ADDRS6, source })?;
-        let vlan_slots =
-            Array::try_from(vlan_slots).map_err(|source| Error::BpfMap { map: VLAN_SLOTS, source })?;
+    /// Takes its maps (the uplink map, the IPv6 addresses, the VLAN-id array) out of `ebpf`.
+    pub fn take(ebpf: &mut aya::Ebpf) -> Result<Self> {
+        let map = HashMap::try_from(super::take_map(ebpf, UPLINKS)?)
+            .map_err(|source| Error::BpfMap { map: UPLINKS, source })?;
+        let addresses6 = HashMap::try_from(super::take_map(ebpf, UPLINK_ADDRS6)?)
+            .map_err(|source| Error::BpfMap { map: UPLINK_ADDRS6, source })?;
+        let vlan_slots = Array::try_from(super::take_map(ebpf, VLAN_SLOTS)?)
+            .map_err(|source| Error::BpfMap { map: VLAN_SLOTS, source })?;
         Ok(Self { map, addresses6, vlan_slots, vlan_slots_written: BTreeMap::new() })
     }
 

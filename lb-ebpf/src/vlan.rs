@@ -1,7 +1,7 @@
 //! 802.1Q on an uplink's parent interface, without a VLAN device.
 //!
-//! A frame tagged with a VLAN the agent serves on this interface (an `UPLINKS` entry under
-//! its VLAN id) loses its tag here and is handled as any frame, as having arrived on that
+//! A frame tagged with a VLAN the agent serves on this interface (an uplink under its VLAN id:
+//! in `VLAN_SLOTS` by the id, else in `UPLINKS`) loses its tag here and is handled as any frame, as having arrived on that
 //! VLAN's uplink. What the program answers (ARP, NDP, echo, Packet Too Big) goes back with the
 //! tag it came with; what it passes to the kernel gets its tag back untouched; what it
 //! forwards leaves as the route's egress says. A tag on a VLAN not served here, and a stacked
@@ -173,7 +173,7 @@ pub fn tag(ctx: &XdpContext, tci: u16) -> bool {
     true
 }
 
-/// A BPF function of its own, as [`retag`] is (its map key would add to `lb_xdp6`'s frame).
+/// A BPF function of its own, as [`tag`] is (its map key would add to `lb_xdp6`'s frame).
 #[inline(never)]
 fn arrival() -> u32 {
     ARRIVAL.get(0).copied().unwrap_or(0)

@@ -59,14 +59,7 @@ pub fn watch_carrier() -> Result<tokio::sync::mpsc::UnboundedReceiver<(u32, bool
 
 /// Looks an interface up by name; `None` when this namespace has no such interface.
 pub async fn find(handle: &rtnetlink::Handle, name: &str) -> Result<Option<Interface>> {
-    let mut request = std::pin::pin!(handle.link().get().match_name(name.to_owned()).execute());
-    match request.try_next().await {
-        Ok(Some(msg)) => Ok(Some(interface(name, &msg))),
-        Ok(None) => Ok(None),
-        // The kernel answers a name it does not know with ENODEV.
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    Ok(link_named(handle, name).await?.map(|msg| interface(name, &msg)))
 }
 
 /// Where an uplink on interface `name` arrives: `name` itself, untagged; or, when `name` is an
@@ -74,30 +67,38 @@ pub async fn find(handle: &rtnetlink::Handle, name: &str) -> Result<Option<Inter
 /// VLAN device gets only generic XDP). Also the interface whose addresses are this node's
 /// there (the device's own). `None` when there is no such interface.
 pub async fn find_uplink(handle: &rtnetlink::Handle, name: &str) -> Result<Option<(Interface, u16, u32)>> {
-    let mut request = std::pin::pin!(handle.link().get().match_name(name.to_owned()).execute());
-    let msg = match request.try_next().await {
-        Ok(Some(msg)) => msg,
-        Ok(None) => return Ok(None),
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
+    let Some(msg) = link_named(handle, name).await? else { return Ok(None) };
     let own = msg.header.index;
     let Some((parent, vlan)) = vlan_of(&msg) else { return Ok(Some((interface(name, &msg), 0, own))) };
-    let mut request = std::pin::pin!(handle.link().get().match_index(parent).execute());
-    match request.try_next().await? {
-        Some(parent) => {
-            let parent_name = parent
-                .attributes
-                .iter()
-                .find_map(|a| match a {
-                    LinkAttribute::IfName(n) => Some(n.clone()),
-                    _ => None,
-                })
-                .unwrap_or_default();
-            Ok(Some((interface(&parent_name, &parent), vlan, own)))
-        }
-        None => Ok(Some((interface(name, &msg), 0, own))),
+    Ok(Some(match link_indexed(handle, parent).await? {
+        Some(parent) => (interface(&link_name(&parent).unwrap_or_default(), &parent), vlan, own),
+        None => (interface(name, &msg), 0, own),
+    }))
+}
+
+/// The link message of interface `name`; `None` when this namespace has no such interface.
+async fn link_named(handle: &rtnetlink::Handle, name: &str) -> Result<Option<LinkMessage>> {
+    let mut request = std::pin::pin!(handle.link().get().match_name(name.to_owned()).execute());
+    match request.try_next().await {
+        Ok(found) => Ok(found),
+        // The kernel answers a name it does not know with ENODEV.
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
+        Err(e) => Err(e.into()),
     }
+}
+
+/// The link message of interface `ifindex`, if there is one.
+async fn link_indexed(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Option<LinkMessage>> {
+    let mut request = std::pin::pin!(handle.link().get().match_index(ifindex).execute());
+    Ok(request.try_next().await?)
+}
+
+/// An interface's name, from its link message.
+fn link_name(msg: &LinkMessage) -> Option<String> {
+    msg.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfName(name) => Some(name.clone()),
+        _ => None,
+    })
 }
 
 /// A VLAN device's parent (`IFLA_LINK`) and 802.1Q VLAN id (`IFLA_VLAN_ID`), from its link
@@ -294,13 +295,7 @@ pub async fn link_local_ipv6(handle: &rtnetlink::Handle, ifindex: u32) -> Result
 /// The name of the interface this node uses to reach `address` (as `ip route get`).
 pub async fn route_interface(handle: &rtnetlink::Handle, address: IpAddr) -> Result<Option<String>> {
     let Some(route) = route_to(handle, address).await? else { return Ok(None) };
-    let mut links = std::pin::pin!(handle.link().get().match_index(route.oif).execute());
-    Ok(links.try_next().await?.and_then(|msg| {
-        msg.attributes.iter().find_map(|a| match a {
-            LinkAttribute::IfName(name) => Some(name.clone()),
-            _ => None,
-        })
-    }))
+    Ok(link_indexed(handle, route.oif).await?.as_ref().and_then(link_name))
 }
 
 /// Where the kernel sends packets for one address.

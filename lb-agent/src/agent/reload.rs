@@ -178,12 +178,9 @@ impl Agent {
         };
         let mut attached = Vec::new();
         for (name, uplink) in &found {
-            // A VLAN's uplink shares its parent's programs.
-            if self.dataplane.uplinks().contains_key(&uplink.interface.name) {
-                continue;
-            }
             match attach(&mut self.dataplane, &self.state.metrics.xdp_attached, &uplink.interface) {
-                Ok(()) => attached.push(uplink.interface.name.clone()),
+                Ok(true) => attached.push(uplink.interface.name.clone()),
+                Ok(false) => {}
                 Err(e) => {
                     for name in attached {
                         drop_off_loop(self.dataplane.detach(&name));

@@ -236,10 +236,6 @@ fn load_dataplane(
     let (mut dataplane, counters, service_maps) =
         Dataplane::load(&names, config.xdp_mode, &config.dataplane.pin_path, &config.dataplane)?;
     for uplink in uplinks.by_name.values() {
-        // A VLAN's uplink shares its parent's programs.
-        if dataplane.uplinks().contains_key(&uplink.interface.name) {
-            continue;
-        }
         attach(&mut dataplane, &metrics.xdp_attached, &uplink.interface)?;
     }
     dataplane.detach_strays()?;
@@ -297,7 +293,9 @@ pub(super) fn check_key_files(config: &Config, node: &str) -> std::result::Resul
     Ok(())
 }
 
-/// Attaches the data plane to `interface` and says so in `lbagent_xdp_attached`.
+/// Attaches the data plane to `interface` and says so in `lbagent_xdp_attached`; true when it
+/// was not attached there yet (an interface already attached, a VLAN's parent for another of
+/// its uplinks, keeps its programs).
 pub(super) fn attach(
     dataplane: &mut Dataplane,
     attached: &prometheus_client::metrics::family::Family<
@@ -305,10 +303,13 @@ pub(super) fn attach(
         prometheus_client::metrics::gauge::Gauge,
     >,
     interface: &crate::netdev::Interface,
-) -> Result<()> {
+) -> Result<bool> {
+    if dataplane.uplinks().contains_key(&interface.name) {
+        return Ok(false);
+    }
     let mode = dataplane.attach(interface)?.mode.as_str();
     attached.get_or_create(&XdpLabels { interface: interface.name.clone(), mode }).set(1);
-    Ok(())
+    Ok(true)
 }
 
 /// Gives every uplink the agent has a slot and writes the uplink map from them.

@@ -11,7 +11,7 @@ use std::{
 
 use crate::{
     config::{Announce, AnnouncementConfig, Config, GroupConfig, GroupNode, VipMode},
-    planner::{self, GroupInput, VipInput},
+    placement::{self, GroupInput, VipInput},
     vrrp::{
         family::IpFamily,
         router::{InstanceSpec, Locals},
@@ -117,20 +117,20 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
             continue;
         }
 
-        let group_plan = planner::plan(&planner_input(group, &taken));
-        taken.extend(group_plan.instances.keys().copied());
+        let group_placement = placement::place(&placement_input(group, &taken));
+        taken.extend(group_placement.instances.keys().copied());
         plan.vrids.insert(
             group.name.clone(),
-            group_plan.instances.iter().map(|(vrid, i)| (i.key.status_key(), *vrid)).collect(),
+            group_placement.instances.iter().map(|(vrid, i)| (i.key.status_key(), *vrid)).collect(),
         );
-        for (address, reason) in &group_plan.unplaced {
+        for (address, reason) in &group_placement.unplaced {
             plan.unplaced.push((group.name.clone(), *address, format!("{reason:?}")));
         }
         if me_in_group.is_none() {
             continue;
         }
-        for (vrid, instance) in &group_plan.instances {
-            let Some(priority) = planner::priority(instance, me) else { continue };
+        for (vrid, instance) in &group_placement.instances {
+            let Some(priority) = placement::priority(instance, me) else { continue };
             plan.instances.extend(specs(*vrid, priority, instance.vips.clone()));
         }
     }
@@ -165,7 +165,7 @@ fn plan_member(plan: &mut NodePlan, group: &GroupConfig, interface: &str, me_in_
 }
 
 /// The planner's input for `group`, with the VRIDs other groups took excluded.
-fn planner_input(group: &GroupConfig, taken: &BTreeSet<u8>) -> GroupInput {
+fn placement_input(group: &GroupConfig, taken: &BTreeSet<u8>) -> GroupInput {
     GroupInput {
         nodes: group.nodes.iter().map(|n| n.name.clone()).collect(),
         vips: group
@@ -182,7 +182,7 @@ fn planner_input(group: &GroupConfig, taken: &BTreeSet<u8>) -> GroupInput {
         pinned_vrids: group
             .pinned_vrids
             .iter()
-            .filter_map(|(key, vrid)| Some((planner::InstanceKey::from_status_key(key)?, *vrid)))
+            .filter_map(|(key, vrid)| Some((placement::InstanceKey::from_status_key(key)?, *vrid)))
             .collect(),
     }
 }

@@ -26,8 +26,8 @@ use crate::{
         services::{RefusedService, SyncReport, entry},
     },
     error::Result,
+    map_contents::IncrementalContents,
     metrics::{ErrorLabels, LIMITS, LimitLabels, MapLabels, ResultLabels},
-    service_plan::IncrementalPlanner,
 };
 
 /// How often full NAT's idle source ports are looked for.
@@ -78,12 +78,12 @@ pub struct SyncMetrics {
 /// One family's maps and the planner that keeps them.
 struct FamilySync<A: Address> {
     maps: ServiceMaps<A>,
-    planner: IncrementalPlanner<A>,
+    planner: IncrementalContents<A>,
 }
 
 impl<A: Address> FamilySync<A> {
     fn new(maps: ServiceMaps<A>) -> Self {
-        Self { maps, planner: IncrementalPlanner::default() }
+        Self { maps, planner: IncrementalContents::default() }
     }
 
     /// Plans `request` for this family and applies it; tells `counters` the slots when they

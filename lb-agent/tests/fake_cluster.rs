@@ -66,7 +66,7 @@ async fn the_leader_converges_and_never_hands_out_an_address_twice() {
         .expect("a valid config")
         .config;
         let planned = lb_agent::node_plan::node_plan(&config, "n0");
-        let plan = status::plan(
+        let plan = status::writes(
             &state,
             &Default::default(),
             &planned,
@@ -80,7 +80,7 @@ async fn the_leader_converges_and_never_hands_out_an_address_twice() {
         // Events (events.k8s.io) and the cluster-scoped group's status subresource are beyond
         // this fake (it answers the group's status patch with 404): the tower-test scenarios
         // check those requests instead.
-        let plan = status::StatusPlan { warnings: Vec::new(), groups: Default::default(), ..plan };
+        let plan = status::StatusWrites { warnings: Vec::new(), groups: Default::default(), ..plan };
         writer.apply(&plan).await.expect("the writes succeed");
         rounds += 1;
         assert!(rounds <= 3, "no convergence after {rounds} rounds: {plan:#?}");

@@ -8,7 +8,7 @@ fn the_standalone_example_config_is_valid() {
     let config = lb_agent::config::Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.vips.len(), 2);
     assert_eq!(config.services.len(), 2);
-    let plan: lb_agent::service_plan::DataplanePlan = lb_agent::service_plan::plan(&config, "node-b");
+    let plan: lb_agent::map_contents::MapContents = lb_agent::map_contents::for_node(&config, "node-b");
     assert!(!plan.local_endpoints.is_empty());
 }
 

@@ -11,7 +11,7 @@ use aya::{Ebpf, maps::HashMap, programs::Xdp};
 use lb_agent::{
     config::Config,
     dataplane::{EMBEDDED_OBJECT, ServiceMapsByFamily, UPLINK_PROGRAM, load_ipv6_path},
-    service_plan::{self, DataplanePlan},
+    map_contents::{self, MapContents},
 };
 use lb_common::{
     counters::Reason,
@@ -100,7 +100,7 @@ impl Fixture {
                 snat_port_max: 65_535,
             })
             .unwrap();
-        let plan: DataplanePlan<Addr6> = service_plan::plan(&config, "n0");
+        let plan: MapContents<Addr6> = map_contents::for_node(&config, "n0");
         assert_eq!(plan.services.len(), 7, "every IPv6 service port planned");
         maps.v6.apply(&plan).expect("syncing the fixture services");
         Fixture { ebpf, _maps: maps, ifindex }

@@ -14,7 +14,7 @@ use aya::{
 use lb_agent::{
     config::Config,
     dataplane::{EMBEDDED_OBJECT, ServiceMaps, UPLINK_PROGRAM, batch, ring_memory},
-    service_plan::{self, IncrementalPlanner},
+    map_contents::{self, IncrementalContents},
 };
 use lb_common::{
     hash::flow_hash,
@@ -88,7 +88,7 @@ struct Fixture {
     /// A second handle on `VIP_TRAFFIC`, which `maps` owns.
     vip_traffic: MapData,
     maps: ServiceMaps,
-    planner: IncrementalPlanner,
+    planner: IncrementalContents,
     ifindex: u32,
 }
 
@@ -117,7 +117,7 @@ impl Fixture {
             snat_port_max: 65_535,
         })
         .unwrap();
-        Fixture { ebpf, vip_traffic, maps, planner: IncrementalPlanner::default(), ifindex }
+        Fixture { ebpf, vip_traffic, maps, planner: IncrementalContents::default(), ifindex }
     }
 
     fn sync(&mut self, config: &Config) -> lb_agent::dataplane::services::SyncReport {
@@ -143,7 +143,7 @@ impl Fixture {
 
 /// The backend the plan's ring gives the client's `sport` → VIP:80 flow.
 fn planned_backend(config: &Config, sport: u16) -> Ipv4Addr {
-    let plan = service_plan::plan(config, "n0");
+    let plan = map_contents::for_node(config, "n0");
     let service = &plan.services[&ServiceKey::new(VIP.octets(), 80, 6)];
     let flow = FlowKey::new(CLIENT.octets(), VIP.octets(), sport.to_be_bytes(), 80u16.to_be_bytes(), 6);
     let slot = flow_hash(&flow) % service.ring.len() as u32;
@@ -350,7 +350,7 @@ fn a_failed_sync_gives_its_service_numbers_back() {
         let mut f = Fixture::load(ifindex, &[(MAGLEV_RINGS, 1)]);
         let config = config(&[1], 2);
         for attempt in 0..3 {
-            let plan = service_plan::plan(&config, "n0");
+            let plan = map_contents::for_node(&config, "n0");
             assert!(f.maps.apply(&plan).is_err(), "attempt {attempt}: three rings cannot fit");
             assert_eq!(f.maps.service_count(), 0, "attempt {attempt}");
             assert_eq!(f.maps.free_service_numbers(), MAX_SERVICE_NUMBERS as usize, "attempt {attempt}");

@@ -10,7 +10,7 @@ use aya::{Ebpf, maps::HashMap, programs::Xdp};
 use lb_agent::{
     config::Config,
     dataplane::{EMBEDDED_OBJECT, ServiceMaps, UPLINK_PROGRAM},
-    service_plan,
+    map_contents,
 };
 use lb_common::{
     counters::Reason,
@@ -88,7 +88,7 @@ impl Fixture {
             snat_port_max: 65_535,
         })
         .unwrap();
-        maps.apply(&service_plan::plan(&config, "n0")).expect("syncing the fixture services");
+        maps.apply(&map_contents::for_node(&config, "n0")).expect("syncing the fixture services");
         Fixture { ebpf, maps, ifindex }
     }
 
@@ -451,7 +451,7 @@ fn next_hop_fixtures(ifindex: u32) {
         f.maps.next_hops().set(s, poison, 0).unwrap();
     }
     let moved = CONFIG.replacen("10.244.1.2, node: n1}]", "10.244.1.3, node: n1}]", 1);
-    f.maps.apply(&service_plan::plan(&Config::parse(&moved).unwrap(), "n0")).unwrap();
+    f.maps.apply(&map_contents::for_node(&Config::parse(&moved).unwrap(), "n0")).unwrap();
     let (_, &new_slot) =
         f.maps.backends().iter().find(|(b, _)| b.addr == [10, 244, 1, 3]).expect("the new endpoint's slot");
     let hop = f.maps.next_hops().get(&new_slot, 0).unwrap();

@@ -1,6 +1,6 @@
 //! The service maps, brought to a plan by difference.
 //!
-//! - **Cost follows the change.** The maps are mirrored here, so a [`PlanDelta`] touching one
+//! - **Cost follows the change.** The maps are mirrored here, so a [`ContentsDelta`] touching one
 //!   service costs a few system calls, whatever the number of services. A ring is written
 //!   through a memory mapping ([`ring_memory`]); the backends a sync adds, in one
 //!   `BPF_MAP_UPDATE_BATCH`.
@@ -51,7 +51,7 @@ use self::rings::{REWRITING, RINGS_PER_BATCH, digest};
 use super::batch;
 use crate::{
     error::{Error, Result},
-    service_plan::{DataplanePlan, PlanDelta, PlannedService},
+    map_contents::{ContentsDelta, MapContents, ServiceContents},
 };
 
 type Ring = Array<MapData, RingEntry>;
@@ -107,7 +107,7 @@ pub struct ServiceMaps<A: Address = Addr4> {
     /// Rings replaced or removed, still in `MAGLEV_RINGS` (their ids reserved).
     retired: Vec<u32>,
     /// Services that did not fit, waiting for room.
-    refused: BTreeMap<ServiceKeyOf<A>, (PlannedService<A>, Refusal)>,
+    refused: BTreeMap<ServiceKeyOf<A>, (ServiceContents<A>, Refusal)>,
     /// Endpoint addresses of the backends added and removed since last taken (one per
     /// backend), for the next-hop resolver.
     address_changes: (Vec<IpAddr>, Vec<IpAddr>),
@@ -292,7 +292,7 @@ impl<A: Address> ServiceMaps<A> {
     }
 
     /// Makes the maps hold `plan` whole, retired rings removed.
-    pub fn apply(&mut self, plan: &DataplanePlan<A>) -> Result<SyncReport> {
+    pub fn apply(&mut self, plan: &MapContents<A>) -> Result<SyncReport> {
         let report = self.apply_delta(&plan.to_delta())?;
         self.remove_retired_rings()?;
         Ok(report)
@@ -300,7 +300,7 @@ impl<A: Address> ServiceMaps<A> {
 
     /// Applies a change, touching only the entries it names (for a complete delta, also
     /// removing whatever it does not name).
-    pub fn apply_delta(&mut self, delta: &PlanDelta<A>) -> Result<SyncReport> {
+    pub fn apply_delta(&mut self, delta: &ContentsDelta<A>) -> Result<SyncReport> {
         let mut report = SyncReport::default();
         let mut released = Vec::new();
 
@@ -324,7 +324,7 @@ impl<A: Address> ServiceMaps<A> {
         }
 
         // Then the new and changed services, and those refused earlier, which may fit now.
-        let mut wanted: Vec<(ServiceKeyOf<A>, PlannedService<A>)> = Vec::new();
+        let mut wanted: Vec<(ServiceKeyOf<A>, ServiceContents<A>)> = Vec::new();
         for (key, planned) in &delta.services {
             if let Some(planned) = planned {
                 self.refused.remove(key);
@@ -354,7 +354,7 @@ impl<A: Address> ServiceMaps<A> {
         Ok(report)
     }
 
-    fn apply_local_endpoints(&mut self, delta: &PlanDelta<A>, report: &mut SyncReport) -> Result<()> {
+    fn apply_local_endpoints(&mut self, delta: &ContentsDelta<A>, report: &mut SyncReport) -> Result<()> {
         let mut changes: Vec<(LocalEndpointKeyOf<A>, Option<LocalEndpoint>)> =
             delta.local_endpoints.iter().map(|(k, v)| (*k, *v)).collect();
         if delta.complete {
@@ -466,6 +466,6 @@ impl<A: Address> ServiceMaps<A> {
 }
 
 /// A service ready to point at its ring: key, plan, new entry, and the ring when it is new.
-type Staged<'a, A> = (ServiceKeyOf<A>, &'a PlannedService<A>, Service, Option<Ring>);
+type Staged<'a, A> = (ServiceKeyOf<A>, &'a ServiceContents<A>, Service, Option<Ring>);
 /// A service whose ring is rewritten in place: key, plan, old entry, new entry, new slots.
-type InPlace<'a, A> = (ServiceKeyOf<A>, &'a PlannedService<A>, Service, Service, Vec<u32>);
+type InPlace<'a, A> = (ServiceKeyOf<A>, &'a ServiceContents<A>, Service, Service, Vec<u32>);

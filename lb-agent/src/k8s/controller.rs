@@ -372,7 +372,7 @@ impl Shell {
         let Some(config) = &state.last else { return };
         let planned = crate::node_plan::node_plan(config, &self.node);
         let refused = refused.borrow_and_update().clone();
-        let mut plan = status::plan(
+        let mut plan = status::writes(
             &cluster,
             &owners.borrow().clone(),
             &planned,
@@ -381,7 +381,7 @@ impl Shell {
             &Timestamp::now().to_string(),
         );
         status::keep_written_times(&mut plan, &state.written);
-        if plan != status::StatusPlan::default()
+        if plan != status::StatusWrites::default()
             && let Err(e) =
                 writer.apply(&plan).await.inspect(|()| state.written.extend(plan.conditions.clone()))
         {

@@ -32,7 +32,7 @@ pub struct ServiceCondition {
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct StatusPlan {
+pub struct StatusWrites {
     /// `(namespace, name)` → the addresses `status.loadBalancer.ingress` must list.
     pub ingress: BTreeMap<(String, String), Vec<IpAddr>>,
     /// Services that need the finalizer added.
@@ -47,20 +47,20 @@ pub struct StatusPlan {
     pub conditions: BTreeMap<(String, String), ServiceCondition>,
 }
 
-/// Plans the writes. `owners` is who is Master for each VIP, as this node's VRRP sees it;
+/// The status writes the cluster needs. `owners` is who is Master for each VIP, as this node's VRRP sees it;
 /// `planned` is the node plan of the translated config (its VRIDs and unplaced VIPs are the
 /// same on every node); `refused` names the Services (`namespace/name`) this node's data plane
 /// has no room for, with why; `unserved` those the translation left out (invalid, or a port
 /// another Service serves); `now` is the timestamp for conditions that change (RFC 3339).
-pub fn plan(
+pub fn writes(
     state: &ClusterState,
     owners: &BTreeMap<std::net::IpAddr, String>,
     planned: &crate::node_plan::NodePlan,
     refused: &BTreeMap<String, String>,
     unserved: &[Refusal],
     now: &str,
-) -> StatusPlan {
-    let mut out = StatusPlan::default();
+) -> StatusWrites {
+    let mut out = StatusWrites::default();
     let pools: BTreeMap<String, Pools> = state
         .groups
         .iter()
@@ -105,7 +105,7 @@ struct Requests<'s> {
     refusals: Vec<Refusal>,
 }
 
-fn requests<'s>(state: &'s ClusterState, out: &mut StatusPlan) -> Requests<'s> {
+fn requests<'s>(state: &'s ClusterState, out: &mut StatusWrites) -> Requests<'s> {
     let mut requests = Vec::new();
     let mut by_name: BTreeMap<String, (&Service, String)> = BTreeMap::new();
     let mut refusals: Vec<Refusal> = Vec::new();
@@ -149,12 +149,12 @@ fn requests<'s>(state: &'s ClusterState, out: &mut StatusPlan) -> Requests<'s> {
 }
 
 /// Ingress to write where the allocation changed it, and warnings for what it could not give
-/// and for VIPs the planner left without an owner.
+/// and for VIPs placement left without an owner.
 fn ingress_and_warnings(
     allocation: &ipam::Allocation,
     by_name: &BTreeMap<String, (&Service, String)>,
     planned: &crate::node_plan::NodePlan,
-    out: &mut StatusPlan,
+    out: &mut StatusWrites,
 ) {
     for (service, ips) in &allocation.addresses {
         let (svc, _) = by_name[service];
@@ -185,7 +185,12 @@ fn ingress_and_warnings(
 
 /// One `Served` condition per Service aimed at us: the first problem, or served; written only
 /// where it changes, keeping its transition time while its status stays.
-fn service_conditions(state: &ClusterState, allocation: &ipam::Allocation, out: &mut StatusPlan, now: &str) {
+fn service_conditions(
+    state: &ClusterState,
+    allocation: &ipam::Allocation,
+    out: &mut StatusWrites,
+    now: &str,
+) {
     let mut verdicts: BTreeMap<String, (&'static str, String, String)> = BTreeMap::new();
     for (service, ips) in &allocation.addresses {
         let list: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
@@ -323,7 +328,7 @@ pub type Written = BTreeMap<(String, String), ServiceCondition>;
 /// and so no next pass planning it again with a newer time. Without this, a leader writing
 /// more conditions than its watch delivers in one pass rewrote them forever (found at 1,000
 /// Services by `cargo xtask bench control`).
-pub fn keep_written_times(plan: &mut StatusPlan, written: &Written) {
+pub fn keep_written_times(plan: &mut StatusWrites, written: &Written) {
     for (k, c) in &mut plan.conditions {
         if let Some(w) = written.get(k)
             && (w.status, &w.reason, &w.message, w.observed_generation)
@@ -376,7 +381,7 @@ mod tests {
             "198.51.100.1:80/TCP: the data plane holds at most 4 services (dataplane.capacity.services)"
                 .to_owned(),
         )]);
-        let p = plan(&s, &BTreeMap::new(), &Default::default(), &refused, &[], "2026-11-22T00:00:00Z");
+        let p = writes(&s, &BTreeMap::new(), &Default::default(), &refused, &[], "2026-11-22T00:00:00Z");
         let k = ("shop".to_owned(), "web".to_owned());
         let c = &p.conditions[&k];
         assert_eq!((c.status, c.reason.as_str()), ("False", CAPACITY_EXCEEDED));
@@ -394,7 +399,7 @@ mod tests {
             reason: "PortConflict",
             message: "198.51.100.1:80/TCP is already served for shop/api".into(),
         }];
-        let p = plan(
+        let p = writes(
             &s,
             &BTreeMap::new(),
             &Default::default(),
@@ -416,7 +421,7 @@ mod tests {
         let s =
             state("metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer, ports: [{port: 80}]}");
         let p =
-            plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
+            writes(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
         let k = ("shop".to_owned(), "web".to_owned());
         assert_eq!(p.ingress[&k], [IpAddr::from([198, 51, 100, 1])]);
         assert_eq!(p.add_finalizer, std::slice::from_ref(&k));
@@ -443,7 +448,7 @@ mod tests {
         let base = crate::config::Config::parse("interface: eth0\nnode: n0\n").unwrap();
         let config = super::super::source::translate(&s, &base).unwrap().config;
         let planned = crate::node_plan::node_plan(&config, "n0");
-        let p = plan(&s, &BTreeMap::new(), &planned, &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
+        let p = writes(&s, &BTreeMap::new(), &planned, &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
         let edge = &p.groups["edge"];
         assert!(!edge.vrids.is_empty(), "the allocation is published");
         assert_eq!(edge.vrids, planned.vrids["edge"]);
@@ -465,7 +470,7 @@ mod tests {
         std::sync::Arc::make_mut(&mut s.groups[0]).spec.address_pools.push("2001:db8:6::/127".into());
         let v6: IpAddr = "2001:db8:6::1".parse().unwrap();
         let owners = BTreeMap::from([(v6, "n0".to_owned())]);
-        let p = plan(&s, &owners, &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
+        let p = writes(&s, &owners, &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
         let ips = |name: &str| -> Vec<String> {
             p.ingress[&("shop".to_owned(), name.to_owned())].iter().map(IpAddr::to_string).collect()
         };
@@ -497,11 +502,11 @@ mod tests {
             "metadata: {name: web, namespace: shop, finalizers: [lb-agent.io/ipam]}\nspec: {type: LoadBalancer, ports: [{port: 80}]}\nstatus: {loadBalancer: {ingress: [{ip: 198.51.100.1}]}}",
         );
         let first =
-            plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
+            writes(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
         assert!(first.ingress.is_empty() && first.add_finalizer.is_empty());
         let mut settled = s.clone();
         std::sync::Arc::make_mut(&mut settled.groups[0]).status = Some(first.groups["edge"].clone());
-        let again = plan(
+        let again = writes(
             &settled,
             &BTreeMap::new(),
             &Default::default(),
@@ -522,7 +527,7 @@ mod tests {
             last_transition_time: time.into(),
         };
         let k = ("ns".to_owned(), "web".to_owned());
-        let mut plan = StatusPlan::default();
+        let mut plan = StatusWrites::default();
         plan.conditions.insert(k.clone(), condition("served at 198.51.100.1", "later"));
         let written: Written = [(k.clone(), condition("served at 198.51.100.1", "first"))].into();
         keep_written_times(&mut plan, &written);
@@ -542,7 +547,7 @@ mod tests {
              metadata: {name: gone, namespace: ns, finalizers: [lb-agent.io/ipam], deletionTimestamp: '2026-11-22T00:00:00Z'}\nspec: {type: LoadBalancer}",
         );
         let p =
-            plan(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
+            writes(&s, &BTreeMap::new(), &Default::default(), &BTreeMap::new(), &[], "2026-11-22T00:00:00Z");
         assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
         assert_eq!(p.warnings[0].1, "PoolExhausted");
         assert_eq!(p.warnings[0].0, ("ns".to_owned(), "c".to_owned()));

@@ -1,4 +1,4 @@
-//! The leader's writes: a thin shell that carries out a [`StatusPlan`] with server-side apply
+//! The leader's writes: a thin shell that carries out a [`StatusWrites`] with server-side apply
 //! (field manager `lb-agent`), so agents never overwrite each other's or a user's fields, and
 //! Events through kube's Recorder (which folds repeats into a series).
 
@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::{
     crd::LoadBalancerGroup,
-    status::{IPAM_FINALIZER, SERVICE_CONDITION, StatusPlan},
+    status::{IPAM_FINALIZER, SERVICE_CONDITION, StatusWrites},
 };
 
 /// The field manager of everything the leader applies.
@@ -40,7 +40,7 @@ impl StatusWriter {
     /// Applies `plan`: finalizers first (an address is never published for a Service that
     /// could be deleted without releasing it), then addresses, Events, Service conditions,
     /// group status, and last the releases of deleted Services.
-    pub async fn apply(&self, plan: &StatusPlan) -> Result<(), kube::Error> {
+    pub async fn apply(&self, plan: &StatusWrites) -> Result<(), kube::Error> {
         for (namespace, name) in &plan.add_finalizer {
             self.still_leading()?;
             self.finalizers(namespace, name, &[IPAM_FINALIZER]).await?;
@@ -160,7 +160,7 @@ mod tests {
     use kube::client::Body;
 
     use super::*;
-    use crate::k8s::status::StatusPlan;
+    use crate::k8s::status::StatusWrites;
 
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -195,7 +195,7 @@ mod tests {
             "edge".to_owned(),
             crate::k8s::crd::LoadBalancerGroupStatus { member_count: 3, ..Default::default() },
         );
-        let plan = StatusPlan {
+        let plan = StatusWrites {
             ingress: [(key.clone(), vec![IpAddr::from([198, 51, 100, 1])])].into(),
             add_finalizer: vec![key.clone()],
             groups,
@@ -256,7 +256,7 @@ mod tests {
             observed_generation: 3,
             last_transition_time: "2026-11-22T00:00:00Z".into(),
         };
-        let plan = StatusPlan {
+        let plan = StatusWrites {
             warnings: vec![(key.clone(), "ExternalIPNotAllowed", "externalIP 8.8.8.8 is outside …".into())],
             conditions: [(key.clone(), condition)].into(),
             release: vec![("shop".to_owned(), "old".to_owned())],
@@ -311,7 +311,7 @@ mod tests {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let writer = StatusWriter::new(Client::new(service, "default"), "n0".into());
         let key = ("shop".to_owned(), "web".to_owned());
-        let plan = StatusPlan { add_finalizer: vec![key], ..Default::default() };
+        let plan = StatusWrites { add_finalizer: vec![key], ..Default::default() };
         let server = tokio::spawn(async move {
             let (_, send) = handle.next_request().await.unwrap();
             let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "forbidden", "reason": "Forbidden", "code": 403});

@@ -35,7 +35,7 @@ use lb_agent::{
         cluster::ClusterState,
         source::{Changed, ServiceObjects, Translator, translate},
     },
-    service_plan::IncrementalPlanner,
+    map_contents::IncrementalContents,
 };
 use lb_lab::{
     Agent, Lab, Netns,
@@ -309,7 +309,7 @@ fn watch_event_changes(n: usize) -> (Duration, Duration) {
     let started = Instant::now();
     translate(&state, &base).expect("the cluster's config");
     eprintln!("  kubernetes: a translation from scratch {:?}", started.elapsed());
-    let mut planner = IncrementalPlanner::default();
+    let mut planner = IncrementalContents::default();
     let report = maps.apply_delta(&planner.update(&config, "n0")).expect("the first sync");
     assert_eq!(report.services_added, n, "one entry per Service");
     let mut last = config;
@@ -357,7 +357,7 @@ fn watch_event_changes(n: usize) -> (Duration, Duration) {
 fn in_process_changes(yaml: &str, n: usize) -> (Duration, Duration, Duration, Duration) {
     let mut config = Config::parse(yaml).expect("the scale config");
     let (_ebpf, mut maps) = service_maps(&config);
-    let mut planner = IncrementalPlanner::default();
+    let mut planner = IncrementalContents::default();
     maps.apply_delta(&planner.update(&config, "n0")).expect("the first sync");
 
     let change = |config: &mut Config, k: usize, generation: u32| {

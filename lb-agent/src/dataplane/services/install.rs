@@ -8,9 +8,9 @@ impl<A: Address> ServiceMaps<A> {
     /// fit; writes the new backends in one batch. Returns the admitted services.
     pub(super) fn admit(
         &mut self,
-        wanted: Vec<(ServiceKeyOf<A>, PlannedService<A>)>,
+        wanted: Vec<(ServiceKeyOf<A>, ServiceContents<A>)>,
         report: &mut SyncReport,
-    ) -> Result<Vec<(ServiceKeyOf<A>, PlannedService<A>)>> {
+    ) -> Result<Vec<(ServiceKeyOf<A>, ServiceContents<A>)>> {
         let mut admitted = Vec::with_capacity(wanted.len());
         let mut added: Vec<(u32, BackendOf<A>)> = Vec::new();
         let mut entries = self.installed.len();
@@ -70,7 +70,7 @@ impl<A: Address> ServiceMaps<A> {
     /// registered, so they go in batches of [`RINGS_PER_BATCH`], well inside `RLIMIT_NOFILE`.
     pub(super) fn install(
         &mut self,
-        admitted: &[(ServiceKeyOf<A>, PlannedService<A>)],
+        admitted: &[(ServiceKeyOf<A>, ServiceContents<A>)],
         released: &mut Vec<BackendOf<A>>,
         report: &mut SyncReport,
     ) -> Result<()> {
@@ -82,7 +82,7 @@ impl<A: Address> ServiceMaps<A> {
 
     fn install_batch(
         &mut self,
-        admitted: &[(ServiceKeyOf<A>, PlannedService<A>)],
+        admitted: &[(ServiceKeyOf<A>, ServiceContents<A>)],
         released: &mut Vec<BackendOf<A>>,
         report: &mut SyncReport,
     ) -> Result<()> {

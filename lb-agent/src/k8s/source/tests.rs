@@ -1,5 +1,5 @@
 use super::*;
-use crate::{config::MAX_ENDPOINTS, node_plan::node_plan, service_plan};
+use crate::{config::MAX_ENDPOINTS, map_contents, node_plan::node_plan};
 use std::time::Duration;
 
 mod incremental;
@@ -78,13 +78,13 @@ fn assert_same_plans(from_cluster: &Config, from_yaml: &Config) {
     for node in ["n0", "n1", "n2"] {
         assert_eq!(node_plan(from_cluster, node), node_plan(from_yaml, node), "VRRP plan on {node}");
         assert_eq!(
-            service_plan::plan::<lb_common::service::Addr4>(from_cluster, node),
-            service_plan::plan(from_yaml, node),
+            map_contents::for_node::<lb_common::service::Addr4>(from_cluster, node),
+            map_contents::for_node(from_yaml, node),
             "IPv4 data plane on {node}"
         );
         assert_eq!(
-            service_plan::plan::<lb_common::service::Addr6>(from_cluster, node),
-            service_plan::plan(from_yaml, node),
+            map_contents::for_node::<lb_common::service::Addr6>(from_cluster, node),
+            map_contents::for_node(from_yaml, node),
             "IPv6 data plane on {node}"
         );
     }

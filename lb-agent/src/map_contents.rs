@@ -1,13 +1,13 @@
-//! The data-plane plan: from the config's services to what this node's maps must hold. Pure.
+//! Map contents: from the config's services to what this node's service maps must hold. Pure.
 //!
 //! Every node computes the same Maglev ring for a service from the same endpoints, whatever
 //! their order and whichever node it is: the ring is built from the endpoints' identities
 //! (address and port), never from how this node reaches them. That is what lets a DSR flow keep
 //! its endpoint when the VIP moves to another node.
 //!
-//! [`IncrementalPlanner`] plans a stream of configs: a service whose config is unchanged is not
-//! planned again, and rings are cached by endpoint set, so one endpoint change costs one
-//! service's plan, whatever the cluster's size.
+//! [`IncrementalContents`] follows a stream of configs: a service whose config is unchanged is not
+//! computed again, and rings are cached by endpoint set, so one endpoint change costs one
+//! service's entries, whatever the cluster's size.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -27,20 +27,20 @@ use crate::{
 /// What one family's service maps must hold on one node (IPv4's by default; each family has
 /// maps of its own, planned from its services alone).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DataplanePlan<A = Addr4> {
-    pub services: BTreeMap<ServiceKeyOf<A>, PlannedService<A>>,
+pub struct MapContents<A = Addr4> {
+    pub services: BTreeMap<ServiceKeyOf<A>, ServiceContents<A>>,
     /// This node's endpoints, for decapsulating DSR traffic addressed to them.
     pub local_endpoints: BTreeMap<LocalEndpointKeyOf<A>, LocalEndpoint>,
 }
 
-impl<A> Default for DataplanePlan<A> {
+impl<A> Default for MapContents<A> {
     fn default() -> Self {
         Self { services: BTreeMap::new(), local_endpoints: BTreeMap::new() }
     }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlannedService<A = Addr4> {
+pub struct ServiceContents<A = Addr4> {
     /// The config's service name, for logs and metrics.
     pub name: String,
     /// Distinct backends, sorted.
@@ -50,15 +50,15 @@ pub struct PlannedService<A = Addr4> {
     pub ring: Arc<[u32]>,
 }
 
-impl<A: Address> DataplanePlan<A> {
-    /// Every backend the plan uses, once.
+impl<A: Address> MapContents<A> {
+    /// Every backend the contents use, once.
     pub fn backends(&self) -> BTreeSet<BackendOf<A>> {
         self.services.values().flat_map(|s| s.backends.iter().copied()).collect()
     }
 
-    /// The whole plan as a change: every entry written, everything else removed.
-    pub fn to_delta(&self) -> PlanDelta<A> {
-        PlanDelta {
+    /// The whole contents as a change: every entry written, everything else removed.
+    pub fn to_delta(&self) -> ContentsDelta<A> {
+        ContentsDelta {
             services: self.services.iter().map(|(k, s)| (*k, Some(s.clone()))).collect(),
             local_endpoints: self.local_endpoints.iter().map(|(k, e)| (*k, Some(*e))).collect(),
             complete: true,
@@ -68,36 +68,36 @@ impl<A: Address> DataplanePlan<A> {
 
 /// A change to one family's maps: `Some` writes an entry, `None` removes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlanDelta<A = Addr4> {
-    pub services: BTreeMap<ServiceKeyOf<A>, Option<PlannedService<A>>>,
+pub struct ContentsDelta<A = Addr4> {
+    pub services: BTreeMap<ServiceKeyOf<A>, Option<ServiceContents<A>>>,
     pub local_endpoints: BTreeMap<LocalEndpointKeyOf<A>, Option<LocalEndpoint>>,
     /// Every wanted entry is listed: whatever else the maps hold goes (the first sync, which
     /// may find a previous agent's pinned maps).
     pub complete: bool,
 }
 
-impl<A> Default for PlanDelta<A> {
+impl<A> Default for ContentsDelta<A> {
     fn default() -> Self {
         Self { services: BTreeMap::new(), local_endpoints: BTreeMap::new(), complete: false }
     }
 }
 
-impl<A> PlanDelta<A> {
+impl<A> ContentsDelta<A> {
     pub fn is_empty(&self) -> bool {
         self.services.is_empty() && self.local_endpoints.is_empty() && !self.complete
     }
 }
 
-/// What a service's plan depends on besides the service itself.
+/// What a service's entries depend on besides the service itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlanContext {
+pub struct ContentsContext {
     pub node: String,
     pub node_addresses: BTreeMap<String, Ipv4Addr>,
     /// The largest ring (`dataplane.capacity.ringSize`).
     pub ring_size: u32,
 }
 
-impl PlanContext {
+impl ContentsContext {
     pub fn new(config: &Config, node: &str) -> Self {
         Self {
             node: node.to_owned(),
@@ -114,7 +114,7 @@ impl PlanContext {
 /// One config service's entries: one per port.
 #[derive(Clone, Debug)]
 pub struct ServiceEntries<A = Addr4> {
-    pub services: Vec<(ServiceKeyOf<A>, PlannedService<A>)>,
+    pub services: Vec<(ServiceKeyOf<A>, ServiceContents<A>)>,
     pub local_endpoints: Vec<(LocalEndpointKeyOf<A>, LocalEndpoint)>,
 }
 
@@ -152,11 +152,11 @@ impl RingCache {
     }
 }
 
-/// Plans one config service on the node of `context`, in family `A`'s maps: nothing when its
+/// The entries of one config service on the node of `context`, in family `A`'s maps: nothing when its
 /// VIP is of the other family (the config checked its endpoints are of its VIP's).
-pub fn plan_service<A: Address>(
+pub fn service_contents<A: Address>(
     service: &ServiceConfig,
-    context: &PlanContext,
+    context: &ContentsContext,
     rings: &mut RingCache,
 ) -> ServiceEntries<A> {
     let node = context.node.as_str();
@@ -199,22 +199,22 @@ pub fn plan_service<A: Address>(
         } else {
             rings.ring(&backends, maglev::table_size(backends.len(), context.ring_size))
         };
-        entries.services.push((key, PlannedService { name: service.name.clone(), backends, ring }));
+        entries.services.push((key, ServiceContents { name: service.name.clone(), backends, ring }));
     }
     entries
 }
 
-/// Plans `node`'s service maps of family `A` whole.
-pub fn plan<A: Address>(config: &Config, node: &str) -> DataplanePlan<A> {
-    let context = PlanContext::new(config, node);
+/// What `node`'s service maps of family `A` must hold, whole.
+pub fn for_node<A: Address>(config: &Config, node: &str) -> MapContents<A> {
+    let context = ContentsContext::new(config, node);
     let mut rings = RingCache::default();
-    let mut plan = DataplanePlan::default();
+    let mut contents = MapContents::default();
     for service in &config.services {
-        let entries = plan_service(service, &context, &mut rings);
-        plan.services.extend(entries.services);
-        plan.local_endpoints.extend(entries.local_endpoints);
+        let entries = service_contents(service, &context, &mut rings);
+        contents.services.extend(entries.services);
+        contents.local_endpoints.extend(entries.local_endpoints);
     }
-    plan
+    contents
 }
 
 /// A backend's identity for Maglev: the same on every node (`10.244.1.2:8080`,
@@ -223,9 +223,9 @@ pub fn identity<A: Address>(backend: &BackendOf<A>) -> String {
     SocketAddr::new(backend.addr.to_ip(), u16::from_be_bytes(backend.port)).to_string()
 }
 
-/// Plans one config after another and returns only what changed, for family `A`'s maps.
-pub struct IncrementalPlanner<A = Addr4> {
-    context: Option<PlanContext>,
+/// Follows one config after another and returns only what changed, for family `A`'s maps.
+pub struct IncrementalContents<A = Addr4> {
+    context: Option<ContentsContext>,
     /// Each planned service config by its allocation (held here, so the address is not reused
     /// while planned), with the update that last saw it and its entries.
     planned: HashMap<usize, Planned<A>, foldhash::fast::FixedState>,
@@ -237,7 +237,7 @@ pub struct IncrementalPlanner<A = Addr4> {
     rings: RingCache,
 }
 
-impl<A> Default for IncrementalPlanner<A> {
+impl<A> Default for IncrementalContents<A> {
     fn default() -> Self {
         Self {
             context: None,
@@ -255,15 +255,15 @@ struct Planned<A> {
     entries: ServiceEntries<A>,
 }
 
-impl<A: Address> IncrementalPlanner<A> {
+impl<A: Address> IncrementalContents<A> {
     /// The change from the last config's plan to `config`'s. Only services whose config
     /// differs are planned; the first call, and a change of this node's context (its name,
     /// the nodes' addresses, the ring size), plan everything and give a complete delta.
     /// An unchanged service costs one lookup of its address (the Kubernetes source hands an
     /// unchanged service over as the same allocation), or of its content (a reloaded file).
-    pub fn update(&mut self, config: &Config, node: &str) -> PlanDelta<A> {
-        let context = PlanContext::new(config, node);
-        let mut delta = PlanDelta::default();
+    pub fn update(&mut self, config: &Config, node: &str) -> ContentsDelta<A> {
+        let context = ContentsContext::new(config, node);
+        let mut delta = ContentsDelta::default();
         if self.context.as_ref() != Some(&context) {
             self.planned.clear();
             self.by_content.clear();
@@ -288,7 +288,7 @@ impl<A: Address> IncrementalPlanner<A> {
                 self.by_content.insert(service.clone(), address);
                 continue;
             }
-            let entries = plan_service(service, &context, &mut self.rings);
+            let entries = service_contents(service, &context, &mut self.rings);
             delta.services.extend(entries.services.iter().map(|(k, s)| (*k, Some(s.clone()))));
             delta.local_endpoints.extend(entries.local_endpoints.iter().map(|(k, e)| (*k, Some(*e))));
             self.planned.insert(address, Planned { config: service.clone(), seen: now, entries });
@@ -342,7 +342,7 @@ mod tests {
     #[test]
     fn deliveries_follow_the_endpoints_node() {
         let c = config(&[("10.244.0.2", "n0"), ("10.244.1.2", "n1")], "dsr", "Cluster");
-        let on_n0: DataplanePlan = plan(&c, "n0");
+        let on_n0: MapContents = for_node(&c, "n0");
         let s = &on_n0.services[&web()];
         let deliveries: Vec<_> = s.backends.iter().map(|b| Delivery::from_u8(b.delivery).unwrap()).collect();
         assert_eq!(deliveries, [Delivery::Local, Delivery::Dsr]);
@@ -352,7 +352,7 @@ mod tests {
             53u16.to_be_bytes()
         );
         assert_eq!(on_n0.local_endpoints.len(), 2, "one per port");
-        let on_n2 = plan(&c, "n2");
+        let on_n2 = for_node(&c, "n2");
         assert!(on_n2.local_endpoints.is_empty());
         assert!(on_n2.services[&web()].backends.iter().all(|b| b.delivery == Delivery::Dsr as u8));
     }
@@ -360,15 +360,15 @@ mod tests {
     #[test]
     fn local_policy_keeps_only_this_nodes_endpoints() {
         let c = config(&[("10.244.0.2", "n0"), ("10.244.1.2", "n1")], "fullNat", "Local");
-        assert_eq!(plan(&c, "n0").services[&web()].backends.len(), 1);
-        let on_n2 = plan(&c, "n2");
+        assert_eq!(for_node(&c, "n0").services[&web()].backends.len(), 1);
+        let on_n2 = for_node(&c, "n2");
         assert!(on_n2.services[&web()].backends.is_empty() && on_n2.services[&web()].ring.is_empty());
     }
 
     #[test]
     fn the_ring_is_sized_for_its_backends() {
         let c = config(&[("10.244.0.2", "n0"), ("10.244.1.2", "n1"), ("10.244.2.2", "n2")], "dsr", "Cluster");
-        let s = &plan(&c, "n0").services[&web()];
+        let s = &for_node(&c, "n0").services[&web()];
         assert_eq!(s.ring.len() as u32, maglev::table_size(3, u32::MAX));
         assert!(s.ring.len() >= 300);
     }
@@ -376,7 +376,7 @@ mod tests {
     #[test]
     fn consecutive_client_ports_spread_over_the_ring() {
         let c = config(&[("10.244.1.2", "n1"), ("10.244.2.2", "n2")], "dsr", "Cluster");
-        let s = &plan(&c, "n0").services[&web()];
+        let s = &for_node(&c, "n0").services[&web()];
         let mut hits = [0u32; 2];
         // Linux hands out even ephemeral ports for connect(), one after the other.
         for port in (32_768u16..34_768).step_by(2) {
@@ -399,8 +399,8 @@ mod tests {
             "interface: eth0\nvips: [{address: 198.51.100.10}, {address: '2001:db8:6::10'}]\nservices:\n  - name: web4\n    vip: 198.51.100.10\n    ports: [{port: 80}]\n    endpoints: [{address: 10.244.1.2, node: n1}]\n  - name: web6\n    vip: '2001:db8:6::10'\n    remoteMode: dsr\n    ports: [{port: 80, targetPort: 8080}]\n    endpoints: [{address: 'fd00:10:244:1::2', node: n1}, {address: 'fd00:10:244::2', node: n0}]\n",
         )
         .unwrap();
-        let v4: DataplanePlan = plan(&c, "n0");
-        let v6: DataplanePlan<Addr6> = plan(&c, "n0");
+        let v4: MapContents = for_node(&c, "n0");
+        let v6: MapContents<Addr6> = for_node(&c, "n0");
         assert_eq!(v4.services.keys().copied().collect::<Vec<_>>(), [web()]);
         let key6 = ServiceKey6::new("2001:db8:6::10".parse::<std::net::Ipv6Addr>().unwrap().octets(), 80, 6);
         let s = &v6.services[&key6];
@@ -409,12 +409,12 @@ mod tests {
         assert_eq!(identity(&s.backends[0]), "[fd00:10:244::2]:8080");
         assert_eq!(v6.local_endpoints.len(), 1);
         // The same ring for the same endpoint identities, on every node.
-        let on_n2: DataplanePlan<Addr6> = plan(&c, "n2");
+        let on_n2: MapContents<Addr6> = for_node(&c, "n2");
         assert_eq!(on_n2.services[&key6].ring, s.ring);
     }
 
-    /// Applies a delta to a plan as the maps would hold it.
-    fn apply(state: &mut DataplanePlan, delta: &PlanDelta) {
+    /// Applies a delta to contents as the maps would hold them.
+    fn apply(state: &mut MapContents, delta: &ContentsDelta) {
         if delta.complete {
             state.services.retain(|k, _| delta.services.contains_key(k));
             state.local_endpoints.retain(|k, _| delta.local_endpoints.contains_key(k));
@@ -454,7 +454,7 @@ mod tests {
     #[test]
     fn an_endpoint_change_plans_only_its_service() {
         let endpoints: Vec<Vec<(u8, u8)>> = (0..50).map(|i| vec![(i + 1, 0), (i + 1, 1)]).collect();
-        let mut planner = IncrementalPlanner::default();
+        let mut planner = IncrementalContents::default();
         let first = planner.update(&services_config(&endpoints), "n0");
         assert!(first.complete);
         assert_eq!(first.services.len(), 50);
@@ -488,8 +488,8 @@ mod tests {
                 1..8,
             ),
         ) {
-            let mut planner = IncrementalPlanner::default();
-            let mut state = DataplanePlan::default();
+            let mut planner = IncrementalContents::default();
+            let mut state = MapContents::default();
             let mut previous: Vec<Arc<ServiceConfig>> = Vec::new();
             for (endpoints, share) in &steps {
                 let endpoints: Vec<Vec<(u8, u8)>> = endpoints
@@ -508,7 +508,7 @@ mod tests {
                     }
                 }
                 apply(&mut state, &planner.update(&config, "n0"));
-                prop_assert_eq!(&state, &plan(&config, "n0"));
+                prop_assert_eq!(&state, &for_node(&config, "n0"));
                 previous = config.services;
             }
         }
@@ -530,7 +530,7 @@ mod tests {
                     let len = endpoints.len();
                     endpoints.rotate_left((seed as usize + n) % len);
                     let eps: Vec<(&str, &str)> = endpoints.iter().map(|(a, n)| (a.as_str(), n.as_str())).collect();
-                    let p = plan(&config(&eps, "dsr", "Cluster"), &format!("n{n}"));
+                    let p = for_node(&config(&eps, "dsr", "Cluster"), &format!("n{n}"));
                     let s = &p.services[&web()];
                     s.ring.iter().map(|&i| identity(&s.backends[i as usize])).collect()
                 })

@@ -1,7 +1,7 @@
-//! The planner: a pure function from a group's members and VIPs to each VIP's ranked owners and
+//! Placement: a pure function from a group's members and VIPs to each VIP's ranked owners and
 //! the VRRP instances (VRIDs) that carry them.
 //!
-//! Every agent computes the plan on its own and must reach the same result, so it depends only
+//! Every agent computes the placement on its own and must reach the same result, so it depends only
 //! on the *sets* it is given: inputs are sorted and deduplicated first, hashing is a fixed
 //! function of names (never `RandomState`), and outputs are ordered maps.
 //!
@@ -111,14 +111,14 @@ impl InstanceKey {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VipPlan {
+pub struct VipPlacement {
     /// Best first: the instance's ranking, which this VIP follows.
     pub ranking: Vec<String>,
     pub vrid: u8,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InstancePlan {
+pub struct InstancePlacement {
     pub key: InstanceKey,
     /// Best first: owner, backup, then the remaining eligible nodes by HRW on the key.
     pub ranking: Vec<String>,
@@ -134,22 +134,22 @@ pub enum UnplacedReason {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GroupPlan {
-    pub vips: BTreeMap<IpAddr, VipPlan>,
-    pub instances: BTreeMap<u8, InstancePlan>,
+pub struct GroupPlacement {
+    pub vips: BTreeMap<IpAddr, VipPlacement>,
+    pub instances: BTreeMap<u8, InstancePlacement>,
     pub unplaced: BTreeMap<IpAddr, UnplacedReason>,
 }
 
 /// The VRRP priority `node` advertises for `instance`: 254 for the owner, one less per rank, so
 /// the ranking is exactly the order of succession. 255 is left to address owners.
-pub fn priority(instance: &InstancePlan, node: &str) -> Option<u8> {
+pub fn priority(instance: &InstancePlacement, node: &str) -> Option<u8> {
     let rank = instance.ranking.iter().position(|n| n == node)?;
     Some(254 - rank.min(253) as u8)
 }
 
-pub fn plan(input: &GroupInput) -> GroupPlan {
+pub fn place(input: &GroupInput) -> GroupPlacement {
     let nodes: BTreeSet<&str> = input.nodes.iter().map(String::as_str).collect();
-    let mut plan = GroupPlan::default();
+    let mut placement = GroupPlacement::default();
 
     // One entry per address. Duplicates keep the least by content, not the first listed, so
     // that the input's order cannot matter.
@@ -170,7 +170,7 @@ pub fn plan(input: &GroupInput) -> GroupPlan {
 
     for (_, vips) in order {
         let owners_in_service: Vec<Option<&str>> =
-            place_service(vips, &nodes, &mut load, capacity, &mut plan);
+            place_service(vips, &nodes, &mut load, capacity, &mut placement);
         // The Service's first placed VIP: (owner, backup). Unspread VIPs follow both, so that they
         // share its instance and fail over together, not just start on the same node.
         let mut leader: Option<(&str, Option<&str>)> = None;
@@ -206,8 +206,8 @@ pub fn plan(input: &GroupInput) -> GroupPlan {
         }
     }
 
-    number_instances(input, &nodes, members, &mut plan);
-    plan
+    number_instances(input, &nodes, members, &mut placement);
+    placement
 }
 
 /// Services, each with its VIPs in address order (the index that rotates the ranking); a VIP
@@ -227,21 +227,21 @@ fn number_instances(
     input: &GroupInput,
     nodes: &BTreeSet<&str>,
     members: BTreeMap<InstanceKey, BTreeSet<IpAddr>>,
-    plan: &mut GroupPlan,
+    placement: &mut GroupPlacement,
 ) {
     let vrids = allocate_vrids(members.keys(), &input.excluded_vrids, &input.pinned_vrids);
     for (key, vips) in members {
         let Some(&vrid) = vrids.get(&key) else {
             for vip in vips {
-                plan.unplaced.insert(vip, UnplacedReason::VridsExhausted);
+                placement.unplaced.insert(vip, UnplacedReason::VridsExhausted);
             }
             continue;
         };
         let ranking = instance_ranking(&key, nodes);
         for vip in &vips {
-            plan.vips.insert(*vip, VipPlan { ranking: ranking.clone(), vrid });
+            placement.vips.insert(*vip, VipPlacement { ranking: ranking.clone(), vrid });
         }
-        plan.instances.insert(vrid, InstancePlan { key, ranking, vips });
+        placement.instances.insert(vrid, InstancePlacement { key, ranking, vips });
     }
 }
 
@@ -261,7 +261,7 @@ fn place_service<'a>(
     nodes: &BTreeSet<&'a str>,
     load: &mut BTreeMap<&'a str, usize>,
     capacity: usize,
-    plan: &mut GroupPlan,
+    placement: &mut GroupPlacement,
 ) -> Vec<Option<&'a str>> {
     let mut used: BTreeSet<&str> = BTreeSet::new();
     let mut first: Option<&'a str> = None;
@@ -269,7 +269,7 @@ fn place_service<'a>(
         .map(|vip| {
             let eligible = eligible_nodes(vip, nodes);
             if eligible.is_empty() {
-                plan.unplaced.insert(vip.address, UnplacedReason::NoEligibleNode);
+                placement.unplaced.insert(vip.address, UnplacedReason::NoEligibleNode);
                 return None;
             }
             let ranking = ranked(&vip.address.to_string(), &eligible);

@@ -36,11 +36,11 @@ fn input(nodes: usize, services: &[usize]) -> GroupInput {
     GroupInput { nodes: node_names(nodes), vips, ..Default::default() }
 }
 
-fn owners(plan: &GroupPlan) -> BTreeMap<IpAddr, String> {
+fn owners(plan: &GroupPlacement) -> BTreeMap<IpAddr, String> {
     plan.vips.iter().map(|(v, p)| (*v, p.ranking[0].clone())).collect()
 }
 
-fn load(plan: &GroupPlan) -> BTreeMap<String, usize> {
+fn load(plan: &GroupPlacement) -> BTreeMap<String, usize> {
     let mut load = BTreeMap::new();
     for owner in owners(plan).into_values() {
         *load.entry(owner).or_default() += 1;
@@ -48,7 +48,7 @@ fn load(plan: &GroupPlan) -> BTreeMap<String, usize> {
     load
 }
 
-fn moved_fraction(before: &GroupPlan, after: &GroupPlan) -> f64 {
+fn moved_fraction(before: &GroupPlacement, after: &GroupPlacement) -> f64 {
     let (b, a) = (owners(before), owners(after));
     let moved = b.iter().filter(|(v, o)| a.get(*v) != Some(*o)).count();
     moved as f64 / b.len() as f64
@@ -92,13 +92,13 @@ proptest! {
         b.nodes = shuffle(a.nodes.len()).into_iter().map(|i| a.nodes[i].clone()).collect();
         b.nodes.push(a.nodes[0].clone());
         b.vips = shuffle(a.vips.len()).into_iter().map(|i| a.vips[i].clone()).collect();
-        prop_assert_eq!(plan(&a), plan(&b));
+        prop_assert_eq!(place(&a), place(&b));
     }
 
     /// Property 2: a Service's k VIPs get k distinct owners when k ≤ n.
     #[test]
     fn distinct_owners_within_a_service(sizes in service_sizes(120), n in 4usize..12) {
-        let p = plan(&input(n, &sizes));
+        let p = place(&input(n, &sizes));
         let mut by_service: BTreeMap<usize, Vec<String>> = BTreeMap::new();
         let mut next = 0;
         for (s, &count) in sizes.iter().enumerate() {
@@ -118,7 +118,7 @@ proptest! {
     /// random inputs.
     #[test]
     fn balance_across_services(sizes in service_sizes(1000)) {
-        let p = plan(&input(8, &sizes));
+        let p = place(&input(8, &sizes));
         let l = load(&p);
         let max = *l.values().max().unwrap() as f64;
         prop_assert!(max / (1000.0 / 8.0) <= 1.25, "max/mean {}", max / 125.0);
@@ -130,11 +130,11 @@ proptest! {
     #[test]
     fn graceful_failure(sizes in service_sizes(200), n in 4usize..10, failed in 0usize..4) {
         let before_input = input(n, &sizes);
-        let before = plan(&before_input);
+        let before = place(&before_input);
         let gone = format!("node-{failed}");
         let mut after_input = before_input.clone();
         after_input.nodes.retain(|x| *x != gone);
-        let after = plan(&after_input);
+        let after = place(&after_input);
         let orphans: Vec<IpAddr> = owners(&before).into_iter().filter(|(_, o)| *o == gone).map(|(v, _)| v).collect();
         let heirs: BTreeSet<String> = orphans.iter().map(|v| after.vips[v].ranking[0].clone()).collect();
         prop_assert!(heirs.len() >= 3.min(n - 1), "{} orphans went to {:?}", orphans.len(), heirs);
@@ -152,13 +152,13 @@ proptest! {
     #[test]
     fn minimal_movement(sizes in service_sizes(500), n in 4usize..=10, gone in 0usize..10) {
         let base = input(n, &sizes);
-        let before = plan(&base);
+        let before = place(&base);
         let mut grown = base.clone();
         grown.nodes.push(format!("node-{n}"));
-        let added = moved_fraction(&before, &plan(&grown));
+        let added = moved_fraction(&before, &place(&grown));
         let mut shrunk = base.clone();
         shrunk.nodes.remove(gone % n);
-        let removed = moved_fraction(&before, &plan(&shrunk));
+        let removed = moved_fraction(&before, &place(&shrunk));
         let bound = 1.5 / n as f64 + 0.05;
         prop_assert!(added <= bound, "adding moved {added:.3} > {bound:.3}");
         prop_assert!(removed <= bound + 1.0 / n as f64, "removing moved {removed:.3}");
@@ -167,7 +167,7 @@ proptest! {
     /// Property 7: each VIP's instance carries it, and the two agree on owner and backup.
     #[test]
     fn vips_and_instances_agree(sizes in service_sizes(200), n in 1usize..20) {
-        let p = plan(&input(n, &sizes));
+        let p = place(&input(n, &sizes));
         prop_assert!(p.unplaced.is_empty());
         for (address, vp) in &p.vips {
             let instance = &p.instances[&vp.vrid];
@@ -184,7 +184,7 @@ fn ten_thousand_vips_fit_in_255_vrids() {
     for n in [3, 8, 16, 17, 40] {
         let mut i = input(n, &vec![1; 10_000]);
         i.excluded_vrids = (1..=10).collect();
-        let p = plan(&i);
+        let p = place(&i);
         assert!(p.unplaced.is_empty(), "{n} nodes: {} unplaced", p.unplaced.len());
         assert_eq!(p.vips.len(), 10_000);
         let bound = if n <= PAIR_KEYED_MAX_NODES { n * (n - 1) } else { n };
@@ -195,12 +195,12 @@ fn ten_thousand_vips_fit_in_255_vrids() {
 
 #[test]
 fn pinned_vrids_are_kept() {
-    let first = plan(&input(6, &[3; 100]));
+    let first = place(&input(6, &[3; 100]));
     let pinned: BTreeMap<InstanceKey, u8> =
         first.instances.iter().map(|(v, i)| (i.key.clone(), *v)).collect();
     let mut grown = input(7, &[3; 100]);
     grown.pinned_vrids = pinned.clone();
-    let second = plan(&grown);
+    let second = place(&grown);
     for (vrid, instance) in &second.instances {
         if let Some(old) = pinned.get(&instance.key) {
             assert_eq!(old, vrid, "{:?} kept its VRID", instance.key);
@@ -210,9 +210,9 @@ fn pinned_vrids_are_kept() {
 
 #[test]
 fn without_pins_most_instances_keep_their_vrid_when_a_node_joins() {
-    let before = plan(&input(6, &[3; 200]));
-    let after = plan(&input(7, &[3; 200]));
-    let by_key = |p: &GroupPlan| -> BTreeMap<InstanceKey, u8> {
+    let before = place(&input(6, &[3; 200]));
+    let after = place(&input(7, &[3; 200]));
+    let by_key = |p: &GroupPlacement| -> BTreeMap<InstanceKey, u8> {
         p.instances.iter().map(|(v, i)| (i.key.clone(), *v)).collect()
     };
     let (b, a) = (by_key(&before), by_key(&after));
@@ -226,7 +226,7 @@ fn without_pins_most_instances_keep_their_vrid_when_a_node_joins() {
 fn exhausted_vrids_leave_vips_unplaced_without_panicking() {
     let mut i = input(8, &[1; 500]);
     i.excluded_vrids = (1..=250).collect();
-    let p = plan(&i);
+    let p = place(&i);
     assert_eq!(p.instances.len(), 5);
     assert!(!p.unplaced.is_empty());
     assert!(p.unplaced.values().all(|r| *r == UnplacedReason::VridsExhausted));
@@ -246,7 +246,7 @@ fn eligibility_restricts_owners_and_instances() {
         spread: true,
         eligible: Some(["elsewhere".into()].into()),
     });
-    let p = plan(&i);
+    let p = place(&i);
     for v in [vip(0), vip(1)] {
         let ranking = &p.vips[&v].ranking;
         assert_eq!(ranking.len(), 2);
@@ -264,7 +264,7 @@ fn unspread_services_share_one_instance() {
     for v in &mut i.vips {
         v.spread = false;
     }
-    let p = plan(&i);
+    let p = place(&i);
     for s in 0..40 {
         let first = &p.vips[&vip(3 * s)];
         for k in 1..3 {
@@ -284,7 +284,7 @@ fn duplicate_addresses_do_not_depend_on_order() {
     let mut b = a.clone();
     a.vips.push(conflicting.clone());
     b.vips.insert(0, conflicting);
-    assert_eq!(plan(&a), plan(&b));
+    assert_eq!(place(&a), place(&b));
 }
 
 /// A dual-stack Service: its IPv4 and IPv6 VIPs are spread like any others.
@@ -297,7 +297,7 @@ fn dual_stack_service_is_spread() {
         spread: true,
         eligible: None,
     });
-    let p = plan(&i);
+    let p = place(&i);
     let owners: BTreeSet<String> = owners(&p).into_values().collect();
     assert_eq!(owners.len(), 2);
     assert!(p.unplaced.is_empty());
@@ -305,7 +305,7 @@ fn dual_stack_service_is_spread() {
 
 #[test]
 fn priorities_follow_the_ranking() {
-    let p = plan(&input(4, &[1]));
+    let p = place(&input(4, &[1]));
     let instance = p.instances.values().next().unwrap();
     let prios: Vec<u8> = instance.ranking.iter().map(|n| priority(instance, n).unwrap()).collect();
     assert_eq!(prios, vec![254, 253, 252, 251]);
@@ -314,10 +314,10 @@ fn priorities_follow_the_ranking() {
 
 #[test]
 fn degenerate_inputs() {
-    assert_eq!(plan(&GroupInput::default()), GroupPlan::default());
-    let p = plan(&input(0, &[2]));
+    assert_eq!(place(&GroupInput::default()), GroupPlacement::default());
+    let p = place(&input(0, &[2]));
     assert_eq!(p.unplaced.len(), 2);
-    let p = plan(&input(1, &[3]));
+    let p = place(&input(1, &[3]));
     assert_eq!(p.instances.len(), 1);
     let instance = p.instances.values().next().unwrap();
     assert_eq!(instance.key.secondary, None);
@@ -329,14 +329,14 @@ fn degenerate_inputs() {
         spread: true,
         eligible: None,
     });
-    assert_eq!(plan(&v6).vips.len(), 1);
+    assert_eq!(place(&v6).vips.len(), 1);
 }
 
 /// keepalived-operator's `pods[i mod n]` puts every Service's first VIP on one node; the
 /// planner spreads first VIPs across all of them.
 #[test]
 fn first_vips_of_many_services_do_not_pile_up() {
-    let p = plan(&input(4, &[2; 100]));
+    let p = place(&input(4, &[2; 100]));
     let firsts: BTreeMap<String, usize> =
         (0..100).map(|s| p.vips[&vip(2 * s)].ranking[0].clone()).fold(BTreeMap::new(), |mut m, o| {
             *m.entry(o).or_default() += 1;

@@ -2,7 +2,8 @@
 //!
 //! Sans-IO: every input carries the current time, every output is an [`Action`] for the shell
 //! to carry out, and timers are deadlines the shell sleeps until ([`Instance::next_deadline`]).
-//! Nothing here reads a clock or touches a socket, so tests replay exact timelines.
+//! Nothing here reads a clock or touches a socket, so tests replay exact timelines: the
+//! conformance cases are data, one directory each under `lb-agent/tests/conformance/vrrp/`.
 
 use std::{
     net::IpAddr,
@@ -398,5 +399,3 @@ impl Instance {
     }
 }
 
-#[cfg(test)]
-mod tests;

@@ -1,7 +1,7 @@
 //! The scale machinery against the real program (BPF_PROG_TEST_RUN): rings written through
 //! a memory mapping, lookups through them, incremental changes, and maps that are full.
 //!
-//! As in `service_fixtures`, the runs happen inside a lab node, whose FIB and permanent
+//! As in `service_paths`, the runs happen inside a lab node, whose FIB and permanent
 //! neighbour entries let the program forward DSR traffic towards the pods' node.
 
 use std::net::Ipv4Addr;

@@ -1,5 +1,6 @@
-//! Fixture tables for the service paths through BPF_PROG_TEST_RUN: the real object and map
-//! sync, one input frame each, and the exact action and output frame it must produce.
+//! IPv4 service-path fixtures beyond the shared table (`service_paths.rs`, run for both
+//! families) through BPF_PROG_TEST_RUN, with the real object and map sync: uplinks, cached next
+//! hops, reply entries, full NAT's ports and an earlier build's flows.
 //!
 //! The program asks the kernel's FIB for next hops, so the runs happen inside a lab node's
 //! namespace, with permanent neighbour entries: every MAC in the expected frames is known.
@@ -19,12 +20,12 @@ use lb_common::{
     service::{Delivery, FlowKey, Settings},
 };
 use lb_lab::{
-    Lab,
+    family::{IpFamily, encapsulated, segment_frame},
     fixture::{
-        CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, VIP, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX,
-        expect_verdicts, ifindex_of, mac_of, permanent_neighbour, reason_packets, run_uplink,
+        CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, VIP, XDP_PASS, XDP_REDIRECT, XDP_TX,
+        in_node_with_local_pod, reason_packets, run_uplink,
     },
-    packet::{checksum, checksums_valid, ipv4_frame, transport},
+    packet::checksums_valid,
 };
 
 const LOCAL_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 2);
@@ -59,12 +60,6 @@ services:
     vip: 198.51.100.10
     ports: [{port: 85}]
 ";
-
-/// The MACs of the local pod and of its host-side interface.
-struct LocalMacs {
-    pod: [u8; 6],
-    host: [u8; 6],
-}
 
 struct Fixture {
     ebpf: Ebpf,
@@ -101,59 +96,8 @@ impl Fixture {
     }
 }
 
-/// A client→VIP frame, or any other, with a valid TCP/UDP segment.
-fn segment_frame(
-    macs: ([u8; 6], [u8; 6]),
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    ttl: u8,
-    proto: u8,
-    ports: (u16, u16),
-) -> Vec<u8> {
-    ipv4_frame(
-        macs.0,
-        macs.1,
-        src,
-        dst,
-        ttl,
-        proto,
-        &transport(proto, src, dst, ports.0, ports.1, b"fixture"),
-    )
-}
-
-/// The IPIP header the load balancer prepends: DF set, TTL 64, protocol 4.
-fn outer(src: Ipv4Addr, dst: Ipv4Addr, inner_ip: &[u8]) -> Vec<u8> {
-    let mut h = vec![0x45, inner_ip[1]];
-    h.extend_from_slice(&((20 + inner_ip.len()) as u16).to_be_bytes());
-    h.extend_from_slice(&[0, 0, 0x40, 0, 64, 4, 0, 0]);
-    h.extend_from_slice(&src.octets());
-    h.extend_from_slice(&dst.octets());
-    let c = checksum(&h);
-    h[10..12].copy_from_slice(&c.to_be_bytes());
-    h
-}
-
-/// `macs` is (source, destination), as for the other builders.
-fn encapsulated(macs: ([u8; 6], [u8; 6]), src: Ipv4Addr, dst: Ipv4Addr, inner_frame: &[u8]) -> Vec<u8> {
-    let mut f = Vec::new();
-    f.extend_from_slice(&macs.1);
-    f.extend_from_slice(&macs.0);
-    f.extend_from_slice(&[0x08, 0x00]);
-    f.extend_from_slice(&outer(src, dst, &inner_frame[14..]));
-    f.extend_from_slice(&inner_frame[14..]);
-    f
-}
-
 fn snat_port(sport: u16, dport: u16, proto: u8) -> u16 {
-    let key = FlowKey::new(CLIENT.octets(), VIP.octets(), sport.to_be_bytes(), dport.to_be_bytes(), proto);
-    SNAT_FIRST + (flow_hash(&key) % SNAT_SPAN) as u16
-}
-
-/// Runs every fixture inside lab node n0 (192.0.2.10 on eth0, 10.244.1.0/24 via n1, a local pod
-/// at 10.244.0.2), with permanent neighbours so next hops are fixed.
-#[test]
-fn service_paths_produce_the_exact_frames() {
-    in_node_with_local_pod(fixtures);
+    lb_lab::family::snat_port(CLIENT.into(), VIP.into(), (sport, dport), proto, SNAT_FIRST, SNAT_SPAN)
 }
 
 /// With several uplinks: a service is served only on its VIP's uplink (elsewhere the packet
@@ -161,7 +105,7 @@ fn service_paths_produce_the_exact_frames() {
 /// uplink the packet leaves by.
 #[test]
 fn services_are_served_on_their_uplink_and_sourced_from_the_egress_one() {
-    in_node_with_local_pod(|ifindex, local| {
+    in_node_with_local_pod(IpFamily::V4, |ifindex, local| {
         use lb_common::maps::{UPLINKS, Uplink, UplinkKey};
         let mut f = Fixture::load(ifindex);
         let egress_source = Ipv4Addr::new(192, 0, 2, 77);
@@ -199,159 +143,6 @@ fn services_are_served_on_their_uplink_and_sourced_from_the_egress_one() {
         let expected = encapsulated((NODE_MAC, PEER_MAC), egress_source, REMOTE_POD, &inner);
         check(&f, "DSR from the egress uplink's address", &input, XDP_TX, &expected);
     });
-}
-
-/// Runs `f` (given eth0's ifindex and the local pod's MACs) inside lab node n0 with its local
-/// pod, the peer, the client and the pod as permanent neighbours.
-fn in_node_with_local_pod(f: impl FnOnce(u32, LocalMacs) + Send + 'static) {
-    let mut lab = Lab::new(2);
-    lab.add_pod(0);
-    let node = &lab.nodes[0].ns;
-    let pod_mac = mac_of(&lab.pods[0].ns, "eth0");
-    let host_mac = mac_of(node, "pv0");
-    for (ip, mac) in [(PEER, PEER_MAC), (CLIENT, CLIENT_MAC), (LOCAL_POD, pod_mac)] {
-        let dev = if ip == LOCAL_POD { "pv0" } else { "eth0" };
-        permanent_neighbour(node, ip, mac, dev);
-    }
-    let ifindex = ifindex_of(node, "eth0");
-    let macs = LocalMacs { pod: pod_mac, host: host_mac };
-    node.run(move || f(ifindex, macs));
-}
-
-fn fixtures(ifindex: u32, local: LocalMacs) {
-    let f = Fixture::load(ifindex);
-    let to_node = (CLIENT_MAC, NODE_MAC);
-
-    // Local endpoint, TCP: DNAT to the pod, TTL down, redirected to its host interface.
-    let input = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_000, 80));
-    let expected = segment_frame((local.host, local.pod), CLIENT, LOCAL_POD, 63, 6, (40_000, 8080));
-    check(&f, "local TCP", &input, XDP_REDIRECT, &expected);
-    // Local endpoint, UDP.
-    let input = segment_frame(to_node, CLIENT, VIP, 64, 17, (40_001, 80));
-    let expected = segment_frame((local.host, local.pod), CLIENT, LOCAL_POD, 63, 17, (40_001, 8080));
-    check(&f, "local UDP", &input, XDP_REDIRECT, &expected);
-
-    // Full NAT: DNAT and SNAT to this node, back out of the uplink towards n1.
-    let port = snat_port(40_002, 81, 17);
-    let input = segment_frame(to_node, CLIENT, VIP, 64, 17, (40_002, 81));
-    let expected = segment_frame((NODE_MAC, PEER_MAC), NODE, REMOTE_POD, 63, 17, (port, 8080));
-    check(&f, "full NAT, forward", &input, XDP_TX, &expected);
-    // …and its reply, translated back to VIP:81 → client.
-    let input = segment_frame((PEER_MAC, NODE_MAC), REMOTE_POD, NODE, 64, 17, (8080, port));
-    let expected = segment_frame((NODE_MAC, CLIENT_MAC), VIP, CLIENT, 63, 17, (81, 40_002));
-    check(&f, "full NAT, reply", &input, XDP_TX, &expected);
-    // A second packet of the flow keeps its source port.
-    let input = segment_frame(to_node, CLIENT, VIP, 64, 17, (40_002, 81));
-    let expected = segment_frame((NODE_MAC, PEER_MAC), NODE, REMOTE_POD, 63, 17, (port, 8080));
-    check(&f, "full NAT, same flow", &input, XDP_TX, &expected);
-
-    // DSR: the client's packet, TTL down, inside IPIP to the endpoint.
-    let input = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_003, 82));
-    let inner = segment_frame(to_node, CLIENT, VIP, 63, 6, (40_003, 82));
-    let expected = encapsulated((NODE_MAC, PEER_MAC), NODE, REMOTE_POD, &inner);
-    check(&f, "DSR encapsulation", &input, XDP_TX, &expected);
-
-    // DSR arriving here for the local endpoint: unwrapped, translated, redirected.
-    let inner = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_004, 84));
-    let input = encapsulated((PEER_MAC, NODE_MAC), PEER, LOCAL_POD, &inner);
-    let expected = segment_frame((local.host, local.pod), CLIENT, LOCAL_POD, 63, 6, (40_004, 8080));
-    check(&f, "DSR decapsulation", &input, XDP_REDIRECT, &expected);
-
-    // ICMP echo to the VIP is answered in place.
-    let echo = |kind: u8| {
-        let mut m = vec![kind, 0, 0, 0, 0x12, 0x34, 0, 1, b'p', b'i', b'n', b'g'];
-        let c = checksum(&m);
-        m[2..4].copy_from_slice(&c.to_be_bytes());
-        m
-    };
-    let input = ipv4_frame(CLIENT_MAC, NODE_MAC, CLIENT, VIP, 64, 1, &echo(8));
-    let expected = ipv4_frame(NODE_MAC, CLIENT_MAC, VIP, CLIENT, 64, 1, &echo(0));
-    check(&f, "ICMP echo", &input, XDP_TX, &expected);
-
-    // Dropped: a port no service exposes, a service without endpoints, a cut-short header.
-    let unexposed = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_005, 99));
-    let empty = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_006, 85));
-    let mut short = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_007, 80));
-    short.truncate(14 + 20 + 12);
-    short[16..18].copy_from_slice(&32u16.to_be_bytes());
-    short[24..26].copy_from_slice(&[0, 0]);
-    let c = checksum(&short[14..34]);
-    short[24..26].copy_from_slice(&c.to_be_bytes());
-    let cases = [
-        ("unexposed port", unexposed, Reason::UnexposedPort),
-        ("no endpoints", empty, Reason::NoBackend),
-        ("truncated TCP", short, Reason::MalformedL4),
-    ];
-    expect_verdicts(
-        &f.ebpf,
-        f.ifindex,
-        cases.into_iter().map(|(name, input, reason)| (name, input, XDP_DROP, reason)).collect(),
-    );
-
-    // Passed untouched to the kernel, and counted.
-    let base = segment_frame(to_node, CLIENT, VIP, 64, 6, (40_008, 80));
-    let with_header = |mut frame: Vec<u8>, at: usize, bytes: &[u8]| {
-        frame[at..at + bytes.len()].copy_from_slice(bytes);
-        frame[24..26].copy_from_slice(&[0, 0]);
-        let ihl = usize::from(frame[14] & 0x0f) * 4;
-        let c = checksum(&frame[14..14 + ihl]);
-        frame[24..26].copy_from_slice(&c.to_be_bytes());
-        frame
-    };
-    let mut options = base.clone();
-    options.splice(34..34, [1, 1, 1, 1]);
-    options[14] = 0x46;
-    let total = u16::from_be_bytes([options[16], options[17]]) + 4;
-    let options = with_header(options, 16, &total.to_be_bytes());
-    let cases = [
-        ("more fragments", with_header(base.clone(), 20, &[0x20, 0x00]), Reason::Fragment),
-        ("a later fragment", with_header(base.clone(), 20, &[0x00, 0x10]), Reason::Fragment),
-        ("IP options", options, Reason::IpOptions),
-        ("TTL 1", with_header(base.clone(), 22, &[1]), Reason::TtlExpired),
-        (
-            "total length beyond the frame",
-            with_header(base.clone(), 16, &[0x05, 0xdc]),
-            Reason::MalformedIpv4,
-        ),
-        ("header length 4 words", with_header(base.clone(), 14, &[0x44]), Reason::MalformedIpv4),
-        ("IPv6 EtherType, IPv4 inside", with_header(base.clone(), 12, &[0x86, 0xdd]), Reason::MalformedIpv6),
-        ("to another address", segment_frame(to_node, CLIENT, PEER, 64, 6, (40_009, 80)), Reason::Ipv4Passed),
-        (
-            "IPIP for an address that is no endpoint here",
-            encapsulated((PEER_MAC, NODE_MAC), PEER, Ipv4Addr::new(10, 244, 0, 9), &base),
-            Reason::Ipv4Passed,
-        ),
-    ];
-    expect_verdicts(
-        &f.ebpf,
-        f.ifindex,
-        cases.into_iter().map(|(name, input, reason)| (name, input, XDP_PASS, reason)).collect(),
-    );
-
-    // UDP without a checksum keeps none through a rewrite.
-    let mut input = segment_frame(to_node, CLIENT, VIP, 64, 17, (40_010, 80));
-    input[40..42].copy_from_slice(&[0, 0]);
-    let (action, out) = f.run(&input);
-    assert_eq!(action, XDP_REDIRECT);
-    assert_eq!(&out[40..42], &[0, 0], "a zero UDP checksum stays zero");
-
-    // Random frames under the IPv4 EtherType never abort.
-    let mut noise = lb_lab::packet::Noise::new(0x9e37_79b9_7f4a_7c15);
-    let mut next = move || noise.byte();
-    for len in 14..=96usize {
-        for _ in 0..30 {
-            let mut frame: Vec<u8> = (0..len).map(|_| next()).collect();
-            frame[12..14].copy_from_slice(&[0x08, 0x00]);
-            if len > 14 {
-                frame[14] = 0x45;
-            }
-            if len > 33 && next() % 2 == 0 {
-                frame[30..34].copy_from_slice(&VIP.octets());
-            }
-            let (action, _) = f.run(&frame);
-            assert_ne!(action, 0, "XDP_ABORTED on {frame:02x?}");
-        }
-    }
 }
 
 fn check(f: &Fixture, name: &str, input: &[u8], action: u32, expected: &[u8]) {
@@ -463,7 +254,7 @@ fn next_hop_fixtures(ifindex: u32) {
 /// connection on an untranslated reply; at the flow's next-hop refresh for UDP.
 #[test]
 fn an_evicted_reply_entry_is_written_again() {
-    in_node_with_local_pod(|ifindex, _| reply_entry_fixtures(ifindex));
+    in_node_with_local_pod(IpFamily::V4, |ifindex, _| reply_entry_fixtures(ifindex));
 }
 
 fn reply_entry_fixtures(ifindex: u32) {
@@ -513,7 +304,7 @@ fn reply_entry_fixtures(ifindex: u32) {
 /// timeout, only those.
 #[test]
 fn full_nat_ports_stay_with_their_flows() {
-    in_node_with_local_pod(|ifindex, _| {
+    in_node_with_local_pod(IpFamily::V4, |ifindex, _| {
         use lb_common::service::{ConnectionKey, FLOW_TABLE, REPLY_NAT, ReplyNat, ServiceKey, SnatEntry};
         let mut f = Fixture::load(ifindex);
         let to_node = (CLIENT_MAC, NODE_MAC);
@@ -574,7 +365,7 @@ fn full_nat_ports_stay_with_their_flows() {
 /// port, here one another flow holds: the flow never goes out on it, it claims one of its own.
 #[test]
 fn a_changed_port_range_never_sends_a_flow_out_on_another_flows_port() {
-    in_node_with_local_pod(|ifindex, _| {
+    in_node_with_local_pod(IpFamily::V4, |ifindex, _| {
         use lb_common::service::{ReplyNat, SnatEntry};
         let mut f = Fixture::load(ifindex);
         let to_node = (CLIENT_MAC, NODE_MAC);
@@ -613,7 +404,7 @@ fn a_changed_port_range_never_sends_a_flow_out_on_another_flows_port() {
 /// local pod's backend.
 #[test]
 fn an_earlier_builds_flows_are_converted_and_keep_their_backends() {
-    in_node_with_local_pod(|ifindex, local| {
+    in_node_with_local_pod(IpFamily::V4, |ifindex, local| {
         use lb_agent::dataplane::flow_tables::{TABLES, convert_earlier};
         use lb_common::service::{Addr4, ConnectionKey, FLOW_TABLE, FLOWS, Flow, ServiceKey};
         let f = Fixture::load(ifindex);

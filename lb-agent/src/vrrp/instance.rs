@@ -398,4 +398,3 @@ impl Instance {
         self.master_down_timer = Some(now + self.master_down_interval());
     }
 }
-

@@ -1,0 +1,376 @@
+//! One table of service-path cases, run for each address family through BPF_PROG_TEST_RUN: the
+//! real object (the uplink program, tail-calling `lb_xdp6` for IPv6) and the agent's map sync,
+//! one input frame each, and the exact action, output frame and counter it must produce.
+//!
+//! A case names addresses by role (`f.vip()`, `f.client()`, `f.pod(1, 2)`), so the table is
+//! the same for both families; the few cases only one family has say so in [`cases`]. Adding
+//! a family adds an arm to `LabFamily` and a line below, not test code.
+//!
+//! The program asks the kernel's FIB for next hops, so the runs happen inside a lab node's
+//! namespace, with permanent neighbour entries: every MAC in the expected frames is known.
+
+use aya::{Ebpf, maps::HashMap};
+use lb_agent::{
+    config::Config,
+    dataplane::ServiceMapsByFamily,
+    map_contents::{self, MapContents},
+};
+use lb_common::{
+    counters::Reason,
+    maps::{OWNED_VIPS, OWNED_VIPS6, OwnedVip, UplinkKey, Vip6Key, VipKey},
+    service::{Addr4, Addr6, Settings, UPLINK_ADDRS6},
+};
+use lb_lab::{
+    family::{
+        IpFamily, LabFamily, checksums_ok, claiming_length, cut_to, echo, encapsulated, fragment, ip_frame,
+        patched, segment, segment_frame, snat_port, with_unparsed_header,
+    },
+    fixture::{
+        CLIENT_MAC, LocalMacs, NODE_MAC, PEER_MAC, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX,
+        in_node_with_local_pod, load_uplink, reason_packets, run_uplink,
+    },
+    packet::{Noise, icmpv6_checksum},
+};
+
+const SNAT_FIRST: u16 = 61_000;
+const SNAT_SPAN: u32 = 4_536;
+
+#[test]
+fn ipv4_service_paths_produce_the_exact_frames() {
+    in_node_with_local_pod(IpFamily::V4, |ifindex, macs| run_cases(IpFamily::V4, ifindex, macs));
+}
+
+#[test]
+fn ipv6_service_paths_produce_the_exact_frames() {
+    in_node_with_local_pod(IpFamily::V6, |ifindex, macs| run_cases(IpFamily::V6, ifindex, macs));
+}
+
+/// The fixture's services, on the family's VIP and pods.
+fn config(f: IpFamily) -> String {
+    let (vip, here, there) = (f.vip(), f.pod(0, 2), f.pod(1, 2));
+    format!(
+        "
+interface: eth0
+node: n0
+vips: [{{address: '{vip}'}}]
+services:
+  - name: local
+    vip: '{vip}'
+    ports: [{{port: 80, targetPort: 8080}}, {{port: 80, protocol: UDP, targetPort: 8080}}]
+    endpoints: [{{address: '{here}', node: n0}}]
+  - name: full-nat
+    vip: '{vip}'
+    ports: [{{port: 81, protocol: UDP, targetPort: 8080}}]
+    endpoints: [{{address: '{there}', node: n1}}]
+  - name: dsr
+    vip: '{vip}'
+    remoteMode: dsr
+    ports: [{{port: 82, targetPort: 8080}}, {{port: 82, protocol: UDP, targetPort: 8080}}]
+    endpoints: [{{address: '{there}', node: n1}}]
+  - name: dsr-here
+    vip: '{vip}'
+    remoteMode: dsr
+    ports: [{{port: 84, targetPort: 8080}}]
+    endpoints: [{{address: '{here}', node: n0}}]
+  - name: empty
+    vip: '{vip}'
+    ports: [{{port: 85}}]
+"
+    )
+}
+
+/// The object loaded, the family's VIP owned by this node, the node's address as full NAT's
+/// source, and the family's service maps synced from [`config`].
+fn load(f: IpFamily, ifindex: u32) -> (Ebpf, ServiceMapsByFamily) {
+    let mut ebpf = load_uplink();
+    let owned = OwnedVip::new(NODE_MAC);
+    let node = f.node();
+    match (f.vip(), node) {
+        (std::net::IpAddr::V4(vip), _) => {
+            let mut vips: HashMap<_, VipKey, OwnedVip> =
+                HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
+            vips.insert(VipKey::new(vip.octets()), owned, 0).unwrap();
+        }
+        (std::net::IpAddr::V6(vip), std::net::IpAddr::V6(node)) => {
+            let mut vips: HashMap<_, Vip6Key, OwnedVip> =
+                HashMap::try_from(ebpf.map_mut(OWNED_VIPS6).unwrap()).unwrap();
+            vips.insert(Vip6Key::new(vip.octets()), owned, 0).unwrap();
+            let mut sources: HashMap<_, UplinkKey, Vip6Key> =
+                HashMap::try_from(ebpf.map_mut(UPLINK_ADDRS6).unwrap()).unwrap();
+            sources.insert(UplinkKey::new(ifindex, 0), Vip6Key::new(node.octets()), 0).unwrap();
+        }
+        _ => unreachable!("one family's addresses"),
+    }
+    let mut maps = ServiceMapsByFamily::take(&mut ebpf, None).expect("the service maps");
+    let settings = Settings { node_addr: [192, 0, 2, 10], snat_port_min: SNAT_FIRST, snat_port_max: 65_535 };
+    maps.v4.set_settings(settings).unwrap();
+    let config = Config::parse(&config(f)).expect("the fixture config is valid");
+    let planned = match f {
+        IpFamily::V4 => {
+            let contents: MapContents<Addr4> = map_contents::for_node(&config, "n0");
+            maps.v4.apply(&contents).map(|_| contents.services.len())
+        }
+        IpFamily::V6 => {
+            let contents: MapContents<Addr6> = map_contents::for_node(&config, "n0");
+            maps.v6.apply(&contents).map(|_| contents.services.len())
+        }
+    };
+    assert_eq!(planned.expect("syncing the fixture services"), 7, "every service port planned");
+    (ebpf, maps)
+}
+
+/// What a case must do.
+enum Expect {
+    /// This action and exactly this frame, its checksums right.
+    Frame(u32, Vec<u8>),
+    /// This action and exactly this frame, counted under this reason.
+    CountedFrame(u32, Vec<u8>, Reason),
+    /// Passed to the kernel untouched, counted under this reason.
+    Passed(Reason),
+    /// Dropped, counted under this reason.
+    Dropped(Reason),
+}
+
+struct Case {
+    name: &'static str,
+    input: Vec<u8>,
+    expect: Expect,
+}
+
+fn case(name: &'static str, input: Vec<u8>, expect: Expect) -> Case {
+    Case { name, input, expect }
+}
+
+/// The table. Rows run in order on one program: a reply follows its forward packet.
+fn cases(f: IpFamily, local: LocalMacs) -> Vec<Case> {
+    use Expect::*;
+    let (vip, client, node, peer) = (f.vip(), f.client(), f.node(), f.peer());
+    let (here, there) = (f.pod(0, 2), f.pod(1, 2));
+    let to_node = (CLIENT_MAC, NODE_MAC);
+    let to_pod = (local.host, local.pod);
+    let out_to_peer = (NODE_MAC, PEER_MAC);
+    let port = snat_port(client, vip, (40_002, 81), 17, SNAT_FIRST, SNAT_SPAN);
+    let tcp_to_vip = |sport: u16, dport: u16| segment_frame(to_node, client, vip, 64, 6, (sport, dport));
+    let mut table = vec![
+        // Local endpoint: DNAT to the pod, TTL or hop limit down, redirected to its host interface.
+        case(
+            "local TCP",
+            tcp_to_vip(40_000, 80),
+            Frame(XDP_REDIRECT, segment_frame(to_pod, client, here, 63, 6, (40_000, 8080))),
+        ),
+        case(
+            "local UDP",
+            segment_frame(to_node, client, vip, 64, 17, (40_001, 80)),
+            Frame(XDP_REDIRECT, segment_frame(to_pod, client, here, 63, 17, (40_001, 8080))),
+        ),
+        // The flow's second packet takes its cached next hop.
+        case(
+            "local UDP, same flow",
+            segment_frame(to_node, client, vip, 64, 17, (40_001, 80)),
+            Frame(XDP_REDIRECT, segment_frame(to_pod, client, here, 63, 17, (40_001, 8080))),
+        ),
+        // Full NAT: DNAT, and SNAT to this node's address on the uplink, towards n1…
+        case(
+            "full NAT, forward",
+            segment_frame(to_node, client, vip, 64, 17, (40_002, 81)),
+            Frame(XDP_TX, segment_frame(out_to_peer, node, there, 63, 17, (port, 8080))),
+        ),
+        // …its reply, translated back to VIP:81 → client…
+        case(
+            "full NAT, reply",
+            segment_frame((PEER_MAC, NODE_MAC), there, node, 64, 17, (8080, port)),
+            Frame(XDP_TX, segment_frame((NODE_MAC, CLIENT_MAC), vip, client, 63, 17, (81, 40_002))),
+        ),
+        // …and the flow's next packet keeps its source port.
+        case(
+            "full NAT, same flow keeps its port",
+            segment_frame(to_node, client, vip, 64, 17, (40_002, 81)),
+            Frame(XDP_TX, segment_frame(out_to_peer, node, there, 63, 17, (port, 8080))),
+        ),
+        // DSR: the client's packet, TTL down, inside IPIP or IPv6-in-IPv6 to the endpoint.
+        case(
+            "DSR encapsulation",
+            tcp_to_vip(40_003, 82),
+            Frame(
+                XDP_TX,
+                encapsulated(
+                    out_to_peer,
+                    node,
+                    there,
+                    &segment_frame(to_node, client, vip, 63, 6, (40_003, 82)),
+                ),
+            ),
+        ),
+        // DSR arriving here for the local endpoint: unwrapped, translated, redirected.
+        case(
+            "DSR decapsulation",
+            encapsulated((PEER_MAC, NODE_MAC), peer, here, &tcp_to_vip(40_004, 84)),
+            Frame(XDP_REDIRECT, segment_frame(to_pod, client, here, 63, 6, (40_004, 8080))),
+        ),
+        // An echo request to the VIP is answered in place.
+        case(
+            "echo",
+            echo(to_node, client, vip, true, 64),
+            CountedFrame(
+                XDP_TX,
+                echo((NODE_MAC, CLIENT_MAC), vip, client, false, 64),
+                Reason::IcmpEchoReplied,
+            ),
+        ),
+        // Dropped: a port no service exposes, a service without endpoints, a cut-short header.
+        case("unexposed port", tcp_to_vip(40_005, 99), Dropped(Reason::UnexposedPort)),
+        case("no endpoints", tcp_to_vip(40_006, 85), Dropped(Reason::NoBackend)),
+        case("truncated TCP", cut_to(tcp_to_vip(40_007, 80), f, 12), Dropped(Reason::MalformedL4)),
+        // Passed untouched to the kernel, and counted.
+        case(
+            "more fragments",
+            fragment(to_node, client, vip, (40_008, 80), 0, true),
+            Passed(Reason::Fragment),
+        ),
+        case(
+            "a later fragment",
+            fragment(to_node, client, vip, (40_008, 80), 2, false),
+            Passed(Reason::Fragment),
+        ),
+        case(
+            "a header before TCP the fast path leaves alone",
+            with_unparsed_header(to_node, client, vip, (40_008, 80)),
+            Passed(f.unparsed_header()),
+        ),
+        case(
+            "TTL or hop limit 1",
+            patched(tcp_to_vip(40_008, 80), f.hop_limit_at(), &[1]),
+            Passed(Reason::TtlExpired),
+        ),
+        case(
+            "length beyond the frame",
+            claiming_length(tcp_to_vip(40_008, 80), f, 1400),
+            Passed(f.malformed()),
+        ),
+        case(
+            "the other family's EtherType",
+            patched(tcp_to_vip(40_008, 80), 12, &f.other().ether_type()),
+            Passed(f.other().malformed()),
+        ),
+        case(
+            "to another address",
+            segment_frame(to_node, client, peer, 64, 6, (40_009, 80)),
+            Passed(f.passed()),
+        ),
+        case(
+            "a tunnel for an address that is no endpoint here",
+            encapsulated((PEER_MAC, NODE_MAC), peer, f.pod(0, 9), &tcp_to_vip(40_008, 80)),
+            Passed(f.passed()),
+        ),
+    ];
+    match f {
+        IpFamily::V4 => {
+            table.push(case(
+                "IPv4 header length 4 words",
+                patched(tcp_to_vip(40_008, 80), 14, &[0x44]),
+                Passed(Reason::MalformedIpv4),
+            ));
+        }
+        IpFamily::V6 => table.push(packet_too_big(vip, client)),
+    }
+    table
+}
+
+/// IPv6 only (IPv4 sets DF and lets the tunnel's path answer): a UDP packet of 1480 bytes
+/// that IPv6 in IPv6 would take past the 1500-byte route is answered with ICMPv6 Packet Too
+/// Big from the VIP, with the route's MTU less the outer header and the packet's first 1232
+/// bytes (RFC 4443 §3.2: at most 1280 in all).
+fn packet_too_big(vip: std::net::IpAddr, client: std::net::IpAddr) -> Case {
+    let (std::net::IpAddr::V6(vip6), std::net::IpAddr::V6(client6)) = (vip, client) else {
+        unreachable!("an IPv6 case")
+    };
+    let big = ip_frame(
+        (CLIENT_MAC, NODE_MAC),
+        client,
+        vip,
+        64,
+        17,
+        &segment(17, client, vip, (40_010, 82), &[0x5a; 1480 - 40 - 8]),
+    );
+    let mut message = vec![2, 0, 0, 0];
+    message.extend_from_slice(&1460u32.to_be_bytes());
+    message.extend_from_slice(&big[14..14 + 1232]);
+    let sum = icmpv6_checksum(vip6, client6, &message);
+    message[2..4].copy_from_slice(&sum.to_be_bytes());
+    let answer = ip_frame((NODE_MAC, CLIENT_MAC), vip, client, 64, 58, &message);
+    case("too big for the tunnel", big, Expect::CountedFrame(XDP_TX, answer, Reason::TooBig))
+}
+
+fn run_cases(f: IpFamily, ifindex: u32, local: LocalMacs) {
+    let (ebpf, _maps) = load(f, ifindex);
+    for Case { name, input, expect } in cases(f, local) {
+        let name = format!("{}: {name}", f.as_str());
+        let counted = match &expect {
+            Expect::CountedFrame(_, _, reason) | Expect::Passed(reason) | Expect::Dropped(reason) => {
+                Some(*reason)
+            }
+            Expect::Frame(..) => None,
+        };
+        let before = counted.map(|reason| reason_packets(&ebpf, reason));
+        let (action, out) = run_uplink(&ebpf, &input, ifindex);
+        match expect {
+            Expect::Frame(want, frame) | Expect::CountedFrame(want, frame, _) => {
+                assert_eq!(action, want, "{name}: action");
+                assert_eq!(out, frame, "{name}: frame\n got      {out:02x?}\n expected {frame:02x?}");
+                assert!(checksums_ok(&out), "{name}: checksums of {out:02x?}");
+            }
+            Expect::Passed(_) => assert_eq!((action, &out), (XDP_PASS, &input), "{name}: passed untouched"),
+            Expect::Dropped(_) => assert_eq!(action, XDP_DROP, "{name}: action"),
+        }
+        if let (Some(reason), Some(before)) = (counted, before) {
+            assert_eq!(reason_packets(&ebpf, reason), before + 1, "{name}: counted as {}", reason.label());
+        }
+    }
+    if f == IpFamily::V4 {
+        zero_udp_checksum_stays_zero(&ebpf, ifindex);
+    }
+    random_frames_never_abort(f, &ebpf, ifindex);
+}
+
+/// IPv4 only (IPv6 requires the UDP checksum, RFC 8200 §8.1): UDP without a checksum keeps
+/// none through a rewrite.
+fn zero_udp_checksum_stays_zero(ebpf: &Ebpf, ifindex: u32) {
+    let f = IpFamily::V4;
+    let mut input = segment_frame((CLIENT_MAC, NODE_MAC), f.client(), f.vip(), 64, 17, (40_010, 80));
+    input[40..42].copy_from_slice(&[0, 0]);
+    let (action, out) = run_uplink(ebpf, &input, ifindex);
+    assert_eq!(action, XDP_REDIRECT);
+    assert_eq!(&out[40..42], &[0, 0], "a zero UDP checksum stays zero");
+}
+
+/// Random frames under the family's EtherType, its version set and often addressed to the
+/// VIP (IPv6: with TCP, UDP or IPv6-in-IPv6 next), never abort.
+fn random_frames_never_abort(f: IpFamily, ebpf: &Ebpf, ifindex: u32) {
+    let mut noise = Noise::new(0x9e37_79b9_7f4a_7c15 ^ f as u64);
+    let mut next = move || noise.byte();
+    let vip = match f.vip() {
+        std::net::IpAddr::V4(v) => v.octets().to_vec(),
+        std::net::IpAddr::V6(v) => v.octets().to_vec(),
+    };
+    let (version, dst_at) = match f {
+        IpFamily::V4 => (0x45, 30),
+        IpFamily::V6 => (0x60, 38),
+    };
+    for len in 14..=120usize {
+        for _ in 0..20 {
+            let mut frame: Vec<u8> = (0..len).map(|_| next()).collect();
+            frame[12..14].copy_from_slice(&f.ether_type());
+            if len > 14 {
+                frame[14] = version;
+            }
+            if f == IpFamily::V6 && len > 20 {
+                frame[20] = [6, 17, 41][usize::from(next()) % 3];
+            }
+            if len >= dst_at + vip.len() && next() % 2 == 0 {
+                frame[dst_at..dst_at + vip.len()].copy_from_slice(&vip);
+            }
+            let (action, _) = run_uplink(ebpf, &frame, ifindex);
+            assert_ne!(action, 0, "{}: XDP_ABORTED on {frame:02x?}", f.as_str());
+        }
+    }
+}

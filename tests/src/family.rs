@@ -15,7 +15,7 @@ pub use lb_agent::vrrp::family::IpFamily;
 
 use crate::{
     cluster::pod_ip6,
-    fixture::{CLIENT, NODE, PEER, VIP},
+    fixture::{CLIENT, CLIENT_MAC, NODE, PEER, PEER_MAC, VIP, ifindex_of, mac_of, permanent_neighbour},
     packet::{
         checksum, checksums_valid, icmpv6, ipv4_frame, ipv6_frame, transport, transport_checksum6, transport6,
     },
@@ -306,4 +306,33 @@ pub fn fragment(
             ip_frame(macs, src, dst, 64, 44, &[&header[..], &tcp].concat())
         }
     }
+}
+
+/// The MACs of the local pod and of its host-side interface.
+#[derive(Clone, Copy, Debug)]
+pub struct LocalMacs {
+    pub pod: [u8; 6],
+    pub host: [u8; 6],
+}
+
+/// Runs `f` (given eth0's ifindex and the local pod's MACs) inside lab node n0 with a local pod
+/// (10.244.0.2, and fd00:10:244::2 when `family` is IPv6), the peer, the client and the pod as
+/// permanent neighbours in `family`: every next hop the fixtures expect is fixed.
+pub fn in_node_with_local_pod(family: IpFamily, f: impl FnOnce(u32, LocalMacs) + Send + 'static) {
+    let mut lab = crate::Lab::new(2);
+    if family == IpFamily::V6 {
+        lab.enable_ipv6();
+    }
+    lab.add_pod(0);
+    let node = &lab.nodes[0].ns;
+    let macs = LocalMacs { pod: mac_of(&lab.pods[0].ns, "eth0"), host: mac_of(node, "pv0") };
+    for (ip, mac, dev) in [
+        (family.peer(), PEER_MAC, "eth0"),
+        (family.client(), CLIENT_MAC, "eth0"),
+        (family.pod(0, 2), macs.pod, "pv0"),
+    ] {
+        permanent_neighbour(node, ip, mac, dev);
+    }
+    let ifindex = ifindex_of(node, "eth0");
+    node.run(move || f(ifindex, macs));
 }

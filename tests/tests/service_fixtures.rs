@@ -20,10 +20,10 @@ use lb_common::{
     service::{Delivery, FlowKey, Settings},
 };
 use lb_lab::{
-    family::{IpFamily, encapsulated, segment_frame},
+    family::{IpFamily, encapsulated, in_node_with_local_pod, segment_frame},
     fixture::{
         CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, VIP, XDP_PASS, XDP_REDIRECT, XDP_TX,
-        in_node_with_local_pod, reason_packets, run_uplink,
+        reason_packets, run_uplink,
     },
     packet::checksums_valid,
 };

@@ -22,12 +22,12 @@ use lb_common::{
 };
 use lb_lab::{
     family::{
-        IpFamily, LabFamily, checksums_ok, claiming_length, cut_to, echo, encapsulated, fragment, ip_frame,
-        patched, segment, segment_frame, snat_port, with_unparsed_header,
+        IpFamily, LabFamily, LocalMacs, checksums_ok, claiming_length, cut_to, echo, encapsulated, fragment,
+        in_node_with_local_pod, ip_frame, patched, segment, segment_frame, snat_port, with_unparsed_header,
     },
     fixture::{
-        CLIENT_MAC, LocalMacs, NODE_MAC, PEER_MAC, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX,
-        in_node_with_local_pod, load_uplink, reason_packets, run_uplink,
+        CLIENT_MAC, NODE_MAC, PEER_MAC, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX, load_uplink,
+        reason_packets, run_uplink,
     },
     packet::{Noise, icmpv6_checksum},
 };

@@ -5,9 +5,17 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use aya::{
+    Ebpf,
+    maps::{HashMap, PerCpuHashMap},
+};
 use lb_common::{
     counters::Reason,
     hash::flow_hash,
+    maps::{
+        OWNED_VIPS, OWNED_VIPS6, OwnedVip, VIP_STATS, VIP_STATS6, VRRP_SPEAKERS, VRRP_SPEAKERS6, Vip6Key,
+        VipKey, VipStats, VrrpSpeaker,
+    },
     service::{FlowKey, FlowKey6},
 };
 
@@ -17,7 +25,8 @@ use crate::{
     cluster::pod_ip6,
     fixture::{CLIENT, CLIENT_MAC, NODE, PEER, PEER_MAC, VIP, ifindex_of, mac_of, permanent_neighbour},
     packet::{
-        checksum, checksums_valid, icmpv6, ipv4_frame, ipv6_frame, transport, transport_checksum6, transport6,
+        arp_frame, arp_request, checksum, checksums_valid, icmpv6, ipv4_frame, ipv6_frame,
+        neighbor_solicitation, transport, transport_checksum6, transport6,
     },
 };
 
@@ -47,6 +56,8 @@ pub trait LabFamily: Copy {
     fn hop_limit_at(self) -> usize;
     /// The other family.
     fn other(self) -> IpFamily;
+    /// `v4` or `v6`, as the family is: a row's family-specific part.
+    fn pick<T>(self, v4: T, v6: T) -> T;
 }
 
 impl LabFamily for IpFamily {
@@ -89,20 +100,19 @@ impl LabFamily for IpFamily {
     fn other(self) -> IpFamily {
         self.pick(IpFamily::V6, IpFamily::V4)
     }
-}
-
-trait Pick {
-    fn pick<T>(self, v4: T, v6: T) -> T;
-    fn on_segment(self, v4: Ipv4Addr) -> IpAddr;
-}
-
-impl Pick for IpFamily {
     fn pick<T>(self, v4: T, v6: T) -> T {
         match self {
             IpFamily::V4 => v4,
             IpFamily::V6 => v6,
         }
     }
+}
+
+trait OnSegment {
+    fn on_segment(self, v4: Ipv4Addr) -> IpAddr;
+}
+
+impl OnSegment for IpFamily {
     /// A segment host's address in this family: IPv6's is `Host::global6`'s, 2001:db8:2::<last octet>.
     fn on_segment(self, v4: Ipv4Addr) -> IpAddr {
         match self {
@@ -304,6 +314,86 @@ pub fn fragment(
             let field = (offset << 3) | u16::from(more);
             let header = [&[6, 0][..], &field.to_be_bytes(), &[0, 0, 0, 7]].concat();
             ip_frame(macs, src, dst, 64, 44, &[&header[..], &tcp].concat())
+        }
+    }
+}
+
+/// A request to resolve `target`: an ARP request (broadcast) or a Neighbor Solicitation (to
+/// the target's solicited-node group, with the source link-layer option unless `src` is
+/// unspecified).
+pub fn resolution_request(mac: [u8; 6], src: IpAddr, target: IpAddr) -> Vec<u8> {
+    match same_family(src, target) {
+        Ok((s, t)) => arp_request(mac, s, t),
+        Err((s, t)) => neighbor_solicitation(mac, s, t),
+    }
+}
+
+/// The answer the owner of `target` (at `owner_mac`) sends to `to`/`to_mac`: an ARP reply
+/// (RFC 826), or a Neighbor Advertisement with `flags` (0x60: Solicited and Override, RFC 4861
+/// §7.2.4) and the target link-layer option.
+pub fn resolution_answer(
+    owner_mac: [u8; 6],
+    to_mac: [u8; 6],
+    to: IpAddr,
+    target: IpAddr,
+    flags: u8,
+) -> Vec<u8> {
+    match same_family(target, to) {
+        Ok((t, d)) => arp_frame(2, to_mac, owner_mac, t, to_mac, d),
+        Err((t, d)) => {
+            let body = [&[flags, 0, 0, 0][..], &t.octets(), &[2, 1], &owner_mac].concat();
+            ipv6_frame(owner_mac, to_mac, t, d, 255, 58, &icmpv6(136, 0, &body, t, d))
+        }
+    }
+}
+
+/// Writes `vip` into its family's owned-VIP map.
+pub fn own_vip(ebpf: &mut Ebpf, vip: IpAddr, owned: OwnedVip) {
+    match vip {
+        IpAddr::V4(v) => {
+            let mut map: HashMap<_, VipKey, OwnedVip> =
+                HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
+            map.insert(VipKey::new(v.octets()), owned, 0).unwrap();
+        }
+        IpAddr::V6(v) => {
+            let mut map: HashMap<_, Vip6Key, OwnedVip> =
+                HashMap::try_from(ebpf.map_mut(OWNED_VIPS6).unwrap()).unwrap();
+            map.insert(Vip6Key::new(v.octets()), owned, 0).unwrap();
+        }
+    }
+}
+
+/// The ARP replies or Neighbor Advertisements counted for `vip`, summed over CPUs.
+pub fn vip_answers(ebpf: &Ebpf, vip: IpAddr) -> u64 {
+    let sum = |per_cpu: Option<aya::maps::PerCpuValues<VipStats>>| {
+        per_cpu.map_or(0, |v| v.iter().map(|s| s.arp_replies).sum())
+    };
+    match vip {
+        IpAddr::V4(v) => {
+            let stats: PerCpuHashMap<_, VipKey, VipStats> =
+                PerCpuHashMap::try_from(ebpf.map(VIP_STATS).unwrap()).unwrap();
+            sum(stats.get(&VipKey::new(v.octets()), 0).ok())
+        }
+        IpAddr::V6(v) => {
+            let stats: PerCpuHashMap<_, Vip6Key, VipStats> =
+                PerCpuHashMap::try_from(ebpf.map(VIP_STATS6).unwrap()).unwrap();
+            sum(stats.get(&Vip6Key::new(v.octets()), 0).ok())
+        }
+    }
+}
+
+/// What the program learned of VRRP source `member`, from its family's speaker map.
+pub fn vrrp_speaker(ebpf: &Ebpf, member: IpAddr) -> VrrpSpeaker {
+    match member {
+        IpAddr::V4(m) => {
+            let map: HashMap<_, VipKey, VrrpSpeaker> =
+                HashMap::try_from(ebpf.map(VRRP_SPEAKERS).unwrap()).unwrap();
+            map.get(&VipKey::new(m.octets()), 0).unwrap()
+        }
+        IpAddr::V6(m) => {
+            let map: HashMap<_, Vip6Key, VrrpSpeaker> =
+                HashMap::try_from(ebpf.map(VRRP_SPEAKERS6).unwrap()).unwrap();
+            map.get(&Vip6Key::new(m.octets()), 0).unwrap()
         }
     }
 }

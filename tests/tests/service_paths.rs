@@ -21,14 +21,12 @@ use lb_common::{
     service::{Addr4, Addr6, Settings, UPLINK_ADDRS6},
 };
 use lb_lab::{
+    cases::{Case, Expect, case, run_cases},
     family::{
-        IpFamily, LabFamily, LocalMacs, checksums_ok, claiming_length, cut_to, echo, encapsulated, fragment,
+        IpFamily, LabFamily, LocalMacs, claiming_length, cut_to, echo, encapsulated, fragment,
         in_node_with_local_pod, ip_frame, patched, segment, segment_frame, snat_port, with_unparsed_header,
     },
-    fixture::{
-        CLIENT_MAC, NODE_MAC, PEER_MAC, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX, load_uplink,
-        reason_packets, run_uplink,
-    },
+    fixture::{CLIENT_MAC, NODE_MAC, PEER_MAC, XDP_REDIRECT, XDP_TX, load_uplink, run_uplink},
     packet::{Noise, icmpv6_checksum},
 };
 
@@ -37,12 +35,12 @@ const SNAT_SPAN: u32 = 4_536;
 
 #[test]
 fn ipv4_service_paths_produce_the_exact_frames() {
-    in_node_with_local_pod(IpFamily::V4, |ifindex, macs| run_cases(IpFamily::V4, ifindex, macs));
+    in_node_with_local_pod(IpFamily::V4, |ifindex, macs| run_family(IpFamily::V4, ifindex, macs));
 }
 
 #[test]
 fn ipv6_service_paths_produce_the_exact_frames() {
-    in_node_with_local_pod(IpFamily::V6, |ifindex, macs| run_cases(IpFamily::V6, ifindex, macs));
+    in_node_with_local_pod(IpFamily::V6, |ifindex, macs| run_family(IpFamily::V6, ifindex, macs));
 }
 
 /// The fixture's services, on the family's VIP and pods.
@@ -117,28 +115,6 @@ fn load(f: IpFamily, ifindex: u32) -> (Ebpf, ServiceMapsByFamily) {
     };
     assert_eq!(planned.expect("syncing the fixture services"), 7, "every service port planned");
     (ebpf, maps)
-}
-
-/// What a case must do.
-enum Expect {
-    /// This action and exactly this frame, its checksums right.
-    Frame(u32, Vec<u8>),
-    /// This action and exactly this frame, counted under this reason.
-    CountedFrame(u32, Vec<u8>, Reason),
-    /// Passed to the kernel untouched, counted under this reason.
-    Passed(Reason),
-    /// Dropped, counted under this reason.
-    Dropped(Reason),
-}
-
-struct Case {
-    name: &'static str,
-    input: Vec<u8>,
-    expect: Expect,
-}
-
-fn case(name: &'static str, input: Vec<u8>, expect: Expect) -> Case {
-    Case { name, input, expect }
 }
 
 /// The table. Rows run in order on one program: a reply follows its forward packet.
@@ -301,31 +277,9 @@ fn packet_too_big(vip: std::net::IpAddr, client: std::net::IpAddr) -> Case {
     case("too big for the tunnel", big, Expect::CountedFrame(XDP_TX, answer, Reason::TooBig))
 }
 
-fn run_cases(f: IpFamily, ifindex: u32, local: LocalMacs) {
+fn run_family(f: IpFamily, ifindex: u32, local: LocalMacs) {
     let (ebpf, _maps) = load(f, ifindex);
-    for Case { name, input, expect } in cases(f, local) {
-        let name = format!("{}: {name}", f.as_str());
-        let counted = match &expect {
-            Expect::CountedFrame(_, _, reason) | Expect::Passed(reason) | Expect::Dropped(reason) => {
-                Some(*reason)
-            }
-            Expect::Frame(..) => None,
-        };
-        let before = counted.map(|reason| reason_packets(&ebpf, reason));
-        let (action, out) = run_uplink(&ebpf, &input, ifindex);
-        match expect {
-            Expect::Frame(want, frame) | Expect::CountedFrame(want, frame, _) => {
-                assert_eq!(action, want, "{name}: action");
-                assert_eq!(out, frame, "{name}: frame\n got      {out:02x?}\n expected {frame:02x?}");
-                assert!(checksums_ok(&out), "{name}: checksums of {out:02x?}");
-            }
-            Expect::Passed(_) => assert_eq!((action, &out), (XDP_PASS, &input), "{name}: passed untouched"),
-            Expect::Dropped(_) => assert_eq!(action, XDP_DROP, "{name}: action"),
-        }
-        if let (Some(reason), Some(before)) = (counted, before) {
-            assert_eq!(reason_packets(&ebpf, reason), before + 1, "{name}: counted as {}", reason.label());
-        }
-    }
+    run_cases(&ebpf, ifindex, f.as_str(), cases(f, local));
     if f == IpFamily::V4 {
         zero_udp_checksum_stays_zero(&ebpf, ifindex);
     }

@@ -1,23 +1,21 @@
 //! 802.1Q fixtures through BPF_PROG_TEST_RUN: one parent interface serving an untagged group
-//! and groups on VLANs 30 and 40. A table of cases, each one frame (tagged as the case says),
-//! the verdict, the counter it must bump, and what must come out: the frame untouched, or an
-//! answer carrying the tag (priority bits too) it arrived with.
+//! and groups on VLANs 30 and 40. One table of cases for both families, each one frame (tagged
+//! as the case says), the verdict, the counter it must bump, and what must come out: the frame
+//! untouched, or the exact answer carrying the tag (priority bits too) it arrived with.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use aya::{Ebpf, maps::HashMap};
 use lb_common::{
     counters::Reason,
-    maps::{
-        OWNED_VIPS, OWNED_VIPS6, OwnedVip, UPLINKS, Uplink, UplinkKey, VLAN_SLOTS, Vip6Key, VipKey, VlanSlot,
-    },
+    maps::{OwnedVip, UPLINKS, Uplink, UplinkKey, VLAN_SLOTS, VlanSlot},
 };
 use lb_lab::{
-    fixture::{self, XDP_PASS, XDP_TX},
-    packet::{
-        arp_replies, arp_request, icmpv6, ipv4_frame, ipv6_frame, neighbor_advertisements,
-        neighbor_solicitation, transport6,
+    cases::{Case, Expect, case, run_cases},
+    family::{
+        FAMILIES, IpFamily, LabFamily, echo, own_vip, resolution_answer, resolution_request, segment_frame,
     },
+    fixture::{self, XDP_PASS, XDP_TX},
 };
 
 /// The loopback device: an interface every test host has, to arrive on.
@@ -26,29 +24,18 @@ const PARENT: u32 = 1;
 const OTHER_PARENT: u32 = 999;
 const CLIENT_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0xcc];
 const VIP_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xaa];
-const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
-const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 30, 0, 0, 0, 0x100);
-/// The untagged group's VIP, and the VLANs' (slots 1, 2 and 3).
-const VIP_UNTAGGED: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
-const VIP_30: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 30);
-const VIP_40: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 40);
-const VIP6_30: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 30, 0, 0, 0, 0x10);
-const OTHER6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 30, 0, 0, 0, 0x99);
 const SLOTS: [(u16, u8); 3] = [(0, 1), (30, 2), (40, 3)];
 /// VLAN 30 with priority 5, which the answer must keep.
 const TCI_30: u16 = 0xa000 | 30;
 
-/// What must come out.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Out {
-    /// The frame exactly as it came in.
-    Untouched,
-    /// An answer tagged with this TCI (none: untagged).
-    Answer(Option<u16>),
+/// The untagged group's VIP (`last` 1), and VLAN 30's and 40's: 198.51.100.<last>,
+/// 2001:db8:6::<last>.
+fn vip(f: IpFamily, last: u8) -> IpAddr {
+    f.pick(
+        Ipv4Addr::new(198, 51, 100, last).into(),
+        Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, last.into()).into(),
+    )
 }
-
-/// (kind, what, the frame, the verdict, the reason counted, what comes out).
-type Case = (&'static str, &'static str, Vec<u8>, u32, Reason, Out);
 
 fn load() -> Ebpf {
     let mut ebpf = fixture::load_uplink();
@@ -66,14 +53,11 @@ fn load() -> Ebpf {
     for (vlan, ifindex, slot) in [(30, PARENT, 2), (40, OTHER_PARENT, 9), (50, OTHER_PARENT, 9)] {
         by_vlan.set(vlan, VlanSlot { ifindex, slot, _pad: [0; 3] }, 0).unwrap();
     }
-    let mut owned: HashMap<_, VipKey, OwnedVip> =
-        HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
-    for (vip, slot) in [(VIP_UNTAGGED, 1), (VIP_30, 2), (VIP_40, 3)] {
-        owned.insert(VipKey::new(vip.octets()), OwnedVip::new(VIP_MAC).on_uplink(slot), 0).unwrap();
+    for f in FAMILIES {
+        for (last, slot) in [(1, 1), (30, 2), (40, 3)] {
+            own_vip(&mut ebpf, vip(f, last), OwnedVip::new(VIP_MAC).on_uplink(slot));
+        }
     }
-    let mut owned6: HashMap<_, Vip6Key, OwnedVip> =
-        HashMap::try_from(ebpf.map_mut(OWNED_VIPS6).unwrap()).unwrap();
-    owned6.insert(Vip6Key::new(VIP6_30.octets()), OwnedVip::new(VIP_MAC).on_uplink(2), 0).unwrap();
     ebpf
 }
 
@@ -90,106 +74,62 @@ fn tagged_with(frame: &[u8], tpid: u16, tci: u16) -> Vec<u8> {
     out
 }
 
-/// `frame`'s 802.1Q TCI and the frame without the tag, or `None` and the frame when untagged.
-fn untagged(frame: &[u8]) -> (Option<u16>, Vec<u8>) {
-    if frame[12..14] != [0x81, 0x00] {
-        return (None, frame.to_vec());
-    }
-    let mut out = frame[..12].to_vec();
-    out.extend_from_slice(&frame[16..]);
-    (Some(u16::from_be_bytes([frame[14], frame[15]])), out)
-}
-
-fn ping(dst: Ipv4Addr) -> Vec<u8> {
-    let mut echo = vec![8, 0, 0xf7, 0xff, 0, 0, 0, 0];
-    echo.extend_from_slice(b"vlan");
-    ipv4_frame(CLIENT_MAC, VIP_MAC, CLIENT, dst, 64, 1, &echo)
-}
-
-fn ping6(dst: Ipv6Addr) -> Vec<u8> {
-    ipv6_frame(CLIENT_MAC, VIP_MAC, CLIENT6, dst, 64, 58, &icmpv6(128, 0, &[0, 1, 0, 1], CLIENT6, dst))
-}
-
-/// Whether `answer` (untagged) answers `kind` for `vip`: the ARP reply's sender, the
-/// advertisement's target, the echo reply's source.
-fn answers(kind: &str, answer: &[u8], vip: &str) -> bool {
-    match kind {
-        "ARP" => arp_replies(&[answer.to_vec()]).iter().any(|r| r.0 == VIP_MAC && r.1.to_string() == vip),
-        "NS" => neighbor_advertisements(&[answer.to_vec()]).iter().any(|a| a.3.to_string() == vip),
-        "ping" => {
-            answer[12..14] == [8, 0]
-                && answer[34] == 0
-                && lb_lab::packet::ipv4_at(answer, 26).to_string() == vip
-        }
-        "ping6" => {
-            answer[12..14] == [0x86, 0xdd]
-                && answer[54] == 129
-                && answer[22..38] == vip.parse::<Ipv6Addr>().unwrap().octets()
-        }
-        _ => unreachable!("{kind}"),
-    }
+/// One table for both families: a request for a VIP (ARP or Neighbor Solicitation) or an echo
+/// to it, tagged as the row says, and the exact answer it must get, tagged as it came, or
+/// the frame passed as it came.
+fn cases(f: IpFamily) -> Vec<Case> {
+    use Expect::{CountedFrame, Passed};
+    let client = f.client();
+    let answered = f.pick(Reason::ArpReplied, Reason::NdpAdvertised);
+    let request = |last: u8| resolution_request(CLIENT_MAC, client, vip(f, last));
+    let answer = |last: u8, tci: Option<u16>| {
+        let frame = resolution_answer(VIP_MAC, CLIENT_MAC, client, vip(f, last), 0x60);
+        CountedFrame(XDP_TX, tci.map_or(frame.clone(), |tci| tagged(&frame, tci)), answered)
+    };
+    let ping = |last: u8| echo((CLIENT_MAC, VIP_MAC), client, vip(f, last), true, 64);
+    let pong = |last: u8, tci: u16| {
+        let frame = echo((VIP_MAC, CLIENT_MAC), vip(f, last), client, false, 64);
+        CountedFrame(XDP_TX, tagged(&frame, tci), Reason::IcmpEchoReplied)
+    };
+    let wrong = || Passed(Reason::WrongInterface);
+    let mut truncated_tag = request(30)[..12].to_vec();
+    truncated_tag.extend_from_slice(&[0x81, 0x00, 0x00]);
+    let elsewhere = segment_frame((CLIENT_MAC, VIP_MAC), client, vip(f, 99), 64, 6, (40_000, 80));
+    vec![
+        case(
+            "a request for VLAN 30's VIP on VLAN 30",
+            tagged(&request(30), TCI_30),
+            answer(30, Some(TCI_30)),
+        ),
+        case("a request for VLAN 30's VIP on VLAN 40", tagged(&request(30), 40), wrong()),
+        case("a request for VLAN 30's VIP untagged", request(30), wrong()),
+        case("a request for VLAN 40's VIP on VLAN 40", tagged(&request(40), 40), answer(40, Some(40))),
+        case("a request for the untagged VIP untagged", request(1), answer(1, None)),
+        case("a request for the untagged VIP on VLAN 30", tagged(&request(1), 30), wrong()),
+        case(
+            "a request for the untagged VIP priority-tagged (VLAN 0)",
+            tagged(&request(1), 0x6000),
+            answer(1, Some(0x6000)),
+        ),
+        case("VLAN 50, served by nobody here", tagged(&request(30), 50), Passed(Reason::VlanNotServed)),
+        case(
+            "QinQ: 802.1ad outside 802.1Q",
+            tagged_with(&tagged(&request(30), 30), 0x88a8, 100),
+            Passed(Reason::VlanStacked),
+        ),
+        case("two 802.1Q tags", tagged(&tagged(&request(30), 30), 30), Passed(Reason::VlanStacked)),
+        case("a tag cut short", truncated_tag, Passed(Reason::MalformedEthernet)),
+        case("echo to VLAN 30's VIP on VLAN 30", tagged(&ping(30), TCI_30), pong(30, TCI_30)),
+        case("echo to VLAN 40's VIP on VLAN 30", tagged(&ping(40), 30), wrong()),
+        case("TCP to an address nobody serves", tagged(&elsewhere, 30), Passed(f.passed())),
+    ]
 }
 
 #[test]
 fn each_vlan_answers_its_own_vips_with_its_tag_and_passes_the_rest_as_it_came() {
-    let arp = |vip| arp_request(CLIENT_MAC, CLIENT, vip);
-    let ns = neighbor_solicitation(CLIENT_MAC, CLIENT6, VIP6_30);
-    let tcp6_elsewhere = ipv6_frame(
-        CLIENT_MAC,
-        VIP_MAC,
-        CLIENT6,
-        OTHER6,
-        64,
-        6,
-        &transport6(6, CLIENT6, OTHER6, 40000, 80, b"x"),
-    );
-    let mut truncated_tag = arp(VIP_30)[..12].to_vec();
-    truncated_tag.extend_from_slice(&[0x81, 0x00, 0x00]);
-    #[rustfmt::skip]
-    let cases: Vec<Case> = vec![
-        ("ARP", "VLAN 30's VIP on VLAN 30", tagged(&arp(VIP_30), TCI_30), XDP_TX, Reason::ArpReplied, Out::Answer(Some(TCI_30))),
-        ("ARP", "VLAN 30's VIP on VLAN 40", tagged(&arp(VIP_30), 40), XDP_PASS, Reason::WrongInterface, Out::Untouched),
-        ("ARP", "VLAN 30's VIP untagged", arp(VIP_30), XDP_PASS, Reason::WrongInterface, Out::Untouched),
-        ("ARP", "VLAN 40's VIP on VLAN 40", tagged(&arp(VIP_40), 40), XDP_TX, Reason::ArpReplied, Out::Answer(Some(40))),
-        ("ARP", "the untagged VIP untagged", arp(VIP_UNTAGGED), XDP_TX, Reason::ArpReplied, Out::Answer(None)),
-        ("ARP", "the untagged VIP on VLAN 30", tagged(&arp(VIP_UNTAGGED), 30), XDP_PASS, Reason::WrongInterface, Out::Untouched),
-        ("ARP", "the untagged VIP priority-tagged (VLAN 0)", tagged(&arp(VIP_UNTAGGED), 0x6000), XDP_TX, Reason::ArpReplied, Out::Answer(Some(0x6000))),
-        ("ARP", "VLAN 50, served by nobody here", tagged(&arp(VIP_30), 50), XDP_PASS, Reason::VlanNotServed, Out::Untouched),
-        ("ARP", "QinQ: 802.1ad outside 802.1Q", tagged_with(&tagged(&arp(VIP_30), 30), 0x88a8, 100), XDP_PASS, Reason::VlanStacked, Out::Untouched),
-        ("ARP", "two 802.1Q tags", tagged(&tagged(&arp(VIP_30), 30), 30), XDP_PASS, Reason::VlanStacked, Out::Untouched),
-        ("ARP", "a tag cut short", truncated_tag, XDP_PASS, Reason::MalformedEthernet, Out::Untouched),
-        ("ping", "VLAN 30's VIP on VLAN 30", tagged(&ping(VIP_30), TCI_30), XDP_TX, Reason::IcmpEchoReplied, Out::Answer(Some(TCI_30))),
-        ("ping", "VLAN 40's VIP on VLAN 30", tagged(&ping(VIP_40), 30), XDP_PASS, Reason::WrongInterface, Out::Untouched),
-        ("NS", "VLAN 30's VIP on VLAN 30", tagged(&ns, TCI_30), XDP_TX, Reason::NdpAdvertised, Out::Answer(Some(TCI_30))),
-        ("NS", "VLAN 30's VIP on VLAN 40", tagged(&ns, 40), XDP_PASS, Reason::WrongInterface, Out::Untouched),
-        ("ping6", "VLAN 30's VIP on VLAN 30", tagged(&ping6(VIP6_30), 30), XDP_TX, Reason::IcmpEchoReplied, Out::Answer(Some(30))),
-        ("TCP6", "to an address nobody serves, through the IPv6 program", tagged(&tcp6_elsewhere, 30), XDP_PASS, Reason::Ipv6Passed, Out::Untouched),
-    ];
     let ebpf = load();
-    for (kind, what, input, verdict, reason, out) in cases {
-        let name = format!("{kind}, {what}");
-        let before = fixture::reason_packets(&ebpf, reason);
-        let (action, output) = fixture::run_uplink(&ebpf, &input, PARENT);
-        assert_eq!(action, verdict, "{name}");
-        assert_eq!(
-            fixture::reason_packets(&ebpf, reason),
-            before + 1,
-            "{name}: counted as {}",
-            reason.label()
-        );
-        match out {
-            Out::Untouched => assert_eq!(output, input, "{name}: passed as it came"),
-            Out::Answer(tci) => {
-                let (got_tci, answer) = untagged(&output);
-                assert_eq!(got_tci, tci, "{name}: the answer's tag");
-                let vip = match kind {
-                    "NS" | "ping6" => VIP6_30.to_string(),
-                    _ => lb_lab::packet::ipv4_at(&untagged(&input).1, if kind == "ARP" { 38 } else { 30 })
-                        .to_string(),
-                };
-                assert!(answers(kind, &answer, &vip), "{name}: an answer for {vip}: {answer:02x?}");
-            }
-        }
+    for f in FAMILIES {
+        run_cases(&ebpf, PARENT, f.as_str(), cases(f));
     }
 }
 

@@ -390,12 +390,17 @@ impl ServiceLab {
     pub fn start_owning(&mut self, services: &str, extra: &str, wrapper: &[&str], owned: f64) {
         for i in 0..self.lab.nodes.len() {
             let head = if i == 0 { extra } else { "" };
-            let config = format!("{head}{}", (self.config)(&self.lab, i, services));
+            let config = format!("{head}{}", self.agent_config(i, services));
             let mut agent = self.lab.start_agent_under(i, &config, &[], &[], wrapper);
             agent.wait_ready();
             self.agents.push(agent);
         }
         self.agents[0].wait_metric("lbagent_owned_vips", owned);
+    }
+
+    /// `node`'s agent configuration with `services`, as [`ServiceLab::start`] gives it.
+    pub fn agent_config(&self, node: usize, services: &str) -> String {
+        (self.config)(&self.lab, node, services)
     }
 
     /// `node`'s count of packets that took the XDP path `reason`.

@@ -2,13 +2,20 @@
 //! the nodes. Every forwarding mode carries TCP and UDP to the right endpoints; flows keep
 //! their endpoint when endpoints are added, and (DSR) when the VIP moves to another node;
 //! unexposed ports are dropped; the program survives an agent restart.
+//!
+//! The scenarios both families share take the family as a parameter and run once per family
+//! (IPv6: VRRP over link-local members, IPv6 pods, IPv6-in-IPv6 for DSR); the rest are IPv4's.
 
 use std::{
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     time::{Duration, Instant},
 };
 
-use lb_lab::{Lab, Session, cluster::ServiceLab};
+use lb_lab::{
+    Lab, Session,
+    cluster::ServiceLab,
+    family::{IpFamily, LabFamily},
+};
 
 const VIP: Ipv4Addr = lb_lab::cluster::LAB_VIP;
 const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
@@ -27,58 +34,100 @@ type Cluster = ServiceLab;
 
 /// `pods[i]` pods on node i, servers in every pod, no agents yet.
 fn cluster(pods: &[usize]) -> Cluster {
-    ServiceLab::new(pods, false, TARGET_PORT, VIP, config)
+    cluster_in(IpFamily::V4, pods)
+}
+
+/// As [`cluster`], in family `f`: its VIP, and for IPv6 addresses on every host and pod and
+/// one VRRP group of link-local members.
+fn cluster_in(f: IpFamily, pods: &[usize]) -> Cluster {
+    let config: AgentConfig = f.pick(config, config6);
+    ServiceLab::new(pods, f == IpFamily::V6, TARGET_PORT, f.vip(), config)
+}
+
+/// How a node's agent is configured, given its services.
+type AgentConfig = fn(&Lab, usize, &str) -> String;
+
+fn config6(lab: &Lab, me: usize, services: &str) -> String {
+    let IpAddr::V6(vip) = IpFamily::V6.vip() else { unreachable!("an IPv6 VIP") };
+    lb_lab::cluster::agent_config6(lab, me, services, vip)
+}
+
+fn service_in(f: IpFamily, lab: &Lab, name: &str, port: u16, mode: &str, pods: &[usize]) -> String {
+    lb_lab::cluster::service_config(lab, name, f.vip(), port, TARGET_PORT, mode, pods)
+}
+
+/// Pod `pod`'s address in family `f`, as a backend label shows it with the target port.
+fn backend_label(c: &Cluster, f: IpFamily, pod: usize) -> String {
+    let pod = &c.lab.pods[pod];
+    let ip: IpAddr = match f {
+        IpFamily::V4 => pod.ip.into(),
+        IpFamily::V6 => pod.ip6.expect("an IPv6 pod").into(),
+    };
+    SocketAddr::new(ip, TARGET_PORT).to_string()
 }
 
 #[test]
-fn every_mode_carries_tcp_and_udp_to_the_right_endpoint() {
-    let mut c = cluster(&[1, 1]);
+fn every_mode_carries_tcp_and_udp_to_the_right_endpoint_ipv4() {
+    every_mode_carries_tcp_and_udp_to_the_right_endpoint(IpFamily::V4);
+}
+
+#[test]
+fn every_mode_carries_tcp_and_udp_to_the_right_endpoint_ipv6() {
+    every_mode_carries_tcp_and_udp_to_the_right_endpoint(IpFamily::V6);
+}
+
+fn every_mode_carries_tcp_and_udp_to_the_right_endpoint(f: IpFamily) {
+    let mut c = cluster_in(f, &[1, 1]);
     let services = [
-        service(&c.lab, "local", 80, "fullNat", &[0]),
-        service(&c.lab, "full-nat", 81, "fullNat", &[1]),
-        service(&c.lab, "dsr", 82, "dsr", &[1]),
+        service_in(f, &c.lab, "local", 80, "fullNat", &[0]),
+        service_in(f, &c.lab, "full-nat", 81, "fullNat", &[1]),
+        service_in(f, &c.lab, "dsr", 82, "dsr", &[1]),
     ]
     .concat();
     c.start(&services);
+    let (client, node0) = (f.client(), f.node());
+    assert_eq!(node0, f.pick::<IpAddr>(c.lab.nodes[0].ip.into(), c.lab.nodes[0].global6().into()));
 
-    // Local endpoint: DNAT only, the client address is preserved.
+    // Local endpoint: DNAT only, the client address is kept; the TC program translates the
+    // pod's replies back to the VIP.
     let mut s = c.session(80);
     assert_eq!(s.pod(), c.pod_name(0), "{}", s.greeting);
-    assert_eq!(s.seen_client(), CLIENT, "local delivery keeps the client address");
+    assert_eq!(s.seen_address(), client, "local delivery keeps the client address");
     assert_eq!(s.echo("one", ECHO_WAIT).as_deref(), Some("n0p0 one"));
     // Full NAT: the endpoint sees the load-balancing node, as with kube-proxy.
     let mut s = c.session(81);
     assert_eq!(s.pod(), c.pod_name(1), "{}", s.greeting);
-    assert_eq!(s.seen_client(), c.lab.nodes[0].ip, "full NAT translates the source to the node");
+    assert_eq!(s.seen_address(), node0, "full NAT translates the source to the node");
     assert_eq!(s.echo("two", ECHO_WAIT).as_deref(), Some("n1p0 two"));
-    // DSR: the endpoint sees the client, and replies to it directly.
+    // DSR (IPIP, or IPv6 in IPv6) to the endpoint's node, which unwraps it: the endpoint sees
+    // the client, and replies to it directly.
     let mut s = c.session(82);
     assert_eq!(s.pod(), c.pod_name(1), "{}", s.greeting);
-    assert_eq!(s.seen_client(), CLIENT, "DSR keeps the client address");
+    assert_eq!(s.seen_address(), client, "DSR keeps the client address");
     assert_eq!(s.echo("three", ECHO_WAIT).as_deref(), Some("n1p0 three"));
 
-    for (port, pod, client) in [(80, 0, CLIENT), (81, 1, c.lab.nodes[0].ip), (82, 1, CLIENT)] {
-        let answer = c.lab.client.udp_ask(VIP, port);
-        assert_eq!(answer.split(' ').next(), Some(c.pod_name(pod)), "UDP to port {port}: {answer:?}");
-        assert_eq!(lb_lab::cluster::seen_client(&answer), client, "UDP to port {port}: {answer:?}");
+    for (port, pod, seen) in [(80, 0, client), (81, 1, node0), (82, 1, client)] {
+        let answer = c.lab.client.udp_ask(f.vip(), port);
+        assert_eq!(
+            answer.split(' ').next(),
+            Some(c.pod_name(pod)),
+            "UDP to port {port}: {answer:?}\n{}",
+            c.logs()
+        );
+        assert_eq!(lb_lab::cluster::seen_address(&answer), seen, "UDP to port {port}: {answer:?}");
     }
 
     for reason in ["forwarded_local", "forwarded_full_nat", "forwarded_dsr", "reply_translated"] {
-        assert!(c.reason(0, reason) > 0.0, "n0 counted no {reason}:\n{}", c.agents[0].metrics());
+        assert!(c.reason(0, reason) > 0.0, "n0 counted no {reason}:\n{}", c.logs());
     }
-    assert!(c.reason(1, "dsr_decapsulated") > 0.0, "n1 decapsulated nothing:\n{}", c.agents[1].metrics());
-    assert!(c.reason(1, "reply_translated") > 0.0, "n1 translated no DSR reply");
+    assert!(c.reason(1, "dsr_decapsulated") > 0.0, "n1 decapsulated nothing:\n{}", c.logs());
+    assert!(c.reason(1, "reply_translated") > 0.0, "n1 translated no DSR reply:\n{}", c.logs());
     let m = c.agents[0].metrics();
-    assert!(
-        lb_lab::metric(&m, "lbagent_backend_packets_total{backend=\"10.244.1.2:8080\",delivery=\"dsr\"}")
-            .unwrap_or(0.0)
-            > 0.0,
-        "{m}"
-    );
-    assert!(
-        lb_lab::metric(&m, &format!("lbagent_vip_packets_total{{vip=\"{VIP}\"}}")).unwrap_or(0.0) > 0.0,
-        "{m}"
-    );
+    let backend =
+        format!("lbagent_backend_packets_total{{backend=\"{}\",delivery=\"dsr\"}}", backend_label(&c, f, 1));
+    assert!(lb_lab::metric(&m, &backend).unwrap_or(0.0) > 0.0, "{backend}:\n{m}");
+    let vip = format!("lbagent_vip_packets_total{{vip=\"{}\"}}", f.vip());
+    assert!(lb_lab::metric(&m, &vip).unwrap_or(0.0) > 0.0, "{vip}:\n{m}");
     assert_eq!(lb_lab::metric(&m, "lbagent_xdp_packets_total{action=\"aborted\"}"), Some(0.0));
 }
 
@@ -221,12 +270,23 @@ fn flood_past_established_sessions(c: &mut Cluster, forwarded: &str, reply_nat: 
 }
 
 #[test]
-fn dsr_connections_survive_the_load_balancer_failing() {
-    let mut c = cluster(&[0, 1, 1]);
-    let services = service(&c.lab, "dsr", 82, "dsr", &[0, 1]);
+fn dsr_connections_survive_the_load_balancer_failing_ipv4() {
+    dsr_connections_survive_the_load_balancer_failing(IpFamily::V4);
+}
+
+#[test]
+fn dsr_connections_survive_the_load_balancer_failing_ipv6() {
+    dsr_connections_survive_the_load_balancer_failing(IpFamily::V6);
+}
+
+fn dsr_connections_survive_the_load_balancer_failing(f: IpFamily) {
+    let mut c = cluster_in(f, &[0, 1, 1]);
+    let services = service_in(f, &c.lab, "dsr", 82, "dsr", &[0, 1]);
     c.start(&services);
     let mut sessions = open_sessions(&c, 82, 16);
     assert!(c.reason(0, "forwarded_dsr") > 0.0, "n0 forwarded nothing:\n{}", c.logs());
+    let pods: Vec<&str> = sessions.iter().map(|s| s.pod()).collect();
+    assert!(pods.contains(&"n1p0") && pods.contains(&"n2p0"), "both endpoints in use: {pods:?}");
 
     // n0 fails hard: its port goes down, then its agent dies. n1 takes the VIP over, with the
     // same Maglev ring, and keeps sending each flow to the same endpoint.
@@ -234,7 +294,7 @@ fn dsr_connections_survive_the_load_balancer_failing() {
     c.agents[0].kill();
     c.agents[1].wait_metric("lbagent_owned_vips", 1.0);
     assert_sessions_stay(&c, &mut sessions, "after the load-balancing node failed");
-    assert!(c.reason(1, "forwarded_dsr") + c.reason(1, "forwarded_local") > 0.0);
+    assert!(c.reason(1, "forwarded_dsr") + c.reason(1, "forwarded_local") > 0.0, "{}", c.logs());
 }
 
 /// The endpoint's node changes its MAC and the load balancer's neighbour entry is replaced:
@@ -298,21 +358,35 @@ fn unexposed_ports_are_dropped_and_ping_is_answered() {
 /// connection and a new one reach the pod. Returns the cluster, the new agent's log and what
 /// `between` returned.
 fn restart_the_endpoints_agent<T>(between: impl FnOnce(&Cluster) -> T) -> (Cluster, String, T) {
-    let mut c = cluster(&[0, 1]);
-    let services = service(&c.lab, "dsr", 82, "dsr", &[0]);
+    stop_and_restart_the_endpoints_agent(IpFamily::V4, libc::SIGTERM, between)
+}
+
+/// As [`restart_the_endpoints_agent`], in family `f`, the agent stopped by `signal`: SIGTERM
+/// (a clean exit that leaves the data plane pinned) or SIGKILL (no handover at all).
+fn stop_and_restart_the_endpoints_agent<T>(
+    f: IpFamily,
+    signal: libc::c_int,
+    between: impl FnOnce(&Cluster) -> T,
+) -> (Cluster, String, T) {
+    let mut c = cluster_in(f, &[0, 1]);
+    let services = service_in(f, &c.lab, "dsr", 82, "dsr", &[0]);
     c.start(&services);
     let mut session = c.session(82);
     assert_eq!(session.pod(), "n1p0");
 
-    c.agents[1].signal(libc::SIGTERM);
-    let status = c.agents[1].wait_exit(Duration::from_secs(5));
-    assert!(status.success(), "{status}");
+    if signal == libc::SIGKILL {
+        c.agents[1].kill();
+    } else {
+        c.agents[1].signal(signal);
+        let status = c.agents[1].wait_exit(Duration::from_secs(5));
+        assert!(status.success(), "{status}");
+    }
     let between = between(&c);
     for i in 0..5 {
         let gap = format!("gap {i}");
         assert_eq!(session.echo(&gap, ECHO_WAIT), Some(format!("n1p0 {gap}")), "{}", c.logs());
     }
-    let mut agent = c.lab.start_agent(1, &config(&c.lab, 1, &services));
+    let mut agent = c.lab.start_agent(1, &c.agent_config(1, &services));
     agent.wait_ready();
     let log = agent.log_text();
     assert!(log.contains("resumed=true"), "the links were taken over, not attached afresh:\n{log}");
@@ -323,10 +397,19 @@ fn restart_the_endpoints_agent<T>(between: impl FnOnce(&Cluster) -> T) -> (Clust
 }
 
 #[test]
-fn a_restarted_agent_keeps_the_data_plane_running() {
-    let (c, ..) = restart_the_endpoints_agent(|_| {});
+fn the_data_plane_outlives_a_stopped_agent_ipv4() {
+    let (c, ..) = stop_and_restart_the_endpoints_agent(IpFamily::V4, libc::SIGTERM, |_| {});
     // The flow counters survived too.
-    assert!(c.reason(1, "dsr_decapsulated") > 0.0);
+    assert!(c.reason(1, "dsr_decapsulated") > 0.0, "{}", c.logs());
+}
+
+/// The IPv6 path's programs sit in a pinned program array: with the endpoint's agent killed
+/// (no handover), its node keeps unwrapping and translating IPv6 DSR, and the next agent takes
+/// the pins over without a gap.
+#[test]
+fn the_data_plane_outlives_a_killed_agent_ipv6() {
+    let (c, ..) = stop_and_restart_the_endpoints_agent(IpFamily::V6, libc::SIGKILL, |_| {});
+    assert!(c.reason(1, "dsr_decapsulated") > 0.0, "{}", c.logs());
 }
 
 #[test]
@@ -743,4 +826,30 @@ fn the_images_binary_runs_with_the_daemonsets_capabilities_and_seccomp() {
     command.extend(daemonset_privileges(&capabilities));
     command.extend(agent);
     runs_and_forwards_under(&command, &capabilities);
+}
+
+/// `nodeAddress` and `nodeAddress6` choose full NAT's source over the uplink's first address of
+/// the family: the endpoint sees the configured one.
+#[test]
+fn full_nat_takes_the_configured_source_ipv4() {
+    full_nat_takes_the_configured_source(IpFamily::V4);
+}
+
+#[test]
+fn full_nat_takes_the_configured_source_ipv6() {
+    full_nat_takes_the_configured_source(IpFamily::V6);
+}
+
+fn full_nat_takes_the_configured_source(f: IpFamily) {
+    let mut c = cluster_in(f, &[0, 1]);
+    let (source, key, prefix): (IpAddr, &str, &str) = f.pick(
+        (Ipv4Addr::new(192, 0, 2, 210).into(), "nodeAddress", "24"),
+        ("2001:db8:2::1:10".parse::<Ipv6Addr>().unwrap().into(), "nodeAddress6", "64"),
+    );
+    c.lab.nodes[0].ns.run_cmd(&["ip", "addr", "add", &format!("{source}/{prefix}"), "dev", "eth0", "nodad"]);
+    let services = service_in(f, &c.lab, "full-nat", 81, "fullNat", &[0]);
+    c.start_with(&services, &format!("{key}: '{source}'\n"), &[]);
+    let mut s = c.session(81);
+    assert_eq!(s.seen_address(), source, "{}", s.greeting);
+    assert_eq!(s.echo("hello", ECHO_WAIT).as_deref(), Some("n1p0 hello"));
 }

@@ -220,7 +220,12 @@ pub struct VrrpSpeaker {
     pub mac: [u8; 6],
     /// The last other MAC heard with this address while `mac` was live.
     pub other_mac: [u8; 6],
-    pub _pad: [u8; 4],
+    /// 1: the address is this node's (the agent marks its group addresses). Whatever arrives
+    /// with it comes from another host, so every arrival is counted, whatever the MAC: an
+    /// IPv6 source of our own is no martian the kernel drops, and the router discards it as
+    /// its own advert. Was padding, so an earlier build's entries read as not ours.
+    pub own: u8,
+    pub _pad: [u8; 3],
     /// Until when (`bpf_ktime_get_ns`) `mac` is this address's.
     pub live_until_ns: u64,
     /// Advertisements with this address from another MAC while `mac` was live.

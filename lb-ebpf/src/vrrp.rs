@@ -36,8 +36,9 @@ pub fn observe(ctx: &XdpContext, source: [u8; 4]) -> u32 {
 }
 
 /// An IPv6 advertisement from `source` (its header right after the fixed IPv6 header). This
-/// node's own IPv6 source arriving from the segment is not a martian to the kernel: the
-/// router drops it as its own advert (`own_advert`), so it is not looked for here.
+/// node's own IPv6 source arriving from the segment is not a martian to the kernel, and the
+/// router drops it as its own advert (`own_advert`): the agent marks its own addresses in the
+/// map (`VrrpSpeaker::own`), so it is counted in [`learn`].
 #[inline(always)]
 pub fn observe6(ctx: &XdpContext, source: [u8; 16]) -> u32 {
     learn(ctx, &VRRP_SPEAKERS6, &Vip6Key::new(source), false, EthHdr::LEN + Ipv6Hdr::LEN);
@@ -45,7 +46,8 @@ pub fn observe6(ctx: &XdpContext, source: [u8; 16]) -> u32 {
 }
 
 /// Learns `key`'s MAC from this advertisement (whose VRRP header is at `offset`), or counts it
-/// against the live one; `own`: the source is this node's, so any arrival is counted.
+/// against the live one; `own` (or the agent's mark on the entry): the source is this node's,
+/// so any arrival is counted.
 #[inline(always)]
 fn learn<K>(ctx: &XdpContext, speakers: &LruHashMap<K, VrrpSpeaker>, key: &K, own: bool, offset: usize) {
     let (Some(eth), Some(vrrp)) = (header::<EthHdr>(ctx, 0), header::<[u8; VRRP_HEADER]>(ctx, offset)) else {
@@ -78,7 +80,7 @@ fn learn<K>(ctx: &XdpContext, speakers: &LruHashMap<K, VrrpSpeaker>, key: &K, ow
         Some(speaker) => {
             // SAFETY: a valid map value; races between CPUs only blur the counts.
             let speaker = unsafe { &mut *speaker };
-            if speaker.mac != mac && now < speaker.live_until_ns {
+            if speaker.own != 0 || (speaker.mac != mac && now < speaker.live_until_ns) {
                 // Counted here, not as a reason of its own: the agent reports it per member,
                 // and the counter arrays keep their shape (a new shape would replace the maps).
                 speaker.other_mac = mac;

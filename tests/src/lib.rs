@@ -17,6 +17,7 @@ pub mod api_server;
 pub mod cases;
 pub mod cluster;
 pub mod cluster_api;
+pub mod election;
 pub mod fabric;
 pub mod family;
 pub mod fixture;

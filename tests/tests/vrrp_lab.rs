@@ -1,129 +1,118 @@
 //! VRRP with real packets: three lab nodes run lb-agent (and, for interop, keepalived), and the
-//! client checks who answers for each VIP — by ARP, ping and TCP.
+//! client checks who answers for each VIP — by ARP or Neighbor Discovery, ping and TCP.
+//!
+//! The scenarios both families share take the family as a parameter and run once per family
+//! (IPv6: VRRPv3 over link-local members, an IPv4 and an IPv6 VIP under one VRID, see
+//! `lb_lab::election`); the rest are IPv4's, and `ipv6_lab.rs` holds IPv6's own.
 
 use std::{
     collections::BTreeSet,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     time::{Duration, Instant},
 };
 
-use lb_agent::vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V4};
+use lb_agent::vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6};
 use lb_lab::{
     Agent, Lab,
     agent::AGENT_LISTEN,
-    packet::{ipv4_frame, multicast_mac, send_and_capture},
+    election::{self, PORT, VRID, announcements, master_sample, member, start_all, state_sample},
+    family::{IpFamily, LabFamily, ip_frame},
+    packet::{multicast_mac, send_and_capture},
 };
 
 const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
-const VRID: u8 = 10;
-const PORT: u16 = 8080;
 
-/// A manual (keepalived-style) group: one VRID, explicit priorities.
+/// The IPv4 group of [`election::manual_group`].
 fn manual_group(lab: &Lab, me: usize, priorities: &[u8], extra: &str) -> String {
-    let mut yaml = format!(
-        "node: {}\ninterface: eth0\nlisten: {AGENT_LISTEN}\ngroups:\n  - name: web\n    vrid: {VRID}\n    \
-         advertInterval: 50ms\n    vipMode: both\n{extra}    nodes:\n",
-        lab.nodes[me].name
-    );
-    for node in &lab.nodes {
-        yaml.push_str(&format!("      - name: {}\n        address: {}\n", node.name, node.ip));
-    }
-    yaml.push_str("    priorities:\n");
-    for (node, p) in lab.nodes.iter().zip(priorities) {
-        yaml.push_str(&format!("      {}: {p}\n", node.name));
-    }
-    yaml.push_str(&format!("    vips:\n      - address: {VIP}\n"));
-    yaml
+    election::manual_group(lab, me, priorities, extra, IpFamily::V4)
 }
 
-fn start_all(lab: &mut Lab, config: impl Fn(&Lab, usize) -> String) -> Vec<Agent> {
-    (0..lab.nodes.len())
-        .map(|i| {
-            lab.enable_native_xdp(i);
-            let mut agent = lab.start_agent(i, &config(lab, i));
-            agent.wait_ready();
-            agent
-        })
-        .collect()
+fn wait_owner(lab: &Lab, vip: impl Into<IpAddr>, node: usize, agents: &[Agent]) {
+    election::wait_owner(lab, vip.into(), node, agents)
 }
 
-/// Polls until `vip` is answered by `node`'s MAC (and only that MAC), or panics.
-fn wait_owner(lab: &Lab, vip: Ipv4Addr, node: usize, agents: &[Agent]) {
-    let expected = lab.nodes[node].mac_string();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let replies = lab.client.arping(vip, 1);
-        if replies == [expected.as_str()] {
-            return;
-        }
-        if Instant::now() > deadline {
-            let logs: Vec<String> = agents.iter().map(|a| a.log_text()).collect();
-            panic!(
-                "{vip} answered by {replies:?}, expected {expected} ({})\n{}",
-                lab.nodes[node].name,
-                logs.join("\n----\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
+/// A lab of `nodes` nodes, with IPv6 on every host for family IPv6.
+fn lab_in(f: IpFamily, nodes: usize) -> Lab {
+    let mut lab = Lab::new(nodes);
+    if f == IpFamily::V6 {
+        lab.enable_ipv6();
     }
-}
-
-fn wait_tcp(lab: &Lab, node: usize) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while lab.client.tcp_read(VIP, PORT) != lab.nodes[node].name {
-        assert!(Instant::now() < deadline, "TCP to the VIP never reached {}", lab.nodes[node].name);
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    lab
 }
 
 #[test]
-fn election_failover_and_preemption_multicast() {
-    election_failover_and_preemption("");
+fn election_failover_and_preemption_multicast_ipv4() {
+    election_failover_and_preemption(IpFamily::V4, "");
 }
 
 #[test]
-fn election_failover_and_preemption_unicast() {
-    election_failover_and_preemption("    transport: unicast\n");
+fn election_failover_and_preemption_unicast_ipv4() {
+    election_failover_and_preemption(IpFamily::V4, "    transport: unicast\n");
 }
 
-fn election_failover_and_preemption(transport: &str) {
-    let mut lab = Lab::new(3);
-    let servers: Vec<_> = lab.nodes.iter().map(|n| n.serve_name(PORT)).collect();
-    let mut agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 150, 100], transport));
+#[test]
+fn election_failover_and_preemption_multicast_ipv6() {
+    election_failover_and_preemption(IpFamily::V6, "");
+}
 
-    wait_owner(&lab, VIP, 0, &agents);
-    wait_tcp(&lab, 0);
-    let ping = lab.client.ns.output(&["ping", "-c", "3", "-i", "0.05", "-W", "1", &VIP.to_string()]);
+#[test]
+fn election_failover_and_preemption_unicast_ipv6() {
+    election_failover_and_preemption(IpFamily::V6, "    transport: unicast\n");
+}
+
+/// Three nodes: n0 (priority 200) is elected and answers address resolution, ping and TCP for
+/// the VIP; the backups hear it (unicast: each advert sent to each peer); it fails hard and
+/// n1 takes over; it comes back and takes its VIP back (preemption).
+fn election_failover_and_preemption(f: IpFamily, transport: &str) {
+    let mut lab = lab_in(f, 3);
+    let servers: Vec<_> = lab
+        .nodes
+        .iter()
+        .map(|n| if f == IpFamily::V6 { n.serve_name6(PORT) } else { n.serve_name(PORT) })
+        .collect();
+    // The kernel holds the VIP too (IPv4's group has `vipMode: both` already), so the nodes'
+    // own TCP servers answer on it.
+    let extra = format!("{transport}{}", f.pick("", "    vipMode: both\n"));
+    let group = |lab: &Lab, i: usize| election::manual_group(lab, i, &[200, 150, 100], &extra, f);
+    let mut agents = start_all(&mut lab, group);
+    let vip = f.vip();
+
+    wait_owner(&lab, vip, 0, &agents);
+    election::wait_tcp(&lab, vip, 0);
+    let ping = lab.client.ns.output(&["ping", "-c", "3", "-i", "0.05", "-W", "1", &vip.to_string()]);
     assert!(
         ping.status.success(),
         "{}{}",
         String::from_utf8_lossy(&ping.stdout),
         String::from_utf8_lossy(&ping.stderr)
     );
-    agents[0].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="master"}"#, 1.0);
-    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="backup"}"#, 1.0);
-    agents[1].wait_metric(
-        &format!(
-            r#"lbagent_vrrp_master{{group="web",vrid="10",family="ipv4",master="{}"}}"#,
-            lab.nodes[0].ip
-        ),
-        1.0,
+    agents[0].wait_metric(&state_sample(f, "master"), 1.0);
+    agents[1].wait_metric(&state_sample(f, "backup"), 1.0);
+    agents[1].wait_metric(&master_sample(f, member(&lab, 0, f)), 1.0);
+    // The backup hears the master's adverts, ten every half second.
+    let received = format!(
+        r#"lbagent_vrrp_adverts_received_total{{group="web",vrid="{VRID}",family="{}"}}"#,
+        f.as_str()
     );
+    let before = agents[1].metric(&received);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(agents[1].metric(&received) >= before + 5.0, "{}", agents[1].metrics());
 
     // Hard failure of the master: its port goes down, then it dies.
     lab.cut(0);
     agents[0].kill();
-    wait_owner(&lab, VIP, 1, &agents);
-    wait_tcp(&lab, 1);
+    wait_owner(&lab, vip, 1, &agents);
+    election::wait_tcp(&lab, vip, 1);
+    agents[1].wait_metric(&state_sample(f, "master"), 1.0);
 
     // The preferred node returns and takes its VIP back.
     lab.restore(0);
-    let mut returned = lab.start_agent(0, &manual_group(&lab, 0, &[200, 150, 100], transport));
+    let mut returned = lab.start_agent(0, &group(&lab, 0));
     returned.wait_ready();
     agents[0] = returned;
-    wait_owner(&lab, VIP, 0, &agents);
-    wait_tcp(&lab, 0);
-    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="backup"}"#, 1.0);
+    wait_owner(&lab, vip, 0, &agents);
+    election::wait_tcp(&lab, vip, 0);
+    agents[1].wait_metric(&state_sample(f, "backup"), 1.0);
     drop(servers);
 }
 
@@ -147,18 +136,34 @@ impl PingStream {
 
 /// Two nodes with `extra` group settings, n0 the master, and `count` pings under way.
 fn two_nodes_under_ping(extra: &str, count: u32) -> (Lab, Vec<Agent>, PingStream) {
-    let mut lab = Lab::new(2);
-    let agents = start_all(&mut lab, |lab, i| manual_group(lab, i, &[200, 100], extra));
-    wait_owner(&lab, VIP, 0, &agents);
+    two_nodes_under_ping_in(IpFamily::V4, extra, count)
+}
+
+/// As [`two_nodes_under_ping`], the group and the pings in family `f`.
+fn two_nodes_under_ping_in(f: IpFamily, extra: &str, count: u32) -> (Lab, Vec<Agent>, PingStream) {
+    let mut lab = lab_in(f, 2);
+    let agents = start_all(&mut lab, |lab, i| election::manual_group(lab, i, &[200, 100], extra, f));
+    wait_owner(&lab, f.vip(), 0, &agents);
     // Warm the client's neighbour entry.
-    assert!(lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &VIP.to_string()]));
-    let ping = PingStream { ping: lab.client.ping_every_5ms(VIP, count), sent: count };
+    assert!(lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &f.vip().to_string()]));
+    let ping = PingStream { ping: lab.client.ping_every(f.vip(), "0.005", count), sent: count };
     (lab, agents, ping)
 }
 
 #[test]
-fn graceful_stop_loses_no_ping() {
-    let (lab, mut agents, ping) = two_nodes_under_ping("", 600);
+fn graceful_stop_loses_no_ping_ipv4() {
+    graceful_stop_loses_no_ping(IpFamily::V4);
+}
+
+#[test]
+fn graceful_stop_loses_no_ping_ipv6() {
+    graceful_stop_loses_no_ping(IpFamily::V6);
+}
+
+/// SIGTERM to the master under a ping every 5 ms: it resigns, the backup takes over at once,
+/// and no reply is lost.
+fn graceful_stop_loses_no_ping(f: IpFamily) {
+    let (lab, mut agents, ping) = two_nodes_under_ping_in(f, "", 600);
     std::thread::sleep(Duration::from_millis(800));
     agents[0].signal(libc::SIGTERM);
     let status = agents[0].wait_exit(Duration::from_secs(5));
@@ -166,21 +171,19 @@ fn graceful_stop_loses_no_ping() {
     let out = ping.output();
     let summary = String::from_utf8_lossy(&out.stdout);
     assert!(summary.contains("600 packets transmitted, 600 received"), "{summary}\n{}", agents[0].log_text());
-    wait_owner(&lab, VIP, 1, &agents);
+    wait_owner(&lab, f.vip(), 1, &agents);
     assert!(agents[0].log_text().contains("successor heard"), "{}", agents[0].log_text());
 }
 
 /// Replies `ping` reported, from its summary line.
 fn received(ping: &std::process::Output) -> u32 {
-    let summary = String::from_utf8_lossy(&ping.stdout);
-    let field = summary.split(", ").find(|f| f.ends_with(" received"));
-    field.and_then(|f| f.trim_end_matches(" received").parse().ok()).unwrap_or_else(|| panic!("{summary}"))
+    lb_lab::ping_counts(&String::from_utf8_lossy(&ping.stdout)).1 as u32
 }
 
-/// Asserts that `node` alone answers ARP for the VIP, several times over.
-fn only_owner(lab: &Lab, node: usize) {
+/// Asserts that `node` alone answers address resolution for `vip`, several times over.
+fn only_owner(lab: &Lab, vip: IpAddr, node: usize) {
     for _ in 0..3 {
-        assert_eq!(lab.client.arping(VIP, 2), vec![lab.nodes[node].mac_string(); 2]);
+        assert_eq!(election::answering(lab, vip, 2), vec![lab.nodes[node].mac_string(); 2]);
     }
 }
 
@@ -200,7 +203,7 @@ fn a_killed_masters_data_plane_gives_its_vip_up() {
     assert!(answering.len() <= 1, "{answering:?} answer after Master_Down_Interval plus an interval");
     wait_owner(&lab, VIP, 1, &agents);
     let converged = killed.elapsed();
-    only_owner(&lab, 1);
+    only_owner(&lab, VIP.into(), 1);
     let lost = ping.lost();
     eprintln!("one owner {converged:?} after the SIGKILL; {lost} of 400 replies lost");
     // Master_Down_Interval (3 × 50 ms + skew) and one interval, with room for a busy machine;
@@ -228,14 +231,14 @@ fn a_frozen_master_gives_its_vip_up_and_rejoins_as_backup() {
         let stopped = Instant::now();
         wait_owner(&lab, VIP, 1, &agents);
         assert!(stopped.elapsed() < Duration::from_secs(1), "{:?}", stopped.elapsed());
-        only_owner(&lab, 1);
+        only_owner(&lab, VIP.into(), 1);
         std::thread::sleep(Duration::from_secs(2).saturating_sub(stopped.elapsed()));
         agents[0].signal(libc::SIGCONT);
 
         let owner = if preempt { 0 } else { 1 };
         std::thread::sleep(Duration::from_millis(500));
         wait_owner(&lab, VIP, owner, &agents);
-        only_owner(&lab, owner);
+        only_owner(&lab, VIP.into(), owner);
         let log = agents[0].log_text();
         assert!(log.contains("fell silent past its lease"), "{log}");
         let state = if preempt { "master" } else { "backup" };
@@ -260,36 +263,41 @@ fn a_frozen_master_gives_its_vip_up_and_rejoins_as_backup() {
 /// back, the preferred node announces its VIP again (the backup may yield on hearing it
 /// without it ever hearing the backup), and exactly one node answers.
 #[test]
-fn an_uplink_flap_ends_with_one_owner_announced_again() {
-    let (lab, agents, ping) = two_nodes_under_ping("", 1000);
+fn an_uplink_flap_ends_with_one_owner_announced_again_ipv4() {
+    an_uplink_flap_ends_with_one_owner_announced_again(IpFamily::V4);
+}
+
+#[test]
+fn an_uplink_flap_ends_with_one_owner_announced_again_ipv6() {
+    an_uplink_flap_ends_with_one_owner_announced_again(IpFamily::V6);
+}
+
+fn an_uplink_flap_ends_with_one_owner_announced_again(f: IpFamily) {
+    let (lab, agents, ping) = two_nodes_under_ping_in(f, "", 1000);
     std::thread::sleep(Duration::from_millis(200));
     lab.cut(0);
     std::thread::sleep(Duration::from_secs(1));
-    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="master"}"#, 1.0);
+    agents[1].wait_metric(&state_sample(f, "master"), 1.0);
     let client = lab.client.ns.name().to_owned();
     let capture =
         std::thread::spawn(move || send_and_capture(&client, "eth0", vec![], Duration::from_millis(1500)));
     std::thread::sleep(Duration::from_millis(100));
     lab.restore(0);
     let frames = capture.join().unwrap();
-    wait_owner(&lab, VIP, 0, &agents);
-    only_owner(&lab, 0);
-    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="backup"}"#, 1.0);
-    let announced = frames
-        .iter()
-        .filter(|f| f.len() >= 42 && f[12..14] == [0x08, 0x06] && f[6..12] == lab.nodes[0].mac)
-        .filter(|f| f[28..32] == VIP.octets() && f[38..42] == VIP.octets())
-        .count();
+    wait_owner(&lab, f.vip(), 0, &agents);
+    only_owner(&lab, f.vip(), 0);
+    agents[1].wait_metric(&state_sample(f, "backup"), 1.0);
     let log = agents[0].log_text();
+    let announced = announcements(&frames, f.vip(), lab.nodes[0].mac);
     assert!(announced >= 1, "n0 announces the VIP again once its link is back:\n{log}");
     assert!(
         log.contains("the uplink lost its link") && log.contains("the uplink has its link again"),
         "{log}"
     );
-    // Lost: until the backup takes over and its gratuitous ARPs land (Master_Down_Interval),
+    // Lost: until the backup takes over and its announcements land (Master_Down_Interval),
     // and nothing once the link is back.
     let lost = ping.lost();
-    eprintln!("{lost} of 1000 replies lost across the flap");
+    eprintln!("{}: {lost} of 1000 replies lost across the flap", f.as_str());
     assert!(lost <= 100, "{lost} replies lost");
 }
 
@@ -314,48 +322,50 @@ fn the_master_refreshes_its_gratuitous_arps() {
     assert!(announcers.iter().all(|mac| *mac == lab.nodes[0].mac), "only the master announces");
 }
 
-/// keepalived 2.2.7 on n1 and lb-agent on n0 share one VRID, in both directions.
+/// keepalived 2.2.7 on n1 and lb-agent on n0 share one VRID (IPv6: VRRPv3 over IPv6,
+/// `native_ipv6`), in both directions, each taking over when the other fails.
 #[test]
-fn interop_with_keepalived() {
+fn interop_with_keepalived_ipv4() {
+    interop_with_keepalived(IpFamily::V4);
+}
+
+#[test]
+fn interop_with_keepalived_ipv6() {
+    interop_with_keepalived(IpFamily::V6);
+}
+
+fn interop_with_keepalived(f: IpFamily) {
+    let vip = f.vip();
     for (agent_priority, keepalived_priority) in [(200u8, 100u8), (100, 200)] {
-        let mut lab = Lab::new(2);
+        let mut lab = lab_in(f, 2);
         lab.enable_native_xdp(0);
-        let conf = lab.path("keepalived.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "global_defs {{\n  router_id {peer}\n}}\nvrrp_instance web {{\n  state BACKUP\n  interface eth0\n  \
-                 virtual_router_id {VRID}\n  priority {keepalived_priority}\n  advert_int 0.05\n  version 3\n  \
-                 virtual_ipaddress {{\n    {VIP}/32\n  }}\n}}\n",
-                peer = lab.nodes[1].name
+        let (native_ipv6, prefix) = f.pick(("", 32), ("  native_ipv6\n", 128));
+        let mut keepalived = lab.start_keepalived(
+            1,
+            &format!(
+                "global_defs {{\n  router_id n1\n}}\nvrrp_instance web {{\n  state BACKUP\n  interface eth0\n  \
+                 virtual_router_id {VRID}\n  priority {keepalived_priority}\n  advert_int 0.05\n  version 3\n\
+                 {native_ipv6}  virtual_ipaddress {{\n    {vip}/{prefix}\n  }}\n}}\n",
             ),
-        )
-        .unwrap();
-        let pid = lab.path("keepalived.pid");
-        let vrrp_pid = lab.path("keepalived-vrrp.pid");
-        let keepalived_args = [
-            "keepalived",
-            "--dont-fork",
-            "--log-console",
-            "--vrrp",
-            "-f",
-            conf.to_str().unwrap(),
-            "-p",
-            pid.to_str().unwrap(),
-            "-r",
-            vrrp_pid.to_str().unwrap(),
-        ];
-        let mut keepalived = lab.nodes[1].spawn(&keepalived_args);
-        let mut agent =
-            lab.start_agent(0, &manual_group(&lab, 0, &[agent_priority, keepalived_priority], ""));
+        );
+        // IPv6: the agent's group has the IPv6 VIP alone, as keepalived's instance has.
+        let config = election::manual_group(&lab, 0, &[agent_priority, keepalived_priority], "", f);
+        let config = match f {
+            IpFamily::V4 => config,
+            IpFamily::V6 => config.replace(&format!("      - address: {}\n", IpFamily::V4.vip()), ""),
+        };
+        let mut agent = lab.start_agent(0, &config);
         agent.wait_ready();
         let agents = [agent];
 
         let (winner, loser) = if agent_priority > keepalived_priority { (0, 1) } else { (1, 0) };
-        wait_owner(&lab, VIP, winner, &agents);
+        wait_owner(&lab, vip, winner, &agents);
         // …and the other side agrees: no split brain.
         std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(lab.client.arping(VIP, 2), vec![lab.nodes[winner].mac_string(); 2]);
+        assert_eq!(election::answering(&lab, vip, 2), vec![lab.nodes[winner].mac_string(); 2]);
+        if winner == 1 {
+            agents[0].wait_metric(&master_sample(f, member(&lab, 1, f)), 1.0);
+        }
 
         // Hard failure of the winner; the other takes over.
         lab.cut(winner);
@@ -365,12 +375,9 @@ fn interop_with_keepalived() {
         } else {
             keepalived.kill()
         }
-        wait_owner(&lab, VIP, loser, std::slice::from_ref(&agent));
+        wait_owner(&lab, vip, loser, std::slice::from_ref(&agent));
         if loser == 0 {
-            agent.wait_metric(
-                r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv4",state="master"}"#,
-                1.0,
-            );
+            agent.wait_metric(&state_sample(f, "master"), 1.0);
         }
     }
 }
@@ -425,7 +432,8 @@ fn two_nodes_n0_owning() -> (Lab, Vec<Agent>) {
 
 /// A VRRP datagram from the lab client to 224.0.0.18, with `src` as its IPv4 source.
 fn advert_from_client(lab: &Lab, src: Ipv4Addr, ttl: u8, payload: &[u8]) -> Vec<u8> {
-    ipv4_frame(lab.client.mac, multicast_mac(VRRP_MULTICAST_V4), src, VRRP_MULTICAST_V4, ttl, 112, payload)
+    let macs = (lab.client.mac, multicast_mac(VRRP_MULTICAST_V4));
+    ip_frame(macs, src.into(), VRRP_MULTICAST_V4.into(), ttl, 112, payload)
 }
 
 /// Hostile advertisements on the segment are dropped and counted, and the master holds.
@@ -482,28 +490,58 @@ fn hostile_advertisements_are_dropped_and_counted() {
     assert_eq!(lab.client.arping(VIP, 2), vec![lab.nodes[0].mac_string(); 2]);
 }
 
-fn uplink_addresses(lab: &Lab, node: usize) -> String {
-    String::from_utf8_lossy(&lab.nodes[node].ns.run_cmd(&["ip", "-4", "addr", "show", "dev", "eth0"]).stdout)
-        .into_owned()
+fn uplink_addresses(lab: &Lab, node: usize, f: IpFamily) -> String {
+    let out = lab.nodes[node].ns.run_cmd(&["ip", f.pick("-4", "-6"), "addr", "show", "dev", "eth0"]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A crashed run leaves its VIP address on the uplink; the next start removes it, and only it.
 #[test]
-fn start_up_removes_vip_addresses_left_by_a_crash() {
-    let mut lab = Lab::new(1);
+fn start_up_removes_vip_addresses_left_by_a_crash_ipv4() {
+    start_up_removes_vip_addresses_left_by_a_crash(IpFamily::V4);
+}
+
+#[test]
+fn start_up_removes_vip_addresses_left_by_a_crash_ipv6() {
+    start_up_removes_vip_addresses_left_by_a_crash(IpFamily::V6);
+}
+
+/// A crashed run leaves its VIP address (`vipMode: both`) on the uplink; the next start
+/// removes it, and only it: an operator's address and (IPv6) the link-local stay.
+fn start_up_removes_vip_addresses_left_by_a_crash(f: IpFamily) {
+    let mut lab = lab_in(f, 1);
     lab.enable_native_xdp(0);
-    lab.nodes[0].ns.run_cmd(&["ip", "addr", "add", "198.51.100.200/32", "dev", "eth0"]);
-    let mut agent = lab.start_agent(0, &manual_group(&lab, 0, &[200], ""));
+    let (operators, held) = f.pick(
+        ("198.51.100.200/32".to_owned(), format!("{}/32", f.vip())),
+        ("2001:db8:6::200/128".to_owned(), format!("{}/128", f.vip())),
+    );
+    lab.nodes[0].ns.run_cmd(&["ip", "addr", "add", &operators, "dev", "eth0", "nodad"]);
+    let mut agent =
+        lab.start_agent(0, &election::manual_group(&lab, 0, &[200], f.pick("", "    vipMode: both\n"), f));
     agent.wait_ready();
-    wait_owner(&lab, VIP, 0, std::slice::from_ref(&agent));
+    wait_owner(&lab, f.vip(), 0, std::slice::from_ref(&agent));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !uplink_addresses(&lab, 0, f).contains(&held) {
+        assert!(
+            Instant::now() < deadline,
+            "the VIP never reached the uplink:\n{}",
+            uplink_addresses(&lab, 0, f)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     agent.kill();
-    assert!(uplink_addresses(&lab, 0).contains(&format!("{VIP}/32")), "the crash left the VIP behind");
+    assert!(uplink_addresses(&lab, 0, f).contains(&held), "the crash left the VIP behind");
 
     let mut agent = lab.start_agent(0, &format!("interface: eth0\nlisten: {AGENT_LISTEN}\n"));
     agent.wait_ready();
-    let addresses = uplink_addresses(&lab, 0);
-    assert!(!addresses.contains(&format!("{VIP}/32")), "stale VIP removed:\n{addresses}");
-    assert!(addresses.contains("198.51.100.200/32"), "an operator's address is never touched:\n{addresses}");
+    let addresses = uplink_addresses(&lab, 0, f);
+    assert!(!addresses.contains(&held), "stale VIP removed:\n{addresses}");
+    assert!(addresses.contains(&operators), "an operator's address is never touched:\n{addresses}");
+    if f == IpFamily::V6 {
+        assert!(
+            addresses.contains(&lab.nodes[0].link_local().to_string()),
+            "nor the link-local:\n{addresses}"
+        );
+    }
     assert!(agent.log_text().contains("VIP addresses updated"), "{}", agent.log_text());
 }
 
@@ -512,17 +550,28 @@ fn start_up_removes_vip_addresses_left_by_a_crash() {
 /// sees its own address come in (which its kernel drops as a martian, so no socket would).
 /// Both count it per member, log it, and the master holds.
 #[test]
-fn an_impersonated_member_is_counted_and_logged() {
-    let (lab, agents) = two_nodes_n0_owning();
+fn an_impersonated_member_is_counted_and_logged_ipv4() {
+    an_impersonated_member_is_counted_and_logged(IpFamily::V4);
+}
+
+#[test]
+fn an_impersonated_member_is_counted_and_logged_ipv6() {
+    an_impersonated_member_is_counted_and_logged(IpFamily::V6);
+}
+
+fn an_impersonated_member_is_counted_and_logged(f: IpFamily) {
+    let mut lab = lab_in(f, 2);
+    let agents = start_all(&mut lab, |lab, i| election::manual_group(lab, i, &[200, 100], "", f));
+    wait_owner(&lab, f.vip(), 0, &agents);
     let client = &lab.client;
-    let master = lab.nodes[0].ip;
-    let spoofed =
-        Advertisement { vrid: VRID, priority: 254, max_adver_int_cs: 5, addresses: vec![VIP.into()] }.encode(
-            master,
-            VRRP_MULTICAST_V4,
-            ChecksumMode::Rfc,
-        );
-    let frame = advert_from_client(&lab, master, 255, &spoofed);
+    let master = member(&lab, 0, f);
+    let (group, group_mac): (IpAddr, [u8; 6]) = f.pick(
+        (VRRP_MULTICAST_V4.into(), multicast_mac(VRRP_MULTICAST_V4)),
+        (VRRP_MULTICAST_V6.into(), [0x33, 0x33, 0, 0, 0, 0x12]),
+    );
+    let spoofed = Advertisement { vrid: VRID, priority: 254, max_adver_int_cs: 5, addresses: vec![f.vip()] }
+        .encode(master, group, ChecksumMode::Rfc);
+    let frame = ip_frame((client.mac, group_mac), master, group, 255, 112, &spoofed);
     for _ in 0..10 {
         send_and_capture(client.ns.name(), "eth0", vec![frame.clone(); 2], Duration::from_millis(20));
     }
@@ -553,10 +602,10 @@ fn an_impersonated_member_is_counted_and_logged() {
         "{master_log}"
     );
     // Every other member starts at zero, and the master held.
-    let other = format!(r#"lbagent_vrrp_impersonated_adverts_total{{member="{}"}}"#, lab.nodes[1].ip);
+    let other = format!(r#"lbagent_vrrp_impersonated_adverts_total{{member="{}"}}"#, member(&lab, 1, f));
     assert!(agents[0].metrics().contains(&other), "pre-created");
     assert_eq!(agents[0].metric(&other), 0.0);
-    assert_eq!(lab.client.arping(VIP, 2), vec![lab.nodes[0].mac_string(); 2]);
+    assert_eq!(election::answering(&lab, f.vip(), 2), vec![lab.nodes[0].mac_string(); 2]);
 }
 
 /// Priority-254 advertisements for the group's VRID with `member`'s address, crafted by scapy

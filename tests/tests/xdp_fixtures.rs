@@ -261,6 +261,95 @@ fn a_vrrp_source_heard_from_another_mac_is_counted() {
     }
 }
 
+/// An address the agent marked as this node's own (`VrrpSpeaker::own`): every advertisement
+/// with it came from another host, so each is counted, whatever its MAC, and passed on; what
+/// was counted before the mark stays.
+#[test]
+fn an_advert_with_this_nodes_marked_address_is_always_counted() {
+    use lb_agent::vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6};
+    use lb_common::maps::{VRRP_SPEAKERS, VRRP_SPEAKERS6, Vip6Key, VipKey, VrrpSpeaker};
+    for f in FAMILIES {
+        let mut ebpf = load(f);
+        let name = f.as_str();
+        let own: IpAddr =
+            f.pick(Ipv4Addr::new(192, 0, 2, 10).into(), Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xa).into());
+        let group: IpAddr = f.pick(VRRP_MULTICAST_V4.into(), VRRP_MULTICAST_V6.into());
+        let marked = VrrpSpeaker { own: 1, ..VrrpSpeaker::default() };
+        match own {
+            IpAddr::V4(v4) => {
+                let mut map: HashMap<_, VipKey, VrrpSpeaker> =
+                    HashMap::try_from(ebpf.map_mut(VRRP_SPEAKERS).unwrap()).unwrap();
+                map.insert(VipKey::new(v4.octets()), marked, 0).unwrap();
+            }
+            IpAddr::V6(v6) => {
+                let mut map: HashMap<_, Vip6Key, VrrpSpeaker> =
+                    HashMap::try_from(ebpf.map_mut(VRRP_SPEAKERS6).unwrap()).unwrap();
+                map.insert(Vip6Key::new(v6.octets()), marked, 0).unwrap();
+            }
+        }
+        let advert = Advertisement { vrid: 20, priority: 254, max_adver_int_cs: 5, addresses: vec![f.vip()] };
+        let frame = |mac: [u8; 6]| {
+            ip_frame(
+                (mac, [0x01, 0, 0x5e, 0, 0, 0x12]),
+                own,
+                group,
+                255,
+                112,
+                &advert.encode(own, group, ChecksumMode::Rfc),
+            )
+        };
+        for (i, mac) in [CLIENT_MAC, CLIENT_MAC, [0x02, 0, 0, 0, 0, 0x77]].into_iter().enumerate() {
+            assert_eq!(run_uplink(&ebpf, &frame(mac), ARRIVAL), (XDP_PASS, frame(mac)), "{name}: passed on");
+            let s = vrrp_speaker(&ebpf, own);
+            assert_eq!(
+                (s.own, s.other_mac, s.other_mac_adverts),
+                (1, mac, i as u64 + 1),
+                "{name}: advert {i} counted"
+            );
+        }
+    }
+}
+
+/// The agent's marks as it keeps them (`Speakers::mark_own`): its addresses marked, so an
+/// advert with one is counted from any MAC; an address no longer its own unmarked, so a MAC is
+/// learned for it again and only a live one's rival counted, the count kept.
+#[test]
+fn the_agent_marks_its_own_addresses_and_unmarks_old_ones() {
+    use lb_agent::{
+        dataplane::speakers::Speakers,
+        vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V6},
+    };
+    use lb_common::maps::{VRRP_SPEAKERS, VRRP_SPEAKERS6};
+    let mut ebpf = load(IpFamily::V6);
+    let mut speakers =
+        Speakers::take(ebpf.take_map(VRRP_SPEAKERS).unwrap(), ebpf.take_map(VRRP_SPEAKERS6).unwrap())
+            .unwrap();
+    let (old, new): (IpAddr, IpAddr) =
+        ("fe80::a".parse::<Ipv6Addr>().unwrap().into(), "fe80::b".parse::<Ipv6Addr>().unwrap().into());
+    let group: IpAddr = VRRP_MULTICAST_V6.into();
+    let advert = |from: IpAddr, mac: [u8; 6]| {
+        let message = Advertisement { vrid: 20, priority: 100, max_adver_int_cs: 100, addresses: vec![] }
+            .encode(from, group, ChecksumMode::Rfc);
+        run_uplink(
+            &ebpf,
+            &ip_frame((mac, [0x33, 0x33, 0, 0, 0, 0x12]), from, group, 255, 112, &message),
+            ARRIVAL,
+        )
+    };
+    let counted = |speakers: &Speakers, address: IpAddr| {
+        speakers.impersonations().iter().find(|i| i.source == address).map_or(0, |i| i.adverts)
+    };
+    speakers.mark_own(&[old].into()).unwrap();
+    advert(old, CLIENT_MAC);
+    assert_eq!(counted(&speakers, old), 1, "marked: counted from the first advert");
+    speakers.mark_own(&[new].into()).unwrap();
+    speakers.mark_own(&[new].into()).unwrap();
+    advert(old, [0x02, 0, 0, 0, 0, 0x77]);
+    assert_eq!(counted(&speakers, old), 1, "unmarked: the MAC learned, not counted; the count kept");
+    advert(new, CLIENT_MAC);
+    assert_eq!(counted(&speakers, new), 1, "the new mark counts");
+}
+
 /// Random mutations of each family's request for the VIP never abort the program.
 #[test]
 fn mutated_requests_never_abort() {

@@ -383,6 +383,11 @@ impl Dataplane {
         self.speakers.impersonations()
     }
 
+    /// Marks this node's group addresses as its own in the speaker maps (see [`speakers`]).
+    pub fn mark_own_speakers(&mut self, own: &std::collections::BTreeSet<std::net::IpAddr>) -> Result<()> {
+        self.speakers.mark_own(own)
+    }
+
     /// Detaches the programs and deletes every pin, so nothing of the data plane remains.
     pub fn remove(mut self) -> Result<()> {
         let names: Vec<String> = self.uplinks.keys().cloned().collect();

@@ -2,7 +2,10 @@
 //! MAC they come from, and how many came from another MAC while that one was live (see
 //! `lb-ebpf/src/vrrp.rs`). Read by the agent to report a member being impersonated.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use aya::maps::{HashMap, MapData};
 use lb_common::maps::{VRRP_SPEAKERS, VRRP_SPEAKERS6, Vip6Key, VipKey, VrrpSpeaker};
@@ -48,4 +51,48 @@ impl Speakers {
             })
             .collect()
     }
+
+    /// Marks `own` (this node's group addresses) as ours in the maps and unmarks any address
+    /// marked before that is ours no more: an advertisement with a marked address is counted
+    /// whatever its MAC (`VrrpSpeaker::own`). Idempotent; a mark an LRU eviction took is put
+    /// back on the next call.
+    pub fn mark_own(&mut self, own: &BTreeSet<IpAddr>) -> Result<()> {
+        let stale4: Vec<VipKey> = self
+            .v4
+            .iter()
+            .filter_map(|e| e.ok())
+            .filter(|(k, s)| s.own != 0 && !own.contains(&Ipv4Addr::from(k.addr).into()))
+            .map(|(k, _)| k)
+            .collect();
+        let stale6: Vec<Vip6Key> = self
+            .v6
+            .iter()
+            .filter_map(|e| e.ok())
+            .filter(|(k, s)| s.own != 0 && !own.contains(&Ipv6Addr::from(k.addr).into()))
+            .map(|(k, _)| k)
+            .collect();
+        for key in stale4 {
+            mark(&mut self.v4, key, 0)?;
+        }
+        for key in stale6 {
+            mark(&mut self.v6, key, 0)?;
+        }
+        for address in own {
+            match address {
+                IpAddr::V4(v4) => mark(&mut self.v4, VipKey::new(v4.octets()), 1)?,
+                IpAddr::V6(v6) => mark(&mut self.v6, Vip6Key::new(v6.octets()), 1)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sets `key`'s mark to `own`, keeping what was learned and counted; writes only a change.
+fn mark<K: aya::Pod>(map: &mut HashMap<MapData, K, VrrpSpeaker>, key: K, own: u8) -> Result<()> {
+    let current = map.get(&key, 0).ok();
+    if current.is_some_and(|s| s.own == own) || (current.is_none() && own == 0) {
+        return Ok(());
+    }
+    let speaker = VrrpSpeaker { own, ..current.unwrap_or_default() };
+    map.insert(key, speaker, 0).map_err(|source| crate::error::Error::BpfMap { map: "VRRP_SPEAKERS", source })
 }

@@ -349,16 +349,32 @@ pub fn resolution_answer(
 
 /// Writes `vip` into its family's owned-VIP map.
 pub fn own_vip(ebpf: &mut Ebpf, vip: IpAddr, owned: OwnedVip) {
-    match vip {
-        IpAddr::V4(v) => {
-            let mut map: HashMap<_, VipKey, OwnedVip> =
-                HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
-            map.insert(VipKey::new(v.octets()), owned, 0).unwrap();
+    insert_by_address(ebpf, (OWNED_VIPS, OWNED_VIPS6), address_key(vip), owned);
+}
+
+/// An address as the maps key it: `VipKey` or `Vip6Key`.
+pub enum AddressKey {
+    V4(VipKey),
+    V6(Vip6Key),
+}
+
+pub fn address_key(address: IpAddr) -> AddressKey {
+    match address {
+        IpAddr::V4(v4) => AddressKey::V4(VipKey::new(v4.octets())),
+        IpAddr::V6(v6) => AddressKey::V6(Vip6Key::new(v6.octets())),
+    }
+}
+
+/// Writes `value` under `key` into the map of its family among `maps` (IPv4's, IPv6's).
+pub fn insert_by_address<V: aya::Pod>(ebpf: &mut Ebpf, maps: (&str, &str), key: AddressKey, value: V) {
+    match key {
+        AddressKey::V4(key) => {
+            let mut map: HashMap<_, VipKey, V> = HashMap::try_from(ebpf.map_mut(maps.0).unwrap()).unwrap();
+            map.insert(key, value, 0).unwrap();
         }
-        IpAddr::V6(v) => {
-            let mut map: HashMap<_, Vip6Key, OwnedVip> =
-                HashMap::try_from(ebpf.map_mut(OWNED_VIPS6).unwrap()).unwrap();
-            map.insert(Vip6Key::new(v.octets()), owned, 0).unwrap();
+        AddressKey::V6(key) => {
+            let mut map: HashMap<_, Vip6Key, V> = HashMap::try_from(ebpf.map_mut(maps.1).unwrap()).unwrap();
+            map.insert(key, value, 0).unwrap();
         }
     }
 }
@@ -425,4 +441,24 @@ pub fn in_node_with_local_pod(family: IpFamily, f: impl FnOnce(u32, LocalMacs) +
     }
     let ifindex = ifindex_of(node, "eth0");
     node.run(move || f(ifindex, macs));
+}
+
+/// One test per family for each scenario `fn name(f: IpFamily)`: `name::ipv4` and `name::ipv6`
+/// (a module of the scenario's name beside it). A new family is an arm here, not a test per
+/// scenario.
+#[macro_export]
+macro_rules! for_each_family {
+    ($($scenario:ident),+ $(,)?) => {$(
+        mod $scenario {
+            #[test]
+            fn ipv4() {
+                super::$scenario($crate::family::IpFamily::V4)
+            }
+
+            #[test]
+            fn ipv6() {
+                super::$scenario($crate::family::IpFamily::V6)
+            }
+        }
+    )+};
 }

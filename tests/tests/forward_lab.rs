@@ -66,16 +66,6 @@ fn backend_label(c: &Cluster, f: IpFamily, pod: usize) -> String {
     SocketAddr::new(ip, TARGET_PORT).to_string()
 }
 
-#[test]
-fn every_mode_carries_tcp_and_udp_to_the_right_endpoint_ipv4() {
-    every_mode_carries_tcp_and_udp_to_the_right_endpoint(IpFamily::V4);
-}
-
-#[test]
-fn every_mode_carries_tcp_and_udp_to_the_right_endpoint_ipv6() {
-    every_mode_carries_tcp_and_udp_to_the_right_endpoint(IpFamily::V6);
-}
-
 fn every_mode_carries_tcp_and_udp_to_the_right_endpoint(f: IpFamily) {
     let mut c = cluster_in(f, &[1, 1]);
     let services = [
@@ -269,16 +259,6 @@ fn flood_past_established_sessions(c: &mut Cluster, forwarded: &str, reply_nat: 
     assert_sessions_stay(c, &mut sessions, "after a flood evicted their entries");
 }
 
-#[test]
-fn dsr_connections_survive_the_load_balancer_failing_ipv4() {
-    dsr_connections_survive_the_load_balancer_failing(IpFamily::V4);
-}
-
-#[test]
-fn dsr_connections_survive_the_load_balancer_failing_ipv6() {
-    dsr_connections_survive_the_load_balancer_failing(IpFamily::V6);
-}
-
 fn dsr_connections_survive_the_load_balancer_failing(f: IpFamily) {
     let mut c = cluster_in(f, &[0, 1, 1]);
     let services = service_in(f, &c.lab, "dsr", 82, "dsr", &[0, 1]);
@@ -396,21 +376,26 @@ fn stop_and_restart_the_endpoints_agent<T>(
     (c, log, between)
 }
 
-#[test]
-fn the_data_plane_outlives_a_stopped_agent_ipv4() {
-    let (c, ..) = stop_and_restart_the_endpoints_agent(IpFamily::V4, libc::SIGTERM, |_| {});
-    // The flow counters survived too.
+/// SIGTERM: a clean exit that leaves the data plane pinned; the flow counters survive too.
+fn the_data_plane_outlives_a_stopped_agent(f: IpFamily) {
+    let (c, ..) = stop_and_restart_the_endpoints_agent(f, libc::SIGTERM, |_| {});
     assert!(c.reason(1, "dsr_decapsulated") > 0.0, "{}", c.logs());
 }
 
-/// The IPv6 path's programs sit in a pinned program array: with the endpoint's agent killed
-/// (no handover), its node keeps unwrapping and translating IPv6 DSR, and the next agent takes
-/// the pins over without a gap.
-#[test]
-fn the_data_plane_outlives_a_killed_agent_ipv6() {
-    let (c, ..) = stop_and_restart_the_endpoints_agent(IpFamily::V6, libc::SIGKILL, |_| {});
+/// SIGKILL: no handover at all. The IPv6 path's programs sit in a pinned program array too,
+/// so the node keeps unwrapping and translating DSR, and the next agent takes the pins over.
+fn the_data_plane_outlives_a_killed_agent(f: IpFamily) {
+    let (c, ..) = stop_and_restart_the_endpoints_agent(f, libc::SIGKILL, |_| {});
     assert!(c.reason(1, "dsr_decapsulated") > 0.0, "{}", c.logs());
 }
+
+lb_lab::for_each_family!(
+    every_mode_carries_tcp_and_udp_to_the_right_endpoint,
+    dsr_connections_survive_the_load_balancer_failing,
+    the_data_plane_outlives_a_stopped_agent,
+    the_data_plane_outlives_a_killed_agent,
+    full_nat_takes_the_configured_source,
+);
 
 #[test]
 fn an_agent_of_a_newer_layout_takes_over_an_older_ones_pins_without_a_gap() {
@@ -830,16 +815,6 @@ fn the_images_binary_runs_with_the_daemonsets_capabilities_and_seccomp() {
 
 /// `nodeAddress` and `nodeAddress6` choose full NAT's source over the uplink's first address of
 /// the family: the endpoint sees the configured one.
-#[test]
-fn full_nat_takes_the_configured_source_ipv4() {
-    full_nat_takes_the_configured_source(IpFamily::V4);
-}
-
-#[test]
-fn full_nat_takes_the_configured_source_ipv6() {
-    full_nat_takes_the_configured_source(IpFamily::V6);
-}
-
 fn full_nat_takes_the_configured_source(f: IpFamily) {
     let mut c = cluster_in(f, &[0, 1]);
     let (source, key, prefix): (IpAddr, &str, &str) = f.pick(

@@ -9,6 +9,8 @@
 //! The program asks the kernel's FIB for next hops, so the runs happen inside a lab node's
 //! namespace, with permanent neighbour entries: every MAC in the expected frames is known.
 
+use std::net::IpAddr;
+
 use aya::{Ebpf, maps::HashMap};
 use lb_agent::{
     config::Config,
@@ -17,14 +19,15 @@ use lb_agent::{
 };
 use lb_common::{
     counters::Reason,
-    maps::{OWNED_VIPS, OWNED_VIPS6, OwnedVip, UplinkKey, Vip6Key, VipKey},
+    maps::{OwnedVip, UplinkKey, Vip6Key},
     service::{Addr4, Addr6, Settings, UPLINK_ADDRS6},
 };
 use lb_lab::{
     cases::{Case, Expect, case, run_cases},
     family::{
         IpFamily, LabFamily, LocalMacs, claiming_length, cut_to, echo, encapsulated, fragment,
-        in_node_with_local_pod, ip_frame, patched, segment, segment_frame, snat_port, with_unparsed_header,
+        in_node_with_local_pod, ip_frame, own_vip, patched, segment, segment_frame, snat_port,
+        with_unparsed_header,
     },
     fixture::{CLIENT_MAC, NODE_MAC, PEER_MAC, XDP_REDIRECT, XDP_TX, load_uplink, run_uplink},
     packet::{Noise, icmpv6_checksum},
@@ -33,15 +36,11 @@ use lb_lab::{
 const SNAT_FIRST: u16 = 61_000;
 const SNAT_SPAN: u32 = 4_536;
 
-#[test]
-fn ipv4_service_paths_produce_the_exact_frames() {
-    in_node_with_local_pod(IpFamily::V4, |ifindex, macs| run_family(IpFamily::V4, ifindex, macs));
+fn service_paths_produce_the_exact_frames(f: IpFamily) {
+    in_node_with_local_pod(f, move |ifindex, macs| run_family(f, ifindex, macs));
 }
 
-#[test]
-fn ipv6_service_paths_produce_the_exact_frames() {
-    in_node_with_local_pod(IpFamily::V6, |ifindex, macs| run_family(IpFamily::V6, ifindex, macs));
-}
+lb_lab::for_each_family!(service_paths_produce_the_exact_frames);
 
 /// The fixture's services, on the family's VIP and pods.
 fn config(f: IpFamily) -> String {
@@ -81,23 +80,12 @@ services:
 /// source, and the family's service maps synced from [`config`].
 fn load(f: IpFamily, ifindex: u32) -> (Ebpf, ServiceMapsByFamily) {
     let mut ebpf = load_uplink();
-    let owned = OwnedVip::new(NODE_MAC);
-    let node = f.node();
-    match (f.vip(), node) {
-        (std::net::IpAddr::V4(vip), _) => {
-            let mut vips: HashMap<_, VipKey, OwnedVip> =
-                HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
-            vips.insert(VipKey::new(vip.octets()), owned, 0).unwrap();
-        }
-        (std::net::IpAddr::V6(vip), std::net::IpAddr::V6(node)) => {
-            let mut vips: HashMap<_, Vip6Key, OwnedVip> =
-                HashMap::try_from(ebpf.map_mut(OWNED_VIPS6).unwrap()).unwrap();
-            vips.insert(Vip6Key::new(vip.octets()), owned, 0).unwrap();
-            let mut sources: HashMap<_, UplinkKey, Vip6Key> =
-                HashMap::try_from(ebpf.map_mut(UPLINK_ADDRS6).unwrap()).unwrap();
-            sources.insert(UplinkKey::new(ifindex, 0), Vip6Key::new(node.octets()), 0).unwrap();
-        }
-        _ => unreachable!("one family's addresses"),
+    own_vip(&mut ebpf, f.vip(), OwnedVip::new(NODE_MAC));
+    // IPv6's full NAT takes its source from the uplink's address (IPv4's from the settings).
+    if let IpAddr::V6(node) = f.node() {
+        let mut sources: HashMap<_, UplinkKey, Vip6Key> =
+            HashMap::try_from(ebpf.map_mut(UPLINK_ADDRS6).unwrap()).unwrap();
+        sources.insert(UplinkKey::new(ifindex, 0), Vip6Key::new(node.octets()), 0).unwrap();
     }
     let mut maps = ServiceMapsByFamily::take(&mut ebpf, None).expect("the service maps");
     let settings = Settings { node_addr: [192, 0, 2, 10], snat_port_min: SNAT_FIRST, snat_port_max: 65_535 };
@@ -256,10 +244,8 @@ fn cases(f: IpFamily, local: LocalMacs) -> Vec<Case> {
 /// that IPv6 in IPv6 would take past the 1500-byte route is answered with ICMPv6 Packet Too
 /// Big from the VIP, with the route's MTU less the outer header and the packet's first 1232
 /// bytes (RFC 4443 §3.2: at most 1280 in all).
-fn packet_too_big(vip: std::net::IpAddr, client: std::net::IpAddr) -> Case {
-    let (std::net::IpAddr::V6(vip6), std::net::IpAddr::V6(client6)) = (vip, client) else {
-        unreachable!("an IPv6 case")
-    };
+fn packet_too_big(vip: IpAddr, client: IpAddr) -> Case {
+    let (IpAddr::V6(vip6), IpAddr::V6(client6)) = (vip, client) else { unreachable!("an IPv6 case") };
     let big = ip_frame(
         (CLIENT_MAC, NODE_MAC),
         client,
@@ -303,8 +289,8 @@ fn random_frames_never_abort(f: IpFamily, ebpf: &Ebpf, ifindex: u32) {
     let mut noise = Noise::new(0x9e37_79b9_7f4a_7c15 ^ f as u64);
     let mut next = move || noise.byte();
     let vip = match f.vip() {
-        std::net::IpAddr::V4(v) => v.octets().to_vec(),
-        std::net::IpAddr::V6(v) => v.octets().to_vec(),
+        IpAddr::V4(v) => v.octets().to_vec(),
+        IpAddr::V6(v) => v.octets().to_vec(),
     };
     let (version, dst_at) = match f {
         IpFamily::V4 => (0x45, 30),

@@ -40,25 +40,23 @@ fn lab_in(f: IpFamily, nodes: usize) -> Lab {
     lab
 }
 
-#[test]
-fn election_failover_and_preemption_multicast_ipv4() {
-    election_failover_and_preemption(IpFamily::V4, "");
+fn election_failover_and_preemption_multicast(f: IpFamily) {
+    election_failover_and_preemption(f, "");
 }
 
-#[test]
-fn election_failover_and_preemption_unicast_ipv4() {
-    election_failover_and_preemption(IpFamily::V4, "    transport: unicast\n");
+fn election_failover_and_preemption_unicast(f: IpFamily) {
+    election_failover_and_preemption(f, "    transport: unicast\n");
 }
 
-#[test]
-fn election_failover_and_preemption_multicast_ipv6() {
-    election_failover_and_preemption(IpFamily::V6, "");
-}
-
-#[test]
-fn election_failover_and_preemption_unicast_ipv6() {
-    election_failover_and_preemption(IpFamily::V6, "    transport: unicast\n");
-}
+lb_lab::for_each_family!(
+    election_failover_and_preemption_multicast,
+    election_failover_and_preemption_unicast,
+    graceful_stop_loses_no_ping,
+    an_uplink_flap_ends_with_one_owner_announced_again,
+    interop_with_keepalived,
+    start_up_removes_vip_addresses_left_by_a_crash,
+    an_impersonated_member_is_counted_and_logged,
+);
 
 /// Three nodes: n0 (priority 200) is elected and answers address resolution, ping and TCP for
 /// the VIP; the backups hear it (unicast: each advert sent to each peer); it fails hard and
@@ -148,16 +146,6 @@ fn two_nodes_under_ping_in(f: IpFamily, extra: &str, count: u32) -> (Lab, Vec<Ag
     assert!(lab.client.output_ok(&["ping", "-c", "1", "-W", "1", &f.vip().to_string()]));
     let ping = PingStream { ping: lab.client.ping_every(f.vip(), "0.005", count), sent: count };
     (lab, agents, ping)
-}
-
-#[test]
-fn graceful_stop_loses_no_ping_ipv4() {
-    graceful_stop_loses_no_ping(IpFamily::V4);
-}
-
-#[test]
-fn graceful_stop_loses_no_ping_ipv6() {
-    graceful_stop_loses_no_ping(IpFamily::V6);
 }
 
 /// SIGTERM to the master under a ping every 5 ms: it resigns, the backup takes over at once,
@@ -262,16 +250,6 @@ fn a_frozen_master_gives_its_vip_up_and_rejoins_as_backup() {
 /// The master's uplink flaps (down 1 s, up). The backup takes over meanwhile; once the link is
 /// back, the preferred node announces its VIP again (the backup may yield on hearing it
 /// without it ever hearing the backup), and exactly one node answers.
-#[test]
-fn an_uplink_flap_ends_with_one_owner_announced_again_ipv4() {
-    an_uplink_flap_ends_with_one_owner_announced_again(IpFamily::V4);
-}
-
-#[test]
-fn an_uplink_flap_ends_with_one_owner_announced_again_ipv6() {
-    an_uplink_flap_ends_with_one_owner_announced_again(IpFamily::V6);
-}
-
 fn an_uplink_flap_ends_with_one_owner_announced_again(f: IpFamily) {
     let (lab, agents, ping) = two_nodes_under_ping_in(f, "", 1000);
     std::thread::sleep(Duration::from_millis(200));
@@ -324,16 +302,6 @@ fn the_master_refreshes_its_gratuitous_arps() {
 
 /// keepalived 2.2.7 on n1 and lb-agent on n0 share one VRID (IPv6: VRRPv3 over IPv6,
 /// `native_ipv6`), in both directions, each taking over when the other fails.
-#[test]
-fn interop_with_keepalived_ipv4() {
-    interop_with_keepalived(IpFamily::V4);
-}
-
-#[test]
-fn interop_with_keepalived_ipv6() {
-    interop_with_keepalived(IpFamily::V6);
-}
-
 fn interop_with_keepalived(f: IpFamily) {
     let vip = f.vip();
     for (agent_priority, keepalived_priority) in [(200u8, 100u8), (100, 200)] {
@@ -495,16 +463,6 @@ fn uplink_addresses(lab: &Lab, node: usize, f: IpFamily) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-#[test]
-fn start_up_removes_vip_addresses_left_by_a_crash_ipv4() {
-    start_up_removes_vip_addresses_left_by_a_crash(IpFamily::V4);
-}
-
-#[test]
-fn start_up_removes_vip_addresses_left_by_a_crash_ipv6() {
-    start_up_removes_vip_addresses_left_by_a_crash(IpFamily::V6);
-}
-
 /// A crashed run leaves its VIP address (`vipMode: both`) on the uplink; the next start
 /// removes it, and only it: an operator's address and (IPv6) the link-local stay.
 fn start_up_removes_vip_addresses_left_by_a_crash(f: IpFamily) {
@@ -547,18 +505,9 @@ fn start_up_removes_vip_addresses_left_by_a_crash(f: IpFamily) {
 
 /// A host on the segment sends advertisements with the master's address (priority 254): the
 /// backup's XDP sees that address from another MAC than the master's own, and the master's XDP
-/// sees its own address come in (which its kernel drops as a martian, so no socket would).
-/// Both count it per member, log it, and the master holds.
-#[test]
-fn an_impersonated_member_is_counted_and_logged_ipv4() {
-    an_impersonated_member_is_counted_and_logged(IpFamily::V4);
-}
-
-#[test]
-fn an_impersonated_member_is_counted_and_logged_ipv6() {
-    an_impersonated_member_is_counted_and_logged(IpFamily::V6);
-}
-
+/// sees its own address come in (IPv4's kernel drops it as a martian, IPv6's router as its own
+/// advert, so only XDP, where the agent marks its addresses, can tell). Both count it per
+/// member, log it, and the master holds.
 fn an_impersonated_member_is_counted_and_logged(f: IpFamily) {
     let mut lab = lab_in(f, 2);
     let agents = start_all(&mut lab, |lab, i| election::manual_group(lab, i, &[200, 100], "", f));

@@ -267,7 +267,8 @@ fn a_vrrp_source_heard_from_another_mac_is_counted() {
 #[test]
 fn an_advert_with_this_nodes_marked_address_is_always_counted() {
     use lb_agent::vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6};
-    use lb_common::maps::{VRRP_SPEAKERS, VRRP_SPEAKERS6, Vip6Key, VipKey, VrrpSpeaker};
+    use lb_common::maps::{VRRP_SPEAKERS, VRRP_SPEAKERS6, VrrpSpeaker};
+    use lb_lab::family::{address_key, insert_by_address};
     for f in FAMILIES {
         let mut ebpf = load(f);
         let name = f.as_str();
@@ -275,18 +276,7 @@ fn an_advert_with_this_nodes_marked_address_is_always_counted() {
             f.pick(Ipv4Addr::new(192, 0, 2, 10).into(), Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xa).into());
         let group: IpAddr = f.pick(VRRP_MULTICAST_V4.into(), VRRP_MULTICAST_V6.into());
         let marked = VrrpSpeaker { own: 1, ..VrrpSpeaker::default() };
-        match own {
-            IpAddr::V4(v4) => {
-                let mut map: HashMap<_, VipKey, VrrpSpeaker> =
-                    HashMap::try_from(ebpf.map_mut(VRRP_SPEAKERS).unwrap()).unwrap();
-                map.insert(VipKey::new(v4.octets()), marked, 0).unwrap();
-            }
-            IpAddr::V6(v6) => {
-                let mut map: HashMap<_, Vip6Key, VrrpSpeaker> =
-                    HashMap::try_from(ebpf.map_mut(VRRP_SPEAKERS6).unwrap()).unwrap();
-                map.insert(Vip6Key::new(v6.octets()), marked, 0).unwrap();
-            }
-        }
+        insert_by_address(&mut ebpf, (VRRP_SPEAKERS, VRRP_SPEAKERS6), address_key(own), marked);
         let advert = Advertisement { vrid: 20, priority: 254, max_adver_int_cs: 5, addresses: vec![f.vip()] };
         let frame = |mac: [u8; 6]| {
             ip_frame(

@@ -57,26 +57,8 @@ impl Speakers {
     /// whatever its MAC (`VrrpSpeaker::own`). Idempotent; a mark an LRU eviction took is put
     /// back on the next call.
     pub fn mark_own(&mut self, own: &BTreeSet<IpAddr>) -> Result<()> {
-        let stale4: Vec<VipKey> = self
-            .v4
-            .iter()
-            .filter_map(|e| e.ok())
-            .filter(|(k, s)| s.own != 0 && !own.contains(&Ipv4Addr::from(k.addr).into()))
-            .map(|(k, _)| k)
-            .collect();
-        let stale6: Vec<Vip6Key> = self
-            .v6
-            .iter()
-            .filter_map(|e| e.ok())
-            .filter(|(k, s)| s.own != 0 && !own.contains(&Ipv6Addr::from(k.addr).into()))
-            .map(|(k, _)| k)
-            .collect();
-        for key in stale4 {
-            mark(&mut self.v4, key, 0)?;
-        }
-        for key in stale6 {
-            mark(&mut self.v6, key, 0)?;
-        }
+        unmark_stale(&mut self.v4, own, |k| Ipv4Addr::from(k.addr).into())?;
+        unmark_stale(&mut self.v6, own, |k| Ipv6Addr::from(k.addr).into())?;
         for address in own {
             match address {
                 IpAddr::V4(v4) => mark(&mut self.v4, VipKey::new(v4.octets()), 1)?,
@@ -85,6 +67,21 @@ impl Speakers {
         }
         Ok(())
     }
+}
+
+/// Clears the mark of every address in `map` that is not in `own` any more.
+fn unmark_stale<K: aya::Pod>(
+    map: &mut HashMap<MapData, K, VrrpSpeaker>,
+    own: &BTreeSet<IpAddr>,
+    address: impl Fn(&K) -> IpAddr,
+) -> Result<()> {
+    let stale: Vec<K> = map
+        .iter()
+        .filter_map(|e| e.ok())
+        .filter(|(k, s)| s.own != 0 && !own.contains(&address(k)))
+        .map(|(k, _)| k)
+        .collect();
+    stale.into_iter().try_for_each(|key| mark(map, key, 0))
 }
 
 /// Sets `key`'s mark to `own`, keeping what was learned and counted; writes only a change.

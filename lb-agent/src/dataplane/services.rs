@@ -1,4 +1,4 @@
-//! The service maps, brought to a plan by difference.
+//! The service maps, brought to their contents by difference.
 //!
 //! - **Cost follows the change.** The maps are mirrored here, so a [`ContentsDelta`] touching one
 //!   service costs a few system calls, whatever the number of services. A ring is written
@@ -291,9 +291,9 @@ impl<A: Address> ServiceMaps<A> {
         Ok(aya::maps::Map::HashOfMaps(data))
     }
 
-    /// Makes the maps hold `plan` whole, retired rings removed.
-    pub fn apply(&mut self, plan: &MapContents<A>) -> Result<SyncReport> {
-        let report = self.apply_delta(&plan.to_delta())?;
+    /// Makes the maps hold `contents` whole, retired rings removed.
+    pub fn apply(&mut self, contents: &MapContents<A>) -> Result<SyncReport> {
+        let report = self.apply_delta(&contents.to_delta())?;
         self.remove_retired_rings()?;
         Ok(report)
     }
@@ -465,7 +465,7 @@ impl<A: Address> ServiceMaps<A> {
     }
 }
 
-/// A service ready to point at its ring: key, plan, new entry, and the ring when it is new.
+/// A service ready to point at its ring: key, contents, new entry, and the ring when it is new.
 type Staged<'a, A> = (ServiceKeyOf<A>, &'a ServiceContents<A>, Service, Option<Ring>);
-/// A service whose ring is rewritten in place: key, plan, old entry, new entry, new slots.
+/// A service whose ring is rewritten in place: key, contents, old entry, new entry, new slots.
 type InPlace<'a, A> = (ServiceKeyOf<A>, &'a ServiceContents<A>, Service, Service, Vec<u32>);

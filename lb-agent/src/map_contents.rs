@@ -256,9 +256,9 @@ struct Planned<A> {
 }
 
 impl<A: Address> IncrementalContents<A> {
-    /// The change from the last config's plan to `config`'s. Only services whose config
+    /// The change from the last config's contents to `config`'s. Only services whose config
     /// differs are planned; the first call, and a change of this node's context (its name,
-    /// the nodes' addresses, the ring size), plan everything and give a complete delta.
+    /// the nodes' addresses, the ring size), compute everything and give a complete delta.
     /// An unchanged service costs one lookup of its address (the Kubernetes source hands an
     /// unchanged service over as the same allocation), or of its content (a reloaded file).
     pub fn update(&mut self, config: &Config, node: &str) -> ContentsDelta<A> {
@@ -279,7 +279,7 @@ impl<A: Address> IncrementalContents<A> {
                 continue;
             }
             if let Some((known, old)) = self.by_content.remove_entry(service) {
-                // The same content in a new allocation: move its plan over.
+                // The same content in a new allocation: move its entries over.
                 let mut planned = self.planned.remove(&old).expect("indexed by content");
                 drop(known);
                 planned.config = service.clone();
@@ -454,22 +454,22 @@ mod tests {
     #[test]
     fn an_endpoint_change_plans_only_its_service() {
         let endpoints: Vec<Vec<(u8, u8)>> = (0..50).map(|i| vec![(i + 1, 0), (i + 1, 1)]).collect();
-        let mut planner = IncrementalContents::default();
-        let first = planner.update(&services_config(&endpoints), "n0");
+        let mut contents = IncrementalContents::default();
+        let first = contents.update(&services_config(&endpoints), "n0");
         assert!(first.complete);
         assert_eq!(first.services.len(), 50);
-        assert!(planner.update(&services_config(&endpoints), "n0").is_empty(), "nothing changed");
+        assert!(contents.update(&services_config(&endpoints), "n0").is_empty(), "nothing changed");
 
         let mut changed = endpoints.clone();
         changed[7][1] = (200, 1);
-        let delta = planner.update(&services_config(&changed), "n0");
+        let delta = contents.update(&services_config(&changed), "n0");
         assert!(!delta.complete);
         let key = ServiceKey::new([198, 51, 100, 10], 1007, 6);
         assert_eq!(delta.services.keys().copied().collect::<Vec<_>>(), [key]);
         assert!(delta.local_endpoints.keys().all(|e| e.service == key), "only that service's endpoints");
 
         // Another node's view (the context) changes every entry's delivery: all planned again.
-        let delta = planner.update(&services_config(&changed), "n1");
+        let delta = contents.update(&services_config(&changed), "n1");
         assert!(delta.complete);
         assert_eq!(delta.services.len(), 50);
     }
@@ -479,7 +479,7 @@ mod tests {
         /// exactly as planning the last config whole would: whether unchanged services come as
         /// the previous config's allocations (the Kubernetes source) or as new ones (a reload).
         #[test]
-        fn deltas_add_up_to_the_whole_plan(
+        fn deltas_add_up_to_the_whole_contents(
             steps in proptest::collection::vec(
                 (
                     proptest::collection::vec(proptest::collection::vec((1u8..20, 0u8..3), 0..6), 1..12),
@@ -488,7 +488,7 @@ mod tests {
                 1..8,
             ),
         ) {
-            let mut planner = IncrementalContents::default();
+            let mut contents = IncrementalContents::default();
             let mut state = MapContents::default();
             let mut previous: Vec<Arc<ServiceConfig>> = Vec::new();
             for (endpoints, share) in &steps {
@@ -507,7 +507,7 @@ mod tests {
                         }
                     }
                 }
-                apply(&mut state, &planner.update(&config, "n0"));
+                apply(&mut state, &contents.update(&config, "n0"));
                 prop_assert_eq!(&state, &for_node(&config, "n0"));
                 previous = config.services;
             }

@@ -42,7 +42,7 @@ pub struct NodePlan {
     /// The VIPs of this node's `announce: bgp` groups it is eligible for: served and routed
     /// for as long as the node serves, no election.
     pub routed: BTreeSet<IpAddr>,
-    /// VIPs the planner could not place, with the reason, for logs and Events.
+    /// VIPs placement could not place, with the reason, for logs and Events.
     pub unplaced: Vec<(String, IpAddr, String)>,
     /// Every planned group's VRIDs by instance (`status.vrids`): the same on every node.
     pub vrids: BTreeMap<String, BTreeMap<String, u8>>,
@@ -65,7 +65,7 @@ pub fn node_plan(config: &Config, me: &str) -> NodePlan {
     let mut plan = NodePlan { uplinks: BTreeSet::from([config.interface.clone()]), ..NodePlan::default() };
     let mut groups: Vec<&GroupConfig> = config.groups.iter().collect();
     groups.sort_by(|a, b| a.name.cmp(&b.name));
-    // Manual VRIDs are reserved before the planner allocates any.
+    // Manual VRIDs are reserved before placement allocates any.
     let mut taken: BTreeSet<u8> = groups.iter().filter_map(|g| g.vrid).collect();
 
     for group in groups {
@@ -164,7 +164,7 @@ fn plan_member(plan: &mut NodePlan, group: &GroupConfig, interface: &str, me_in_
     }
 }
 
-/// The planner's input for `group`, with the VRIDs other groups took excluded.
+/// Placement's input for `group`, with the VRIDs other groups took excluded.
 fn placement_input(group: &GroupConfig, taken: &BTreeSet<u8>) -> GroupInput {
     GroupInput {
         nodes: group.nodes.iter().map(|n| n.name.clone()).collect(),

@@ -1,4 +1,4 @@
-//! The service-map shell: turns each accepted config into a change of the data-plane plan and
+//! The service-map shell: turns each accepted config into a change of the map contents and
 //! applies it, in a task of its own, so map writes and netlink round trips never hold up VRRP
 //! (a backup stalled for three advertisement intervals would wrongly take over).
 //!
@@ -75,15 +75,15 @@ pub struct SyncMetrics {
     pub snat_expired: prometheus_client::metrics::counter::Counter,
 }
 
-/// One family's maps and the planner that keeps them.
+/// One family's maps and the contents that follow the config into them.
 struct FamilySync<A: Address> {
     maps: ServiceMaps<A>,
-    planner: IncrementalContents<A>,
+    contents: IncrementalContents<A>,
 }
 
 impl<A: Address> FamilySync<A> {
     fn new(maps: ServiceMaps<A>) -> Self {
-        Self { maps, planner: IncrementalContents::default() }
+        Self { maps, contents: IncrementalContents::default() }
     }
 
     /// Plans `request` for this family and applies it; tells `counters` the slots when they
@@ -94,7 +94,7 @@ impl<A: Address> FamilySync<A> {
         counters: &Mutex<XdpCounters>,
         remap: bool,
     ) -> Result<SyncReport> {
-        let delta = self.planner.update(&request.config, &request.node);
+        let delta = self.contents.update(&request.config, &request.node);
         let moved = self.maps.set_vip_uplinks(request.vip_uplinks.clone())?;
         if moved > 0 {
             debug!(services = moved, "services moved to another uplink");

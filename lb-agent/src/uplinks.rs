@@ -100,6 +100,24 @@ impl Uplinks {
             .collect()
     }
 
+    /// This node's IPv6 VRRP address (the group member's `address6`) on each uplink where it
+    /// has one, under the uplink's arrival key: XDP counts an advert that arrives there with it.
+    pub fn own_vrrp6(&self, plan: &NodePlan) -> crate::dataplane::uplinks::Uplink6Set {
+        plan.locals
+            .iter()
+            .filter_map(|((name, _), address)| match address {
+                std::net::IpAddr::V6(v6) => {
+                    let uplink = self.by_name.get(name)?;
+                    Some((
+                        UplinkKey::new(uplink.interface.index, uplink.vlan),
+                        lb_common::maps::Vip6Key::new(v6.octets()),
+                    ))
+                }
+                std::net::IpAddr::V4(_) => None,
+            })
+            .collect()
+    }
+
     /// The uplink slot each of the config's VIPs is served on: a group's VIPs on its
     /// interface's, `vips` on the default uplink's.
     pub fn vip_slots(&self, config: &Config, plan: &NodePlan) -> Arc<HashMap<std::net::IpAddr, u8>> {

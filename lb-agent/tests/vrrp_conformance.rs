@@ -160,7 +160,7 @@ fn apply(instance: &mut Instance, now: Instant, input: &Input) -> Result<Outcome
         }
         Input::Advert(advert) => {
             let centiseconds = advert.interval.as_millis() / 10;
-            if advert.interval.as_millis() % 10 != 0 || !(1..=4095).contains(&centiseconds) {
+            if advert.interval.as_nanos() % 10_000_000 != 0 || !(1..=4095).contains(&centiseconds) {
                 return Err(format!(
                     "advert interval {:?}: expected 10 ms to 40.95 s in whole centiseconds",
                     advert.interval

@@ -39,6 +39,13 @@ pub const MAX_UPLINK_KEYS: u32 = 512;
 /// found in [`UPLINKS`]). An array lookup costs the tagged path less than the hash's.
 pub const VLAN_SLOTS: &str = "VLAN_SLOTS";
 
+/// `HashMap<UplinkKey, Vip6Key>`: this node's IPv6 VRRP address (its link-local, the group's
+/// `address6`) on each uplink, keyed by arrival as [`UPLINKS`] is. An advertisement arriving
+/// there with it comes from another host: unlike IPv4's, an IPv6 source of our own is no
+/// martian the kernel drops, and the router discards it as its own advert, so only XDP can
+/// count it. Per link, since a link-local address means something on its link alone.
+pub const VRRP_OWN6: &str = "VRRP_OWN6";
+
 /// [`VLAN_SLOTS`]'s size: every 12-bit VLAN id.
 pub const VLAN_IDS: u32 = 4096;
 
@@ -220,12 +227,7 @@ pub struct VrrpSpeaker {
     pub mac: [u8; 6],
     /// The last other MAC heard with this address while `mac` was live.
     pub other_mac: [u8; 6],
-    /// 1: the address is this node's (the agent marks its group addresses). Whatever arrives
-    /// with it comes from another host, so every arrival is counted, whatever the MAC: an
-    /// IPv6 source of our own is no martian the kernel drops, and the router discards it as
-    /// its own advert. Was padding, so an earlier build's entries read as not ours.
-    pub own: u8,
-    pub _pad: [u8; 3],
+    pub _pad: [u8; 4],
     /// Until when (`bpf_ktime_get_ns`) `mac` is this address's.
     pub live_until_ns: u64,
     /// Advertisements with this address from another MAC while `mac` was live.

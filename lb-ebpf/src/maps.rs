@@ -137,7 +137,7 @@ pub static LOCAL_ENDPOINTS6: HashMap<LocalEndpointKey6, LocalEndpoint> =
 #[map]
 pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> = PerCpuArray::with_max_entries(1, 0);
 
-/// What `lb_xdp6` hands its stages (see `services::stages6`), one per CPU; not pinned.
+/// Each VLAN's uplink on one parent, by VLAN id (see `lb_common::maps::VLAN_SLOTS`); not pinned.
 #[map]
 pub static VLAN_SLOTS: Array<VlanSlot> = Array::with_max_entries(VLAN_IDS, 0);
 
@@ -146,6 +146,7 @@ pub static VLAN_SLOTS: Array<VlanSlot> = Array::with_max_entries(VLAN_IDS, 0);
 #[map]
 pub static ARRIVAL: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
+/// What `lb_xdp6` hands its stages (see `services::stages6`), one per CPU; not pinned.
 #[map]
 pub static STATE6: PerCpuArray<State6> = PerCpuArray::with_max_entries(1, 0);
 
@@ -156,6 +157,11 @@ pub static IPV6_SERVICES: ProgramArray = ProgramArray::with_max_entries(IPV6_SER
 
 #[map]
 pub static UPLINK_ADDRS6: HashMap<UplinkKey, Vip6Key> = HashMap::with_max_entries(MAX_UPLINK_KEYS, 0);
+
+/// This node's VRRP address (its link-local) on each uplink, by arrival (see
+/// `lb_common::maps::VRRP_OWN6`); not pinned: the agent writes it at every start.
+#[map]
+pub static VRRP_OWN6: HashMap<UplinkKey, Vip6Key> = HashMap::with_max_entries(MAX_UPLINK_KEYS, 0);
 
 #[map]
 pub static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);

@@ -6,7 +6,10 @@
 use aya_ebpf::programs::XdpContext;
 use lb_common::maps::{ANY_UPLINK, UplinkKey};
 
-use crate::{maps::UPLINKS, vlan};
+use crate::{
+    maps::{UPLINKS, VRRP_OWN6},
+    vlan,
+};
 
 /// Whether a VIP served on uplink `slot` is served for this frame (on the VLAN it came by).
 #[inline(always)]
@@ -29,6 +32,14 @@ fn arrived_on(ctx: &XdpContext) -> Option<u8> {
 pub fn source(ifindex: u32) -> Option<[u8; 4]> {
     // SAFETY: copied out at once.
     unsafe { UPLINKS.get(&UplinkKey::new(ifindex, 0)) }.map(|u| u.source)
+}
+
+/// This node's IPv6 VRRP address on the uplink a frame arrived by (interface `ifindex`, VLAN
+/// `vlan`, zero for none).
+#[inline(always)]
+pub fn own_vrrp6(ifindex: u32, vlan: u16) -> Option<[u8; 16]> {
+    // SAFETY: copied out at once.
+    unsafe { VRRP_OWN6.get(&UplinkKey::new(ifindex, vlan)) }.map(|a| a.addr)
 }
 
 /// The MAC of interface `ifindex` (on VLAN `vlan`, zero for none), when that is an uplink.

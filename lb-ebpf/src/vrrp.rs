@@ -1,8 +1,9 @@
 //! VRRP advertisements pass to the agent; on the way, each source's Ethernet MAC is learned
-//! (IPv4 and IPv6 sources in maps of their own), and an advertisement that claims a live source from another MAC is counted
-//! (VRRPv3 has no authentication, so this is how a spoofed member shows). One that claims this
-//! node's own address is always counted: the kernel drops it as a martian before any socket
-//! sees it, so only here can it be noticed.
+//! (IPv4 and IPv6 sources in maps of their own), and an advertisement that claims a live source
+//! from another MAC is counted (VRRPv3 has no authentication, so this is how a spoofed member
+//! shows). One that claims this node's own address is always counted: the kernel drops an IPv4
+//! one as a martian, and the router discards an IPv6 one as its own advert, before anything
+//! could notice it, so only here can it be.
 
 use aya_ebpf::{
     bindings::xdp_action::XDP_PASS, helpers::bpf_ktime_get_ns, maps::LruHashMap, programs::XdpContext,
@@ -16,7 +17,7 @@ use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 use crate::{
     maps::{self, VRRP_SPEAKERS, VRRP_SPEAKERS6},
     packet::{self, L4_OFFSET, header},
-    stats, uplink,
+    stats, uplink, vlan,
 };
 
 /// The VRRPv3 header's first eight bytes: version and type, VRID, priority, count, then
@@ -36,18 +37,18 @@ pub fn observe(ctx: &XdpContext, source: [u8; 4]) -> u32 {
 }
 
 /// An IPv6 advertisement from `source` (its header right after the fixed IPv6 header). This
-/// node's own IPv6 source arriving from the segment is not a martian to the kernel, and the
-/// router drops it as its own advert (`own_advert`): the agent marks its own addresses in the
-/// map (`VrrpSpeaker::own`), so it is counted in [`learn`].
+/// node's own IPv6 source arriving from the segment is no martian to the kernel, and the
+/// router discards it as its own advert: it is looked for here, on the uplink it arrived by
+/// (a link-local address means something on its link alone; the agent writes `VRRP_OWN6`).
 #[inline(always)]
 pub fn observe6(ctx: &XdpContext, source: [u8; 16]) -> u32 {
-    learn(ctx, &VRRP_SPEAKERS6, &Vip6Key::new(source), false, EthHdr::LEN + Ipv6Hdr::LEN);
+    let own = uplink::own_vrrp6(ctx.ingress_ifindex() as u32, vlan::arrival_vlan()) == Some(source);
+    learn(ctx, &VRRP_SPEAKERS6, &Vip6Key::new(source), own, EthHdr::LEN + Ipv6Hdr::LEN);
     stats::verdict(Reason::Ipv6Passed, packet::len(ctx), XDP_PASS)
 }
 
 /// Learns `key`'s MAC from this advertisement (whose VRRP header is at `offset`), or counts it
-/// against the live one; `own` (or the agent's mark on the entry): the source is this node's,
-/// so any arrival is counted.
+/// against the live one; `own`: the source is this node's, so any arrival is counted.
 #[inline(always)]
 fn learn<K>(ctx: &XdpContext, speakers: &LruHashMap<K, VrrpSpeaker>, key: &K, own: bool, offset: usize) {
     let (Some(eth), Some(vrrp)) = (header::<EthHdr>(ctx, 0), header::<[u8; VRRP_HEADER]>(ctx, offset)) else {
@@ -80,7 +81,7 @@ fn learn<K>(ctx: &XdpContext, speakers: &LruHashMap<K, VrrpSpeaker>, key: &K, ow
         Some(speaker) => {
             // SAFETY: a valid map value; races between CPUs only blur the counts.
             let speaker = unsafe { &mut *speaker };
-            if speaker.own != 0 || (speaker.mac != mac && now < speaker.live_until_ns) {
+            if speaker.mac != mac && now < speaker.live_until_ns {
                 // Counted here, not as a reason of its own: the agent reports it per member,
                 // and the counter arrays keep their shape (a new shape would replace the maps).
                 speaker.other_mac = mac;

@@ -13,7 +13,8 @@ use crate::{
 /// What a case must do.
 #[derive(Debug)]
 pub enum Expect {
-    /// This action and exactly this frame, its checksums right.
+    /// This action and exactly this frame, its IPv4 header's and TCP/UDP checksums right where
+    /// it has them (the exact comparison covers the rest).
     Frame(u32, Vec<u8>),
     /// This action and exactly this frame, counted under this reason.
     CountedFrame(u32, Vec<u8>, Reason),

@@ -59,12 +59,12 @@ pub fn start_all(lab: &mut Lab, config: impl Fn(&Lab, usize) -> String) -> Vec<A
         .collect()
 }
 
-/// The MACs that answer the client's address resolution for `vip` (ARP, or Neighbor
-/// Discovery, which reports the first answer).
+/// The MACs that answer the client's address resolution for `vip`, `count` times over: ARP
+/// replies, or Neighbor Advertisements (every one of each solicitation, so two owners show).
 pub fn answering(lab: &Lab, vip: IpAddr, count: u32) -> Vec<String> {
     match vip {
         IpAddr::V4(v4) => lab.client.arping(v4, count),
-        IpAddr::V6(v6) => (0..count).filter_map(|_| lab.client.ndisc(v6)).collect(),
+        IpAddr::V6(v6) => (0..count).flat_map(|_| lab.client.ndisc_all(v6)).collect(),
     }
 }
 

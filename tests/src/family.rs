@@ -353,12 +353,12 @@ pub fn own_vip(ebpf: &mut Ebpf, vip: IpAddr, owned: OwnedVip) {
 }
 
 /// An address as the maps key it: `VipKey` or `Vip6Key`.
-pub enum AddressKey {
+enum AddressKey {
     V4(VipKey),
     V6(Vip6Key),
 }
 
-pub fn address_key(address: IpAddr) -> AddressKey {
+fn address_key(address: IpAddr) -> AddressKey {
     match address {
         IpAddr::V4(v4) => AddressKey::V4(VipKey::new(v4.octets())),
         IpAddr::V6(v6) => AddressKey::V6(Vip6Key::new(v6.octets())),
@@ -366,7 +366,7 @@ pub fn address_key(address: IpAddr) -> AddressKey {
 }
 
 /// Writes `value` under `key` into the map of its family among `maps` (IPv4's, IPv6's).
-pub fn insert_by_address<V: aya::Pod>(ebpf: &mut Ebpf, maps: (&str, &str), key: AddressKey, value: V) {
+fn insert_by_address<V: aya::Pod>(ebpf: &mut Ebpf, maps: (&str, &str), key: AddressKey, value: V) {
     match key {
         AddressKey::V4(key) => {
             let mut map: HashMap<_, VipKey, V> = HashMap::try_from(ebpf.map_mut(maps.0).unwrap()).unwrap();
@@ -430,6 +430,12 @@ pub fn in_node_with_local_pod(family: IpFamily, f: impl FnOnce(u32, LocalMacs) +
         lab.enable_ipv6();
     }
     lab.add_pod(0);
+    let pod = &lab.pods[0];
+    let ip: IpAddr = match family {
+        IpFamily::V4 => pod.ip.into(),
+        IpFamily::V6 => pod.ip6.expect("an IPv6 pod").into(),
+    };
+    assert_eq!(ip, family.pod(0, 2), "the local pod has the address the cases expect");
     let node = &lab.nodes[0].ns;
     let macs = LocalMacs { pod: mac_of(&lab.pods[0].ns, "eth0"), host: mac_of(node, "pv0") };
     for (ip, mac, dev) in [

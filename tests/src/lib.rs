@@ -111,6 +111,18 @@ impl Host {
             .map(|mac| mac.trim().to_lowercase())
     }
 
+    /// Every link-layer address that answers Neighbor Discovery for `target` within one wait
+    /// (ndisc6 `-m`: duplicate advertisements too, lower case, in order of arrival): two nodes
+    /// answering at once show as two.
+    pub fn ndisc_all(&self, target: Ipv6Addr) -> Vec<String> {
+        let out = self.ns.output(&["ndisc6", "-m", "-r", "1", "-w", "300", &target.to_string(), Self::IFACE]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("Target link-layer address:"))
+            .map(|mac| mac.trim().to_lowercase())
+            .collect()
+    }
+
     /// A TCP server on `port` over IPv6 only that answers every connection with this host's
     /// name (beside [`Host::serve_name`] on IPv4).
     pub fn serve_name6(&self, port: u16) -> Process {

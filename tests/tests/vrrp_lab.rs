@@ -505,9 +505,9 @@ fn start_up_removes_vip_addresses_left_by_a_crash(f: IpFamily) {
 
 /// A host on the segment sends advertisements with the master's address (priority 254): the
 /// backup's XDP sees that address from another MAC than the master's own, and the master's XDP
-/// sees its own address come in (IPv4's kernel drops it as a martian, IPv6's router as its own
-/// advert, so only XDP, where the agent marks its addresses, can tell). Both count it per
-/// member, log it, and the master holds.
+/// sees its own address come in on that uplink (IPv4's kernel drops it as a martian, IPv6's
+/// router as its own advert, so only XDP can tell). Both count it per member, log it, and the
+/// master holds.
 fn an_impersonated_member_is_counted_and_logged(f: IpFamily) {
     let mut lab = lab_in(f, 2);
     let agents = start_all(&mut lab, |lab, i| election::manual_group(lab, i, &[200, 100], "", f));

@@ -112,8 +112,9 @@ fn owned_vips_are_answered_and_the_rest_left_alone_in_both_families() {
     for f in FAMILIES {
         let ebpf = load(f);
         run_cases(&ebpf, ARRIVAL, f.as_str(), shared_cases(f));
-        // The two answers to requests, counted per VIP.
+        // The two answers to requests, counted per VIP; three frames sent back in all.
         assert_eq!(vip_answers(&ebpf, f.vip()), 2, "{}: answers counted for the VIP", f.as_str());
+        assert_eq!(fixture::counted(&ebpf, ACTION_STATS, XDP_TX), 3, "{}: XDP_TX counted", f.as_str());
     }
 }
 
@@ -261,83 +262,74 @@ fn a_vrrp_source_heard_from_another_mac_is_counted() {
     }
 }
 
-/// An address the agent marked as this node's own (`VrrpSpeaker::own`): every advertisement
-/// with it came from another host, so each is counted, whatever its MAC, and passed on; what
-/// was counted before the mark stays.
+/// An advert with this node's own address, arriving on the uplink where it is this node's
+/// (IPv4: the uplink's address; IPv6: its VRRP link-local, `VRRP_OWN6`), came from another host:
+/// each is counted, whatever its MAC, and passed on. On another uplink the same address is
+/// another link's, so its MAC is learned and nothing counted.
 #[test]
-fn an_advert_with_this_nodes_marked_address_is_always_counted() {
+fn an_advert_with_this_nodes_own_address_is_counted_on_its_uplink_only() {
     use lb_agent::vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6};
-    use lb_common::maps::{VRRP_SPEAKERS, VRRP_SPEAKERS6, VrrpSpeaker};
-    use lb_lab::family::{address_key, insert_by_address};
+    use lb_common::maps::{UPLINKS, Uplink, UplinkKey, VRRP_OWN6, Vip6Key};
+    const ELSEWHERE: u32 = 999;
     for f in FAMILIES {
-        let mut ebpf = load(f);
-        let name = f.as_str();
-        let own: IpAddr =
-            f.pick(Ipv4Addr::new(192, 0, 2, 10).into(), Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xa).into());
-        let group: IpAddr = f.pick(VRRP_MULTICAST_V4.into(), VRRP_MULTICAST_V6.into());
-        let marked = VrrpSpeaker { own: 1, ..VrrpSpeaker::default() };
-        insert_by_address(&mut ebpf, (VRRP_SPEAKERS, VRRP_SPEAKERS6), address_key(own), marked);
-        let advert = Advertisement { vrid: 20, priority: 254, max_adver_int_cs: 5, addresses: vec![f.vip()] };
-        let frame = |mac: [u8; 6]| {
-            ip_frame(
-                (mac, [0x01, 0, 0x5e, 0, 0, 0x12]),
-                own,
-                group,
-                255,
-                112,
-                &advert.encode(own, group, ChecksumMode::Rfc),
-            )
-        };
-        for (i, mac) in [CLIENT_MAC, CLIENT_MAC, [0x02, 0, 0, 0, 0, 0x77]].into_iter().enumerate() {
-            assert_eq!(run_uplink(&ebpf, &frame(mac), ARRIVAL), (XDP_PASS, frame(mac)), "{name}: passed on");
-            let s = vrrp_speaker(&ebpf, own);
-            assert_eq!(
-                (s.own, s.other_mac, s.other_mac_adverts),
-                (1, mac, i as u64 + 1),
-                "{name}: advert {i} counted"
+        for (uplink, counted) in [(ARRIVAL, true), (ELSEWHERE, false)] {
+            let mut ebpf = load(f);
+            let name = format!("{}, own on ifindex {uplink}", f.as_str());
+            let own: IpAddr = f.pick(
+                Ipv4Addr::new(192, 0, 2, 10).into(),
+                Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xa).into(),
             );
+            let key = UplinkKey::new(uplink, 0);
+            match own {
+                IpAddr::V4(v4) => {
+                    let mut map: HashMap<_, UplinkKey, Uplink> =
+                        HashMap::try_from(ebpf.map_mut(UPLINKS).unwrap()).unwrap();
+                    map.insert(key, Uplink { source: v4.octets(), mac: VIP_MAC, slot: 1, _pad: 0 }, 0)
+                        .unwrap();
+                }
+                IpAddr::V6(v6) => {
+                    let mut map: HashMap<_, UplinkKey, Vip6Key> =
+                        HashMap::try_from(ebpf.map_mut(VRRP_OWN6).unwrap()).unwrap();
+                    map.insert(key, Vip6Key::new(v6.octets()), 0).unwrap();
+                }
+            }
+            let (group, group_mac): (IpAddr, [u8; 6]) = f.pick(
+                (VRRP_MULTICAST_V4.into(), lb_lab::packet::multicast_mac(VRRP_MULTICAST_V4)),
+                (VRRP_MULTICAST_V6.into(), [0x33, 0x33, 0, 0, 0, 0x12]),
+            );
+            let advert =
+                Advertisement { vrid: 20, priority: 254, max_adver_int_cs: 5, addresses: vec![f.vip()] };
+            let frame = |mac: [u8; 6]| {
+                ip_frame(
+                    (mac, group_mac),
+                    own,
+                    group,
+                    255,
+                    112,
+                    &advert.encode(own, group, ChecksumMode::Rfc),
+                )
+            };
+            // Own: every advert counted, from one MAC or another. Another link's: the one MAC learned.
+            let macs: &[[u8; 6]] = if counted {
+                &[CLIENT_MAC, CLIENT_MAC, [0x02, 0, 0, 0, 0, 0x77]]
+            } else {
+                &[CLIENT_MAC, CLIENT_MAC]
+            };
+            for (i, mac) in macs.iter().enumerate() {
+                assert_eq!(
+                    run_uplink(&ebpf, &frame(*mac), ARRIVAL),
+                    (XDP_PASS, frame(*mac)),
+                    "{name}: passed on"
+                );
+                let s = vrrp_speaker(&ebpf, own);
+                let expected = if counted { i as u64 + 1 } else { 0 };
+                assert_eq!(s.other_mac_adverts, expected, "{name}: advert {i}");
+                if !counted {
+                    assert_eq!(s.mac, CLIENT_MAC, "{name}: learned");
+                }
+            }
         }
     }
-}
-
-/// The agent's marks as it keeps them (`Speakers::mark_own`): its addresses marked, so an
-/// advert with one is counted from any MAC; an address no longer its own unmarked, so a MAC is
-/// learned for it again and only a live one's rival counted, the count kept.
-#[test]
-fn the_agent_marks_its_own_addresses_and_unmarks_old_ones() {
-    use lb_agent::{
-        dataplane::speakers::Speakers,
-        vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V6},
-    };
-    use lb_common::maps::{VRRP_SPEAKERS, VRRP_SPEAKERS6};
-    let mut ebpf = load(IpFamily::V6);
-    let mut speakers =
-        Speakers::take(ebpf.take_map(VRRP_SPEAKERS).unwrap(), ebpf.take_map(VRRP_SPEAKERS6).unwrap())
-            .unwrap();
-    let (old, new): (IpAddr, IpAddr) =
-        ("fe80::a".parse::<Ipv6Addr>().unwrap().into(), "fe80::b".parse::<Ipv6Addr>().unwrap().into());
-    let group: IpAddr = VRRP_MULTICAST_V6.into();
-    let advert = |from: IpAddr, mac: [u8; 6]| {
-        let message = Advertisement { vrid: 20, priority: 100, max_adver_int_cs: 100, addresses: vec![] }
-            .encode(from, group, ChecksumMode::Rfc);
-        run_uplink(
-            &ebpf,
-            &ip_frame((mac, [0x33, 0x33, 0, 0, 0, 0x12]), from, group, 255, 112, &message),
-            ARRIVAL,
-        )
-    };
-    let counted = |speakers: &Speakers, address: IpAddr| {
-        speakers.impersonations().iter().find(|i| i.source == address).map_or(0, |i| i.adverts)
-    };
-    speakers.mark_own(&[old].into()).unwrap();
-    advert(old, CLIENT_MAC);
-    assert_eq!(counted(&speakers, old), 1, "marked: counted from the first advert");
-    speakers.mark_own(&[new].into()).unwrap();
-    speakers.mark_own(&[new].into()).unwrap();
-    advert(old, [0x02, 0, 0, 0, 0, 0x77]);
-    assert_eq!(counted(&speakers, old), 1, "unmarked: the MAC learned, not counted; the count kept");
-    advert(new, CLIENT_MAC);
-    assert_eq!(counted(&speakers, new), 1, "the new mark counts");
 }
 
 /// Random mutations of each family's request for the VIP never abort the program.

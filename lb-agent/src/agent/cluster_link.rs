@@ -155,12 +155,6 @@ impl Agent {
     /// for an Event on the group.
     pub(super) fn check_impersonations(&mut self) {
         let now = Instant::now();
-        // This node's own addresses are marked first, so one arriving is counted (IPv6's is no
-        // martian, and the router drops it as its own advert).
-        let own: std::collections::BTreeSet<IpAddr> = self.current.plan.locals.values().copied().collect();
-        if let Err(error) = self.dataplane.mark_own_speakers(&own) {
-            tracing::warn!(%error, "this node's VRRP addresses could not be marked in the speaker maps");
-        }
         let mut heard: Vec<(String, IpAddr, String, u64)> = Vec::new();
         for seen in self.dataplane.impersonations() {
             let own = self.current.plan.locals.values().any(|local| *local == seen.source);

@@ -196,13 +196,14 @@ impl Agent {
             return Ok(());
         }
         self.uplinks.by_name.extend(found);
-        if let Err(e) = write_uplink_map(&mut self.uplinks, &mut self.dataplane) {
+        if let Err(e) = write_uplink_map(&mut self.uplinks, &mut self.dataplane, plan) {
             error!(error = %e, "writing the uplink map failed");
         }
         Ok(())
     }
 
-    /// Detaches from the uplinks the plan no longer uses, once their VIPs are gone from them.
+    /// Detaches from the uplinks the plan no longer uses, once their VIPs are gone from them
+    /// (the uplink map is written after, by the caller).
     pub(super) fn retire_uplinks(&mut self) {
         let leaving: Vec<String> = self
             .uplinks
@@ -229,9 +230,6 @@ impl Agent {
             }
         }
         info!(interfaces = %leaving.join(", "), "no group uses these uplinks any more: detached");
-        if let Err(e) = write_uplink_map(&mut self.uplinks, &mut self.dataplane) {
-            error!(error = %e, "writing the uplink map failed");
-        }
     }
 
     /// Brings the VRRP instances to the plan. Each instance's lease-expiry counter starts at
@@ -301,6 +299,10 @@ impl Agent {
         self.prune_vip_counters();
         let applied = started.elapsed();
         self.retire_uplinks();
+        // The uplinks left, and this node's VRRP addresses on those that stay, as planned now.
+        if let Err(e) = write_uplink_map(&mut self.uplinks, &mut self.dataplane, &self.current.plan) {
+            error!(error = %e, "writing the uplink map failed");
+        }
         debug!(?reconfigured, ?applied, retired = ?started.elapsed(), "new plan committed");
     }
 }

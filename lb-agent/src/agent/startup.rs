@@ -26,7 +26,7 @@ use crate::{
     key_files::{self, KeyFiles},
     metrics::{Metrics, XdpLabels},
     netdev,
-    node_plan::node_plan,
+    node_plan::{NodePlan, node_plan},
     routes::{RouteMetrics, Routes},
     service_sync::{ServiceSync, SyncMetrics, SyncRequest},
     uplinks::{self, Uplinks},
@@ -85,7 +85,7 @@ pub async fn run(
         config_error(&node_address_field(&config, &node, &interface, family), expected)
     })?;
     let route_metrics = RouteMetrics::register(&mut metrics.registry);
-    let (dataplane, counters, service_maps) = load_dataplane(&config, &mut uplinks, &metrics)?;
+    let (dataplane, counters, service_maps) = load_dataplane(&config, &plan, &mut uplinks, &metrics)?;
     let config = Arc::new(config);
     let vip_uplinks = uplinks.vip_slots(&config, &plan);
     let sync =
@@ -180,7 +180,7 @@ impl Serving {
 fn read_key_files(
     config: &Config,
     node: &str,
-    plan: &crate::node_plan::NodePlan,
+    plan: &NodePlan,
     standalone: bool,
 ) -> std::result::Result<KeyFiles, (String, String)> {
     if standalone {
@@ -228,6 +228,7 @@ async fn listen(
 /// uplink map written.
 fn load_dataplane(
     config: &Config,
+    plan: &NodePlan,
     uplinks: &mut Uplinks,
     metrics: &Metrics,
 ) -> Result<(Dataplane, Arc<Mutex<XdpCounters>>, ServiceMapsByFamily)> {
@@ -240,7 +241,7 @@ fn load_dataplane(
     }
     dataplane.detach_strays()?;
     dataplane.convert_earlier_flows();
-    write_uplink_map(uplinks, &mut dataplane)?;
+    write_uplink_map(uplinks, &mut dataplane, plan)?;
     Ok((dataplane, Arc::new(Mutex::new(counters)), service_maps))
 }
 
@@ -313,10 +314,14 @@ pub(super) fn attach(
 }
 
 /// Gives every uplink the agent has a slot and writes the uplink map from them.
-pub(super) fn write_uplink_map(uplinks: &mut Uplinks, dataplane: &mut Dataplane) -> Result<()> {
+pub(super) fn write_uplink_map(
+    uplinks: &mut Uplinks,
+    dataplane: &mut Dataplane,
+    plan: &NodePlan,
+) -> Result<()> {
     let names: Vec<String> = uplinks.by_name.keys().cloned().collect();
     uplinks.slots.assign(names.iter().map(String::as_str));
-    dataplane.set_uplinks(&uplinks.entries(), &uplinks.entries6())
+    dataplane.set_uplinks(&uplinks.entries(), &uplinks.entries6(), &uplinks.own_vrrp6(plan))
 }
 
 /// The config path of this node's address of `family` on `interface`, e.g.

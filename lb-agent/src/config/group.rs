@@ -34,12 +34,12 @@ pub struct GroupConfig {
     /// How often the master advertises: 10ms to 40.95s in steps of 10ms.
     #[serde(default = "default_advert_interval", deserialize_with = "duration")]
     pub advert_interval: Duration,
-    /// Spread a Service's VIPs over distinct nodes (the planner). Off: each Service's VIPs all
+    /// Spread a Service's VIPs over distinct nodes (placement). Off: each Service's VIPs all
     /// follow its first VIP.
     #[serde(default)]
     pub spread: Option<bool>,
     /// A single, manually numbered VRRP instance carrying every VIP of the group, as keepalived
-    /// is configured. Needs `priorities`; the planner is not used.
+    /// is configured. Needs `priorities`; placement is not used.
     #[serde(default)]
     pub vrid: Option<u8>,
     /// Manual priorities by node name (1–254; 255 for the address owner). Only with `vrid`.
@@ -47,7 +47,7 @@ pub struct GroupConfig {
     pub priorities: Option<BTreeMap<String, u8>>,
     #[serde(default)]
     pub transport: Transport,
-    /// VRIDs the planner must not use (other routers on the segment).
+    /// VRIDs placement must not use (other routers on the segment).
     #[serde(default)]
     pub excluded_vrids: Vec<u8>,
     #[serde(default = "yes")]

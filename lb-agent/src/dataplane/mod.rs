@@ -355,8 +355,13 @@ impl Dataplane {
     }
 
     /// Makes the uplink map hold `wanted`, touching only entries that differ.
-    pub fn set_uplinks(&mut self, wanted: &uplinks::UplinkSet, wanted6: &uplinks::Uplink6Set) -> Result<()> {
-        self.uplink_map.apply(wanted, wanted6)
+    pub fn set_uplinks(
+        &mut self,
+        wanted: &uplinks::UplinkSet,
+        wanted6: &uplinks::Uplink6Set,
+        own6: &uplinks::Uplink6Set,
+    ) -> Result<()> {
+        self.uplink_map.apply(wanted, wanted6, own6)
     }
 
     /// Makes the owned-VIP map equal `desired`, touching only entries that differ.
@@ -381,11 +386,6 @@ impl Dataplane {
     /// VRRP sources heard from another MAC than their learned one (see [`speakers`]).
     pub fn impersonations(&self) -> Vec<speakers::Impersonation> {
         self.speakers.impersonations()
-    }
-
-    /// Marks this node's group addresses as its own in the speaker maps (see [`speakers`]).
-    pub fn mark_own_speakers(&mut self, own: &std::collections::BTreeSet<std::net::IpAddr>) -> Result<()> {
-        self.speakers.mark_own(own)
     }
 
     /// Detaches the programs and deletes every pin, so nothing of the data plane remains.

@@ -19,7 +19,7 @@
 //! - **Restart.** All state is read back from the pinned maps at start. The first (complete)
 //!   delta adopts whatever is already right without rewriting it.
 //!
-//! Here: the maps' mirror ([`ServiceMaps`]) and applying a plan or delta. Beside it: `open`
+//! Here: the maps' mirror ([`ServiceMaps`]) and applying map contents or a delta. Beside it: `open`
 //! (taking the maps, reading pins back), `install` (admitting and installing services),
 //! `rings` (Maglev rings' inner maps), `slots` (backend and VIP counter slots).
 
@@ -129,7 +129,7 @@ pub struct ServiceMaps<A: Address = Addr4> {
 struct Installed<A> {
     entry: Service,
     name: String,
-    /// Empty for an entry read back from the pins and not yet adopted by a plan.
+    /// Empty for an entry read back from the pins and not yet adopted by the map contents.
     backends: Vec<BackendOf<A>>,
 }
 
@@ -336,7 +336,7 @@ impl<A: Address> ServiceMaps<A> {
         self.install(&admitted, &mut released, &mut report)?;
 
         if delta.complete {
-            // Backends read back from the pins that no plan adopted.
+            // Backends read back from the pins that no contents adopted.
             released.extend(self.slots.keys().filter(|b| !self.refs.contains_key(b)).copied());
         }
         self.free_slots(released, &mut report)?;

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use aya::maps::{Array, HashMap, MapData, MapError};
 use lb_common::{
-    maps::{ANY_UPLINK, UPLINKS, Uplink, UplinkKey, VLAN_SLOTS, Vip6Key, VlanSlot},
+    maps::{ANY_UPLINK, UPLINKS, Uplink, UplinkKey, VLAN_SLOTS, VRRP_OWN6, Vip6Key, VlanSlot},
     service::UPLINK_ADDRS6,
 };
 
@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 /// What the uplink map must hold.
 pub type UplinkSet = BTreeMap<UplinkKey, Uplink>;
 
-/// This node's IPv6 address on each uplink that has one (`UPLINK_ADDRS6`).
+/// This node's IPv6 address on each uplink that has one (`UPLINK_ADDRS6`, and its VRRP
+/// address in `VRRP_OWN6`).
 pub type Uplink6Set = BTreeMap<UplinkKey, Vip6Key>;
 
 /// Slots by interface name: stable while an interface stays an uplink, the lowest free one
@@ -55,28 +56,34 @@ impl Slots {
 pub struct UplinkMap {
     map: HashMap<MapData, UplinkKey, Uplink>,
     addresses6: HashMap<MapData, UplinkKey, Vip6Key>,
+    own6: HashMap<MapData, UplinkKey, Vip6Key>,
     vlan_slots: Array<MapData, VlanSlot>,
     /// What `vlan_slots` holds (by VLAN id; the rest is zero, as the map was created).
     vlan_slots_written: BTreeMap<u16, VlanSlot>,
 }
 
 impl UplinkMap {
-    /// Takes its maps (the uplink map, the IPv6 addresses, the VLAN-id array) out of `ebpf`.
+    /// Takes its maps (the uplink map, the IPv6 addresses, this node's IPv6 VRRP addresses, the
+    /// VLAN-id array) out of `ebpf`.
     pub fn take(ebpf: &mut aya::Ebpf) -> Result<Self> {
         let map = HashMap::try_from(super::take_map(ebpf, UPLINKS)?)
             .map_err(|source| Error::BpfMap { map: UPLINKS, source })?;
         let addresses6 = HashMap::try_from(super::take_map(ebpf, UPLINK_ADDRS6)?)
             .map_err(|source| Error::BpfMap { map: UPLINK_ADDRS6, source })?;
+        let own6 = HashMap::try_from(super::take_map(ebpf, VRRP_OWN6)?)
+            .map_err(|source| Error::BpfMap { map: VRRP_OWN6, source })?;
         let vlan_slots = Array::try_from(super::take_map(ebpf, VLAN_SLOTS)?)
             .map_err(|source| Error::BpfMap { map: VLAN_SLOTS, source })?;
-        Ok(Self { map, addresses6, vlan_slots, vlan_slots_written: BTreeMap::new() })
+        Ok(Self { map, addresses6, own6, vlan_slots, vlan_slots_written: BTreeMap::new() })
     }
 
-    /// Writes the entries of `wanted` (and of `wanted6`) that differ and removes the others.
-    /// New entries go in before stale ones leave, so an uplink being re-keyed is never missing.
-    pub fn apply(&mut self, wanted: &UplinkSet, wanted6: &Uplink6Set) -> Result<()> {
+    /// Writes the entries of `wanted` (and of `wanted6`, `own6`) that differ and removes the
+    /// others. New entries go in before stale ones leave, so an uplink being re-keyed is never
+    /// missing.
+    pub fn apply(&mut self, wanted: &UplinkSet, wanted6: &Uplink6Set, own6: &Uplink6Set) -> Result<()> {
         apply(&mut self.map, UPLINKS, wanted)?;
         apply(&mut self.addresses6, UPLINK_ADDRS6, wanted6)?;
+        apply(&mut self.own6, VRRP_OWN6, own6)?;
         // After the uplink map, which the program falls back on for a VLAN not in the array.
         let slots = vlan_slots(wanted);
         let map_err = |source: MapError| Error::BpfMap { map: VLAN_SLOTS, source };

@@ -1,6 +1,6 @@
 //! The Kubernetes source: LoadBalancerGroups, Services, EndpointSlices and Nodes in, the same
 //! `Config` the standalone YAML gives out. Pure: every agent computes the same config from the
-//! same objects, and the planner downstream cannot tell the two sources apart.
+//! same objects, and nothing downstream can tell the two sources apart.
 //!
 //! Groups and services are built as documents and parsed with the config's own types, so they
 //! get the same defaults and the same validation as a YAML file.
@@ -60,7 +60,7 @@ pub const GROUP_REFUSAL_PREFIX: &str = "LoadBalancerGroup/";
 #[derive(Clone, Debug, PartialEq)]
 pub struct Translation {
     pub config: Config,
-    /// Everything refused, for logs: bindings (which the status plan finds again itself),
+    /// Everything refused, for logs: bindings (which the status writes find again themselves),
     /// groups, and `unserved`.
     pub refusals: Vec<Refusal>,
     /// Services bound to a group but left out of the config: invalid, or a port another

@@ -322,14 +322,14 @@ fn condition(
 /// The Service conditions this leader has written, by Service.
 pub type Written = BTreeMap<(String, String), ServiceCondition>;
 
-/// A condition the leader wrote but its watch has not shown yet is planned again (the plan
-/// reads the cache); it keeps the transition time it was written with, so the write repeats
+/// A condition the leader wrote but its watch has not shown yet is written again (the status
+/// writes read the cache); it keeps the transition time it was written with, so the write repeats
 /// it exactly, which the API server takes as no change: no new resourceVersion, no event,
-/// and so no next pass planning it again with a newer time. Without this, a leader writing
+/// and so no next pass writing it again with a newer time. Without this, a leader writing
 /// more conditions than its watch delivers in one pass rewrote them forever (found at 1,000
 /// Services by `cargo xtask bench control`).
-pub fn keep_written_times(plan: &mut StatusWrites, written: &Written) {
-    for (k, c) in &mut plan.conditions {
+pub fn keep_written_times(writes: &mut StatusWrites, written: &Written) {
+    for (k, c) in &mut writes.conditions {
         if let Some(w) = written.get(k)
             && (w.status, &w.reason, &w.message, w.observed_generation)
                 == (c.status, &c.reason, &c.message, c.observed_generation)
@@ -527,15 +527,15 @@ mod tests {
             last_transition_time: time.into(),
         };
         let k = ("ns".to_owned(), "web".to_owned());
-        let mut plan = StatusWrites::default();
-        plan.conditions.insert(k.clone(), condition("served at 198.51.100.1", "later"));
+        let mut writes = StatusWrites::default();
+        writes.conditions.insert(k.clone(), condition("served at 198.51.100.1", "later"));
         let written: Written = [(k.clone(), condition("served at 198.51.100.1", "first"))].into();
-        keep_written_times(&mut plan, &written);
-        assert_eq!(plan.conditions[&k].last_transition_time, "first");
+        keep_written_times(&mut writes, &written);
+        assert_eq!(writes.conditions[&k].last_transition_time, "first");
         // A different verdict is a transition: it keeps its own time.
-        plan.conditions.insert(k.clone(), condition("served at 198.51.100.2", "later"));
-        keep_written_times(&mut plan, &written);
-        assert_eq!(plan.conditions[&k].last_transition_time, "later");
+        writes.conditions.insert(k.clone(), condition("served at 198.51.100.2", "later"));
+        keep_written_times(&mut writes, &written);
+        assert_eq!(writes.conditions[&k].last_transition_time, "later");
     }
 
     #[test]

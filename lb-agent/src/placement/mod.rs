@@ -11,7 +11,7 @@
 //!   HRW), which bounds max/mean for every input, not just on average. Per-VIP rankings keep a
 //!   membership change local: only VIPs whose choice involved that node move.
 //! - Backups: the next node of the VIP's own ranking, so a failed node's VIPs fall over to many
-//!   survivors, each to where the planner would put it next (when that node has room). Unspread
+//!   survivors, each to where placement would put it next (when that node has room). Unspread
 //!   VIPs take their Service's first VIP's owner *and* backup, so they fail over together.
 //! - Instances: VIPs with the same (owner, backup) share one VRRP instance: at most n·(n−1)
 //!   VRIDs, whatever the VIP count. Above [`PAIR_KEYED_MAX_NODES`] nodes, by owner only.
@@ -183,10 +183,10 @@ pub fn place(input: &GroupInput) -> GroupPlacement {
                 {
                     Some(leader_backup)
                 }
-                // The backup is where the planner would put the VIP without its owner: next in
+                // The backup is where placement would put the VIP without its owner: next in
                 // the VIP's own ranking, avoiding the nodes of the Service's earlier VIPs while
                 // it can. Not the later VIPs' nodes too: that would keep a Service apart during
-                // a failover, but the re-plan would then disagree with VRRP far more often
+                // a failover, but placing again would then disagree with VRRP far more often
                 // (measured: new owner = old backup for ~83% of a failed node's VIPs, not ~99%).
                 _ => {
                     let earlier: BTreeSet<&str> =

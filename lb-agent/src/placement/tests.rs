@@ -1,4 +1,4 @@
-//! The planner's properties (DESIGN.md "Spreading and VRRP instances"), as property tests over
+//! Placement's properties (DESIGN.md "Spreading and VRRP instances"), as property tests over
 //! generated groups, plus fixed cases.
 
 use std::{
@@ -36,13 +36,13 @@ fn input(nodes: usize, services: &[usize]) -> GroupInput {
     GroupInput { nodes: node_names(nodes), vips, ..Default::default() }
 }
 
-fn owners(plan: &GroupPlacement) -> BTreeMap<IpAddr, String> {
-    plan.vips.iter().map(|(v, p)| (*v, p.ranking[0].clone())).collect()
+fn owners(placement: &GroupPlacement) -> BTreeMap<IpAddr, String> {
+    placement.vips.iter().map(|(v, p)| (*v, p.ranking[0].clone())).collect()
 }
 
-fn load(plan: &GroupPlacement) -> BTreeMap<String, usize> {
+fn load(placement: &GroupPlacement) -> BTreeMap<String, usize> {
     let mut load = BTreeMap::new();
-    for owner in owners(plan).into_values() {
+    for owner in owners(placement).into_values() {
         *load.entry(owner).or_default() += 1;
     }
     load
@@ -273,7 +273,7 @@ fn unspread_services_share_one_instance() {
     }
 }
 
-/// The same address listed twice with different settings: the plan must not depend on which
+/// The same address listed twice with different settings: the placement must not depend on which
 /// one comes first.
 #[test]
 fn duplicate_addresses_do_not_depend_on_order() {
@@ -333,7 +333,7 @@ fn degenerate_inputs() {
 }
 
 /// keepalived-operator's `pods[i mod n]` puts every Service's first VIP on one node; the
-/// planner spreads first VIPs across all of them.
+/// placement spreads first VIPs across all of them.
 #[test]
 fn first_vips_of_many_services_do_not_pile_up() {
     let p = place(&input(4, &[2; 100]));

@@ -1,7 +1,7 @@
 //! All of this node's virtual routers, of both families and on each of its interfaces: the
 //! §7.1 receive checks (the arrival interface among them), dispatch by (family, VRID),
 //! advertisement encoding, and the graceful handover on shutdown. VRIDs are unique across the
-//! node's interfaces within a family (the planner allocates them so), which keeps one lease
+//! node's interfaces within a family (placement allocates them so), which keeps one lease
 //! slot per instance.
 //!
 //! Still sans-IO: datagrams and time go in, [`Outgoing`] datagrams and the owned-VIP set come

@@ -56,7 +56,7 @@ impl<A: Address> ServiceMaps<A> {
     }
 
     /// Removes the retired rings from `MAGLEV_RINGS`, in one batch: the agent calls it once the
-    /// maps already serve the new plan, so the grace period it waits for is off that path.
+    /// maps already serve the new contents, so the grace period it waits for is off that path.
     pub fn remove_retired_rings(&mut self) -> Result<()> {
         let retired = std::mem::take(&mut self.retired);
         if batch::delete(&self.rings_fd, &retired).is_err() {
@@ -90,6 +90,6 @@ pub(super) fn digest(ring: &[u32]) -> u32 {
     h.max(REWRITING + 1)
 }
 
-/// The digest of a service entry whose ring is being rewritten in place: no plan matches it,
+/// The digest of a service entry whose ring is being rewritten in place: no contents match it,
 /// so an agent killed in the middle leaves entries that the next one rewrites, never adopts.
 pub(super) const REWRITING: u32 = 0;

@@ -225,9 +225,11 @@ pub fn snat_port(client: IpAddr, vip: IpAddr, ports: (u16, u16), proto: u8, firs
 }
 
 /// Whether a frame's checksums are right: IPv4's header and TCP/UDP's (a zero UDP checksum
-/// counts as none); for IPv6, TCP/UDP's, the tunnelled packet's inside IPv6 in IPv6.
+/// counts as none); for IPv6, TCP/UDP's, the tunnelled packet's inside IPv6 in IPv6; behind
+/// an 802.1Q tag, those of what it carries.
 pub fn checksums_ok(frame: &[u8]) -> bool {
     match frame[12..14] {
+        [0x81, 0x00] if frame.len() >= 18 => checksums_ok(&[&frame[..12], &frame[16..]].concat()),
         [0x08, 0x00] => checksums_valid(frame),
         [0x86, 0xdd] if frame[20] == 41 => checksums_ok(&[&frame[..14], &frame[54..]].concat()),
         [0x86, 0xdd] if matches!(frame[20], 6 | 17) => {

@@ -3,8 +3,10 @@
 //! one input frame each, and the exact action, output frame and counter it must produce.
 //!
 //! A case names addresses by role (`f.vip()`, `f.client()`, `f.pod(1, 2)`), so the table is
-//! the same for both families; the few cases only one family has say so in [`cases`]. Adding
-//! a family adds an arm to `LabFamily` and a line below, not test code.
+//! the same for both families; the few cases only one family has say so in [`cases`]. Each
+//! case also says which of its frames face the client, so the table runs on each kind of
+//! uplink too (plain, and a VLAN the program tags and untags). Adding a family adds an arm to
+//! `LabFamily`, an uplink kind a variant of `UplinkKind`, not test code.
 //!
 //! The program asks the kernel's FIB for next hops, so the runs happen inside a lab node's
 //! namespace, with permanent neighbour entries: every MAC in the expected frames is known.
@@ -23,7 +25,7 @@ use lb_common::{
     service::{Addr4, Addr6, Settings, UPLINK_ADDRS6},
 };
 use lb_lab::{
-    cases::{Case, Expect, case, run_cases},
+    cases::{Case, Expect, Facing, UplinkKind, case, run_cases},
     family::{
         IpFamily, LabFamily, LocalMacs, claiming_length, cut_to, echo, encapsulated, fragment,
         in_node_with_local_pod, ip_frame, own_vip, patched, segment, segment_frame, snat_port,
@@ -121,36 +123,42 @@ fn cases(f: IpFamily, local: LocalMacs) -> Vec<Case> {
             "local TCP",
             tcp_to_vip(40_000, 80),
             Frame(XDP_REDIRECT, segment_frame(to_pod, client, here, 63, 6, (40_000, 8080))),
-        ),
+        )
+        .facing(Facing::Input),
         case(
             "local UDP",
             segment_frame(to_node, client, vip, 64, 17, (40_001, 80)),
             Frame(XDP_REDIRECT, segment_frame(to_pod, client, here, 63, 17, (40_001, 8080))),
-        ),
+        )
+        .facing(Facing::Input),
         // The flow's second packet takes its cached next hop.
         case(
             "local UDP, same flow",
             segment_frame(to_node, client, vip, 64, 17, (40_001, 80)),
             Frame(XDP_REDIRECT, segment_frame(to_pod, client, here, 63, 17, (40_001, 8080))),
-        ),
+        )
+        .facing(Facing::Input),
         // Full NAT: DNAT, and SNAT to this node's address on the uplink, towards n1…
         case(
             "full NAT, forward",
             segment_frame(to_node, client, vip, 64, 17, (40_002, 81)),
             Frame(XDP_TX, segment_frame(out_to_peer, node, there, 63, 17, (port, 8080))),
-        ),
+        )
+        .facing(Facing::Input),
         // …its reply, translated back to VIP:81 → client…
         case(
             "full NAT, reply",
             segment_frame((PEER_MAC, NODE_MAC), there, node, 64, 17, (8080, port)),
             Frame(XDP_TX, segment_frame((NODE_MAC, CLIENT_MAC), vip, client, 63, 17, (81, 40_002))),
-        ),
+        )
+        .facing(Facing::Output),
         // …and the flow's next packet keeps its source port.
         case(
             "full NAT, same flow keeps its port",
             segment_frame(to_node, client, vip, 64, 17, (40_002, 81)),
             Frame(XDP_TX, segment_frame(out_to_peer, node, there, 63, 17, (port, 8080))),
-        ),
+        )
+        .facing(Facing::Input),
         // DSR: the client's packet, TTL down, inside IPIP or IPv6-in-IPv6 to the endpoint.
         case(
             "DSR encapsulation",
@@ -164,13 +172,15 @@ fn cases(f: IpFamily, local: LocalMacs) -> Vec<Case> {
                     &segment_frame(to_node, client, vip, 63, 6, (40_003, 82)),
                 ),
             ),
-        ),
+        )
+        .facing(Facing::Input),
         // DSR arriving here for the local endpoint: unwrapped, translated, redirected.
         case(
             "DSR decapsulation",
             encapsulated((PEER_MAC, NODE_MAC), peer, here, &tcp_to_vip(40_004, 84)),
             Frame(XDP_REDIRECT, segment_frame(to_pod, client, here, 63, 6, (40_004, 8080))),
-        ),
+        )
+        .facing(Facing::Neither),
         // An echo request to the VIP is answered in place.
         case(
             "echo",
@@ -182,58 +192,70 @@ fn cases(f: IpFamily, local: LocalMacs) -> Vec<Case> {
             ),
         ),
         // Dropped: a port no service exposes, a service without endpoints, a cut-short header.
-        case("unexposed port", tcp_to_vip(40_005, 99), Dropped(Reason::UnexposedPort)),
-        case("no endpoints", tcp_to_vip(40_006, 85), Dropped(Reason::NoBackend)),
-        case("truncated TCP", cut_to(tcp_to_vip(40_007, 80), f, 12), Dropped(Reason::MalformedL4)),
+        case("unexposed port", tcp_to_vip(40_005, 99), Dropped(Reason::UnexposedPort)).facing(Facing::Input),
+        case("no endpoints", tcp_to_vip(40_006, 85), Dropped(Reason::NoBackend)).facing(Facing::Input),
+        case("truncated TCP", cut_to(tcp_to_vip(40_007, 80), f, 12), Dropped(Reason::MalformedL4))
+            .facing(Facing::Input),
         // Passed untouched to the kernel, and counted.
         case(
             "more fragments",
             fragment(to_node, client, vip, (40_008, 80), 0, true),
             Passed(Reason::Fragment),
-        ),
+        )
+        .facing(Facing::Input),
         case(
             "a later fragment",
             fragment(to_node, client, vip, (40_008, 80), 2, false),
             Passed(Reason::Fragment),
-        ),
+        )
+        .facing(Facing::Input),
         case(
             "a header before TCP the fast path leaves alone",
             with_unparsed_header(to_node, client, vip, (40_008, 80)),
             Passed(f.unparsed_header()),
-        ),
+        )
+        .facing(Facing::Input),
         case(
             "TTL or hop limit 1",
             patched(tcp_to_vip(40_008, 80), f.hop_limit_at(), &[1]),
             Passed(Reason::TtlExpired),
-        ),
+        )
+        .facing(Facing::Input),
         case(
             "length beyond the frame",
             claiming_length(tcp_to_vip(40_008, 80), f, 1400),
             Passed(f.malformed()),
-        ),
+        )
+        .facing(Facing::Input),
         case(
             "the other family's EtherType",
             patched(tcp_to_vip(40_008, 80), 12, &f.other().ether_type()),
             Passed(f.other().malformed()),
-        ),
+        )
+        .facing(Facing::Input),
         case(
             "to another address",
             segment_frame(to_node, client, peer, 64, 6, (40_009, 80)),
             Passed(f.passed()),
-        ),
+        )
+        .facing(Facing::Input),
         case(
             "a tunnel for an address that is no endpoint here",
             encapsulated((PEER_MAC, NODE_MAC), peer, f.pod(0, 9), &tcp_to_vip(40_008, 80)),
             Passed(f.passed()),
-        ),
+        )
+        .facing(Facing::Neither),
     ];
     match f {
         IpFamily::V4 => {
-            table.push(case(
-                "IPv4 header length 4 words",
-                patched(tcp_to_vip(40_008, 80), 14, &[0x44]),
-                Passed(Reason::MalformedIpv4),
-            ));
+            table.push(
+                case(
+                    "IPv4 header length 4 words",
+                    patched(tcp_to_vip(40_008, 80), 14, &[0x44]),
+                    Passed(Reason::MalformedIpv4),
+                )
+                .facing(Facing::Input),
+            );
         }
         IpFamily::V6 => table.push(packet_too_big(vip, client)),
     }
@@ -263,9 +285,31 @@ fn packet_too_big(vip: IpAddr, client: IpAddr) -> Case {
     case("too big for the tunnel", big, Expect::CountedFrame(XDP_TX, answer, Reason::TooBig))
 }
 
+/// Makes `ifindex` serve `kind`: for a VLAN, the interface plain and the VLAN as two uplinks
+/// (every VIP is served on any).
+fn serve_uplink_kind(ebpf: &mut Ebpf, ifindex: u32, kind: UplinkKind) {
+    if let UplinkKind::Vlan(id) = kind {
+        use lb_common::maps::{UPLINKS, Uplink};
+        let mut uplinks: HashMap<_, UplinkKey, Uplink> =
+            HashMap::try_from(ebpf.map_mut(UPLINKS).unwrap()).unwrap();
+        for (vlan, slot) in [(0, 1), (id, 2)] {
+            let uplink = Uplink { source: [192, 0, 2, 10], mac: NODE_MAC, slot, _pad: 0 };
+            uplinks.insert(UplinkKey::new(ifindex, vlan), uplink, 0).unwrap();
+        }
+    }
+}
+
+/// The kinds of uplink the table runs on: the client plain, and on VLAN 30 of the interface.
+const UPLINK_KINDS: [UplinkKind; 2] = [UplinkKind::Untagged, UplinkKind::Vlan(30)];
+
 fn run_family(f: IpFamily, ifindex: u32, local: LocalMacs) {
+    for kind in UPLINK_KINDS {
+        let (mut ebpf, _maps) = load(f, ifindex);
+        serve_uplink_kind(&mut ebpf, ifindex, kind);
+        let table = cases(f, local).into_iter().map(|c| kind.shape(c)).collect();
+        run_cases(&ebpf, ifindex, &format!("{}, {}", f.as_str(), kind.label()), table);
+    }
     let (ebpf, _maps) = load(f, ifindex);
-    run_cases(&ebpf, ifindex, f.as_str(), cases(f, local));
     if f == IpFamily::V4 {
         zero_udp_checksum_stays_zero(&ebpf, ifindex);
     }

@@ -11,7 +11,7 @@ use lb_common::{
     maps::{OwnedVip, UPLINKS, Uplink, UplinkKey, VLAN_SLOTS, VlanSlot},
 };
 use lb_lab::{
-    cases::{Case, Expect, case, run_cases},
+    cases::{Case, Expect, case, run_cases, tagged, tagged_with},
     family::{
         FAMILIES, IpFamily, LabFamily, echo, own_vip, resolution_answer, resolution_request, segment_frame,
     },
@@ -59,19 +59,6 @@ fn load() -> Ebpf {
         }
     }
     ebpf
-}
-
-/// `frame` with an 802.1Q tag (`tci`) after its Ethernet addresses.
-fn tagged(frame: &[u8], tci: u16) -> Vec<u8> {
-    tagged_with(frame, 0x8100, tci)
-}
-
-fn tagged_with(frame: &[u8], tpid: u16, tci: u16) -> Vec<u8> {
-    let mut out = frame[..12].to_vec();
-    out.extend_from_slice(&tpid.to_be_bytes());
-    out.extend_from_slice(&tci.to_be_bytes());
-    out.extend_from_slice(&frame[12..]);
-    out
 }
 
 /// One table for both families: a request for a VIP (ARP or Neighbor Solicitation) or an echo

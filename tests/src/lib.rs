@@ -101,21 +101,27 @@ impl Host {
         }
     }
 
-    /// Who answers Neighbor Discovery for `target`, by ndisc6: the target link-layer address
-    /// (lower case), or `None` when nobody did.
+    /// Who answers Neighbor Discovery for `target`, by ndisc6: the first target link-layer
+    /// address (lower case), or `None` when nobody did.
     pub fn ndisc(&self, target: Ipv6Addr) -> Option<String> {
-        let out = self.ns.output(&["ndisc6", "-1", "-r", "2", "-w", "300", &target.to_string(), Self::IFACE]);
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("Target link-layer address:"))
-            .map(|mac| mac.trim().to_lowercase())
+        self.ndisc_answers(target, &["-1", "-r", "2"]).into_iter().next()
     }
 
     /// Every link-layer address that answers Neighbor Discovery for `target` within one wait
     /// (ndisc6 `-m`: duplicate advertisements too, lower case, in order of arrival): two nodes
     /// answering at once show as two.
     pub fn ndisc_all(&self, target: Ipv6Addr) -> Vec<String> {
-        let out = self.ns.output(&["ndisc6", "-m", "-r", "1", "-w", "300", &target.to_string(), Self::IFACE]);
+        self.ndisc_answers(target, &["-m", "-r", "1"])
+    }
+
+    fn ndisc_answers(&self, target: Ipv6Addr, how: &[&str]) -> Vec<String> {
+        let target = target.to_string();
+        let args: Vec<&str> = ["ndisc6"]
+            .into_iter()
+            .chain(how.iter().copied())
+            .chain(["-w", "300", &target, Self::IFACE])
+            .collect();
+        let out = self.ns.output(&args);
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| l.trim().strip_prefix("Target link-layer address:"))

@@ -98,16 +98,29 @@ mod tests {
         let from = Instant::now();
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(between(from, Instant::now()), Frozen::default(), "a quiet test process");
-        // SIGSTOP to ourselves freezes every thread as the host does; SIGCONT from a child.
-        let pid = std::process::id().to_string();
-        let waker = std::process::Command::new("sh")
-            .args(["-c", &format!("sleep 0.4; kill -CONT {pid}")])
+        // SIGSTOP to ourselves freezes every thread as the host does. The waker times the freeze
+        // from when the kernel shows us stopped, so a slow fork under load cannot shorten it.
+        let pid = std::process::id();
+        let mut waker = std::process::Command::new("sh")
+            .args([
+                "-c",
+                &format!(
+                    "until grep -q '^State:[[:space:]]*T' /proc/{pid}/status; do sleep 0.01; done; \
+                     sleep 0.4; kill -CONT {pid}"
+                ),
+            ])
             .spawn()
             .unwrap();
         let frozen_at = Instant::now();
-        std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+        // SAFETY: kill(2) on our own pid with a signal number; no memory is touched.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) }, 0);
+        // The stop lands asynchronously: wait until it has come and gone, then give the clock
+        // threads, woken at the same moment as this one, a fresh 50 ms to record it.
+        while frozen_at.elapsed() < Duration::from_millis(400) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         std::thread::sleep(Duration::from_millis(50));
-        drop(waker);
+        waker.wait().expect("the waker ran");
         let seen = between(frozen_at, Instant::now());
         assert_eq!(seen.times, 1, "every CPU's clock saw the one freeze: {seen:?}");
         assert!(seen.longest >= Duration::from_millis(250), "{seen:?}");

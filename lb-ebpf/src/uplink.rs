@@ -30,8 +30,15 @@ fn arrived_on(ctx: &XdpContext) -> Option<u8> {
 /// This node's address on interface `ifindex`, when that is an uplink.
 #[inline(always)]
 pub fn source(ifindex: u32) -> Option<[u8; 4]> {
+    source_on(ifindex, 0)
+}
+
+/// This node's IPv4 address on the uplink on interface `ifindex`, VLAN `vlan` (zero for none):
+/// also its VRRP source there.
+#[inline(always)]
+pub fn source_on(ifindex: u32, vlan: u16) -> Option<[u8; 4]> {
     // SAFETY: copied out at once.
-    unsafe { UPLINKS.get(&UplinkKey::new(ifindex, 0)) }.map(|u| u.source)
+    unsafe { UPLINKS.get(&UplinkKey::new(ifindex, vlan)) }.map(|u| u.source)
 }
 
 /// This node's IPv6 VRRP address on the uplink a frame arrived by (interface `ifindex`, VLAN

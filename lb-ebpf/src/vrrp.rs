@@ -27,11 +27,13 @@ const VRRP_HEADER: usize = 8;
 /// When an advertisement says 0 (malformed), a learned MAC stays live this long.
 const DEFAULT_LIVE_NS: u64 = 3_000_000_000;
 
-/// An IPv4 advertisement from `source` (its header at [`L4_OFFSET`], no options).
+/// An IPv4 advertisement from `source` (its header at [`L4_OFFSET`], no options). This node's
+/// own address is looked for on the uplink it arrived by, VLAN included: on another VLAN of
+/// the same parent the address is another link's.
 #[inline(always)]
 pub fn observe(ctx: &XdpContext, source: [u8; 4]) -> u32 {
     let own = maps::settings().is_some_and(|s| s.node_addr == source)
-        || uplink::source(ctx.ingress_ifindex() as u32) == Some(source);
+        || uplink::source_on(ctx.ingress_ifindex() as u32, vlan::arrival_vlan()) == Some(source);
     learn(ctx, &VRRP_SPEAKERS, &VipKey::new(source), own, L4_OFFSET);
     stats::verdict(Reason::Ipv4Passed, packet::len(ctx), XDP_PASS)
 }

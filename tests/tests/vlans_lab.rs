@@ -171,6 +171,41 @@ impl Vlans {
     }
 }
 
+impl Vlans {
+    /// VLAN 30's client sends advertisements with node `node`'s address there (priority 254):
+    /// they arrive tagged 30, so that node's XDP counts its own address arriving on that
+    /// uplink (the kernel drops it as a martian before the agent could see it), and the
+    /// agent logs it; the node stays master.
+    fn impersonate_on_vlan_30(&self, node: usize) {
+        use lb_agent::vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V4};
+        use lb_lab::{
+            family::ip_frame,
+            packet::{multicast_mac, send_and_capture},
+        };
+        let [a, b, c] = VLAN_30.subnet;
+        let own = IpAddr::V4(Ipv4Addr::new(a, b, c, 10 + node as u8));
+        let group = IpAddr::V4(VRRP_MULTICAST_V4);
+        let spoofed = Advertisement {
+            vrid: VLAN_30.vrid,
+            priority: 254,
+            max_adver_int_cs: 5,
+            addresses: vec![VLAN_30.vip.into()],
+        }
+        .encode(own, group, ChecksumMode::Rfc);
+        let client = &self.clients[0];
+        let frame = ip_frame((client.mac, multicast_mac(VRRP_MULTICAST_V4)), own, group, 255, 112, &spoofed);
+        let sample = format!(r#"lbagent_vrrp_impersonated_adverts_total{{member="{own}"}}"#);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.agents[node].metric(&sample) == 0.0 {
+            assert!(Instant::now() < deadline, "{sample} on n{node}\n{}", self.logs());
+            send_and_capture(client.ns.name(), "eth0", vec![frame.clone(); 2], Duration::from_millis(20));
+        }
+        let log = self.agents[node].log_text();
+        assert!(log.contains("impersonating") && log.contains("this node's own address"), "{log}");
+        assert_eq!(self.state(node, &VLAN_30, "master"), 1.0, "{}", self.logs());
+    }
+}
+
 /// The node whose priority is higher in `g`.
 fn master_of(g: &Group) -> usize {
     usize::from(g.priorities[1] > g.priorities[0])
@@ -178,8 +213,9 @@ fn master_of(g: &Group) -> usize {
 
 /// Each VLAN elects its own master from tagged advertisements (IPv4, and IPv6 on VLAN 30),
 /// answers ARP, Neighbor Discovery and ping for its VIPs with its tag, and never for another
-/// VLAN's VIPs (nor the untagged group's, nor the untagged client for theirs); when VLAN 30's
-/// master dies, VLAN 30 alone moves, and its new master announces its VIPs tagged.
+/// VLAN's VIPs (nor the untagged group's, nor the untagged client for theirs); a master sees
+/// its own VLAN address impersonated there; when VLAN 30's master dies, VLAN 30 alone moves,
+/// and its new master announces its VIPs tagged.
 #[test]
 fn vlans_elect_answer_isolate_and_fail_over_apart() {
     let mut net = vlans(|_| String::new());
@@ -246,6 +282,7 @@ fn vlans_elect_answer_isolate_and_fail_over_apart() {
     ]);
     let capture = String::from_utf8_lossy(&capture.stdout);
     assert!(capture.contains("vlan 30") && capture.contains("10.30.0.10 > 224.0.0.18"), "{capture}");
+    net.impersonate_on_vlan_30(master_of(&VLAN_30));
     let moves: Vec<f64> = [&UNTAGGED, &VLAN_40].iter().map(|g| net.transitions(1, g)).collect();
     // The new master's ARP announcements reach VLAN 30's client: they left n1 tagged 30, or
     // the client's access port would have dropped them.

@@ -264,34 +264,43 @@ fn a_vrrp_source_heard_from_another_mac_is_counted() {
 
 /// An advert with this node's own address, arriving on the uplink where it is this node's
 /// (IPv4: the uplink's address; IPv6: its VRRP link-local, `VRRP_OWN6`), came from another host:
-/// each is counted, whatever its MAC, and passed on. On another uplink the same address is
-/// another link's, so its MAC is learned and nothing counted.
+/// each is counted, whatever its MAC, and passed on. An uplink is an interface and a VLAN: on
+/// another interface, or untagged on the parent of the VLAN where the address is this node's,
+/// the same address is another link's, so its MAC is learned and nothing counted.
 #[test]
 fn an_advert_with_this_nodes_own_address_is_counted_on_its_uplink_only() {
     use lb_agent::vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6};
     use lb_common::maps::{UPLINKS, Uplink, UplinkKey, VRRP_OWN6, Vip6Key};
+    use lb_lab::cases::tagged;
     const ELSEWHERE: u32 = 999;
+    // Where the address is this node's (interface, VLAN), the tag the advert arrives with, and
+    // whether it is counted.
+    let rows: [(&str, UplinkKey, Option<u16>, bool); 4] = [
+        ("untagged uplink, arriving there", UplinkKey::new(ARRIVAL, 0), None, true),
+        ("another interface's", UplinkKey::new(ELSEWHERE, 0), None, false),
+        ("VLAN 30's, arriving on VLAN 30", UplinkKey::new(ARRIVAL, 30), Some(30), true),
+        ("VLAN 30's, arriving untagged on its parent", UplinkKey::new(ARRIVAL, 30), None, false),
+    ];
     for f in FAMILIES {
-        for (uplink, counted) in [(ARRIVAL, true), (ELSEWHERE, false)] {
+        for (row, key, tci, counted) in rows {
             let mut ebpf = load(f);
-            let name = format!("{}, own on ifindex {uplink}", f.as_str());
+            let name = format!("{}, {row}", f.as_str());
             let own: IpAddr = f.pick(
                 Ipv4Addr::new(192, 0, 2, 10).into(),
                 Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xa).into(),
             );
-            let key = UplinkKey::new(uplink, 0);
-            match own {
-                IpAddr::V4(v4) => {
-                    let mut map: HashMap<_, UplinkKey, Uplink> =
-                        HashMap::try_from(ebpf.map_mut(UPLINKS).unwrap()).unwrap();
-                    map.insert(key, Uplink { source: v4.octets(), mac: VIP_MAC, slot: 1, _pad: 0 }, 0)
-                        .unwrap();
-                }
-                IpAddr::V6(v6) => {
-                    let mut map: HashMap<_, UplinkKey, Vip6Key> =
-                        HashMap::try_from(ebpf.map_mut(VRRP_OWN6).unwrap()).unwrap();
-                    map.insert(key, Vip6Key::new(v6.octets()), 0).unwrap();
-                }
+            // The uplink itself, so that its VLAN is served; IPv4's address is its source.
+            let source = match own {
+                IpAddr::V4(v4) => v4.octets(),
+                IpAddr::V6(_) => [192, 0, 2, 99],
+            };
+            let mut uplinks: HashMap<_, UplinkKey, Uplink> =
+                HashMap::try_from(ebpf.map_mut(UPLINKS).unwrap()).unwrap();
+            uplinks.insert(key, Uplink { source, mac: VIP_MAC, slot: 1, _pad: 0 }, 0).unwrap();
+            if let IpAddr::V6(v6) = own {
+                let mut map: HashMap<_, UplinkKey, Vip6Key> =
+                    HashMap::try_from(ebpf.map_mut(VRRP_OWN6).unwrap()).unwrap();
+                map.insert(key, Vip6Key::new(v6.octets()), 0).unwrap();
             }
             let (group, group_mac): (IpAddr, [u8; 6]) = f.pick(
                 (VRRP_MULTICAST_V4.into(), lb_lab::packet::multicast_mac(VRRP_MULTICAST_V4)),
@@ -300,14 +309,15 @@ fn an_advert_with_this_nodes_own_address_is_counted_on_its_uplink_only() {
             let advert =
                 Advertisement { vrid: 20, priority: 254, max_adver_int_cs: 5, addresses: vec![f.vip()] };
             let frame = |mac: [u8; 6]| {
-                ip_frame(
+                let frame = ip_frame(
                     (mac, group_mac),
                     own,
                     group,
                     255,
                     112,
                     &advert.encode(own, group, ChecksumMode::Rfc),
-                )
+                );
+                tci.map_or(frame.clone(), |tci| tagged(&frame, tci))
             };
             // Own: every advert counted, from one MAC or another. Another link's: the one MAC learned.
             let macs: &[[u8; 6]] = if counted {

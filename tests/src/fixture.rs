@@ -12,7 +12,7 @@ use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM, flow_tables::FlowTabl
 use lb_common::{
     counters::Reason,
     flow_table,
-    maps::{PacketCounter, REASON_STATS},
+    maps::{PacketCounter, REASON_STATS, UPLINKS, Uplink, UplinkKey},
     service::{ConnectionKey, Flow},
 };
 
@@ -63,6 +63,15 @@ pub fn load_uplink() -> Ebpf {
     program.load().expect("the verifier accepts lb_xdp");
     lb_agent::dataplane::load_ipv6_path(&mut ebpf).expect("the verifier accepts the IPv6 path");
     ebpf
+}
+
+/// Makes interface `ifindex`, VLAN `vlan` (zero for none) an uplink: slot `slot`, this node's
+/// address `source` and MAC `mac` there.
+pub fn add_uplink(ebpf: &mut Ebpf, (ifindex, vlan): (u32, u16), slot: u8, source: Ipv4Addr, mac: [u8; 6]) {
+    let mut uplinks: aya::maps::HashMap<_, UplinkKey, Uplink> =
+        aya::maps::HashMap::try_from(ebpf.map_mut(UPLINKS).expect("the uplink map")).unwrap();
+    let uplink = Uplink { source: source.octets(), mac, slot, _pad: 0 };
+    uplinks.insert(UplinkKey::new(ifindex, vlan), uplink, 0).expect("writing an uplink");
 }
 
 /// Packets counted at `index` of the per-CPU counter array `map`, summed over CPUs.

@@ -106,14 +106,10 @@ fn snat_port(sport: u16, dport: u16, proto: u8) -> u16 {
 #[test]
 fn services_are_served_on_their_uplink_and_sourced_from_the_egress_one() {
     in_node_with_local_pod(IpFamily::V4, |ifindex, local| {
-        use lb_common::maps::{UPLINKS, Uplink, UplinkKey};
         let mut f = Fixture::load(ifindex);
         let egress_source = Ipv4Addr::new(192, 0, 2, 77);
         let set_uplink = |f: &mut Fixture, slot: u8| {
-            let mut uplinks: HashMap<_, UplinkKey, Uplink> =
-                HashMap::try_from(f.ebpf.map_mut(UPLINKS).unwrap()).unwrap();
-            let entry = Uplink { source: egress_source.octets(), mac: NODE_MAC, slot, _pad: 0 };
-            uplinks.insert(UplinkKey::new(ifindex, 0), entry, 0).unwrap();
+            lb_lab::fixture::add_uplink(&mut f.ebpf, (ifindex, 0), slot, egress_source, NODE_MAC);
         };
         set_uplink(&mut f, 1);
         let moved = f.maps.set_vip_uplinks(std::sync::Arc::new([(VIP.into(), 2)].into())).unwrap();
@@ -408,7 +404,12 @@ fn an_earlier_builds_flows_are_converted_and_keep_their_backends() {
         use lb_agent::dataplane::flow_tables::{TABLES, convert_earlier};
         use lb_common::service::{Addr4, ConnectionKey, FLOW_TABLE, FLOWS, Flow, ServiceKey};
         let f = Fixture::load(ifindex);
-        let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/lb-fixture-convert-{}", std::process::id()));
+        // The labs' bpffs (mounted by the lab this runs in): the host's /sys/fs/bpf need not be one.
+        let dir = std::path::PathBuf::from(format!(
+            "{}/lb-fixture-convert-{}",
+            lb_lab::BPFFS_LABS,
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let pinned = dir.join(FLOWS);
         let mut earlier = lb_lab::fixture::pin_earlier_flows(&pinned);

@@ -31,7 +31,9 @@ use lb_lab::{
         in_node_with_local_pod, ip_frame, own_vip, patched, segment, segment_frame, snat_port,
         with_unparsed_header,
     },
-    fixture::{CLIENT_MAC, NODE_MAC, PEER_MAC, XDP_REDIRECT, XDP_TX, load_uplink, run_uplink},
+    fixture::{
+        CLIENT_MAC, NODE, NODE_MAC, PEER_MAC, XDP_REDIRECT, XDP_TX, add_uplink, load_uplink, run_uplink,
+    },
     packet::{Noise, icmpv6_checksum},
 };
 
@@ -289,12 +291,8 @@ fn packet_too_big(vip: IpAddr, client: IpAddr) -> Case {
 /// (every VIP is served on any).
 fn serve_uplink_kind(ebpf: &mut Ebpf, ifindex: u32, kind: UplinkKind) {
     if let UplinkKind::Vlan(id) = kind {
-        use lb_common::maps::{UPLINKS, Uplink};
-        let mut uplinks: HashMap<_, UplinkKey, Uplink> =
-            HashMap::try_from(ebpf.map_mut(UPLINKS).unwrap()).unwrap();
         for (vlan, slot) in [(0, 1), (id, 2)] {
-            let uplink = Uplink { source: [192, 0, 2, 10], mac: NODE_MAC, slot, _pad: 0 };
-            uplinks.insert(UplinkKey::new(ifindex, vlan), uplink, 0).unwrap();
+            add_uplink(ebpf, (ifindex, vlan), slot, NODE, NODE_MAC);
         }
     }
 }

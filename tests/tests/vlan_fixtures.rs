@@ -5,10 +5,10 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use aya::{Ebpf, maps::HashMap};
+use aya::Ebpf;
 use lb_common::{
     counters::Reason,
-    maps::{OwnedVip, UPLINKS, Uplink, UplinkKey, VLAN_SLOTS, VlanSlot},
+    maps::{OwnedVip, VLAN_SLOTS, VlanSlot},
 };
 use lb_lab::{
     cases::{Case, Expect, case, run_cases, tagged, tagged_with},
@@ -39,11 +39,8 @@ fn vip(f: IpFamily, last: u8) -> IpAddr {
 
 fn load() -> Ebpf {
     let mut ebpf = fixture::load_uplink();
-    let mut uplinks: HashMap<_, UplinkKey, Uplink> =
-        HashMap::try_from(ebpf.map_mut(UPLINKS).unwrap()).unwrap();
     for (vlan, slot) in SLOTS {
-        let uplink = Uplink { source: [192, 0, 2, 10], mac: VIP_MAC, slot, _pad: 0 };
-        uplinks.insert(UplinkKey::new(PARENT, vlan), uplink, 0).unwrap();
+        fixture::add_uplink(&mut ebpf, (PARENT, vlan), slot, fixture::NODE, VIP_MAC);
     }
     // VLAN 30 is found in the array by VLAN id; VLAN 40 only in the uplink map (another parent
     // holds 40 in the array, as where two parents carry one VLAN id); VLAN 50 is in the array

@@ -154,7 +154,7 @@ fn an_owned_vip_is_claimed_only_while_its_lease_runs() {
 /// each family.
 #[test]
 fn an_owned_vip_is_answered_only_on_its_uplink() {
-    use lb_common::maps::{ANY_UPLINK, UPLINKS, Uplink, UplinkKey};
+    use lb_common::maps::ANY_UPLINK;
     let uplinks: [(&str, u8, Option<u8>, u32); 4] = [
         ("a single uplink: any interface", ANY_UPLINK, None, XDP_TX),
         ("arrived on its uplink", 2, Some(2), XDP_TX),
@@ -168,10 +168,7 @@ fn an_owned_vip_is_answered_only_on_its_uplink() {
             let mut ebpf = load(f);
             own_vip(&mut ebpf, f.vip(), OwnedVip::new(VIP_MAC).on_uplink(vip_slot));
             if let Some(slot) = arrival_slot {
-                let mut map: HashMap<_, UplinkKey, Uplink> =
-                    HashMap::try_from(ebpf.map_mut(UPLINKS).unwrap()).unwrap();
-                let uplink = Uplink { source: [192, 0, 2, 10], mac: VIP_MAC, slot, _pad: 0 };
-                map.insert(UplinkKey::new(ARRIVAL, 0), uplink, 0).unwrap();
+                fixture::add_uplink(&mut ebpf, (ARRIVAL, 0), slot, fixture::NODE, VIP_MAC);
             }
             for (kind, frame) in [("a request", &request), ("echo", &ping)] {
                 let (action, out) = run_uplink(&ebpf, frame, ARRIVAL);
@@ -270,7 +267,7 @@ fn a_vrrp_source_heard_from_another_mac_is_counted() {
 #[test]
 fn an_advert_with_this_nodes_own_address_is_counted_on_its_uplink_only() {
     use lb_agent::vrrp::packet::{Advertisement, ChecksumMode, VRRP_MULTICAST_V4, VRRP_MULTICAST_V6};
-    use lb_common::maps::{UPLINKS, Uplink, UplinkKey, VRRP_OWN6, Vip6Key};
+    use lb_common::maps::{UplinkKey, VRRP_OWN6, Vip6Key};
     use lb_lab::cases::tagged;
     const ELSEWHERE: u32 = 999;
     // Where the address is this node's (interface, VLAN), the tag the advert arrives with, and
@@ -291,12 +288,10 @@ fn an_advert_with_this_nodes_own_address_is_counted_on_its_uplink_only() {
             );
             // The uplink itself, so that its VLAN is served; IPv4's address is its source.
             let source = match own {
-                IpAddr::V4(v4) => v4.octets(),
-                IpAddr::V6(_) => [192, 0, 2, 99],
+                IpAddr::V4(v4) => v4,
+                IpAddr::V6(_) => Ipv4Addr::new(192, 0, 2, 99),
             };
-            let mut uplinks: HashMap<_, UplinkKey, Uplink> =
-                HashMap::try_from(ebpf.map_mut(UPLINKS).unwrap()).unwrap();
-            uplinks.insert(key, Uplink { source, mac: VIP_MAC, slot: 1, _pad: 0 }, 0).unwrap();
+            fixture::add_uplink(&mut ebpf, (key.ifindex, key.vlan), 1, source, VIP_MAC);
             if let IpAddr::V6(v6) = own {
                 let mut map: HashMap<_, UplinkKey, Vip6Key> =
                     HashMap::try_from(ebpf.map_mut(VRRP_OWN6).unwrap()).unwrap();

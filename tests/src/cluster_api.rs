@@ -262,30 +262,9 @@ impl ClusterLab {
         assert_eq!(self.owned(), 1.0, "one owner again a second after the freeze:\n{}", self.logs());
     }
 
-    /// No ping reply (`ping`'s output, one every 5 ms from `since`) was lost; or no more than
-    /// fit in the time a CPU of this machine stood still, plus an advert each time for the
-    /// owner to renew its VIP lease once it runs again, and an agent logged that lease running
-    /// out: the data plane rightly stopped claiming the VIP while its agent could not run.
+    /// See [`freeze::assert_no_reply_lost`].
     pub fn assert_no_reply_lost(&self, ping: &std::process::Output, since: Instant, during: &str) {
-        let summary = String::from_utf8_lossy(&ping.stdout);
-        let (sent, received) = crate::ping_counts(&summary);
-        let lost = sent - received;
-        if lost == 0 {
-            return;
-        }
-        let frozen = freeze::between(since, Instant::now());
-        let excused = (frozen.total + ADVERT_INTERVAL * frozen.times as u32).as_millis() as u64 / 5;
-        let lapsed = self.logs().contains("a VIP lease ran out before the agent renewed it");
-        assert!(
-            lapsed && lost <= excused,
-            "{lost} ping replies lost {during} (CPUs frozen: {frozen:?}, which would excuse {excused}; lease \
-             lapse logged: {lapsed}): {summary}\n{}",
-            self.logs()
-        );
-        eprintln!(
-            "{lost} ping replies lost {during}, while CPUs of this machine stood still ({frozen:?}) and the \
-             owner's VIP lease lapsed: the host's doing, not the scenario's"
-        );
+        freeze::assert_no_reply_lost(ping, since, during, ADVERT_INTERVAL, || self.logs());
     }
 }
 

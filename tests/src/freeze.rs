@@ -88,6 +88,39 @@ pub fn between(from: Instant, to: Instant) -> Frozen {
     }
 }
 
+/// No ping reply (`ping`'s output, one every 5 ms from `since`) was lost; or no more than fit
+/// in the time a CPU of this machine stood still, plus an advert (`advert_interval`) each time
+/// for the owner to renew its VIP lease once it runs again, and an agent logged that lease
+/// running out: the data plane rightly stopped claiming the VIP while its agent could not run.
+/// The agents' logs (`logs`) are read only then, and shown on failure.
+pub fn assert_no_reply_lost(
+    ping: &std::process::Output,
+    since: Instant,
+    during: &str,
+    advert_interval: Duration,
+    logs: impl Fn() -> String,
+) {
+    let summary = String::from_utf8_lossy(&ping.stdout);
+    let (sent, received) = crate::ping_counts(&summary);
+    let lost = sent - received;
+    if lost == 0 {
+        return;
+    }
+    let frozen = between(since, Instant::now());
+    let excused = (frozen.total + advert_interval * frozen.times as u32).as_millis() as u64 / 5;
+    let logs = logs();
+    let lapsed = logs.contains("a VIP lease ran out before the agent renewed it");
+    assert!(
+        lapsed && lost <= excused,
+        "{lost} ping replies lost {during} (CPUs frozen: {frozen:?}, which would excuse {excused}; lease \
+         lapse logged: {lapsed}): {summary}\n{logs}"
+    );
+    eprintln!(
+        "{lost} ping replies lost {during}, while CPUs of this machine stood still ({frozen:?}) and the \
+         owner's VIP lease lapsed: the host's doing, not the scenario's"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,8 +56,10 @@ const RESTART_ONLY: &[RestartOnly] = restart_only![
     "adminSocket" => admin_socket,
     "node" => node,
     "nodeAddress" => node_address,
+    "nodeAddress6" => node_address6,
     "dataplane.pinPath" => dataplane.pin_path,
     "dataplane.capacity" => dataplane.capacity,
+    "dataplane.capacity6" => dataplane.capacity6,
     "routes.device" => routes.device,
     "routes.protocol" => routes.protocol,
     "routes.holdTime" => routes.hold_time,
@@ -316,7 +318,7 @@ mod tests {
         let running = Config::parse("interface: eth0\n").unwrap();
         let new = Config::parse(
             "interface: eth1\nxdpMode: skb\nlisten: 127.0.0.1:9999\nadminSocket: /run/x.sock\nnode: n9\n\
-             nodeAddress: 192.0.2.9\ndataplane: {pinPath: /sys/fs/bpf/x, capacity: {services: 100}, keepOnExit: false}\n\
+             nodeAddress: 192.0.2.9\nnodeAddress6: '2001:db8::9'\ndataplane: {pinPath: /sys/fs/bpf/x, capacity: {services: 100}, capacity6: {services: 100}, keepOnExit: false}\n\
              routes: {device: vips9, protocol: 210, holdTime: 9s, drain: 9s}\n",
         )
         .unwrap();
@@ -340,6 +342,7 @@ mod tests {
             admin_socket: Default::default(),
             node: None,
             node_address: None,
+            node_address6: None,
             dataplane: Default::default(),
             routes: Default::default(),
             ..c.clone()

@@ -72,7 +72,7 @@ enum Bench {
         #[arg(long, default_value_t = 1)]
         repeat: u32,
         /// One case alone, as `ipv6/10/hard` (family, advert interval in ms, `hard` or
-        /// `graceful`), without the CPU measurement.
+        /// `graceful`), without the CPU measurement; `cpu`: the CPU measurement alone.
         #[arg(long)]
         case: Option<String>,
     },
@@ -202,6 +202,7 @@ fn main() -> Result<()> {
         }
         Task::Bench { which: Bench::Bgp { quick } } => {
             prepare_bench()?;
+            cargo(&["build", "--release", "--package", "lb-lab", "--bin", "hold-connections"])?;
             let args: &[&str] = if quick { &["--connections", "100", "--spread", "300"] } else { &[] };
             run_bench("bench-bgp", args, (!quick).then_some("bgp"))
         }

@@ -92,7 +92,7 @@ fn fabric(config: fn(&Lab, usize, &str) -> String) -> Fabric {
     fabric
 }
 
-/// Long-lived connections from the far client (tests/tools/hold-connections.py), ready.
+/// Long-lived connections from the far client (`hold-connections`, beside this binary), ready.
 struct Load {
     child: Child,
     out: BufReader<std::process::ChildStdout>,
@@ -100,9 +100,12 @@ struct Load {
 
 impl Load {
     fn start(fabric: &Fabric, per_port: u64) -> Load {
-        let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/hold-connections.py");
+        let exe = std::env::current_exe().expect("this benchmark's path");
+        let tool = exe.with_file_name("hold-connections");
         let mut child = Command::new("ip")
-            .args(["netns", "exec", fabric.far.ns.name(), "python3", tool, &VIP.to_string()])
+            .args(["netns", "exec", fabric.far.ns.name()])
+            .arg(&tool)
+            .arg(VIP.to_string())
             .arg(format!("{DSR_PORT},{NAT_PORT}"))
             .args([&per_port.to_string(), "50", "600"])
             .stdout(Stdio::piped())

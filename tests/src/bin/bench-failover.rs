@@ -24,7 +24,7 @@ const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, 0x10);
 const VRID: u8 = 10;
 const PRIORITIES: [u8; 3] = [200, 150, 100];
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Peer {
     Keepalived,
     LbAgent,
@@ -227,6 +227,16 @@ fn cpu_share(peer: Peer, vips: usize) -> f64 {
             })
             .sum()
     };
+    let processes = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            let pgrp = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(2));
+            pgrp.and_then(|p| p.parse::<u32>().ok()) == Some(pgid)
+        })
+        .count();
+    eprintln!("{peer:?}: {processes} processes in the master's process group {pgid}");
     let (t0, w0) = (ticks(), Instant::now());
     std::thread::sleep(Duration::from_secs(10));
     let (t1, w1) = (ticks(), Instant::now());
@@ -254,7 +264,7 @@ fn repeat() -> usize {
 }
 
 /// `--case FAMILY/INTERVAL_MS/FAILURE` (as `ipv6/10/hard`): that case alone, without the CPU
-/// measurement.
+/// measurement; `--case cpu`: the CPU measurement alone.
 fn case() -> Option<String> {
     arg("--case").map(|c| c.to_lowercase())
 }
@@ -273,6 +283,9 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|");
     for vip in [IpAddr::V4(VIP), IpAddr::V6(VIP6)] {
+        if only.as_deref() == Some("cpu") {
+            break;
+        }
         for &interval in intervals {
             for failure in [Failure::Hard, Failure::Graceful] {
                 let family = if vip.is_ipv4() { "ipv4" } else { "ipv6" };
@@ -313,7 +326,7 @@ fn main() {
             }
         }
     }
-    if only.is_some() {
+    if only.as_ref().is_some_and(|o| o != "cpu") {
         return;
     }
     let vips = if quick { 100 } else { 1000 };

@@ -101,7 +101,7 @@ pub fn assert_no_reply_lost(
     logs: impl Fn() -> String,
 ) {
     let summary = String::from_utf8_lossy(&ping.stdout);
-    let (sent, received) = crate::ping_counts(&summary);
+    let (sent, received) = crate::ping_counts(ping);
     let lost = sent - received;
     if lost == 0 {
         return;

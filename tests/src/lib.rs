@@ -533,9 +533,10 @@ pub fn metric(text: &str, sample: &str) -> Option<f64> {
     text.lines().find_map(|line| line.strip_prefix(sample)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-/// The replies sent and received that `ping`'s summary line reports ("N packets transmitted,
-/// M received, …").
-pub fn ping_counts(output: &str) -> (u64, u64) {
+/// The replies sent and received that the summary line of `ping`'s output reports ("N packets
+/// transmitted, M received, …").
+pub fn ping_counts(ping: &std::process::Output) -> (u64, u64) {
+    let output = String::from_utf8_lossy(&ping.stdout);
     let line = output
         .lines()
         .find(|l| l.contains(" packets transmitted"))

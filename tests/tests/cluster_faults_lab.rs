@@ -369,9 +369,10 @@ fn rolling_restarts_keep_one_owner_and_each_new_owner_answers() {
     let took = started.elapsed();
     // Stop the pings: they were sized for longer than the restarts take.
     let _ = cluster.lab.client.ns.output(&["pkill", "-INT", "ping"]);
-    let summary = String::from_utf8_lossy(&pings.join().unwrap().stdout).into_owned();
+    let pings = pings.join().unwrap();
+    let summary = String::from_utf8_lossy(&pings.stdout).into_owned();
     eprintln!("six restarts in {took:?}: {summary}");
-    let (sent, received) = lb_lab::ping_counts(&summary);
+    let (sent, received) = lb_lab::ping_counts(&pings);
     // Alone, six restarts lose at most a few replies; a clean-clone CI run beside the other
     // labs lost 121 of 4,782 once (one handover slow on a loaded host; not yet explained), so
     // the bound is 5 %, well under what a missed handover (seconds of silence) would lose.

@@ -40,11 +40,6 @@ fn wait_tcp6(lab: &Lab, node: usize) {
     election::wait_tcp(lab, VIP6.into(), node)
 }
 
-/// Replies among ping's summary ("N received").
-fn received(ping: &std::process::Output) -> u64 {
-    lb_lab::ping_counts(&String::from_utf8_lossy(&ping.stdout)).1
-}
-
 #[test]
 fn ipv6_election_and_hard_failover_under_ping() {
     let (lab, mut agents) = lab_with_agents(3, &[200, 150, 100], "    vipMode: both\n");
@@ -86,7 +81,7 @@ fn ipv6_election_and_hard_failover_under_ping() {
     wait_owner6(&lab, 1, &agents);
     wait_tcp6(&lab, 1);
     let output = ping.join().unwrap();
-    let lost = 1500 - received(&output);
+    let lost = 1500 - lb_lab::ping_counts(&output).1;
     assert!(lost < 1500 / 2, "the pings never came back: {lost} of 1500 lost");
     agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv6",state="master"}"#, 1.0);
 

@@ -128,7 +128,7 @@ impl PingStream {
     /// Waits for the last ping; how many replies never came.
     fn lost(self) -> u32 {
         let sent = self.sent;
-        sent - received(&self.output())
+        sent - lb_lab::ping_counts(&self.output()).1 as u32
     }
 }
 
@@ -161,11 +161,6 @@ fn graceful_stop_loses_no_ping(f: IpFamily) {
     assert!(summary.contains("600 packets transmitted, 600 received"), "{summary}\n{}", agents[0].log_text());
     wait_owner(&lab, f.vip(), 1, &agents);
     assert!(agents[0].log_text().contains("successor heard"), "{}", agents[0].log_text());
-}
-
-/// Replies `ping` reported, from its summary line.
-fn received(ping: &std::process::Output) -> u32 {
-    lb_lab::ping_counts(&String::from_utf8_lossy(&ping.stdout)).1 as u32
 }
 
 /// Asserts that `node` alone answers address resolution for `vip`, several times over.

@@ -21,7 +21,10 @@
 //! - hard loss: the connections again; every frame to or from n2 dropped at the switch, every
 //!   link up ([`Fabric::fail_hard`]);
 //!   time until the ToR drops it, resets and failed requests, the longest wait any request saw;
-//! - bgpOwner failover, on a second lab: a 5 ms ping while the master fails hard; the outage,
+//! - backends changing, on a lab of its own (two pods on n0 and n1 each): a third endpoint
+//!   joins with no fault, then a fourth as n2 is lost hard; resets and failed requests
+//!   ([`backends_change`]);
+//! - bgpOwner failover, on another lab: a 5 ms ping while the master fails hard; the outage,
 //!   and the VRRP takeover inside it (cut to the backup's transition, from its log).
 
 use std::{
@@ -77,19 +80,43 @@ fn bgp_owner(lab: &Lab, me: usize, services: &str) -> String {
 }
 
 fn services(lab: &Lab) -> String {
+    services_on(lab, &[0, 1])
+}
+
+/// Both services, with the lab's pods `pods` as their endpoints.
+fn services_on(lab: &Lab, pods: &[usize]) -> String {
     [
-        service_config(lab, "dsr", VIP, DSR_PORT, TARGET_PORT, "dsr", &[0, 1]),
-        service_config(lab, "nat", VIP, NAT_PORT, TARGET_PORT, "fullNat", &[0, 1]),
+        service_config(lab, "dsr", VIP, DSR_PORT, TARGET_PORT, "dsr", pods),
+        service_config(lab, "nat", VIP, NAT_PORT, TARGET_PORT, "fullNat", pods),
     ]
     .concat()
 }
 
-fn fabric(config: fn(&Lab, usize, &str) -> String) -> Fabric {
-    let cluster = ServiceLab::new(&[1, 1, 0], false, TARGET_PORT, VIP, config);
+/// The lab with `pods` pods on each node, its agents running `services` (with `services` of
+/// that lab).
+fn fabric_of(
+    pods: &[usize],
+    config: fn(&Lab, usize, &str) -> String,
+    services: impl Fn(&Lab) -> String,
+) -> Fabric {
+    let cluster = ServiceLab::new(pods, false, TARGET_PORT, VIP, config);
     let mut fabric = Fabric::new(cluster);
     let services = services(&fabric.cluster.lab);
     fabric.cluster.start(&services);
     fabric
+}
+
+fn fabric(config: fn(&Lab, usize, &str) -> String) -> Fabric {
+    fabric_of(&[1, 1, 0], config, services)
+}
+
+/// Every agent reloads (SIGHUP) with the services' endpoints now `pods`.
+fn reload_endpoints(fabric: &Fabric, pods: &[usize]) {
+    let lab = &fabric.cluster.lab;
+    for (node, agent) in fabric.cluster.agents.iter().enumerate() {
+        std::fs::write(&agent.config, bgp(lab, node, &services_on(lab, pods))).expect("writing a config");
+        agent.signal(libc::SIGHUP);
+    }
 }
 
 /// Long-lived connections from the far client (`hold-connections`, beside this binary), ready.
@@ -308,6 +335,7 @@ fn main() {
     ));
     drop(fabric);
 
+    rows.extend(backends_change(connections, per_port));
     let owner = fabric_owner();
     rows.push(owner);
 
@@ -316,6 +344,50 @@ fn main() {
     for (case, method, dsr, nat) in rows {
         println!("| {case} | {method} | {dsr} | {nat} |");
     }
+}
+
+/// Backends that change, with and without a rehash. Pods 0 and 1 on n0, 2 and 3 on n1; the
+/// services start on pods 0 and 2. First pod 1 joins with no fault: every flow keeps its
+/// backend in each node's connection table, whatever the new ring says. Then pod 3 joins at
+/// the moment n2 is lost hard: the flows ECMP moves to another node meet no entry there and
+/// take the new ring's backend, which for the slots that moved to pod 3 is not theirs (the
+/// endpoint answers a mid-connection segment with a reset). What breaks is measured.
+fn backends_change(connections: u64, per_port: u64) -> Vec<(&'static str, String, String, String)> {
+    let fabric = fabric_of(&[2, 2, 0], bgp, |lab| services_on(lab, &[0, 2]));
+    let vip = IpAddr::V4(VIP);
+    fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+    fabric.wait_bfd_up(CONVERGE);
+    let mut rows = Vec::new();
+
+    let load = Load::start(&fabric, per_port);
+    std::thread::sleep(Duration::from_secs(2));
+    reload_endpoints(&fabric, &[0, 1, 2]);
+    std::thread::sleep(Duration::from_secs(4));
+    let (dsr, nat) = describe(&load.finish());
+    rows.push((
+        "a backend added, no rehash",
+        format!("{connections} connections; a third endpoint joins (every agent reloaded)"),
+        dsr,
+        nat,
+    ));
+
+    let load = Load::start(&fabric, per_port);
+    std::thread::sleep(Duration::from_secs(2));
+    fabric.fail_hard(2);
+    reload_endpoints(&fabric, &[0, 1, 2, 3]);
+    let lost = fabric.wait_next_hops(vip, &[0, 1], Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(3));
+    let (dsr, nat) = describe(&load.finish());
+    rows.push((
+        "a backend added during a hard loss (rehash)",
+        format!(
+            "{connections} connections; a fourth endpoint joins as n2 is cut off; the ToR dropped n2 in {} ms",
+            lost.as_millis()
+        ),
+        dsr,
+        nat,
+    ));
+    rows
 }
 
 /// bgpOwner: a 5 ms ping while the master is cut off; the outage, and VRRP's share of it.

@@ -243,6 +243,12 @@ fn ping_outage(far_ns: &str, seconds: u32, during: impl FnOnce()) -> (f64, u64, 
 fn main() {
     let connections = arg("--connections", 1000);
     let per_port = connections / 2;
+    if std::env::args().any(|a| a == "--backends-only") {
+        for (case, method, dsr, nat) in backends_change(connections, per_port) {
+            println!("| {case} | {method} | {dsr} | {nat} |");
+        }
+        return;
+    }
     let spread_connections = arg("--spread", 3000);
     let vip = IpAddr::V4(VIP);
     let mut rows = Vec::new();
@@ -361,9 +367,14 @@ fn backends_change(connections: u64, per_port: u64) -> Vec<(&'static str, String
 
     let load = Load::start(&fabric, per_port);
     std::thread::sleep(Duration::from_secs(2));
+    let before = reasons(&fabric);
     reload_endpoints(&fabric, &[0, 1, 2]);
     std::thread::sleep(Duration::from_secs(4));
     let (dsr, nat) = describe(&load.finish());
+    eprintln!(
+        "a backend added, no rehash: XDP paths taken meanwhile, per node: {:?}",
+        since(&fabric, &before)
+    );
     rows.push((
         "a backend added, no rehash",
         format!("{connections} connections; a third endpoint joins (every agent reloaded)"),
@@ -388,6 +399,37 @@ fn backends_change(connections: u64, per_port: u64) -> Vec<(&'static str, String
         nat,
     ));
     rows
+}
+
+/// Each agent's XDP reason counters (`lbagent_xdp_reason_packets_total`), by reason.
+fn reasons(fabric: &Fabric) -> Vec<std::collections::BTreeMap<String, f64>> {
+    let prefix = "lbagent_xdp_reason_packets_total{reason=\"";
+    let parse = |text: String| {
+        text.lines()
+            .filter_map(|l| {
+                let (reason, value) = l.strip_prefix(prefix)?.split_once("\"} ")?;
+                Some((reason.to_owned(), value.trim().parse().ok()?))
+            })
+            .collect()
+    };
+    fabric.cluster.agents.iter().map(|a| parse(a.metrics())).collect()
+}
+
+/// What each agent counted since `before`, the reasons that moved only.
+fn since(
+    fabric: &Fabric,
+    before: &[std::collections::BTreeMap<String, f64>],
+) -> Vec<std::collections::BTreeMap<String, f64>> {
+    reasons(fabric)
+        .into_iter()
+        .zip(before)
+        .map(|(now, then)| {
+            now.into_iter()
+                .map(|(reason, n)| (reason.clone(), n - then.get(&reason).copied().unwrap_or(0.0)))
+                .filter(|(_, n)| *n != 0.0)
+                .collect()
+        })
+        .collect()
 }
 
 /// bgpOwner: a 5 ms ping while the master is cut off; the outage, and VRRP's share of it.

@@ -169,9 +169,7 @@ impl Vlans {
     fn transitions(&self, node: usize, g: &Group) -> f64 {
         self.agents[node].vrrp_transitions(g.name, g.vrid)
     }
-}
 
-impl Vlans {
     /// VLAN 30's client sends advertisements with node `node`'s address there (priority 254):
     /// they arrive tagged 30, so that node's XDP counts its own address arriving on that
     /// uplink (the kernel drops it as a martian before the agent could see it), and the

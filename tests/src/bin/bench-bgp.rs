@@ -353,7 +353,8 @@ fn main() {
 }
 
 /// Backends that change, with and without a rehash. Pods 0 and 1 on n0, 2 and 3 on n1; the
-/// services start on pods 0 and 2. First pod 1 joins with no fault: every flow keeps its
+/// services start on pods 0 and 2. A control first: the connections held with nothing done.
+/// Then pod 1 joins with no fault: every flow keeps its
 /// backend in each node's connection table, whatever the new ring says. Then pod 3 joins at
 /// the moment n2 is lost hard: the flows ECMP moves to another node meet no entry there and
 /// take the new ring's backend, which for the slots that moved to pod 3 is not theirs (the
@@ -364,6 +365,12 @@ fn backends_change(connections: u64, per_port: u64) -> Vec<(&'static str, String
     fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
     fabric.wait_bfd_up(CONVERGE);
     let mut rows = Vec::new();
+
+    // The floor the two cases below stand on: the same connections for as long, nothing done.
+    let load = Load::start(&fabric, per_port);
+    std::thread::sleep(Duration::from_secs(6));
+    let (dsr, nat) = describe(&load.finish());
+    rows.push(("nothing changes (control)", format!("{connections} connections for 6 s"), dsr, nat));
 
     let load = Load::start(&fabric, per_port);
     std::thread::sleep(Duration::from_secs(2));

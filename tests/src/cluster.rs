@@ -260,8 +260,19 @@ impl Host {
     /// A session to `addr:port`, retried for 5 s while the path settles (ARP or NDP,
     /// neighbours); panics with `logs()` when none opens.
     pub fn settled_session(&self, addr: impl Into<IpAddr>, port: u16, logs: impl Fn() -> String) -> Session {
+        self.session_within(addr, port, Duration::from_secs(5), logs)
+    }
+
+    /// As [`Host::settled_session`], retried for `within`.
+    pub fn session_within(
+        &self,
+        addr: impl Into<IpAddr>,
+        port: u16,
+        within: Duration,
+        logs: impl Fn() -> String,
+    ) -> Session {
         let addr: IpAddr = addr.into();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + within;
         loop {
             if let Some(s) = self.session(addr, port) {
                 return s;

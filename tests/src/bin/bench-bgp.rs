@@ -21,9 +21,9 @@
 //! - hard loss: the connections again; every frame to or from n2 dropped at the switch, every
 //!   link up ([`Fabric::fail_hard`]);
 //!   time until the ToR drops it, resets and failed requests, the longest wait any request saw;
-//! - backends changing, on a lab of its own (two pods on n0 and n1 each): a third endpoint
-//!   joins with no fault, then a fourth as n2 is lost hard; resets and failed requests
-//!   ([`backends_change`]);
+//! - backends changing, on a lab of its own (two pods on n0 and n1 each): a control with
+//!   nothing done, a third endpoint joining with no fault, then a fourth as n2 is lost hard;
+//!   resets and failed requests ([`backends_change`]);
 //! - bgpOwner failover, on another lab: a 5 ms ping while the master fails hard; the outage,
 //!   and the VRRP takeover inside it (cut to the backup's transition, from its log).
 
@@ -92,8 +92,7 @@ fn services_on(lab: &Lab, pods: &[usize]) -> String {
     .concat()
 }
 
-/// The lab with `pods` pods on each node, its agents running `services` (with `services` of
-/// that lab).
+/// The lab with `pods[n]` pods on node n, its agents serving what `services` makes of it.
 fn fabric_of(
     pods: &[usize],
     config: fn(&Lab, usize, &str) -> String,
@@ -354,11 +353,11 @@ fn main() {
 
 /// Backends that change, with and without a rehash. Pods 0 and 1 on n0, 2 and 3 on n1; the
 /// services start on pods 0 and 2. A control first: the connections held with nothing done.
-/// Then pod 1 joins with no fault: every flow keeps its
-/// backend in each node's connection table, whatever the new ring says. Then pod 3 joins at
-/// the moment n2 is lost hard: the flows ECMP moves to another node meet no entry there and
-/// take the new ring's backend, which for the slots that moved to pod 3 is not theirs (the
-/// endpoint answers a mid-connection segment with a reset). What breaks is measured.
+/// Then pod 1 joins with no fault: every flow keeps its backend in each node's connection
+/// table, whatever the new ring says. Then pod 3 joins at the moment n2 is lost hard: the
+/// flows ECMP moves to another node meet no entry there and take the new ring's backend,
+/// which for the slots that moved to pod 3 is not theirs (the endpoint answers a
+/// mid-connection segment with a reset). What breaks is measured.
 fn backends_change(connections: u64, per_port: u64) -> Vec<(&'static str, String, String, String)> {
     let fabric = fabric_of(&[2, 2, 0], bgp, |lab| services_on(lab, &[0, 2]));
     let vip = IpAddr::V4(VIP);

@@ -213,8 +213,9 @@ fn cpu_share(peer: Peer, vips: usize) -> f64 {
     std::thread::sleep(Duration::from_secs(3));
     // keepalived forks its VRRP child: count the whole process group.
     let pgid = running[0].pid();
-    let ticks = || -> u64 {
-        std::fs::read_dir("/proc")
+    // The processes counted (the master's own, and any in its group) and their CPU ticks.
+    let ticks = || -> (usize, u64) {
+        let counted: Vec<u64> = std::fs::read_dir("/proc")
             .unwrap()
             .flatten()
             .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
@@ -225,21 +226,13 @@ fn cpu_share(peer: Peer, vips: usize) -> f64 {
                 (pgrp == pgid || pid == pgid)
                     .then(|| fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0))
             })
-            .sum()
+            .collect();
+        (counted.len(), counted.iter().sum())
     };
-    let processes = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .filter(|stat| {
-            let pgrp = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(2));
-            pgrp.and_then(|p| p.parse::<u32>().ok()) == Some(pgid)
-        })
-        .count();
-    eprintln!("{peer:?}: {processes} processes in the master's process group {pgid}");
-    let (t0, w0) = (ticks(), Instant::now());
+    let ((processes, t0), w0) = (ticks(), Instant::now());
+    eprintln!("{peer:?}: {processes} processes counted (the master {pgid} and its process group)");
     std::thread::sleep(Duration::from_secs(10));
-    let (t1, w1) = (ticks(), Instant::now());
+    let ((_, t1), w1) = (ticks(), Instant::now());
     drop(running);
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;

@@ -21,6 +21,8 @@
 //! - [`node_plan`]: from the config and the groups' placements to this node's VRRP instances.
 //! - [`key_files`]: the groups' VRRP key files, followed while the agent runs.
 //! - [`map_contents`]: from the config's services to this node's forwarding maps (pure).
+//! - [`endpoint_listings`]: which services each local endpoint lists, for verifying its replies
+//!   by the connection table (pure).
 //! - [`service_sync`]: writes the map contents into the maps in a task of its own.
 //! - [`agent`]: the run loop and signal handling.
 //! - [`uplinks`]: the interfaces VIPs are served on, resolved and with their sockets.
@@ -44,6 +46,7 @@ pub mod agent;
 pub mod announcer;
 pub mod config;
 pub mod dataplane;
+pub mod endpoint_listings;
 pub mod error;
 pub mod http;
 pub mod k8s;

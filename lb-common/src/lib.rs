@@ -7,6 +7,7 @@
 pub mod arp;
 pub mod counters;
 pub mod csum;
+pub mod endpoint_services;
 pub mod flow_table;
 pub mod hash;
 pub mod maps;

@@ -32,6 +32,10 @@ pub const REPLY_NAT: &str = "REPLY_NAT";
 pub const SNAT_REPLIES: &str = "SNAT_REPLIES";
 /// `HashMap<LocalEndpointKey, LocalEndpoint>`: this node's endpoints, for DSR decapsulation.
 pub const LOCAL_ENDPOINTS: &str = "LOCAL_ENDPOINTS";
+/// `HashMap<EndpointKey, EndpointServices>`: this node's local-delivery endpoints → the
+/// services that deliver to them, for translating their replies (see
+/// [`crate::endpoint_services`]).
+pub const ENDPOINT_SERVICES: &str = "ENDPOINT_SERVICES";
 /// `PerCpuArray<PacketCounter>` indexed by backend id.
 pub const BACKEND_STATS: &str = "BACKEND_STATS";
 /// `Array<Settings>` with one entry.
@@ -50,6 +54,7 @@ pub const NEXT_HOPS6: &str = "NEXT_HOPS6";
 pub const REPLY_NAT6: &str = "REPLY_NAT6";
 pub const SNAT_REPLIES6: &str = "SNAT_REPLIES6";
 pub const LOCAL_ENDPOINTS6: &str = "LOCAL_ENDPOINTS6";
+pub const ENDPOINT_SERVICES6: &str = "ENDPOINT_SERVICES6";
 /// `HashMap<UplinkKey, Vip6Key>`: this node's IPv6 address on each uplink (as `UPLINKS` keys
 /// them): the full-NAT source and the 6in6 outer source for IPv6 traffic leaving by it.
 pub const UPLINK_ADDRS6: &str = "UPLINK_ADDRS6";
@@ -136,6 +141,7 @@ pub struct FamilyMaps {
     pub next_hops: &'static str,
     pub vip_traffic: &'static str,
     pub local_endpoints: &'static str,
+    pub endpoint_services: &'static str,
     pub snat_replies: &'static str,
 }
 
@@ -149,6 +155,7 @@ impl Address for [u8; 4] {
         next_hops: NEXT_HOPS,
         vip_traffic: crate::maps::VIP_TRAFFIC,
         local_endpoints: LOCAL_ENDPOINTS,
+        endpoint_services: ENDPOINT_SERVICES,
         snat_replies: SNAT_REPLIES,
     };
     fn from_ip(ip: core::net::IpAddr) -> Option<Self> {
@@ -176,6 +183,7 @@ impl Address for [u8; 16] {
         next_hops: NEXT_HOPS6,
         vip_traffic: crate::maps::VIP_TRAFFIC6,
         local_endpoints: LOCAL_ENDPOINTS6,
+        endpoint_services: ENDPOINT_SERVICES6,
         snat_replies: SNAT_REPLIES6,
     };
     fn from_ip(ip: core::net::IpAddr) -> Option<Self> {
@@ -244,10 +252,23 @@ pub struct Service {
     /// The service's number in the connection table's keys ([`ConnectionKeyOf`]), kept while
     /// the service is installed and given to another service only late (as backend slots are).
     pub number: u16,
-    pub _pad: [u8; 2],
+    /// [`Service::REPLIES_BY_TABLE`], or zero.
+    pub flags: u8,
+    pub _pad: u8,
 }
 
 impl Service {
+    /// The service is listed in `ENDPOINT_SERVICES` for each of its local endpoints, so their
+    /// replies are translated from the connection table: local delivery writes no `REPLY_NAT`
+    /// entry. Clear (as in every entry of an earlier build) it writes one, as before.
+    pub const REPLIES_BY_TABLE: u8 = 1;
+
+    /// Whether [`Service::REPLIES_BY_TABLE`] is set.
+    #[inline(always)]
+    pub const fn replies_by_table(&self) -> bool {
+        self.flags & Self::REPLIES_BY_TABLE != 0
+    }
+
     /// The largest VIP slot plus one.
     pub const VIP_SLOTS: u32 = 1 << 24;
 

@@ -10,6 +10,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::Reason,
+    endpoint_services::{EndpointKeyOf, EndpointServicesOf},
     flow_table::{Bucket, Keying},
     maps::{PacketCounter, UplinkKey},
     service::{
@@ -48,6 +49,7 @@ pub trait IpFamily: Sized {
     fn reply_nat() -> &'static LruHashMap<FlowKeyOf<Self::Addr>, ReplyNatOf<Self::Addr>>;
     fn snat_replies() -> &'static HashMap<FlowKeyOf<Self::Addr>, SnatEntryOf<Self::Addr>>;
     fn local_endpoints() -> &'static HashMap<LocalEndpointKeyOf<Self::Addr>, LocalEndpoint>;
+    fn endpoint_services() -> &'static HashMap<EndpointKeyOf<Self::Addr>, EndpointServicesOf<Self::Addr>>;
 
     /// The node-wide address of this family, where there is one (IPv4's `Settings`).
     fn node_addr(settings: &Settings) -> Option<Self::Addr>;
@@ -126,6 +128,10 @@ impl IpFamily for V4 {
     #[inline(always)]
     fn local_endpoints() -> &'static HashMap<LocalEndpointKeyOf<Addr4>, LocalEndpoint> {
         &maps::LOCAL_ENDPOINTS
+    }
+    #[inline(always)]
+    fn endpoint_services() -> &'static HashMap<EndpointKeyOf<Addr4>, EndpointServicesOf<Addr4>> {
+        &maps::ENDPOINT_SERVICES
     }
 
     #[inline(always)]
@@ -230,6 +236,10 @@ impl IpFamily for V6 {
     #[inline(always)]
     fn local_endpoints() -> &'static HashMap<LocalEndpointKeyOf<Addr6>, LocalEndpoint> {
         &maps::LOCAL_ENDPOINTS6
+    }
+    #[inline(always)]
+    fn endpoint_services() -> &'static HashMap<EndpointKeyOf<Addr6>, EndpointServicesOf<Addr6>> {
+        &maps::ENDPOINT_SERVICES6
     }
 
     #[inline(always)]

@@ -10,16 +10,17 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::{Reason, XDP_ACTION_COUNT},
+    endpoint_services::{EndpointKeyOf, EndpointServicesOf},
     flow_table::{Bucket, DEFAULT_KEYING, Keying},
     maps::{
         MAX_LEASES, MAX_UPLINK_KEYS, MAX_VIPS, MAX_VRRP_SPEAKERS, OwnedVip, PacketCounter, Uplink, UplinkKey,
         VLAN_IDS, Vip6Key, VipKey, VipStats, VlanSlot, VrrpSpeaker,
     },
     service::{
-        Backend, Backend6, FlowKey, FlowKey6, INNER_MAP_FLAGS, IPV6_SERVICE_SLOTS, LocalEndpoint,
-        LocalEndpointKey, LocalEndpointKey6, MAX_BACKENDS, MAX_FLOWS, MAX_LOCAL_ENDPOINTS, MAX_RING_SIZE,
-        MAX_SERVICES, NextHopEntry, ReplyNat, ReplyNat6, RingEntry, Service, ServiceKey, ServiceKey6,
-        Settings, SnatEntry, SnatEntry6, ring_entries,
+        Addr4, Addr6, Backend, Backend6, FlowKey, FlowKey6, INNER_MAP_FLAGS, IPV6_SERVICE_SLOTS,
+        LocalEndpoint, LocalEndpointKey, LocalEndpointKey6, MAX_BACKENDS, MAX_FLOWS, MAX_LOCAL_ENDPOINTS,
+        MAX_RING_SIZE, MAX_SERVICES, NextHopEntry, ReplyNat, ReplyNat6, RingEntry, Service, ServiceKey,
+        ServiceKey6, Settings, SnatEntry, SnatEntry6, ring_entries,
     },
 };
 
@@ -88,6 +89,11 @@ pub static SNAT_REPLIES: HashMap<FlowKey, SnatEntry> = HashMap::with_max_entries
 pub static LOCAL_ENDPOINTS: HashMap<LocalEndpointKey, LocalEndpoint> =
     HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, 0);
 
+/// Written by the agent; read by the TC egress program (see `lb_common::endpoint_services`).
+#[map]
+pub static ENDPOINT_SERVICES: HashMap<EndpointKeyOf<Addr4>, EndpointServicesOf<Addr4>> =
+    HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, 0);
+
 #[map]
 pub static VRRP_SPEAKERS: LruHashMap<VipKey, VrrpSpeaker> =
     LruHashMap::with_max_entries(MAX_VRRP_SPEAKERS, 0);
@@ -131,6 +137,10 @@ pub static SNAT_REPLIES6: HashMap<FlowKey6, SnatEntry6> = HashMap::with_max_entr
 
 #[map]
 pub static LOCAL_ENDPOINTS6: HashMap<LocalEndpointKey6, LocalEndpoint> =
+    HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, 0);
+
+#[map]
+pub static ENDPOINT_SERVICES6: HashMap<EndpointKeyOf<Addr6>, EndpointServicesOf<Addr6>> =
     HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, 0);
 
 /// Scratch space for IPv6's FIB lookups (see `family::V6`), one per CPU; not pinned.

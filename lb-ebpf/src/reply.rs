@@ -1,21 +1,28 @@
 //! The uplink's TC egress program: replies from endpoints on this node (local delivery, and
-//! DSR after decapsulation) leave with the VIP and service port as their source.
+//! DSR after decapsulation) leave with the VIP and service port as their source. A local
+//! delivery's reply is verified by its flow's connection-table entry (see
+//! `lb_common::endpoint_services`); DSR's, and those of services not listed for their endpoint,
+//! are looked up in `REPLY_NAT`.
 //!
 //! TC rather than XDP because these packets are sent by the kernel, not received; the
 //! checksum helpers also cope with checksums the kernel left for offload (CHECKSUM_PARTIAL).
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    helpers::bpf_ktime_get_coarse_ns,
     programs::TcContext,
 };
 use lb_common::{
     counters::Reason,
-    service::{FlowKey, FlowKey6, PROTO_TCP, PROTO_UDP},
+    endpoint_services::{self, EndpointKeyOf},
+    service::{FlowKey, FlowKey6, PROTO_TCP, PROTO_UDP, ReplyNatOf},
 };
 
 use crate::{
+    family::{IpFamily, V4, V6},
     maps::{REPLY_NAT, REPLY_NAT6},
     packet::{ETH_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, FRAGMENT_MASK, IPV6_LEN, L4_OFFSET as L4},
+    services::flow,
     stats,
 };
 
@@ -50,9 +57,11 @@ pub fn translate(ctx: &TcContext) -> Result<(), i64> {
     let src = ctx.load::<[u8; 4]>(IP_SRC)?;
     let dst = ctx.load::<[u8; 4]>(IP_DST)?;
     let ports = ctx.load::<[u8; 4]>(L4)?;
-    let key = FlowKey::new(src, dst, [ports[0], ports[1]], [ports[2], ports[3]], proto);
-    // SAFETY: copied out at once.
-    let Some(to) = (unsafe { REPLY_NAT.get(&key) }).copied() else {
+    let Some(to) = verified_by_table::<V4>(src, dst, ports, proto).or_else(|| {
+        let key = FlowKey::new(src, dst, [ports[0], ports[1]], [ports[2], ports[3]], proto);
+        // SAFETY: copied out at once.
+        unsafe { REPLY_NAT.get(&key) }.copied()
+    }) else {
         return Ok(());
     };
     let word = |b: [u8; 4]| u32::from_ne_bytes(b) as u64;
@@ -96,9 +105,11 @@ fn translate6(ctx: &TcContext) -> Result<(), i64> {
     let src = ctx.load::<[u8; 16]>(IP6_SRC)?;
     let dst = ctx.load::<[u8; 16]>(IP6_DST)?;
     let ports = ctx.load::<[u8; 4]>(L4_6)?;
-    let key = FlowKey6::new(src, dst, [ports[0], ports[1]], [ports[2], ports[3]], proto);
-    // SAFETY: copied out at once.
-    let Some(to) = (unsafe { REPLY_NAT6.get(&key) }).copied() else {
+    let Some(to) = verified_by_table::<V6>(src, dst, ports, proto).or_else(|| {
+        let key = FlowKey6::new(src, dst, [ports[0], ports[1]], [ports[2], ports[3]], proto);
+        // SAFETY: copied out at once.
+        unsafe { REPLY_NAT6.get(&key) }.copied()
+    }) else {
         return Ok(());
     };
     let pseudo = BPF_F_PSEUDO_HDR as u64 | mangled | 4;
@@ -129,4 +140,25 @@ fn translate6(ctx: &TcContext) -> Result<(), i64> {
     }
     stats::count_reason(Reason::ReplyTranslated, ctx.len() as usize);
     Ok(())
+}
+
+/// The translation of a reply from `src` (a local endpoint) to `dst`, if one of the endpoint's
+/// services has a flow from that client and port whose connection-table entry names the
+/// endpoint: its source becomes that service's VIP and port.
+#[inline(always)]
+fn verified_by_table<F: IpFamily>(
+    src: F::Addr,
+    dst: F::Addr,
+    ports: [u8; 4],
+    proto: u8,
+) -> Option<ReplyNatOf<F::Addr>> {
+    let endpoint = EndpointKeyOf::new(src, [ports[0], ports[1]], proto);
+    // SAFETY: read in place at once; the agent replaces a value with one write.
+    let services = unsafe { F::endpoint_services().get(&endpoint) }?;
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let client_port = [ports[2], ports[3]];
+    let service =
+        endpoint_services::verified(services, dst, client_port, |key| flow::backend_of::<F>(key, now))?;
+    Some(ReplyNatOf::new(service.vip, dst, service.vip_port, client_port))
 }

@@ -120,6 +120,20 @@ pub fn run_uplink(ebpf: &Ebpf, input: &[u8], ifindex: u32) -> (u32, Vec<u8>) {
     (result.return_value, out)
 }
 
+/// Runs the uplink's TC egress program (`lb_reply`, loaded) on `input`: the frame as it
+/// leaves. The program always lets the packet go; returns the frame it leaves with.
+pub fn run_reply(ebpf: &Ebpf, input: &[u8]) -> Vec<u8> {
+    let program: &aya::programs::SchedClassifier =
+        ebpf.program(lb_agent::dataplane::REPLY_PROGRAM).unwrap().try_into().unwrap();
+    let mut out = vec![0u8; input.len() + 256];
+    let result = program
+        .test_run(TestRunOptions { data_in: Some(input), data_out: Some(&mut out), ..Default::default() })
+        .expect("BPF_PROG_TEST_RUN of lb_reply");
+    assert_eq!(result.return_value, 0, "lb_reply lets every packet go (TC_ACT_OK)");
+    out.truncate(result.data_size_out as usize);
+    out
+}
+
 /// `dev`'s MAC address in `ns`.
 pub fn mac_of(ns: &Netns, dev: &str) -> [u8; 6] {
     let out = ns.run_cmd(&["cat", &format!("/sys/class/net/{dev}/address")]);

@@ -7,10 +7,14 @@
 
 use std::net::Ipv4Addr;
 
-use aya::{Ebpf, maps::HashMap, programs::Xdp};
+use aya::{
+    Ebpf,
+    maps::HashMap,
+    programs::{SchedClassifier, Xdp},
+};
 use lb_agent::{
     config::Config,
-    dataplane::{EMBEDDED_OBJECT, ServiceMaps, UPLINK_PROGRAM},
+    dataplane::{EMBEDDED_OBJECT, REPLY_PROGRAM, ServiceMaps, UPLINK_PROGRAM},
     map_contents,
 };
 use lb_common::{
@@ -23,7 +27,7 @@ use lb_lab::{
     family::{IpFamily, encapsulated, in_node_with_local_pod, segment_frame},
     fixture::{
         CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, VIP, XDP_PASS, XDP_REDIRECT, XDP_TX,
-        reason_packets, run_uplink,
+        reason_packets, run_reply, run_uplink,
     },
     packet::checksums_valid,
 };
@@ -72,6 +76,8 @@ impl Fixture {
         let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).expect("loading the embedded object");
         let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
         program.load().expect("the verifier accepts lb_xdp");
+        let reply: &mut SchedClassifier = ebpf.program_mut(REPLY_PROGRAM).unwrap().try_into().unwrap();
+        reply.load().expect("the verifier accepts lb_reply");
         let mut owned: HashMap<_, VipKey, OwnedVip> =
             HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
         owned.insert(VipKey::new(VIP.octets()), OwnedVip::new(NODE_MAC), 0).unwrap();
@@ -245,9 +251,131 @@ fn next_hop_fixtures(ifindex: u32) {
     assert_eq!(hop, NextHopEntry::default(), "the new backend's slot has no hop");
 }
 
-/// A reply entry evicted while its flow's entry stays (a flood can do that to an LRU) is
-/// written again: by the next packet for TCP, whose client would otherwise reset the
-/// connection on an untranslated reply; at the flow's next-hop refresh for UDP.
+/// Four more services on the local pod's port 8080, TCP and UDP: with `local` (and `dsr-here`
+/// for TCP) more than an endpoint's listing holds, so ports 92 and 93 are not listed.
+const CROWD: &str = "
+  - name: crowd
+    vip: 198.51.100.10
+    ports: [{port: 90, targetPort: 8080}, {port: 91, targetPort: 8080}, {port: 92, targetPort: 8080},
+            {port: 93, targetPort: 8080}, {port: 90, protocol: UDP, targetPort: 8080},
+            {port: 91, protocol: UDP, targetPort: 8080}, {port: 92, protocol: UDP, targetPort: 8080},
+            {port: 93, protocol: UDP, targetPort: 8080}]
+    endpoints: [{address: 10.244.0.2, node: n0}]
+";
+
+impl Fixture {
+    fn crowd(&mut self) {
+        let config = Config::parse(&format!("{CONFIG}{CROWD}")).unwrap();
+        self.maps.apply(&map_contents::for_node(&config, "n0")).expect("syncing the crowded services");
+    }
+
+    fn reply_entries(&mut self) -> HashMap<&mut aya::maps::MapData, FlowKey, lb_common::service::ReplyNat> {
+        HashMap::try_from(self.ebpf.map_mut(lb_common::service::REPLY_NAT).unwrap()).unwrap()
+    }
+
+    fn marked(&self, port: u16, proto: u8) -> bool {
+        let key = lb_common::service::ServiceKey::new(VIP.octets(), port, proto);
+        self.maps.installed(&key).expect("the service is installed").replies_by_table()
+    }
+}
+
+/// The local pod's reply to `sport` from its port 8080, and the same leaving with the VIP's
+/// `vip_port` as its source.
+fn pod_reply(proto: u8, sport: u16, vip_port: u16) -> (Vec<u8>, Vec<u8>) {
+    let pod_mac = [0x02, 0, 0, 0, 0, 0x22];
+    let from_pod = segment_frame((pod_mac, NODE_MAC), LOCAL_POD, CLIENT, 64, proto, (8080, sport));
+    let from_vip = segment_frame((pod_mac, NODE_MAC), VIP, CLIENT, 64, proto, (vip_port, sport));
+    (from_pod, from_vip)
+}
+
+/// A local flow's replies are translated by the TC program from its connection-table entry
+/// (the services listed for the pod's port, see `lb_common::endpoint_services`): nothing is
+/// written per flow for them, and only a reply to a flow whose entry names this pod is
+/// translated. A service past an endpoint's listing keeps `REPLY_NAT` entries.
+#[test]
+fn a_local_flows_replies_are_verified_by_its_connection_table_entry() {
+    in_node_with_local_pod(IpFamily::V4, |ifindex, _| reply_verification_fixtures(ifindex));
+}
+
+fn reply_verification_fixtures(ifindex: u32) {
+    use lb_common::{
+        endpoint_services::EndpointKey,
+        flow_table::{Entry, Fingerprint},
+        service::{ConnectionKey, FLOW_TABLE, ServiceKey},
+    };
+    let mut f = Fixture::load(ifindex);
+    let endpoint = EndpointKey::new(LOCAL_POD.octets(), 8080u16.to_be_bytes(), 6);
+    let listed = f.maps.listings()[&endpoint];
+    assert_eq!(listed.count, 2, "TCP 8080 is local:80 and dsr-here:84");
+    assert!(f.marked(80, 6) && f.marked(80, 17) && f.marked(84, 6));
+
+    for (proto, sport, vip_port) in [(6u8, 43_000u16, 80u16), (17, 43_001, 80), (6, 43_002, 84)] {
+        let name = format!("proto {proto} to port {vip_port}");
+        let input = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, proto, (sport, vip_port));
+        assert_eq!(f.run(&input).0, XDP_REDIRECT, "{name}");
+        let reply_key = FlowKey::new(
+            LOCAL_POD.octets(),
+            CLIENT.octets(),
+            8080u16.to_be_bytes(),
+            sport.to_be_bytes(),
+            proto,
+        );
+        assert!(f.reply_entries().get(&reply_key, 0).is_err(), "{name}: no reply entry written");
+        let (from_pod, from_vip) = pod_reply(proto, sport, vip_port);
+        let before = f.reason(Reason::ReplyTranslated);
+        let out = run_reply(&f.ebpf, &from_pod);
+        assert_eq!(out, from_vip, "{name}: the reply leaves from the VIP");
+        assert!(checksums_valid(&out), "{name}: checksums of {out:02x?}");
+        assert_eq!(f.reason(Reason::ReplyTranslated), before + 1, "{name}: counted");
+    }
+
+    // A reply to a client port with no flow is left alone.
+    let (from_pod, _) = pod_reply(6, 43_100, 80);
+    assert_eq!(run_reply(&f.ebpf, &from_pod), from_pod, "no flow: untouched");
+
+    // The flow's entry names another backend (the pod left the service, or a collision):
+    // untouched; evicted: untouched until the client's next packet records it again.
+    let number = f.maps.installed(&ServiceKey::new(VIP.octets(), 80, 6)).unwrap().number;
+    let flow_key =
+        FlowKey::new(CLIENT.octets(), VIP.octets(), 43_000u16.to_be_bytes(), 80u16.to_be_bytes(), 6);
+    let key = ConnectionKey::of(&flow_key, number);
+    let flows = lb_lab::fixture::flow_table(&f.ebpf, FLOW_TABLE);
+    let entry = flows.lookup(&key).expect("the flow's entry");
+    let elsewhere = Entry::new(Fingerprint::of(entry.fingerprint()), entry.backend() + 1, None, entry.tick());
+    assert!(flows.replace(&key, Some(elsewhere)));
+    let (from_pod, from_vip) = pod_reply(6, 43_000, 80);
+    assert_eq!(run_reply(&f.ebpf, &from_pod), from_pod, "the entry names another backend: untouched");
+    assert!(flows.replace(&key, None));
+    assert_eq!(run_reply(&f.ebpf, &from_pod), from_pod, "evicted: untouched");
+    let input = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, 6, (43_000, 80));
+    assert_eq!(f.run(&input).0, XDP_REDIRECT);
+    assert_eq!(run_reply(&f.ebpf, &from_pod), from_vip, "recorded again by the client's next packet");
+
+    // Past the listing: ports 92 and 93 are not listed, their entries not marked, and their
+    // flows' replies go through REPLY_NAT; the listed ones keep their places.
+    f.crowd();
+    assert_eq!(f.maps.listings()[&endpoint].listed()[..2], listed.listed()[..2], "earlier listings kept");
+    for (port, proto, marked) in
+        [(90, 6, true), (91, 6, true), (92, 6, false), (93, 6, false), (92, 17, true), (93, 17, false)]
+    {
+        assert_eq!(f.marked(port, proto), marked, "port {port} proto {proto}");
+    }
+    let input = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, 6, (43_200, 93));
+    assert_eq!(f.run(&input).0, XDP_REDIRECT);
+    let (from_pod, from_vip) = pod_reply(6, 43_200, 93);
+    assert_eq!(run_reply(&f.ebpf, &from_pod), from_vip, "an unlisted service's reply, from REPLY_NAT");
+
+    // dsr-here moves to another port: 92 takes the place it left, and is marked once listed.
+    let moved = CONFIG.replace("{port: 84, targetPort: 8080}", "{port: 84, targetPort: 8081}");
+    let config = Config::parse(&format!("{moved}{CROWD}")).unwrap();
+    f.maps.apply(&map_contents::for_node(&config, "n0")).unwrap();
+    assert!(f.marked(92, 6) && !f.marked(93, 6), "port 92 takes the place dsr-here left");
+}
+
+/// A service past its endpoint's listing keeps reply entries: an entry evicted while its flow's
+/// connection-table entry stays (a flood can do that to an LRU) is written again, by the next
+/// packet for TCP, whose client would otherwise reset the connection on an untranslated reply;
+/// at the flow's next-hop refresh for UDP.
 #[test]
 fn an_evicted_reply_entry_is_written_again() {
     in_node_with_local_pod(IpFamily::V4, |ifindex, _| reply_entry_fixtures(ifindex));
@@ -256,14 +384,13 @@ fn an_evicted_reply_entry_is_written_again() {
 fn reply_entry_fixtures(ifindex: u32) {
     use lb_common::{
         flow_table::{CHECK_TICKS, Tick},
-        service::{ConnectionKey, FLOW_TABLE, REPLY_NAT, ReplyNat, ServiceKey},
+        service::{ConnectionKey, FLOW_TABLE, ServiceKey},
     };
-    fn replies(f: &mut Fixture) -> HashMap<&mut aya::maps::MapData, FlowKey, ReplyNat> {
-        HashMap::try_from(f.ebpf.map_mut(REPLY_NAT).unwrap()).unwrap()
-    }
     let mut f = Fixture::load(ifindex);
+    f.crowd();
     for (proto, sport) in [(6u8, 42_000u16), (17, 42_001)] {
-        let input = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, proto, (sport, 80));
+        assert!(!f.marked(93, proto), "port 93 is past the listing");
+        let input = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, proto, (sport, 93));
         let reply_key = FlowKey::new(
             LOCAL_POD.octets(),
             CLIENT.octets(),
@@ -272,24 +399,24 @@ fn reply_entry_fixtures(ifindex: u32) {
             proto,
         );
         let flow_key =
-            FlowKey::new(CLIENT.octets(), VIP.octets(), sport.to_be_bytes(), 80u16.to_be_bytes(), proto);
+            FlowKey::new(CLIENT.octets(), VIP.octets(), sport.to_be_bytes(), 93u16.to_be_bytes(), proto);
         assert_eq!(f.run(&input).0, XDP_REDIRECT);
-        assert!(replies(&mut f).get(&reply_key, 0).is_ok(), "proto {proto}: written with the first packet");
+        assert!(f.reply_entries().get(&reply_key, 0).is_ok(), "proto {proto}: written with the first packet");
 
-        replies(&mut f).remove(&reply_key).unwrap();
+        f.reply_entries().remove(&reply_key).unwrap();
         assert_eq!(f.run(&input).0, XDP_REDIRECT);
-        let again = replies(&mut f).get(&reply_key, 0).is_ok();
+        let again = f.reply_entries().get(&reply_key, 0).is_ok();
         assert_eq!(again, proto == 6, "proto {proto}: written again by the next packet only for TCP");
         if proto == 17 {
             // UDP: at the flow's next periodic check.
-            let number = f.maps.installed(&ServiceKey::new(VIP.octets(), 80, proto)).unwrap().number;
+            let number = f.maps.installed(&ServiceKey::new(VIP.octets(), 93, proto)).unwrap().number;
             let key = ConnectionKey::of(&flow_key, number);
             let flows = lb_lab::fixture::flow_table(&f.ebpf, FLOW_TABLE);
             let entry = flows.lookup(&key).expect("the flow's entry");
             let checked = Tick(entry.tick().0.wrapping_sub(CHECK_TICKS));
             assert!(flows.replace(&key, Some(entry.with_tick(checked))));
             assert_eq!(f.run(&input).0, XDP_REDIRECT);
-            assert!(replies(&mut f).get(&reply_key, 0).is_ok(), "UDP: written again at the refresh");
+            assert!(f.reply_entries().get(&reply_key, 0).is_ok(), "UDP: written again at the refresh");
         }
     }
 }

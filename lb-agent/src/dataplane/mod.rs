@@ -60,10 +60,10 @@ use lb_common::{
         VIP_TRAFFIC, VIP_TRAFFIC6, VRRP_SPEAKERS, VRRP_SPEAKERS6,
     },
     service::{
-        BACKEND_STATS, BACKEND_STATS6, BACKENDS, BACKENDS6, FLOW_TABLE, FLOW_TABLE6, IPV6_SERVICE_PROGRAMS,
-        IPV6_SERVICE_SLOTS, IPV6_SERVICES, LAYOUT_VERSION, LOCAL_ENDPOINTS, LOCAL_ENDPOINTS6, MAGLEV_RINGS,
-        NEXT_HOPS, NEXT_HOPS6, REPLY_NAT, REPLY_NAT6, SERVICES, SERVICES6, SETTINGS, SNAT_REPLIES,
-        SNAT_REPLIES6, UPLINK_ADDRS6,
+        BACKEND_STATS, BACKEND_STATS6, BACKENDS, BACKENDS6, ENDPOINT_SERVICES, ENDPOINT_SERVICES6,
+        FLOW_TABLE, FLOW_TABLE6, IPV6_SERVICE_PROGRAMS, IPV6_SERVICE_SLOTS, IPV6_SERVICES, LAYOUT_VERSION,
+        LOCAL_ENDPOINTS, LOCAL_ENDPOINTS6, MAGLEV_RINGS, NEXT_HOPS, NEXT_HOPS6, REPLY_NAT, REPLY_NAT6,
+        SERVICES, SERVICES6, SETTINGS, SNAT_REPLIES, SNAT_REPLIES6, UPLINK_ADDRS6,
     },
 };
 use tracing::{info, warn};
@@ -94,7 +94,7 @@ pub const PASS_PROGRAM: &str = "lb_pass";
 pub const REPLY_PROGRAM: &str = "lb_reply";
 
 /// Every map, pinned by name.
-pub const PINNED_MAPS: [&str; 32] = [
+pub const PINNED_MAPS: [&str; 34] = [
     OWNED_VIPS,
     OWNED_VIPS6,
     VIP_LEASES,
@@ -111,6 +111,7 @@ pub const PINNED_MAPS: [&str; 32] = [
     NEXT_HOPS,
     REPLY_NAT,
     LOCAL_ENDPOINTS,
+    ENDPOINT_SERVICES,
     SETTINGS,
     VRRP_SPEAKERS,
     VRRP_SPEAKERS6,
@@ -125,6 +126,7 @@ pub const PINNED_MAPS: [&str; 32] = [
     REPLY_NAT6,
     SNAT_REPLIES6,
     LOCAL_ENDPOINTS6,
+    ENDPOINT_SERVICES6,
     UPLINK_ADDRS6,
     // Holds the IPv6 path's programs: pinned, so they outlive the agent with the links.
     IPV6_SERVICES,
@@ -412,7 +414,7 @@ impl Dataplane {
 /// whose size stays twice `capacity.services` (`capacity6.services` is half of that by
 /// default, which leaves room for replacements): a pinned map of another size would make an
 /// upgrade replace every map, connections' state included.
-pub fn map_sizes(config: &DataplaneConfig) -> [(&'static str, u32); 19] {
+pub fn map_sizes(config: &DataplaneConfig) -> [(&'static str, u32); 21] {
     let (capacity, six) = (&config.capacity, &config.capacity6);
     [
         (SERVICES, capacity.services),
@@ -425,6 +427,7 @@ pub fn map_sizes(config: &DataplaneConfig) -> [(&'static str, u32); 19] {
         (REPLY_NAT, capacity.reply_nat),
         (SNAT_REPLIES, capacity.reply_nat),
         (LOCAL_ENDPOINTS, capacity.local_endpoints),
+        (ENDPOINT_SERVICES, capacity.local_endpoints),
         (SERVICES6, six.services),
         (VIP_TRAFFIC6, six.services),
         (BACKENDS6, six.backends),
@@ -434,6 +437,7 @@ pub fn map_sizes(config: &DataplaneConfig) -> [(&'static str, u32); 19] {
         (REPLY_NAT6, six.reply_nat),
         (SNAT_REPLIES6, six.reply_nat),
         (LOCAL_ENDPOINTS6, six.local_endpoints),
+        (ENDPOINT_SERVICES6, six.local_endpoints),
     ]
 }
 

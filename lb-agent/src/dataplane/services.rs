@@ -21,9 +21,11 @@
 //!
 //! Here: the maps' mirror ([`ServiceMaps`]) and applying map contents or a delta. Beside it: `open`
 //! (taking the maps, reading pins back), `install` (admitting and installing services),
-//! `rings` (Maglev rings' inner maps), `slots` (backend and VIP counter slots).
+//! `rings` (Maglev rings' inner maps), `slots` (backend and VIP counter slots), `listings`
+//! (local endpoints' services, for their replies).
 
 mod install;
+mod listings;
 mod open;
 mod rings;
 mod slots;
@@ -40,6 +42,7 @@ use aya::{
     util::nr_cpus,
 };
 use lb_common::{
+    endpoint_services::{EndpointKeyOf, EndpointServicesOf},
     maps::PacketCounter,
     service::{
         Addr4, Addr6, Address, BackendOf, Delivery, LocalEndpoint, LocalEndpointKeyOf, MAGLEV_RINGS,
@@ -77,6 +80,8 @@ pub struct ServiceMaps<A: Address = Addr4> {
     next_hops: Array<MapData, NextHopEntry>,
     rings: Rings,
     local_endpoints: BpfHashMap<MapData, LocalEndpointKeyOf<A>, LocalEndpoint>,
+    /// Each local endpoint's services, for verifying its replies (see [`listings`]).
+    endpoint_services: BpfHashMap<MapData, EndpointKeyOf<A>, EndpointServicesOf<A>>,
     /// Node-wide, written through IPv4's maps.
     settings: Option<Array<MapData, Settings>>,
     limits: Limits,
@@ -104,6 +109,8 @@ pub struct ServiceMaps<A: Address = Addr4> {
     /// Kernel memory of one ring, by ring size (measured once per size).
     ring_bytes: HashMap<u32, u64>,
     local: HashMap<LocalEndpointKeyOf<A>, LocalEndpoint>,
+    /// What `endpoint_services` holds.
+    listings: HashMap<EndpointKeyOf<A>, EndpointServicesOf<A>>,
     /// Rings replaced or removed, still in `MAGLEV_RINGS` (their ids reserved).
     retired: Vec<u32>,
     /// Services that did not fit, waiting for room.
@@ -351,6 +358,7 @@ impl<A: Address> ServiceMaps<A> {
             })
             .collect();
         self.apply_local_endpoints(delta, &mut report)?;
+        self.sync_listings(&mut report)?;
         Ok(report)
     }
 
@@ -461,6 +469,7 @@ impl<A: Address> ServiceMaps<A> {
             // The outer map once, with the first family's rings.
             (MAGLEV_RINGS, if self.settings.is_some() { self.rings_outer_bytes } else { 0 } + rings),
             (names.local_endpoints, of(self.local_endpoints.map().fd())),
+            (names.endpoint_services, of(self.endpoint_services.map().fd())),
         ]
     }
 }

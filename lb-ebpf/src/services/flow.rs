@@ -28,6 +28,8 @@ pub struct Picked<A> {
     /// Whether the flow's periodic checks are due with this packet (a new flow's are): its
     /// entry's clock was moved on when it was read.
     pub check_due: bool,
+    /// The service's [`Service::replies_by_table`]: local delivery needs no reply entry.
+    pub replies_by_table: bool,
 }
 
 impl<A: Address> Picked<A> {
@@ -127,6 +129,7 @@ pub(super) fn pick_backend<F: IpFamily>(
                 known: true,
                 snat_attempt: hit.entry.snat_attempt().unwrap_or(NO_ATTEMPT),
                 check_due,
+                replies_by_table: service.replies_by_table(),
             });
         }
     }
@@ -149,5 +152,18 @@ pub(super) fn pick_backend<F: IpFamily>(
         known: false,
         snat_attempt: NO_ATTEMPT,
         check_due: true,
+        replies_by_table: service.replies_by_table(),
     })
+}
+
+/// The backend id `key`'s entry names, if the table holds one: the TC egress program's check
+/// that a reply belongs to a flow this node delivered (see `lb_common::endpoint_services`). A
+/// reply moves the entry's clock on as a packet of the flow would, so a flow whose client
+/// is quiet while its endpoint talks stays recent, as the reply entry's LRU kept it.
+#[inline(always)]
+pub fn backend_of<F: IpFamily>(key: &ConnectionKeyOf<F::Addr>, now: u64) -> Option<u16> {
+    let (bucket, position) = bucket_of::<F>(key)?;
+    let hit = flow_table::find(&bucket, position.fingerprint)?;
+    let _ = flow_table::checks_due(&bucket, hit, Tick::at(now));
+    Some(hit.entry.backend())
 }

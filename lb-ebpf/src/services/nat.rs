@@ -28,7 +28,9 @@ use crate::{
 const SNAT_ATTEMPTS: u32 = 8;
 
 /// An endpoint on this node: DNAT to it and redirect to its interface. The reply is
-/// translated back on the uplink's egress (the TC program), from the `REPLY_NAT` entry.
+/// translated back on the uplink's egress (the TC program), verified by the flow's
+/// connection-table entry, or from a `REPLY_NAT` entry for a service not listed for its
+/// endpoint.
 #[inline(always)]
 pub(super) fn local<F: IpFamily>(
     ctx: &XdpContext,
@@ -43,7 +45,9 @@ pub(super) fn local<F: IpFamily>(
         Ok(hop) => hop,
         Err(reason) => return (XDP_PASS, reason),
     };
-    if must_check_reply(flow.proto, picked.check_due) {
+    // A service listed for its endpoints has its replies checked against the connection
+    // table instead (see `lb_common::endpoint_services`): nothing to write or check here.
+    if !picked.replies_by_table && must_check_reply(flow.proto, picked.check_due) {
         remember_reply::<F>(backend.addr, backend.port, flow);
     }
     picked.remember::<F>(flow, now);

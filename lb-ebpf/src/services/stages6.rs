@@ -74,6 +74,8 @@ pub fn run_full_nat(ctx: &XdpContext) -> u32 {
         known: state.known != 0,
         snat_attempt: state.snat_attempt,
         check_due: state.check_due != 0,
+        // Full NAT's stage: replies come back through `SNAT_REPLIES`, never `REPLY_NAT`.
+        replies_by_table: false,
     };
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };

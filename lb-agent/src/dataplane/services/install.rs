@@ -112,7 +112,8 @@ impl<A: Address> ServiceMaps<A> {
             };
             let entry = Service {
                 number,
-                _pad: [0; 2],
+                flags: self.flags_for(*key, number, &planned.backends),
+                _pad: 0,
                 ring_id: 0,
                 ring_size: ring.len() as u32,
                 backend_count: planned.backends.len() as u32,

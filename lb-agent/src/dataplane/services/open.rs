@@ -30,6 +30,8 @@ impl<A: Address> ServiceMaps<A> {
             BpfHashMap::try_from(take(names.services)?).map_err(err(names.services))?;
         let local_endpoints: BpfHashMap<MapData, LocalEndpointKeyOf<A>, LocalEndpoint> =
             BpfHashMap::try_from(take(names.local_endpoints)?).map_err(err(names.local_endpoints))?;
+        let endpoint_services: BpfHashMap<MapData, EndpointKeyOf<A>, EndpointServicesOf<A>> =
+            BpfHashMap::try_from(take(names.endpoint_services)?).map_err(err(names.endpoint_services))?;
         let backends: Array<MapData, BackendOf<A>> =
             Array::try_from(take(names.backends)?).map_err(err(names.backends))?;
         let next_hops = Array::try_from(take(names.next_hops)?).map_err(err(names.next_hops))?;
@@ -55,6 +57,7 @@ impl<A: Address> ServiceMaps<A> {
             next_hops,
             rings,
             local_endpoints,
+            endpoint_services,
             settings,
             limits,
             rings_fd,
@@ -69,6 +72,7 @@ impl<A: Address> ServiceMaps<A> {
             next_ring: A::RING_IDS.start,
             ring_bytes: HashMap::new(),
             local: HashMap::new(),
+            listings: HashMap::new(),
             retired: Vec::new(),
             refused: BTreeMap::new(),
             address_changes: Default::default(),
@@ -131,6 +135,10 @@ impl<A: Address> ServiceMaps<A> {
         for entry in self.local_endpoints.iter() {
             let (key, value) = entry.map_err(err(A::MAPS.local_endpoints))?;
             self.local.insert(key, value);
+        }
+        for entry in self.endpoint_services.iter() {
+            let (key, value) = entry.map_err(err(A::MAPS.endpoint_services))?;
+            self.listings.insert(key, value);
         }
         Ok(())
     }

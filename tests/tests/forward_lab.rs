@@ -110,6 +110,11 @@ fn every_mode_carries_tcp_and_udp_to_the_right_endpoint(f: IpFamily) {
     for reason in ["forwarded_local", "forwarded_full_nat", "forwarded_dsr", "reply_translated"] {
         assert!(c.reason(0, reason) > 0.0, "n0 counted no {reason}:\n{}", c.logs());
     }
+    // n0's local replies were verified by its connection table: it wrote no reply entry. n1's
+    // DSR replies come from reply entries written at decapsulation.
+    let reply_nat = f.pick(lb_common::service::REPLY_NAT, lb_common::service::REPLY_NAT6);
+    assert_eq!(pinned_entries(&c, 0, reply_nat), 0, "n0 wrote reply entries for local flows");
+    assert!(pinned_entries(&c, 1, reply_nat) > 0, "n1 wrote no reply entry for DSR flows");
     assert!(c.reason(1, "dsr_decapsulated") > 0.0, "n1 decapsulated nothing:\n{}", c.logs());
     assert!(c.reason(1, "reply_translated") > 0.0, "n1 translated no DSR reply:\n{}", c.logs());
     let m = c.agents[0].metrics();
@@ -119,6 +124,24 @@ fn every_mode_carries_tcp_and_udp_to_the_right_endpoint(f: IpFamily) {
     let vip = format!("lbagent_vip_packets_total{{vip=\"{}\"}}", f.vip());
     assert!(lb_lab::metric(&m, &vip).unwrap_or(0.0) > 0.0, "{vip}:\n{m}");
     assert_eq!(lb_lab::metric(&m, "lbagent_xdp_packets_total{action=\"aborted\"}"), Some(0.0));
+}
+
+/// Entries in node `node`'s pinned map `map`.
+fn pinned_entries(c: &Cluster, node: usize, map: &str) -> usize {
+    let pin = lb_agent::dataplane::pin_dir(&c.lab.pin_path(node)).join(map);
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(&pin)
+        .output()
+        .expect("running bpftool");
+    assert!(
+        out.status.success(),
+        "bpftool map dump {}: {}",
+        pin.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let entries: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool's JSON");
+    entries.as_array().map_or(0, Vec::len)
 }
 
 /// Opens `n` sessions on `port` and returns them with the pods that answered.

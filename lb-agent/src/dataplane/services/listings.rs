@@ -3,7 +3,7 @@
 //! marked only once it is listed at every local endpoint, and unmarked before it loses a
 //! listing, so its flows always have a listing or a reply entry.
 
-use crate::endpoint_listings::{self, ServiceEndpoints};
+use crate::endpoint_listings::ServiceEndpoints;
 
 use super::*;
 
@@ -24,14 +24,14 @@ impl<A: Address> ServiceMaps<A> {
         ServiceEndpoints { key, number, local }
     }
 
-    /// The flags of `key`'s new entry: its old mark is kept only while the listings still name
-    /// it at each of its (new) local endpoints, so an entry never claims a listing that is not
+    /// The flags of `key`'s new entry: its old mark is kept only while the map still lists it
+    /// at each of its (new) local endpoints, so an entry never claims a listing that is not
     /// there; a new service starts unmarked.
     pub(super) fn flags_for(&self, key: ServiceKeyOf<A>, number: u16, backends: &[BackendOf<A>]) -> u8 {
         match self.installed.get(&key) {
             Some(old)
                 if old.entry.replies_by_table()
-                    && self.service_endpoints(key, number, backends).is_listed_in(&self.listings) =>
+                    && self.listings.is_listed(&self.service_endpoints(key, number, backends)) =>
             {
                 Service::REPLIES_BY_TABLE
             }
@@ -39,20 +39,31 @@ impl<A: Address> ServiceMaps<A> {
         }
     }
 
-    /// Brings `ENDPOINT_SERVICES` and the entries' marks to the installed services: marks that
-    /// go are cleared first, then the listings written, then the new marks set.
-    pub(super) fn sync_listings(&mut self, report: &mut SyncReport) -> Result<()> {
-        let services: Vec<ServiceEndpoints<A>> = self
-            .installed
-            .iter()
-            .map(|(key, i)| self.service_endpoints(*key, i.entry.number, &i.backends))
-            .collect();
-        let wanted =
-            endpoint_listings::listings(&self.listings, &services, self.limits.local_endpoints as usize);
+    /// Brings `ENDPOINT_SERVICES` and the entries' marks to the services `touched` (installed
+    /// or removed by this sync): marks that go are cleared first, then the listings written,
+    /// then the new marks set. Costs the endpoints the change touches.
+    pub(super) fn sync_listings(
+        &mut self,
+        touched: &[ServiceKeyOf<A>],
+        report: &mut SyncReport,
+    ) -> Result<()> {
+        for key in touched {
+            match self.installed.get(key) {
+                Some(i) => {
+                    let service = self.service_endpoints(*key, i.entry.number, &i.backends);
+                    self.listings.set(service);
+                }
+                None => self.listings.remove(*key),
+            }
+        }
+        let mut settled = self.listings.settle();
+        settled.services.extend(touched.iter().copied());
         let marks = |this: &Self, set: bool| -> Vec<(ServiceKeyOf<A>, Service)> {
-            this.installed
+            settled
+                .services
                 .iter()
-                .filter(|(key, i)| i.entry.replies_by_table() != set && wanted.complete.contains(key) == set)
+                .filter_map(|key| Some((key, this.installed.get(key)?)))
+                .filter(|(key, i)| i.entry.replies_by_table() != set && this.listings.is_complete(key) == set)
                 .map(|(key, i)| {
                     let flags = if set { Service::REPLIES_BY_TABLE } else { 0 };
                     (*key, Service { flags, ..i.entry })
@@ -63,19 +74,13 @@ impl<A: Address> ServiceMaps<A> {
         if !unmarked.is_empty() {
             self.rewrite_entries(unmarked)?;
         }
-        let gone: Vec<EndpointKeyOf<A>> =
-            self.listings.keys().filter(|k| !wanted.endpoints.contains_key(k)).copied().collect();
-        for key in gone {
-            self.endpoint_services.remove(&key).map_err(err(A::MAPS.endpoint_services))?;
-            self.listings.remove(&key);
-            report.local_endpoints_changed += 1;
-        }
-        for (key, value) in wanted.endpoints {
-            if self.listings.get(&key) != Some(&value) {
-                self.endpoint_services.insert(key, value, 0).map_err(err(A::MAPS.endpoint_services))?;
-                self.listings.insert(key, value);
-                report.local_endpoints_changed += 1;
+        for (key, value) in &settled.writes {
+            match value {
+                Some(value) => self.endpoint_services.insert(key, value, 0),
+                None => self.endpoint_services.remove(key),
             }
+            .map_err(err(A::MAPS.endpoint_services))?;
+            report.local_endpoints_changed += 1;
         }
         let marked = marks(self, true);
         if !marked.is_empty() {
@@ -86,6 +91,6 @@ impl<A: Address> ServiceMaps<A> {
 
     /// What `ENDPOINT_SERVICES` holds (status and tests).
     pub fn listings(&self) -> &HashMap<EndpointKeyOf<A>, EndpointServicesOf<A>> {
-        &self.listings
+        self.listings.listed()
     }
 }

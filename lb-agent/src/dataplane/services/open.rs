@@ -36,11 +36,10 @@ impl<A: Address> ServiceMaps<A> {
             Array::try_from(take(names.backends)?).map_err(err(names.backends))?;
         let next_hops = Array::try_from(take(names.next_hops)?).map_err(err(names.next_hops))?;
         let snat = super::super::snat::SnatTable::take(take(names.snat_replies)?)?;
-        let max_entries = |map: &MapData, name| map.info().map(|i| i.max_entries()).map_err(err(name));
         let limits = Limits {
-            services: max_entries(services.map(), names.services)?,
+            services: max_entries_of(services.map(), names.services)?,
             backends: backends.len(),
-            local_endpoints: max_entries(local_endpoints.map(), names.local_endpoints)?,
+            local_endpoints: max_entries_of(local_endpoints.map(), names.local_endpoints)?,
         };
         let first = rings.is_none();
         let rings = match rings {
@@ -72,7 +71,7 @@ impl<A: Address> ServiceMaps<A> {
             next_ring: A::RING_IDS.start,
             ring_bytes: HashMap::new(),
             local: HashMap::new(),
-            listings: HashMap::new(),
+            listings: crate::endpoint_listings::EndpointListings::new(0, HashMap::new()),
             retired: Vec::new(),
             refused: BTreeMap::new(),
             address_changes: Default::default(),
@@ -136,12 +135,19 @@ impl<A: Address> ServiceMaps<A> {
             let (key, value) = entry.map_err(err(A::MAPS.local_endpoints))?;
             self.local.insert(key, value);
         }
+        let mut listed = HashMap::new();
         for entry in self.endpoint_services.iter() {
             let (key, value) = entry.map_err(err(A::MAPS.endpoint_services))?;
-            self.listings.insert(key, value);
+            listed.insert(key, value);
         }
+        let capacity = max_entries_of(self.endpoint_services.map(), A::MAPS.endpoint_services)?;
+        self.listings = crate::endpoint_listings::EndpointListings::new(capacity as usize, listed);
         Ok(())
     }
+}
+
+fn max_entries_of(map: &MapData, name: &'static str) -> Result<u32> {
+    map.info().map(|i| i.max_entries()).map_err(err(name))
 }
 
 /// `MAGLEV_RINGS` as the mirror holds it: the map, a second fd for ring writes, and the outer

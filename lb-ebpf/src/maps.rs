@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     Global,
-    bindings::BPF_F_MMAPABLE,
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     btf_maps::{Array as BtfArray, HashOfMaps},
     macros::{btf_map, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray},
@@ -90,9 +90,11 @@ pub static LOCAL_ENDPOINTS: HashMap<LocalEndpointKey, LocalEndpoint> =
     HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, 0);
 
 /// Written by the agent; read by the TC egress program (see `lb_common::endpoint_services`).
+/// Not preallocated: a node has far fewer endpoints than its service entries have, and only the
+/// agent writes, so no allocation happens in a packet's path.
 #[map]
 pub static ENDPOINT_SERVICES: HashMap<EndpointKeyOf<Addr4>, EndpointServicesOf<Addr4>> =
-    HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, 0);
+    HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, BPF_F_NO_PREALLOC);
 
 #[map]
 pub static VRRP_SPEAKERS: LruHashMap<VipKey, VrrpSpeaker> =
@@ -141,7 +143,7 @@ pub static LOCAL_ENDPOINTS6: HashMap<LocalEndpointKey6, LocalEndpoint> =
 
 #[map]
 pub static ENDPOINT_SERVICES6: HashMap<EndpointKeyOf<Addr6>, EndpointServicesOf<Addr6>> =
-    HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, 0);
+    HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, BPF_F_NO_PREALLOC);
 
 /// Scratch space for IPv6's FIB lookups (see `family::V6`), one per CPU; not pinned.
 #[map]

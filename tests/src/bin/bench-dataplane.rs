@@ -183,7 +183,8 @@ fn main() {
     }
     let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
     print_tables(&machine, flows, packets, repetitions, &samples, ipv6);
-    if !ipv6 && !args.iter().any(|a| a == "--no-tcp") {
+    // The TCP run compares with the kernel modes, which `--xdp-only` leaves out.
+    if !ipv6 && !xdp_only && !args.iter().any(|a| a == "--no-tcp") {
         println!();
         bench.tcp(if quick { 2 } else { 5 }, repetitions);
     }

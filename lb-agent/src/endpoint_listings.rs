@@ -109,6 +109,16 @@ impl<A: Address> EndpointListings<A> {
         }
     }
 
+    /// The map holds `held` at `endpoint` after all (a write failed): the listing is made again
+    /// at the next settle.
+    pub fn resync(&mut self, endpoint: EndpointKeyOf<A>, held: Option<EndpointServicesOf<A>>) {
+        match held {
+            Some(held) => self.listed.insert(endpoint, held),
+            None => self.listed.remove(&endpoint),
+        };
+        self.dirty.insert(endpoint);
+    }
+
     /// Whether the map lists `service` at each of its local endpoints.
     pub fn is_listed(&self, service: &ServiceEndpoints<A>) -> bool {
         service.is_listed_in(&self.listed)
@@ -281,6 +291,18 @@ mod tests {
         let settled = listings.settle();
         assert_eq!(settled.writes, vec![(EndpointKeyOf::new([10, 244, 0, 9], PORT, PROTO_TCP), None)]);
         assert_eq!(listings.listed(), before.listed());
+    }
+
+    #[test]
+    fn a_write_that_failed_is_made_again_at_the_next_settle() {
+        let mut listings = settled(16, &[service(10, 80, 1, &[(POD, 4)])]);
+        let listed = listings.listed()[&endpoint()];
+        // The map kept nothing: the mirror says so, and the next settle writes it again.
+        listings.resync(endpoint(), None);
+        assert!(!listings.is_complete(&ServiceKeyOf::new([198, 51, 100, 10], 80, PROTO_TCP)));
+        let settled = listings.settle();
+        assert_eq!(settled.writes, vec![(endpoint(), Some(listed))]);
+        assert!(listings.is_complete(&ServiceKeyOf::new([198, 51, 100, 10], 80, PROTO_TCP)));
     }
 
     /// The model: every endpoint's listing computed afresh from all services, endpoints

@@ -279,6 +279,11 @@ impl Fixture {
     }
 }
 
+/// The key of the local pod's reply (from its port 8080) to the client's `sport`.
+fn pod_reply_key(proto: u8, sport: u16) -> FlowKey {
+    FlowKey::new(LOCAL_POD.octets(), CLIENT.octets(), 8080u16.to_be_bytes(), sport.to_be_bytes(), proto)
+}
+
 /// The local pod's reply to `sport` from its port 8080, and the same leaving with the VIP's
 /// `vip_port` as its source.
 fn pod_reply(proto: u8, sport: u16, vip_port: u16) -> (Vec<u8>, Vec<u8>) {
@@ -313,13 +318,7 @@ fn reply_verification_fixtures(ifindex: u32) {
         let name = format!("proto {proto} to port {vip_port}");
         let input = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, proto, (sport, vip_port));
         assert_eq!(f.run(&input).0, XDP_REDIRECT, "{name}");
-        let reply_key = FlowKey::new(
-            LOCAL_POD.octets(),
-            CLIENT.octets(),
-            8080u16.to_be_bytes(),
-            sport.to_be_bytes(),
-            proto,
-        );
+        let reply_key = pod_reply_key(proto, sport);
         assert!(f.reply_entries().get(&reply_key, 0).is_err(), "{name}: no reply entry written");
         let (from_pod, from_vip) = pod_reply(proto, sport, vip_port);
         let before = f.reason(Reason::ReplyTranslated);
@@ -391,13 +390,7 @@ fn reply_entry_fixtures(ifindex: u32) {
     for (proto, sport) in [(6u8, 42_000u16), (17, 42_001)] {
         assert!(!f.marked(93, proto), "port 93 is past the listing");
         let input = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, proto, (sport, 93));
-        let reply_key = FlowKey::new(
-            LOCAL_POD.octets(),
-            CLIENT.octets(),
-            8080u16.to_be_bytes(),
-            sport.to_be_bytes(),
-            proto,
-        );
+        let reply_key = pod_reply_key(proto, sport);
         let flow_key =
             FlowKey::new(CLIENT.octets(), VIP.octets(), sport.to_be_bytes(), 93u16.to_be_bytes(), proto);
         assert_eq!(f.run(&input).0, XDP_REDIRECT);

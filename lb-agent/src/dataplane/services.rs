@@ -323,6 +323,7 @@ impl<A: Address> ServiceMaps<A> {
             self.refused.remove(&key);
             if let Some(old) = self.installed.remove(&key) {
                 touched.push(key);
+                self.note_listings(key);
                 self.services.remove(&key).map_err(err(A::MAPS.services))?;
                 self.free_numbers.push_back(old.entry.number);
                 self.retire_ring(old.entry.ring_id);

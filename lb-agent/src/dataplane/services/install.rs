@@ -128,6 +128,7 @@ impl<A: Address> ServiceMaps<A> {
                 let backends = planned.backends.clone();
                 self.installed
                     .insert(*key, Installed { entry: old.entry, name: planned.name.clone(), backends });
+                self.note_listings(*key);
                 continue;
             }
             let same_size = self
@@ -192,7 +193,9 @@ impl<A: Address> ServiceMaps<A> {
     ) {
         for (key, planned, entry, _) in staged {
             let new = Installed { entry, name: planned.name.clone(), backends: planned.backends.clone() };
-            match self.installed.insert(key, new) {
+            let replaced = self.installed.insert(key, new);
+            self.note_listings(key);
+            match replaced {
                 Some(old) => {
                     report.services_changed += 1;
                     if old.entry.ring_id != entry.ring_id {

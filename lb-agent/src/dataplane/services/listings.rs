@@ -39,23 +39,27 @@ impl<A: Address> ServiceMaps<A> {
         }
     }
 
-    /// Brings `ENDPOINT_SERVICES` and the entries' marks to the services `touched` (installed
-    /// or removed by this sync): marks that go are cleared first, then the listings written,
-    /// then the new marks set. Costs the endpoints the change touches.
+    /// The listings follow `key`'s service as the mirror now holds it (installed or gone), at
+    /// once, so that a sync failing later still leaves the change for the next one to write.
+    pub(super) fn note_listings(&mut self, key: ServiceKeyOf<A>) {
+        match self.installed.get(&key) {
+            Some(i) => {
+                let service = self.service_endpoints(key, i.entry.number, &i.backends);
+                self.listings.set(service);
+            }
+            None => self.listings.remove(key),
+        }
+    }
+
+    /// Brings `ENDPOINT_SERVICES` and the entries' marks to the services changed since the
+    /// last sync (see [`Self::note_listings`]; `touched`: this sync's): marks that go are
+    /// cleared first, then the listings written, then the new marks set. Costs the endpoints
+    /// the change touches. A write that fails leaves the mirror with what the map holds.
     pub(super) fn sync_listings(
         &mut self,
         touched: &[ServiceKeyOf<A>],
         report: &mut SyncReport,
     ) -> Result<()> {
-        for key in touched {
-            match self.installed.get(key) {
-                Some(i) => {
-                    let service = self.service_endpoints(*key, i.entry.number, &i.backends);
-                    self.listings.set(service);
-                }
-                None => self.listings.remove(*key),
-            }
-        }
         let mut settled = self.listings.settle();
         settled.services.extend(touched.iter().copied());
         let marks = |this: &Self, set: bool| -> Vec<(ServiceKeyOf<A>, Service)> {
@@ -75,11 +79,15 @@ impl<A: Address> ServiceMaps<A> {
             self.rewrite_entries(unmarked)?;
         }
         for (key, value) in &settled.writes {
-            match value {
+            let written = match value {
                 Some(value) => self.endpoint_services.insert(key, value, 0),
                 None => self.endpoint_services.remove(key),
+            };
+            if let Err(e) = written {
+                let held = self.endpoint_services.get(key, 0).ok();
+                self.listings.resync(*key, held);
+                return Err(err(A::MAPS.endpoint_services)(e));
             }
-            .map_err(err(A::MAPS.endpoint_services))?;
             report.local_endpoints_changed += 1;
         }
         let marked = marks(self, true);

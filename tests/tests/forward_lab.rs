@@ -126,6 +126,26 @@ fn every_mode_carries_tcp_and_udp_to_the_right_endpoint(f: IpFamily) {
     assert_eq!(lb_lab::metric(&m, "lbagent_xdp_packets_total{action=\"aborted\"}"), Some(0.0));
 }
 
+/// More services on one pod port than its listing holds (four, see
+/// `lb_common::endpoint_services`): every one carries TCP to the pod and back, the four listed
+/// with no reply entry, the fifth with one (its local flows keep `REPLY_NAT`).
+#[test]
+fn a_pod_port_behind_five_services_answers_on_each() {
+    let mut c = cluster(&[1, 1]);
+    let ports = [80u16, 90, 91, 92, 93];
+    let services: String =
+        ports.iter().map(|&port| service(&c.lab, &format!("s{port}"), port, "fullNat", &[0])).collect();
+    c.start(&services);
+    for port in ports {
+        let mut s = c.session(port);
+        assert_eq!(s.pod(), c.pod_name(0), "port {port}: {}", s.greeting);
+        let echo = s.echo(&format!("to {port}"), ECHO_WAIT);
+        assert_eq!(echo, Some(format!("n0p0 to {port}")), "port {port}:\n{}", c.logs());
+    }
+    let reply_entries = pinned_entries(&c, 0, lb_common::service::REPLY_NAT);
+    assert_eq!(reply_entries, 1, "only the fifth service's connection has a reply entry");
+}
+
 /// Entries in node `node`'s pinned map `map`.
 fn pinned_entries(c: &Cluster, node: usize, map: &str) -> usize {
     let pin = lb_agent::dataplane::pin_dir(&c.lab.pin_path(node)).join(map);

@@ -101,14 +101,15 @@ pub type EndpointServices = EndpointServicesOf<[u8; 4]>;
 pub type EndpointServices6 = EndpointServicesOf<[u8; 16]>;
 
 /// The service a reply from the endpoint to `client`:`client_port` belongs to: the first
-/// listed service whose connection-table entry for that client (`backend_of`: the backend id
-/// the entry names, if there is one) is this endpoint's. `None` leaves the reply to `REPLY_NAT`.
+/// listed service whose connection-table entry for that client is this endpoint's
+/// (`names(key, backend)`: whether the table holds an entry for `key` naming `backend`). `None`
+/// leaves the reply to `REPLY_NAT`.
 #[inline(always)]
 pub fn verified<A: Copy>(
     services: &EndpointServicesOf<A>,
     client: A,
     client_port: [u8; 2],
-    mut backend_of: impl FnMut(&ConnectionKeyOf<A>) -> Option<u16>,
+    mut names: impl FnMut(&ConnectionKeyOf<A>, u16) -> bool,
 ) -> Option<EndpointServiceOf<A>> {
     // A bounded loop over a fixed array: the verifier sees four iterations at most.
     for (i, service) in services.services.iter().enumerate() {
@@ -116,7 +117,7 @@ pub fn verified<A: Copy>(
             break;
         }
         let key = ConnectionKeyOf { client, client_port, service: service.service };
-        if backend_of(&key) == Some(service.backend) {
+        if names(&key, service.backend) {
             return Some(*service);
         }
     }
@@ -175,9 +176,9 @@ mod tests {
         for (name, entries, port, expected) in rows {
             let table: BTreeMap<(u16, [u8; 2]), u16> =
                 entries.iter().map(|&(s, p, b)| ((s, p.to_be_bytes()), b)).collect();
-            let got = verified(&listed, CLIENT, port.to_be_bytes(), |key| {
+            let got = verified(&listed, CLIENT, port.to_be_bytes(), |key, backend| {
                 assert_eq!(key.client, CLIENT, "{name}: the reply's destination is the client");
-                table.get(&(key.service, key.client_port)).copied()
+                table.get(&(key.service, key.client_port)) == Some(&backend)
             });
             let got = got.map(|s| (s.vip, u16::from_be_bytes(s.vip_port)));
             assert_eq!(got, expected, "{name}");
@@ -191,7 +192,7 @@ mod tests {
         assert_eq!(listed.listed(), &services[..ENDPOINT_SERVICES_MAX]);
         assert!(listed.lists(3, 1) && !listed.lists(4, 1) && !listed.lists(3, 2));
         // A fifth service's flow is not found here, whatever the table says.
-        assert_eq!(verified(&listed, CLIENT, [0; 2], |k| (k.service == 4).then_some(1)), None);
+        assert_eq!(verified(&listed, CLIENT, [0; 2], |k, backend| k.service == 4 && backend == 1), None);
     }
 
     proptest! {
@@ -209,8 +210,8 @@ mod tests {
                 .map(|&(number, backend)| EndpointServiceOf::new(VIP_A, number.to_be_bytes(), number, backend))
                 .collect();
             let value = EndpointServices::of(&services);
-            let got = verified(&value, CLIENT, port.to_be_bytes(), |key| {
-                flows.get(&(key.service, u16::from_be_bytes(key.client_port))).copied()
+            let got = verified(&value, CLIENT, port.to_be_bytes(), |key, backend| {
+                flows.get(&(key.service, u16::from_be_bytes(key.client_port))) == Some(&backend)
             });
             let model = services.iter().find(|s| flows.get(&(s.service, port)) == Some(&s.backend)).copied();
             prop_assert_eq!(got, model);

@@ -158,7 +158,7 @@ fn verified_by_table<F: IpFamily>(
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     let client_port = [ports[2], ports[3]];
-    let service =
-        endpoint_services::verified(services, dst, client_port, |key| flow::backend_of::<F>(key, now))?;
+    let names = |key: &_, backend| flow::names_backend::<F>(key, backend, now);
+    let service = endpoint_services::verified(services, dst, client_port, names)?;
     Some(ReplyNatOf::new(service.vip, dst, service.vip_port, client_port))
 }

@@ -156,14 +156,18 @@ pub(super) fn pick_backend<F: IpFamily>(
     })
 }
 
-/// The backend id `key`'s entry names, if the table holds one: the TC egress program's check
-/// that a reply belongs to a flow this node delivered (see `lb_common::endpoint_services`). A
-/// reply moves the entry's clock on as a packet of the flow would, so a flow whose client
-/// is quiet while its endpoint talks stays recent, as the reply entry's LRU kept it.
+/// Whether the table holds an entry for `key` naming `backend`: the TC egress program's check
+/// that a reply belongs to a flow this node delivered to that endpoint (see
+/// `lb_common::endpoint_services`). Such a reply moves the entry's clock on as a packet of the
+/// flow would, so a flow whose client is quiet while its endpoint talks stays recent, as the
+/// reply entry's LRU kept it.
 #[inline(always)]
-pub fn backend_of<F: IpFamily>(key: &ConnectionKeyOf<F::Addr>, now: u64) -> Option<u16> {
-    let (bucket, position) = bucket_of::<F>(key)?;
-    let hit = flow_table::find(&bucket, position.fingerprint)?;
+pub fn names_backend<F: IpFamily>(key: &ConnectionKeyOf<F::Addr>, backend: u16, now: u64) -> bool {
+    let Some((bucket, position)) = bucket_of::<F>(key) else { return false };
+    let Some(hit) = flow_table::find(&bucket, position.fingerprint) else { return false };
+    if hit.entry.backend() != backend {
+        return false;
+    }
     let _ = flow_table::checks_due(&bucket, hit, Tick::at(now));
-    Some(hit.entry.backend())
+    true
 }

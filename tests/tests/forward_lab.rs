@@ -687,6 +687,64 @@ fn restarting_the_masters_agent_loses_no_packet() {
     assert!(after.0 > before.0 && after.1 > before.1, "{before:?} then {after:?}\n{}", c.agents[0].metrics());
 }
 
+/// An upgrade from the pins of a build before the endpoint listings: its service entries carry
+/// no `REPLIES_BY_TABLE` mark and it pinned no `ENDPOINT_SERVICES`. A connection the VIP owner
+/// delivers to its own pod carries on through the restart (DSR from the other node meanwhile),
+/// and the new agent lists the pod's services and marks them.
+#[test]
+fn an_upgrade_lists_an_earlier_builds_services_and_keeps_a_local_connection() {
+    use lb_common::service::{ENDPOINT_SERVICES, SERVICES, Service, ServiceKey};
+    let mut c = cluster(&[1, 0]);
+    let services = service(&c.lab, "dsr", 82, "dsr", &[0]);
+    c.start(&services);
+    let mut session = c.session(82);
+    assert_eq!(session.pod(), "n0p0", "{}", session.greeting);
+    let pins = lb_agent::dataplane::pin_dir(&c.lab.pin_path(0));
+    // Each pinned service entry's mark, after `change` (if any) is applied to the entry.
+    let marks = |change: Option<fn(&mut Service)>| -> Vec<bool> {
+        let map = aya::maps::Map::HashMap(aya::maps::MapData::from_pin(pins.join(SERVICES)).unwrap());
+        let mut entries: aya::maps::HashMap<_, ServiceKey, Service> =
+            aya::maps::HashMap::try_from(map).unwrap();
+        let keys: Vec<ServiceKey> = entries.keys().map(Result::unwrap).collect();
+        keys.iter()
+            .map(|key| {
+                let mut entry = entries.get(key, 0).unwrap();
+                if let Some(change) = change {
+                    change(&mut entry);
+                    entries.insert(key, entry, 0).unwrap();
+                }
+                entry.replies_by_table()
+            })
+            .collect()
+    };
+    let before = marks(None);
+    assert!(
+        !before.is_empty() && before.iter().all(|m| *m),
+        "the running build marks its services: {before:?}"
+    );
+
+    c.agents[0].signal(libc::SIGTERM);
+    let status = c.agents[0].wait_exit(Duration::from_secs(5));
+    assert!(status.success(), "{status}");
+    assert!(marks(Some(|entry| entry.flags = 0)).iter().all(|m| !m));
+    std::fs::remove_file(pins.join(ENDPOINT_SERVICES)).unwrap();
+    assert_eq!(session.echo("while n0 is down", ECHO_WAIT).as_deref(), Some("n0p0 while n0 is down"));
+
+    let mut upgraded = c.lab.start_agent(0, &config(&c.lab, 0, &services));
+    upgraded.wait_ready();
+    assert!(upgraded.log_text().contains("resumed=true"), "{}", upgraded.log_text());
+    c.agents[0] = upgraded;
+    c.agents[0].wait_metric("lbagent_owned_vips", 1.0);
+    assert_eq!(session.echo("after the upgrade", ECHO_WAIT).as_deref(), Some("n0p0 after the upgrade"));
+    assert_eq!(
+        pinned_entries(&c, 0, ENDPOINT_SERVICES),
+        before.len(),
+        "the pod's port is listed, per protocol"
+    );
+    assert_eq!(marks(None), before, "and its services marked");
+    assert_eq!(c.session(82).echo("a new one", ECHO_WAIT).as_deref(), Some("n0p0 a new one"));
+}
+
 /// The capabilities the DaemonSet gives the agent (`securityContext.capabilities.add`).
 fn daemonset_capabilities() -> Vec<String> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");

@@ -124,6 +124,12 @@ impl<A: Address> EndpointListings<A> {
         service.is_listed_in(&self.listed)
     }
 
+    /// Whether the service `key` has local endpoints that do not list it: its local flows keep
+    /// reply entries (`REPLY_NAT`).
+    pub fn falls_back(&self, key: &ServiceKeyOf<A>) -> bool {
+        self.services.get(key).is_some_and(|s| !s.local.is_empty() && !self.is_listed(s))
+    }
+
     /// Whether the map lists the service `key` (as last [`EndpointListings::set`]) everywhere.
     pub fn is_complete(&self, key: &ServiceKeyOf<A>) -> bool {
         self.services.get(key).is_some_and(|s| self.is_listed(s))
@@ -249,6 +255,7 @@ mod tests {
         let settled = listings.settle();
         assert!(settled.writes.is_empty(), "nothing to write: {settled:?}");
         assert!(!listings.is_complete(&five[0].key), "the fifth falls back to reply entries");
+        assert!(listings.falls_back(&five[0].key) && !listings.falls_back(&five[1].key));
         // One of the four leaves: the fifth takes its place.
         listings.remove(five[1].key);
         let settled = listings.settle();

@@ -88,6 +88,7 @@ pub struct Metrics {
     pub services: Gauge,
     pub backends: Gauge,
     pub services_refused: Family<LimitLabels, Gauge>,
+    pub services_with_reply_entries: Gauge,
     pub map_bytes: Family<MapLabels, Gauge>,
     pub snat_ports: Gauge,
     pub snat_expired: Counter,
@@ -127,6 +128,7 @@ impl Metrics {
             services: registered(r, "services", Gauge::default()),
             backends: registered(r, "backends", Gauge::default()),
             services_refused: registered(r, "services_refused", services_refused),
+            services_with_reply_entries: registered(r, "services_with_reply_entries", Gauge::default()),
             snat_ports: registered(r, "snat_ports", Gauge::default()),
             snat_expired: registered(r, "snat_expired", Counter::default()),
             map_bytes: registered(r, "bpf_map_bytes", Family::<MapLabels, Gauge>::default()),
@@ -309,6 +311,10 @@ const HELP: &[(&str, &str)] = &[
     (
         "services_refused",
         "Service entries left out of the data plane because a map is full, by the capacity setting that was reached",
+    ),
+    (
+        "services_with_reply_entries",
+        "Service entries whose local flows keep reply entries (REPLY_NAT) rather than being verified by the connection table: a local endpoint of theirs lists four other services already, or ENDPOINT_SERVICES is full",
     ),
     (
         "snat_ports",

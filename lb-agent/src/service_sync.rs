@@ -70,6 +70,7 @@ pub struct SyncMetrics {
     pub services: Gauge,
     pub backends: Gauge,
     pub refused: Family<LimitLabels, Gauge>,
+    pub with_reply_entries: Gauge,
     pub map_bytes: Family<MapLabels, Gauge>,
     pub snat_ports: Gauge,
     pub snat_expired: prometheus_client::metrics::counter::Counter,
@@ -201,6 +202,9 @@ impl ServiceSync {
         let services = self.v4.maps.service_count() + self.v6.maps.service_count();
         self.metrics.services.set(services as i64);
         self.metrics.backends.set((self.v4.maps.backends().len() + self.v6.maps.backends().len()) as i64);
+        let with_reply_entries =
+            self.v4.maps.services_with_reply_entries() + self.v6.maps.services_with_reply_entries();
+        self.metrics.with_reply_entries.set(with_reply_entries as i64);
         let counts = SyncCounts::from(&report);
         if report.is_empty() {
             debug!(services, ?elapsed, "service maps already up to date");

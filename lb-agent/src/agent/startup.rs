@@ -275,6 +275,7 @@ fn sync_metrics(metrics: &Metrics) -> SyncMetrics {
         services: metrics.services.clone(),
         backends: metrics.backends.clone(),
         refused: metrics.services_refused.clone(),
+        with_reply_entries: metrics.services_with_reply_entries.clone(),
         map_bytes: metrics.map_bytes.clone(),
         snat_ports: metrics.snat_ports.clone(),
         snat_expired: metrics.snat_expired.clone(),

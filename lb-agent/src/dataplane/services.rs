@@ -111,6 +111,8 @@ pub struct ServiceMaps<A: Address = Addr4> {
     local: HashMap<LocalEndpointKeyOf<A>, LocalEndpoint>,
     /// What `endpoint_services` holds, and the services it lists.
     listings: crate::endpoint_listings::EndpointListings<A>,
+    /// Installed services with a local endpoint that does not list them.
+    falling_back: HashSet<ServiceKeyOf<A>>,
     /// Rings replaced or removed, still in `MAGLEV_RINGS` (their ids reserved).
     retired: Vec<u32>,
     /// Services that did not fit, waiting for room.

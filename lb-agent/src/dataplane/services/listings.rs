@@ -94,7 +94,20 @@ impl<A: Address> ServiceMaps<A> {
         if !marked.is_empty() {
             self.rewrite_entries(marked)?;
         }
+        for key in &settled.services {
+            if self.installed.contains_key(key) && self.listings.falls_back(key) {
+                self.falling_back.insert(*key);
+            } else {
+                self.falling_back.remove(key);
+            }
+        }
         Ok(())
+    }
+
+    /// Installed services whose local flows keep reply entries: an endpoint of theirs lists
+    /// four others already, or the map had no room for it.
+    pub fn services_with_reply_entries(&self) -> usize {
+        self.falling_back.len()
     }
 
     /// What `ENDPOINT_SERVICES` holds (status and tests).

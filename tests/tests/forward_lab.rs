@@ -144,8 +144,8 @@ fn a_pod_port_behind_five_services_answers_on_each() {
     }
     let reply_entries = pinned_entries(&c, 0, lb_common::service::REPLY_NAT);
     assert_eq!(reply_entries, 1, "only the fifth service's connection has a reply entry");
-    // The operator sees it: one service entry falls back (port 93's TCP; the UDP endpoint has
-    // five listings too, so port 93's UDP entry as well).
+    // The operator sees it: two service entries fall back, port 93's TCP and (its UDP endpoint
+    // being behind five services too) its UDP.
     let falling_back = c.agents[0].metric("lbagent_services_with_reply_entries");
     assert_eq!(falling_back, 2.0, "{}", c.agents[0].metrics());
 }

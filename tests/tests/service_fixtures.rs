@@ -252,7 +252,8 @@ fn next_hop_fixtures(ifindex: u32) {
 }
 
 /// Four more services on the local pod's port 8080, TCP and UDP: with `local` (and `dsr-here`
-/// for TCP) more than an endpoint's listing holds, so ports 92 and 93 are not listed.
+/// for TCP) more than an endpoint's listing holds, so TCP ports 92 and 93 and UDP port 93 are
+/// not listed.
 const CROWD: &str = "
   - name: crowd
     vip: 198.51.100.10
@@ -350,8 +351,8 @@ fn reply_verification_fixtures(ifindex: u32) {
     assert_eq!(f.run(&input).0, XDP_REDIRECT);
     assert_eq!(run_reply(&f.ebpf, &from_pod), from_vip, "recorded again by the client's next packet");
 
-    // Past the listing: ports 92 and 93 are not listed, their entries not marked, and their
-    // flows' replies go through REPLY_NAT; the listed ones keep their places.
+    // Past the listing: TCP ports 92 and 93 and UDP port 93 are not listed, their entries not
+    // marked, and their flows' replies go through REPLY_NAT; the listed ones keep their places.
     f.crowd();
     assert_eq!(f.maps.listings()[&endpoint].listed()[..2], listed.listed()[..2], "earlier listings kept");
     for (port, proto, marked) in

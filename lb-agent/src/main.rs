@@ -1,7 +1,7 @@
 use std::{io::IsTerminal, path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use lb_agent::{agent, config::Config};
+use lb_agent::{agent, config::Config, routes::keeper::Handoff};
 use tracing::error;
 
 #[derive(Parser)]
@@ -81,6 +81,10 @@ enum Command {
         device: String,
         #[arg(long, value_parser = humantime::parse_duration)]
         hold: std::time::Duration,
+        /// How long to wait for the agent after it said it is executing itself again (a keeper
+        /// of an earlier build, which lacks the flag, is never told so).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+        restart_window: std::time::Duration,
     },
 }
 
@@ -120,7 +124,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { config, node, pin_path, admin_socket, kubernetes, namespace } => {
             let source = kubernetes.then_some(agent::KubernetesSource { namespace });
-            run_agent(config, node, agent::Overrides { pin_path, admin_socket }, source)
+            match run_agent(config, node, agent::Overrides { pin_path, admin_socket }, source) {
+                Ok(agent::Exit::Stopped) => Ok(()),
+                Ok(agent::Exit::Restart(handoff)) => Err(execute_again(handoff)),
+                Err(e) => Err(e),
+            }
         }
         Command::LogLevel { socket, filter } => {
             let answer = match &filter {
@@ -162,8 +170,10 @@ fn main() -> ExitCode {
         Command::CheckConfig { config } => {
             Config::load(&config).map(|_| println!("{}: valid", config.display()))
         }
-        Command::KeepRoutes { device, hold } => lb_agent::routes::keeper::keep(&device, hold)
-            .map_err(|e| lb_agent::error::Error::io(format!("the routes' keeper of {device}"), e)),
+        Command::KeepRoutes { device, hold, restart_window } => {
+            lb_agent::routes::keeper::keep(&device, hold, restart_window)
+                .map_err(|e| lb_agent::error::Error::io(format!("the routes' keeper of {device}"), e))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -181,8 +191,10 @@ fn run_agent(
     node: Option<String>,
     overrides: agent::Overrides,
     source: Option<agent::KubernetesSource>,
-) -> lb_agent::error::Result<()> {
+) -> lb_agent::error::Result<agent::Exit> {
     agent::hold_signals();
+    // Before any thread: it takes the variable out of the environment.
+    let adopted = Handoff::take_from_env();
     let runtimes = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("lb-agent-worker")
@@ -193,11 +205,31 @@ fn run_agent(
         })
         .map_err(|e| lb_agent::error::Error::io("starting the tokio runtime", e));
     runtimes.and_then(|(vrrp_loop, background)| {
-        let result =
-            vrrp_loop.block_on(agent::run(config, node, overrides, source, background.handle().clone()));
+        let run = agent::run(config, node, overrides, source, background.handle().clone(), adopted);
+        let result = vrrp_loop.block_on(run);
         background.shutdown_timeout(std::time::Duration::from_secs(1));
         result
     })
+}
+
+/// SIGUSR2: this process executes its binary again, by the path it started from, so an upgrade
+/// that replaced the file runs the new build; same arguments, the routes' keeper handed over.
+/// Returns only if that failed (the keeper then ends with this process, and its routes).
+fn execute_again(handoff: Option<Handoff>) -> lb_agent::error::Error {
+    use std::os::unix::process::CommandExt;
+    let binary = match std::env::current_exe() {
+        // Replaced since it started: the link names the old file " (deleted)"; the path is the new one's.
+        Ok(path) => PathBuf::from(path.to_string_lossy().trim_end_matches(" (deleted)")),
+        Err(e) => return lb_agent::error::Error::io("finding this binary to execute it again", e),
+    };
+    let mut command = std::process::Command::new(&binary);
+    command.args(std::env::args_os().skip(1));
+    if let Some(handoff) = handoff {
+        let (name, value) = handoff.env();
+        command.env(name, value);
+    }
+    let error = command.exec();
+    lb_agent::error::Error::io(format!("executing {} again", binary.display()), error)
 }
 
 fn init_logging(format: LogFormat, filter: &str) {

@@ -90,6 +90,32 @@ fn keep_on_exit_false_detaches_on_sigterm() {
     assert!(!lb_agent::dataplane::pin_dir(&lab.pin_path(0)).exists(), "and nothing stays pinned");
 }
 
+/// SIGUSR2 is an upgrade in place: the agent executes its binary again in the same process,
+/// the pinned data plane kept even with `keepOnExit: false` (which a stop then honours).
+#[test]
+fn sigusr2_executes_the_agent_again_in_the_same_process_keeping_the_data_plane() {
+    let lab = Lab::new(1);
+    let mut agent = lab.start_agent(
+        0,
+        &format!("interface: eth0\nxdpMode: skb\nlisten: {AGENT_LISTEN}\nvips: []\ndataplane:\n  keepOnExit: false\n"),
+    );
+    agent.wait_ready();
+    let pid = agent.pid();
+    agent.signal(libc::SIGUSR2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while agent.log_text().matches("lb-agent running").count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no new image ran:\n{}", agent.log_text());
+        assert!(xdp_attached(&lab), "the data plane stays through the restart");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.wait_ready();
+    let log = agent.log_text();
+    assert_eq!(agent.pid(), pid, "the same process");
+    assert!(log.contains("SIGUSR2: executing this binary again") && !log.contains("XDP detached"), "{log}");
+    stop(&mut agent);
+    assert!(!xdp_attached(&lab), "a stop still honours keepOnExit: false");
+}
+
 /// Whether the agent has a handler installed for `signal` (`SigCgt` in its status).
 fn catches(agent: &lb_lab::Agent, signal: i32) -> bool {
     in_signal_mask(agent, "SigCgt", signal)

@@ -9,7 +9,7 @@
 //! same). `announce: bgpOwner`: only the VRRP master routes the VIP, and a failover moves it.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::Duration,
 };
@@ -112,6 +112,57 @@ fn assert_all_answer(fabric: &Fabric, sessions: &mut [Session], after: &str) {
     }
 }
 
+/// The pid of the routes' keeper of `agent` (its only child).
+fn keeper_of(agent: u32) -> u32 {
+    let children = std::process::Command::new("pgrep").args(["-P", &agent.to_string()]).output().unwrap();
+    let pids: Vec<u32> =
+        String::from_utf8_lossy(&children.stdout).split_whitespace().map(|p| p.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 1, "one child, the routes' keeper: {pids:?}");
+    pids[0]
+}
+
+/// SIGUSR2 to `node`'s agent: it executes itself again in the same process, its keeper (and
+/// so its routes) handed over. The ToR's route to the VIP must not change at all (watched with
+/// `ip monitor`), and no reply to a ping every 5 ms through the ToR may be lost.
+fn upgrade_in_place_keeps_the_route(fabric: &mut Fabric, node: usize) {
+    let vip = IpAddr::V4(VIP);
+    let agent = &fabric.cluster.agents[node];
+    let (pid, keeper) = (agent.pid(), keeper_of(agent.pid()));
+    let images = agent.log_text().matches("lb-agent running").count();
+    let monitor = fabric
+        .tor
+        .ns
+        .command(&["ip", "-4", "monitor", "route"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let count = 600;
+    let ping = fabric.far.ping_every(vip, "0.005", count);
+    std::thread::sleep(Duration::from_millis(500));
+    agent.signal(libc::SIGUSR2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while agent.log_text().matches("lb-agent running").count() == images {
+        assert!(std::time::Instant::now() < deadline, "no new image ran:\n{}", agent.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = agent.log_text();
+    assert!(log.contains("adopted the routes' keeper"), "{log}");
+    assert_eq!((agent.pid(), keeper_of(pid)), (pid, keeper), "the same process and keeper");
+    let replies = lb_lab::ping_counts(&ping.join().unwrap()).1 as u32;
+    // SAFETY: a signal to this test's own child.
+    unsafe { libc::kill(monitor.id() as i32, libc::SIGTERM) };
+    let changes = monitor.wait_with_output().unwrap();
+    let changes = String::from_utf8_lossy(&changes.stdout);
+    assert!(!changes.contains(&VIP.to_string()), "the ToR's route changed:\n{changes}");
+    assert_eq!(fabric.next_hop_nodes(vip), BTreeSet::from([0, 1, 2]));
+    assert_eq!(replies, count, "replies lost through an upgrade in place\n{}", fabric.cluster.logs());
+    assert_eq!(
+        fabric.cluster.agents[node].metric("lbagent_routed_vips"),
+        1.0,
+        "the new image counts the adopted route"
+    );
+}
+
 /// `count` UDP datagrams to the VIP from as many source ports, sent from the far client.
 fn udp_from_distinct_ports(fabric: &Fabric, count: usize) {
     let script = format!(
@@ -194,6 +245,11 @@ fn bgp_spreads_flows_over_every_node_and_connections_survive_a_withdrawal_a_kill
     fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
     assert_all_answer(&fabric, &mut open, "n1's agent restarted");
 
+    // An upgrade in place (SIGUSR2): n1's agent executes its binary again in the same process
+    // and adopts its routes' keeper, so the ToR's route never changes, under a ping every 5 ms.
+    upgrade_in_place_keeps_the_route(&mut fabric, 1);
+    assert_all_answer(&fabric, &mut open, "n1's agent restarted in place");
+
     // Leaving the group (a reload without this node in it) withdraws as a changed decision;
     // the node's services stay, so what the fabric still sends it meanwhile is served.
     let lab = &fabric.cluster.lab;
@@ -230,16 +286,9 @@ fn bgp_spreads_flows_over_every_node_and_connections_survive_a_withdrawal_a_kill
     eprintln!("SIGSTOP: withdrawn from the ToR in {frozen:?}");
 
     // The keeper killed from outside: its routes go with it, and the agent routes again.
-    let agent = fabric.cluster.agents[1].pid().to_string();
-    let children = std::process::Command::new("pgrep").args(["-P", &agent]).output().unwrap();
-    let keeper: i32 = String::from_utf8_lossy(&children.stdout)
-        .split_whitespace()
-        .next()
-        .expect("the routes' keeper runs")
-        .parse()
-        .unwrap();
+    let keeper = keeper_of(fabric.cluster.agents[1].pid());
     // SAFETY: a signal to a process of this test's own agent.
-    unsafe { libc::kill(keeper, libc::SIGKILL) };
+    unsafe { libc::kill(keeper as i32, libc::SIGKILL) };
     let n1 = &fabric.cluster.agents[1];
     n1.wait_metric("lbagent_route_withdrawals_total{reason=\"keeper_lost\"}", 1.0);
     assert!(n1.log_text().contains("was ended from outside"), "{}", n1.log_text());

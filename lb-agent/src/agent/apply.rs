@@ -20,7 +20,7 @@ use crate::{
     vip_addresses::ByInterface,
 };
 
-use super::Agent;
+use super::{Agent, Stop};
 
 impl Agent {
     /// Makes the data plane and the uplink's addresses match who owns what now. Cheap when
@@ -49,11 +49,12 @@ impl Agent {
             })
             .collect();
         let mut wanted = ownership::wanted(&self.current.config, &self.current.plan, &uplinks, &claims);
-        if self.stopping {
+        let graceful = self.stopping == Some(Stop::Graceful);
+        if graceful {
             wanted = wanted.withdrawn();
         }
         let Wanted { xdp, kernel, listening, vrrp_owned, routes } = wanted;
-        let why = if self.stopping { routes::Why::Stopping } else { routes::Why::Changed };
+        let why = if graceful { routes::Why::Stopping } else { routes::Why::Changed };
         self.routes.set(routes, why);
         match self.dataplane.set_owned_vips(&xdp) {
             Ok(applied) if !applied.is_empty() => {

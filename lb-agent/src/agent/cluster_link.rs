@@ -18,7 +18,7 @@ use crate::{
     netdev,
 };
 
-use super::{Agent, KubernetesSource, Signals, stop_signal, within};
+use super::{Agent, KubernetesSource, Signals, graceful_stop_signal, within};
 
 /// The agent's ends of the channels to the cluster side (`k8s::controller::Shell`).
 pub(super) struct ClusterLink {
@@ -84,7 +84,8 @@ impl ClusterLink {
         info!("waiting for the cluster's groups and services");
         let first = tokio::select! {
             first = link.configs.recv() => Some(first),
-            () = stop_signal(&mut signals.term, &mut signals.int) => None,
+            // A restart in place (SIGUSR2) waits for the loop: there is nothing to restart yet.
+            () = graceful_stop_signal(&mut signals.stops) => None,
         };
         let Some(first) = first else {
             info!("stopped before the cluster's first config: nothing was attached");

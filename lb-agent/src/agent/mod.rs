@@ -58,6 +58,24 @@ const RECEIVE_TICK: Duration = Duration::from_millis(2);
 /// How long a stopping agent waits for its VRRP handovers before leaving anyway.
 const STOP_BOUND: Duration = Duration::from_secs(10);
 
+/// How the agent is stopping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// SIGTERM, SIGINT: withdraw, drain, end.
+    Graceful,
+    /// SIGUSR2: an upgrade in place. VRRP hands over as in a stop, but the routed VIPs stay,
+    /// and the process executes its binary again, which adopts them.
+    Restart,
+}
+
+/// How [`run`] ended.
+#[derive(Debug)]
+pub enum Exit {
+    Stopped,
+    /// Execute this binary again, handing over the routes' keeper (see `routes::keeper`).
+    Restart(Option<crate::routes::keeper::Handoff>),
+}
+
 /// `--kubernetes`: where the leader Lease lives.
 pub struct KubernetesSource {
     pub namespace: String,
@@ -107,8 +125,9 @@ struct Agent {
     announcing: Announcing,
     /// Holds the routed VIPs' kernel routes, for the node's FRR.
     routes: Routes,
-    /// A graceful stop began: routes are withdrawn while the rest keeps serving.
-    stopping: bool,
+    /// A stop began: a graceful one withdraws the routes while the rest keeps serving; a
+    /// restart in place keeps them for the next image.
+    stopping: Option<Stop>,
     /// Keeps the VIP addresses on the uplinks (modes `netlink`, `both`) without the loop
     /// waiting on netlink.
     vip_addresses: VipAddresses,
@@ -237,8 +256,8 @@ impl Agent {
                 _ = or_pending(deadline.map(tokio::time::sleep_until)) => {
                     receive_from = self.on_deadline(&mut buf).await;
                 }
-                _ = stop_signal(&mut signals.term, &mut signals.int), if stop_by.is_none() => {
-                    drain_until = self.begin_stop().await;
+                stop = stop_signal(&mut signals.stops), if stop_by.is_none() => {
+                    drain_until = self.begin_stop(stop).await;
                     stop_by = Some(drain_until.unwrap_or_else(Instant::now).max(Instant::now()) + STOP_BOUND);
                 }
                 Some(config) = or_pending(self.cluster.as_mut().map(|c| c.configs.recv())), if stop_by.is_none() => {
@@ -341,11 +360,20 @@ impl Agent {
     /// SIGTERM/SIGINT: masters resign and hand over, routed VIPs are withdrawn; the loop ends
     /// when the handovers are done and, if routes were held, the drain is over (until then
     /// this node serves the flows the fabric still sends it). Returns the drain's end.
-    async fn begin_stop(&mut self) -> Option<Instant> {
+    /// SIGUSR2 (a restart in place): the same, but routed VIPs stay for the next image, so
+    /// nothing drains.
+    async fn begin_stop(&mut self, stop: Stop) -> Option<Instant> {
         let routed = !self.routes.held().is_empty();
-        info!(routed, "stopping: resigning VRRP masters, withdrawing routed VIPs");
+        match stop {
+            Stop::Graceful => info!(routed, "stopping: resigning VRRP masters, withdrawing routed VIPs"),
+            Stop::Restart => info!(
+                routed,
+                "SIGUSR2: executing this binary again (an upgrade in place): resigning VRRP masters, \
+                 keeping routed VIPs for the next image"
+            ),
+        }
         self.state.ready.store(false, Ordering::Relaxed);
-        self.stopping = true;
+        self.stopping = Some(stop);
         if let Some(cluster) = &self.cluster {
             // The leader hands its Lease over now, not when it expires.
             cluster.stopping.send_replace(true);
@@ -356,7 +384,7 @@ impl Agent {
         }
         self.ownership.applied_epoch = None;
         self.apply_ownership().await;
-        routed.then(|| Instant::now() + self.current.config.routes.drain)
+        (routed && stop == Stop::Graceful).then(|| Instant::now() + self.current.config.routes.drain)
     }
 }
 
@@ -364,11 +392,17 @@ impl Agent {
 /// installed a signal's default action applies (SIGHUP and SIGTERM end the process without a
 /// word), and start-up takes seconds with 50,000 Services. One that arrives during start-up
 /// waits here and is acted on as soon as the loop runs, as it would be later: SIGHUP reloads,
-/// SIGTERM and SIGINT stop gracefully.
+/// SIGTERM and SIGINT stop gracefully, SIGUSR2 restarts in place.
 struct Signals {
+    stops: StopSignals,
+    hup: Signal,
+}
+
+/// SIGTERM and SIGINT (a graceful stop), SIGUSR2 (a restart in place).
+struct StopSignals {
     term: Signal,
     int: Signal,
-    hup: Signal,
+    usr2: Signal,
 }
 
 impl Signals {
@@ -376,8 +410,11 @@ impl Signals {
     fn install() -> Result<Self> {
         let sig = |kind| signal(kind).map_err(|e| Error::io("installing a signal handler", e));
         let signals = Self {
-            term: sig(SignalKind::terminate())?,
-            int: sig(SignalKind::interrupt())?,
+            stops: StopSignals {
+                term: sig(SignalKind::terminate())?,
+                int: sig(SignalKind::interrupt())?,
+                usr2: sig(SignalKind::user_defined2())?,
+            },
             hup: sig(SignalKind::hangup())?,
         };
         set_held(libc::SIG_UNBLOCK);
@@ -385,7 +422,7 @@ impl Signals {
     }
 }
 
-/// Holds SIGTERM, SIGINT and SIGHUP pending until [`Signals::install`] has its handlers: call
+/// Holds SIGTERM, SIGINT, SIGHUP and SIGUSR2 pending until [`Signals::install`] has its handlers: call
 /// first thing, before any thread starts (threads inherit the mask, so the runtimes' workers
 /// keep them held and they reach the thread that installed the handlers). Without it a signal
 /// can be lost at start-up: tokio installs its process-wide handler before its listener
@@ -403,17 +440,31 @@ fn set_held(how: libc::c_int) {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR2] {
             libc::sigaddset(&mut set, signal);
         }
         libc::pthread_sigmask(how, &set, std::ptr::null_mut());
     }
 }
 
-async fn stop_signal(term: &mut Signal, int: &mut Signal) {
+/// The next stop signal, and the stop it asks for.
+async fn stop_signal(stops: &mut StopSignals) -> Stop {
     tokio::select! {
-        _ = term.recv() => info!("SIGTERM"),
-        _ = int.recv() => info!("SIGINT"),
+        _ = stops.term.recv() => info!("SIGTERM"),
+        _ = stops.int.recv() => info!("SIGINT"),
+        _ = stops.usr2.recv() => {
+            info!("SIGUSR2");
+            return Stop::Restart;
+        }
+    }
+    Stop::Graceful
+}
+
+/// SIGTERM or SIGINT; a SIGUSR2 stays pending.
+async fn graceful_stop_signal(stops: &mut StopSignals) {
+    tokio::select! {
+        _ = stops.term.recv() => info!("SIGTERM"),
+        _ = stops.int.recv() => info!("SIGINT"),
     }
 }
 

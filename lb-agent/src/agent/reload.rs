@@ -63,6 +63,7 @@ const RESTART_ONLY: &[RestartOnly] = restart_only![
     "routes.device" => routes.device,
     "routes.protocol" => routes.protocol,
     "routes.holdTime" => routes.hold_time,
+    "routes.restartWindow" => routes.restart_window,
 ];
 
 impl Agent {
@@ -319,7 +320,7 @@ mod tests {
         let new = Config::parse(
             "interface: eth1\nxdpMode: skb\nlisten: 127.0.0.1:9999\nadminSocket: /run/x.sock\nnode: n9\n\
              nodeAddress: 192.0.2.9\nnodeAddress6: '2001:db8::9'\ndataplane: {pinPath: /sys/fs/bpf/x, capacity: {services: 100}, capacity6: {services: 100}, keepOnExit: false}\n\
-             routes: {device: vips9, protocol: 210, holdTime: 9s, drain: 9s}\n",
+             routes: {device: vips9, protocol: 210, holdTime: 9s, restartWindow: 90s, drain: 9s}\n",
         )
         .unwrap();
         for setting in RESTART_ONLY {

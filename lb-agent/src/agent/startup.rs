@@ -27,7 +27,7 @@ use crate::{
     metrics::{Metrics, XdpLabels},
     netdev,
     node_plan::{NodePlan, node_plan},
-    routes::{RouteMetrics, Routes},
+    routes::{RouteMetrics, Routes, keeper::Handoff},
     service_sync::{ServiceSync, SyncMetrics, SyncRequest},
     uplinks::{self, Uplinks},
     vip_addresses::VipAddresses,
@@ -36,8 +36,8 @@ use crate::{
 };
 
 use super::{
-    Agent, Announcing, Applied, Current, Inputs, KubernetesSource, Overrides, ServiceSyncLink, Signals,
-    cluster_link::ClusterLink, within,
+    Agent, Announcing, Applied, Current, Exit, Inputs, KubernetesSource, Overrides, ServiceSyncLink, Signals,
+    Stop, cluster_link::ClusterLink, within,
 };
 
 /// Runs the agent on the calling thread's current-thread runtime, which then holds only the
@@ -52,7 +52,8 @@ pub async fn run(
     overrides: Overrides,
     kubernetes: Option<KubernetesSource>,
     background: tokio::runtime::Handle,
-) -> Result<()> {
+    adopted: Option<Handoff>,
+) -> Result<Exit> {
     let mut signals = Signals::install()?;
     let mut config = Config::load(&config_path)?;
     overrides.apply(&mut config);
@@ -62,7 +63,7 @@ pub async fn run(
     let Some((config, cluster)) =
         source(config, &node, kubernetes, refused_rx, &background, &mut signals).await?
     else {
-        return Ok(());
+        return Ok(Exit::Stopped);
     };
     let config_error = |field: &str, expected: String| Error::Config {
         path: config_path.clone(),
@@ -94,10 +95,11 @@ pub async fn run(
     let (service_sync, sync_task) = first_sync(sync, request, &background).await?;
     metrics.register_xdp(counters.clone());
     let (state, status_requests) = http_state(metrics, &node, &config, &dataplane, &counters);
-    let carrier = within(&background, netdev::watch_carrier)?;
     let mut agent = Agent {
         // Spawned first: they borrow the config and netlink handle the agent then takes.
-        routes: within(&background, || Routes::spawn(config.routes.clone(), netlink.clone(), route_metrics)),
+        routes: within(&background, || {
+            Routes::spawn(config.routes.clone(), netlink.clone(), route_metrics, adopted)
+        }),
         vip_addresses: within(&background, || VipAddresses::spawn(netlink.clone())),
         current: Current { config_path, config, node, plan: Arc::new(plan), overrides, node_address, keys },
         netlink,
@@ -108,22 +110,21 @@ pub async fn run(
         vrrp: Some(vrrp),
         ownership: Applied::new(vip_uplinks),
         announcing: Announcing { announcer: within(&background, Announcer::spawn), refresh: BTreeMap::new() },
-        stopping: false,
+        stopping: None,
         service_sync,
         cluster,
-        inputs: Inputs { status_requests, carrier },
+        inputs: Inputs { status_requests, carrier: within(&background, netdev::watch_carrier)? },
     };
     agent.start().await;
     let serving = Serving::start(listener, admin, admin_ino, sync_task, state, &background);
     info!(config = %agent.current.config_path.display(), node = %agent.current.node, listen = %agent.current.config.listen, "lb-agent running");
-
     let result = agent.event_loop(&mut signals).await;
     if let Some(cluster) = agent.cluster.take() {
         cluster.finish().await;
     }
     serving.end(&agent.current.config.admin_socket);
-    agent.release().await?;
-    result
+    let exit = agent.release().await?;
+    result.map(|()| exit)
 }
 
 /// The config to start with: the file's, or with `--kubernetes` the cluster's first, once its
@@ -374,20 +375,26 @@ impl Agent {
         self.apply_ownership().await;
     }
 
-    /// After the loop: nothing owned or routed any more, VIP addresses gone, and the data
-    /// plane kept pinned (`dataplane.keepOnExit`) or removed.
-    async fn release(mut self) -> Result<()> {
+    /// After the loop: nothing owned through VRRP any more, VIP addresses gone, and the data
+    /// plane kept pinned (`dataplane.keepOnExit`) or removed. A graceful stop leaves nothing
+    /// routed; a restart in place keeps the routes and the data plane for the next image.
+    async fn release(mut self) -> Result<Exit> {
         self.ownership.applied_epoch = None;
         self.vrrp = None;
-        self.stopping = true;
+        let stop = *self.stopping.get_or_insert(Stop::Graceful);
         self.apply_ownership().await;
         self.routes.settled(Duration::from_secs(2)).await;
         self.vip_addresses.flush(Duration::from_secs(2)).await;
+        if stop == Stop::Restart {
+            let handoff = self.routes.hand_over().await;
+            self.dataplane.keep();
+            return Ok(Exit::Restart(handoff));
+        }
         if self.current.config.dataplane.keep_on_exit {
             self.dataplane.keep();
-            Ok(())
+            Ok(Exit::Stopped)
         } else {
-            self.dataplane.remove()
+            self.dataplane.remove().map(|()| Exit::Stopped)
         }
     }
 

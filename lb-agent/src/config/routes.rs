@@ -28,6 +28,11 @@ pub struct RoutesConfig {
     /// withdrawn: the bound on a frozen agent's announcements.
     #[serde(default = "default_hold_time", deserialize_with = "duration")]
     pub hold_time: Duration,
+    /// How long the routes outlast an agent that re-executes itself (SIGUSR2, an upgrade in
+    /// place) before the new image is heard from: the bound on announcements kept for an
+    /// upgrade that never comes back up.
+    #[serde(default = "default_restart_window", deserialize_with = "duration")]
+    pub restart_window: Duration,
 }
 
 impl Default for RoutesConfig {
@@ -37,6 +42,7 @@ impl Default for RoutesConfig {
             protocol: default_protocol(),
             drain: default_drain(),
             hold_time: default_hold_time(),
+            restart_window: default_restart_window(),
         }
     }
 }
@@ -58,6 +64,12 @@ fn default_drain() -> Duration {
 /// half a second), and short beside the minute a supervisor takes to kill a stopped process.
 fn default_hold_time() -> Duration {
     Duration::from_secs(3)
+}
+
+/// Past a start-up with 50,000 Services (a few seconds), short beside the time a routing
+/// daemon keeps a dead peer's routes under BGP graceful restart (120 s by default).
+fn default_restart_window() -> Duration {
+    Duration::from_secs(30)
 }
 
 /// Heartbeats go every third of the hold time, so one late beat is never a lapse; under a
@@ -87,6 +99,15 @@ impl RoutesConfig {
                 format!("a duration from 1s to 1m, got {:?}", self.hold_time),
             ));
         }
+        if self.restart_window < self.hold_time || self.restart_window > Duration::from_secs(300) {
+            return Err(ConfigError::new(
+                "routes.restartWindow",
+                format!(
+                    "a duration from routes.holdTime ({:?}) to 5m, got {:?}",
+                    self.hold_time, self.restart_window
+                ),
+            ));
+        }
         Ok(())
     }
 }
@@ -106,9 +127,13 @@ mod tests {
         let r = routes("").unwrap();
         assert_eq!((r.device.as_str(), r.protocol), ("lb-vips", 200));
         assert_eq!((r.drain, r.hold_time), (Duration::from_secs(3), Duration::from_secs(3)));
-        let r = routes("routes: {device: vips0, protocol: 210, drain: 0s, holdTime: 10s}\n").unwrap();
+        assert_eq!(r.restart_window, Duration::from_secs(30));
+        let r =
+            routes("routes: {device: vips0, protocol: 210, drain: 0s, holdTime: 10s, restartWindow: 1m}\n")
+                .unwrap();
         assert_eq!((r.device.as_str(), r.protocol), ("vips0", 210));
         assert_eq!((r.drain, r.hold_time), (Duration::ZERO, Duration::from_secs(10)));
+        assert_eq!(r.restart_window, Duration::from_secs(60));
     }
 
     #[test]
@@ -120,6 +145,12 @@ mod tests {
             ("routes: {holdTime: 500ms}", "routes.holdTime", "from 1s to 1m"),
             ("routes: {holdTime: 2m}", "routes.holdTime", "from 1s to 1m"),
             ("routes: {device: a-name-far-too-long}", "routes.device", ""),
+            (
+                "routes: {holdTime: 10s, restartWindow: 5s}",
+                "routes.restartWindow",
+                "from routes.holdTime (10s)",
+            ),
+            ("routes: {restartWindow: 6m}", "routes.restartWindow", "to 5m"),
         ] {
             let e = routes(&format!("{yaml}\n")).unwrap_err();
             assert_eq!(e.field, field, "{yaml}: {e}");

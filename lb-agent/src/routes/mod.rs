@@ -21,6 +21,7 @@ pub mod sessions;
 
 use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
+use futures::TryStreamExt;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -30,11 +31,11 @@ use rtnetlink::{
     Handle, LinkUnspec, RouteMessageBuilder,
     packet_route::route::{RouteMessage, RouteProtocol},
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, error, info, warn};
 
 use crate::config::RoutesConfig;
-use keeper::Keeper;
+use keeper::{Handoff, Keeper};
 
 /// Why routes went: the ownership decision changed (a lost election, a VIP this node is no
 /// longer eligible for, a group it left), or the agent is stopping. (A third reason, `unheard`,
@@ -108,17 +109,35 @@ pub struct Routes {
     applied: watch::Receiver<BTreeSet<IpAddr>>,
     /// The event loop's heartbeats, passed on to the keeper.
     alive: watch::Sender<u64>,
+    /// Asks the task for its keeper, to hand to this process's next image (SIGUSR2).
+    hand_overs: mpsc::Sender<oneshot::Sender<Option<Handoff>>>,
 }
 
 impl Routes {
     /// Starts the task on the current runtime. The device is made only once a route is wanted,
-    /// so a node without routed groups has none.
-    pub fn spawn(settings: RoutesConfig, netlink: Handle, metrics: RouteMetrics) -> Routes {
+    /// so a node without routed groups has none; or it is `adopted` from this process's
+    /// previous image, with the routes it holds.
+    pub fn spawn(
+        settings: RoutesConfig,
+        netlink: Handle,
+        metrics: RouteMetrics,
+        adopted: Option<Handoff>,
+    ) -> Routes {
         let (wanted, wanted_rx) = watch::channel((BTreeSet::new(), Why::Changed));
         let (applied_tx, applied) = watch::channel(BTreeSet::new());
         let (alive, alive_rx) = watch::channel(0);
-        tokio::spawn(apply_loop(settings, netlink, metrics, wanted_rx, alive_rx, applied_tx));
-        Routes { wanted, applied, alive }
+        let (hand_overs, hand_overs_rx) = mpsc::channel(1);
+        let inputs = Inputs { wanted: wanted_rx, alive: alive_rx, hand_overs: hand_overs_rx };
+        tokio::spawn(apply_loop(settings, netlink, metrics, inputs, applied_tx, adopted));
+        Routes { wanted, applied, alive, hand_overs }
+    }
+
+    /// Ends the task, its routes left in place, and returns their keeper for this process's
+    /// next image (none when no route is held).
+    pub async fn hand_over(&self) -> Option<Handoff> {
+        let (reply, handoff) = oneshot::channel();
+        self.hand_overs.send(reply).await.ok()?;
+        handoff.await.ok().flatten()
     }
 
     /// A heartbeat from the event loop: sent at least every third of `routes.holdTime`, or the
@@ -154,6 +173,14 @@ enum Wake {
     Wanted,
     Heartbeat,
     KeeperEnded(std::io::Result<std::process::ExitStatus>),
+    HandOver(oneshot::Sender<Option<Handoff>>),
+}
+
+/// What the apply loop hears from [`Routes`].
+struct Inputs {
+    wanted: watch::Receiver<(BTreeSet<IpAddr>, Why)>,
+    alive: watch::Receiver<u64>,
+    hand_overs: mpsc::Receiver<oneshot::Sender<Option<Handoff>>>,
 }
 
 /// The device: its keeper (see [`keeper`]) and its interface index.
@@ -166,12 +193,14 @@ async fn apply_loop(
     settings: RoutesConfig,
     netlink: Handle,
     metrics: RouteMetrics,
-    mut wanted: watch::Receiver<(BTreeSet<IpAddr>, Why)>,
-    mut alive: watch::Receiver<u64>,
+    inputs: Inputs,
     applied: watch::Sender<BTreeSet<IpAddr>>,
+    adopted: Option<Handoff>,
 ) {
-    let mut device: Option<Device> = None;
-    let mut held: BTreeSet<IpAddr> = BTreeSet::new();
+    let Inputs { mut wanted, mut alive, mut hand_overs } = inputs;
+    let (mut device, mut held) = adopt_device(&netlink, &settings, adopted, alive.clone()).await;
+    metrics.routed.set(held.len() as i64);
+    applied.send_replace(held.clone());
     let mut retry = tokio::time::interval(Duration::from_secs(1));
     let mut failing = false;
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -188,8 +217,10 @@ async fn apply_loop(
             // Only while a lapse is waiting for the loop to be heard again (below).
             Ok(()) = alive.changed(), if unheard => Wake::Heartbeat,
             status = keeper_ended(device.as_mut()) => Wake::KeeperEnded(status),
+            Some(reply) = hand_overs.recv() => Wake::HandOver(reply),
         };
         match wake {
+            Wake::HandOver(reply) => return hand_over(device, reply),
             Wake::Wanted => {}
             Wake::Heartbeat => unheard = false,
             Wake::KeeperEnded(status) => {
@@ -346,7 +377,7 @@ async fn make_device(
             "an interface named {name} exists already (another agent's?)"
         )));
     }
-    let keeper = Keeper::spawn(name, settings.hold_time, alive).await?;
+    let keeper = Keeper::spawn(name, (settings.hold_time, settings.restart_window), alive).await?;
     let index = find()
         .await?
         .ok_or_else(|| std::io::Error::other(format!("{name} vanished after it was made")))?
@@ -360,4 +391,81 @@ async fn make_device(
         .map_err(|e| std::io::Error::other(format!("bringing {name} up: {e}")))?;
     info!(device = name, hold = ?settings.hold_time, "routed VIPs' device made: its routes end with this process, or when it goes unheard for routes.holdTime");
     Ok(Device { keeper, index })
+}
+
+/// Ends the apply loop: its keeper (if it has one) goes to this process's next image.
+fn hand_over(device: Option<Device>, reply: oneshot::Sender<Option<Handoff>>) {
+    let handoff = device.and_then(|d| {
+        d.keeper
+            .hand_over()
+            .inspect_err(|e| error!(error = %e, "handing the routes' keeper over failed: the routes end with this image"))
+            .ok()
+    });
+    let _ = reply.send(handoff);
+}
+
+/// The device and routes this process's previous image handed over (an upgrade in place), if
+/// any: a keeper that cannot be adopted ends, and its routes are made again.
+async fn adopt_device(
+    netlink: &Handle,
+    settings: &RoutesConfig,
+    handoff: Option<Handoff>,
+    alive: watch::Receiver<u64>,
+) -> (Option<Device>, BTreeSet<IpAddr>) {
+    let Some(handoff) = handoff else { return (None, BTreeSet::new()) };
+    let adopted = async {
+        let keeper = Keeper::adopt(handoff, alive)?;
+        let index = crate::netdev::find(netlink, &settings.device)
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))?
+            .ok_or_else(|| std::io::Error::other(format!("{} is gone", settings.device)))?
+            .index;
+        let held = routes_into(netlink, index, settings.protocol).await.map_err(|e| {
+            std::io::Error::other(format!("listing the routes into {}: {e}", settings.device))
+        })?;
+        Ok::<_, std::io::Error>((Device { keeper, index }, held))
+    };
+    match adopted.await {
+        Ok((device, held)) => {
+            info!(device = %settings.device, routed = held.len(), "adopted the routes' keeper of this process's previous image: its routes stay");
+            (Some(device), held)
+        }
+        Err(e) => {
+            error!(device = %settings.device, error = %e, "adopting the routes' keeper failed: its routes end, and are made again");
+            (None, BTreeSet::new())
+        }
+    }
+}
+
+/// The VIPs routed into the device `index` with the agent's protocol, both families.
+async fn routes_into(
+    netlink: &Handle,
+    index: u32,
+    protocol: u8,
+) -> Result<BTreeSet<IpAddr>, rtnetlink::Error> {
+    use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute};
+    let mut vips = BTreeSet::new();
+    let dumps = [
+        RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
+        RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+    ];
+    for dump in dumps {
+        let mut replies = std::pin::pin!(netlink.route().get(dump).execute());
+        while let Some(reply) = replies.try_next().await? {
+            if reply.header.protocol != RouteProtocol::from(protocol) {
+                continue;
+            }
+            let into_device =
+                reply.attributes.iter().any(|a| matches!(a, RouteAttribute::Oif(i) if *i == index));
+            let destination = reply.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Destination(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
+                RouteAttribute::Destination(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
+                _ => None,
+            });
+            if let (true, Some(vip)) = (into_device, destination) {
+                vips.insert(vip);
+            }
+        }
+    }
+    Ok(vips)
 }

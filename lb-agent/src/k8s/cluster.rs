@@ -1,6 +1,6 @@
-//! The cluster's objects as the pure parts read them: the snapshot every plan is made from, and
-//! what a Service's status already holds. Both the translation (`source`) and the status plan
-//! (`status`) read these; neither needs the other for them.
+//! The cluster's objects as the pure parts read them: the snapshot the agent's config and the
+//! status writes are made from, and what a Service's status already holds. Both the translation
+//! (`source`) and the status writes (`status`) read these; neither needs the other for them.
 
 use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 
 use super::{crd::LoadBalancerGroup, slice::Slice};
 
-/// The objects a plan is made from, shared with the watch stores they come from (a snapshot
+/// The objects a translation or status writes are made from, shared with the watch stores they come from (a snapshot
 /// per event costs a pointer per object, not a deep copy).
 #[derive(Clone, Debug, Default)]
 pub struct ClusterState {

@@ -372,7 +372,7 @@ impl Shell {
         let Some(config) = &state.last else { return };
         let planned = crate::node_plan::node_plan(config, &self.node);
         let refused = refused.borrow_and_update().clone();
-        let mut plan = status::writes(
+        let mut writes = status::writes(
             &cluster,
             &owners.borrow().clone(),
             &planned,
@@ -380,10 +380,10 @@ impl Shell {
             &state.unserved,
             &Timestamp::now().to_string(),
         );
-        status::keep_written_times(&mut plan, &state.written);
-        if plan != status::StatusWrites::default()
+        status::keep_written_times(&mut writes, &state.written);
+        if writes != status::StatusWrites::default()
             && let Err(e) =
-                writer.apply(&plan).await.inspect(|()| state.written.extend(plan.conditions.clone()))
+                writer.apply(&writes).await.inspect(|()| state.written.extend(writes.conditions.clone()))
         {
             warn!(error = %e, "writing status failed; retrying on the next change");
         }

@@ -6,10 +6,10 @@
 //! - `slice`: an EndpointSlice as the agent keeps it, and `trim`: what the watch stores keep
 //!   of the other objects (pure).
 //! - `changes`: which Services each watch event touched (pure).
-//! - `cluster`: the snapshot of cluster objects plans are made from (pure).
+//! - `cluster`: the snapshot of cluster objects the translation and status writes are made from (pure).
 //! - `source`: cluster objects to the same `Config` the standalone YAML gives (pure).
 //! - `status`: what the leader writes back: addresses, finalizers, Events, group status (pure).
-//! - `writer`: carries a status plan out with server-side apply and Events (I/O).
+//! - `writer`: carries status writes out with server-side apply and Events (I/O).
 //! - `lease`: leader election for those writes (decision pure, Lease I/O thin).
 //! - `controller`: the watches, the config channel to the agent, and the leader's loop.
 

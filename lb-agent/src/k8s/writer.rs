@@ -37,15 +37,15 @@ impl StatusWriter {
         Self { recorder: Recorder::new(client.clone(), reporter), client, lead_until: None }
     }
 
-    /// Applies `plan`: finalizers first (an address is never published for a Service that
+    /// Applies `writes`: finalizers first (an address is never published for a Service that
     /// could be deleted without releasing it), then addresses, Events, Service conditions,
     /// group status, and last the releases of deleted Services.
-    pub async fn apply(&self, plan: &StatusWrites) -> Result<(), kube::Error> {
-        for (namespace, name) in &plan.add_finalizer {
+    pub async fn apply(&self, writes: &StatusWrites) -> Result<(), kube::Error> {
+        for (namespace, name) in &writes.add_finalizer {
             self.still_leading()?;
             self.finalizers(namespace, name, &[IPAM_FINALIZER]).await?;
         }
-        for ((namespace, name), ips) in &plan.ingress {
+        for ((namespace, name), ips) in &writes.ingress {
             self.still_leading()?;
             let ingress: Vec<_> =
                 ips.iter().map(|ip| json!({"ip": ip.to_string(), "ipMode": "VIP"})).collect();
@@ -54,7 +54,7 @@ impl StatusWriter {
                 .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body))
                 .await?;
         }
-        for ((namespace, name), reason, message) in &plan.warnings {
+        for ((namespace, name), reason, message) in &writes.warnings {
             let regarding = ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Service".into()),
@@ -64,7 +64,7 @@ impl StatusWriter {
             };
             self.warn(regarding, reason, message, "Allocate").await?;
         }
-        for ((namespace, name), c) in &plan.conditions {
+        for ((namespace, name), c) in &writes.conditions {
             self.still_leading()?;
             let condition = json!({
                 "type": SERVICE_CONDITION, "status": c.status, "reason": c.reason, "message": c.message,
@@ -75,7 +75,7 @@ impl StatusWriter {
                 .patch_status(name, &PatchParams::apply(CONDITION_MANAGER).force(), &Patch::Apply(body))
                 .await?;
         }
-        for (name, status) in &plan.groups {
+        for (name, status) in &writes.groups {
             self.still_leading()?;
             let body =
                 json!({"apiVersion": "lb-agent.io/v1alpha1", "kind": "LoadBalancerGroup", "status": status});
@@ -83,7 +83,7 @@ impl StatusWriter {
                 .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body))
                 .await?;
         }
-        for (namespace, name) in &plan.release {
+        for (namespace, name) in &writes.release {
             self.still_leading()?;
             if let Err(e) = self.finalizers(namespace, name, &[]).await {
                 // A release can race the deletion it allowed (a second pass saw the Service
@@ -195,7 +195,7 @@ mod tests {
             "edge".to_owned(),
             crate::k8s::crd::LoadBalancerGroupStatus { member_count: 3, ..Default::default() },
         );
-        let plan = StatusWrites {
+        let writes = StatusWrites {
             ingress: [(key.clone(), vec![IpAddr::from([198, 51, 100, 1])])].into(),
             add_finalizer: vec![key.clone()],
             groups,
@@ -236,7 +236,7 @@ mod tests {
             .await;
             handle
         });
-        writer.apply(&plan).await.expect("the plan applies");
+        writer.apply(&writes).await.expect("the writes apply");
         let mut handle = server.await.unwrap();
         // Nothing else was sent.
         assert!(
@@ -256,7 +256,7 @@ mod tests {
             observed_generation: 3,
             last_transition_time: "2026-11-22T00:00:00Z".into(),
         };
-        let plan = StatusWrites {
+        let writes = StatusWrites {
             warnings: vec![(key.clone(), "ExternalIPNotAllowed", "externalIP 8.8.8.8 is outside …".into())],
             conditions: [(key.clone(), condition)].into(),
             release: vec![("shop".to_owned(), "old".to_owned())],
@@ -302,7 +302,7 @@ mod tests {
             )
             .await;
         });
-        writer.apply(&plan).await.expect("the plan applies");
+        writer.apply(&writes).await.expect("the writes apply");
         server.await.unwrap();
     }
 
@@ -311,7 +311,7 @@ mod tests {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let writer = StatusWriter::new(Client::new(service, "default"), "n0".into());
         let key = ("shop".to_owned(), "web".to_owned());
-        let plan = StatusWrites { add_finalizer: vec![key], ..Default::default() };
+        let writes = StatusWrites { add_finalizer: vec![key], ..Default::default() };
         let server = tokio::spawn(async move {
             let (_, send) = handle.next_request().await.unwrap();
             let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "forbidden", "reason": "Forbidden", "code": 403});
@@ -322,7 +322,7 @@ mod tests {
                     .unwrap(),
             );
         });
-        let error = writer.apply(&plan).await.expect_err("a 403 is an error");
+        let error = writer.apply(&writes).await.expect_err("a 403 is an error");
         assert!(error.to_string().contains("forbidden"), "{error}");
         server.await.unwrap();
     }

@@ -73,10 +73,10 @@ services:
     endpoints: [{address: 10.244.1.5, node: n1}, {address: 10.244.2.7, node: n2}]
 ";
 
-/// Every node's VRRP plan and both families' data-plane plans are the same from either.
-fn assert_same_plans(from_cluster: &Config, from_yaml: &Config) {
+/// Every node's plan and both families' map contents are the same from either.
+fn assert_same_plans_and_contents(from_cluster: &Config, from_yaml: &Config) {
     for node in ["n0", "n1", "n2"] {
-        assert_eq!(node_plan(from_cluster, node), node_plan(from_yaml, node), "VRRP plan on {node}");
+        assert_eq!(node_plan(from_cluster, node), node_plan(from_yaml, node), "node plan on {node}");
         assert_eq!(
             map_contents::for_node::<lb_common::service::Addr4>(from_cluster, node),
             map_contents::for_node(from_yaml, node),
@@ -94,7 +94,7 @@ fn assert_same_plans(from_cluster: &Config, from_yaml: &Config) {
 fn kubernetes_and_yaml_sources_give_the_same_plan() {
     let base = Config::parse(BASE).unwrap();
     let from_cluster = translate(&cluster(), &base).unwrap();
-    assert_same_plans(&from_cluster.config, &Config::parse(EQUIVALENT).unwrap());
+    assert_same_plans_and_contents(&from_cluster.config, &Config::parse(EQUIVALENT).unwrap());
     // `Local` policy: only n0 has a dns endpoint, so only n0 may own its VIP.
     let vip = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 2));
     for node in ["n1", "n2"] {
@@ -195,7 +195,7 @@ fn a_dual_stack_cluster_and_its_yaml_give_the_same_plan() {
     let base = Config::parse(BASE).unwrap();
     let from_cluster = translate(&dual_stack_cluster(), &base).unwrap();
     assert!(from_cluster.refusals.is_empty(), "{:?}", from_cluster.refusals);
-    assert_same_plans(&from_cluster.config, &Config::parse(DUAL_STACK_EQUIVALENT).unwrap());
+    assert_same_plans_and_contents(&from_cluster.config, &Config::parse(DUAL_STACK_EQUIVALENT).unwrap());
     // n0 runs the IPv4 instance only; an IPv6 one runs where the IPv6 VIPs may go.
     use crate::vrrp::family::IpFamily;
     assert!(node_plan(&from_cluster.config, "n0").instances.iter().all(|i| i.family == IpFamily::V4));

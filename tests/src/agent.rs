@@ -15,6 +15,9 @@ pub const AGENT_LISTEN: &str = "127.0.0.1:9105";
 
 /// A field of a process's `/proc/<pid>/status` (`VmRSS`, `SigBlk`, `CapEff`, …), trimmed; none
 /// when the process or the field is not there.
+/// The line each image of the agent logs once it runs.
+const RUNNING: &str = "lb-agent running";
+
 pub fn proc_status(pid: u32, field: &str) -> Option<String> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let value = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
@@ -218,6 +221,27 @@ impl Agent {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// SIGUSR2, an upgrade in place: waits (10 s at most) until the agent, executing its binary
+    /// again in the same process, runs and is ready once more. `during` is called each poll
+    /// (e.g. to check that something holds throughout).
+    pub fn restart_in_place(&mut self, mut during: impl FnMut()) {
+        let started = self.log_text().matches(RUNNING).count();
+        self.signal(libc::SIGUSR2);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.log_text().matches(RUNNING).count() == started {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "lb-agent exited with {status} instead of executing itself again:\n{}",
+                    self.log_text()
+                );
+            }
+            assert!(Instant::now() < deadline, "no new image ran after SIGUSR2:\n{}", self.log_text());
+            during();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.wait_ready();
     }
 
     /// SIGKILL: no resignation, no cleanup (the crash case).

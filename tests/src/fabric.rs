@@ -343,6 +343,18 @@ impl Fabric {
             .collect()
     }
 
+    /// Starts recording every change to the ToR's IPv4 routes (`ip monitor route`).
+    pub fn watch_routes(&self) -> RouteWatch {
+        let monitor = self
+            .tor
+            .ns
+            .command(&["ip", "-4", "monitor", "route"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("running ip monitor");
+        RouteWatch { monitor }
+    }
+
     /// Polls until the ToR forwards `vip` to exactly `nodes`; how long that took.
     pub fn wait_next_hops(&self, vip: IpAddr, nodes: &[usize], within: Duration) -> Duration {
         let want: BTreeSet<usize> = nodes.iter().copied().collect();
@@ -397,5 +409,21 @@ fn wire_ipv6(tor: &Host, far: &Host, lab: &crate::Lab) {
     far.ns.run_cmd(&["ip", "-6", "route", "add", "default", "via", "2001:db8:99::1"]);
     for node in &lab.nodes {
         node.ns.run_cmd(&["ip", "-6", "route", "add", FAR_SUBNET6, "via", &TOR6.to_string()]);
+    }
+}
+
+/// Changes to the ToR's routes as they happen, from [`Fabric::watch_routes`].
+pub struct RouteWatch {
+    monitor: std::process::Child,
+}
+
+impl RouteWatch {
+    /// Stops watching; the changes seen to `vip`'s route, one line each.
+    pub fn changes_to(self, vip: Ipv4Addr) -> Vec<String> {
+        // SAFETY: a signal to this watch's own child.
+        unsafe { libc::kill(self.monitor.id() as i32, libc::SIGTERM) };
+        let out = self.monitor.wait_with_output().expect("ip monitor");
+        let vip = format!("{vip} ");
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(&vip)).map(str::to_owned).collect()
     }
 }

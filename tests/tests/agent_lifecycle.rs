@@ -101,14 +101,7 @@ fn sigusr2_executes_the_agent_again_in_the_same_process_keeping_the_data_plane()
     );
     agent.wait_ready();
     let pid = agent.pid();
-    agent.signal(libc::SIGUSR2);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while agent.log_text().matches("lb-agent running").count() < 2 {
-        assert!(std::time::Instant::now() < deadline, "no new image ran:\n{}", agent.log_text());
-        assert!(xdp_attached(&lab), "the data plane stays through the restart");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    agent.wait_ready();
+    agent.restart_in_place(|| assert!(xdp_attached(&lab), "the data plane stays through the restart"));
     let log = agent.log_text();
     assert_eq!(agent.pid(), pid, "the same process");
     assert!(log.contains("SIGUSR2: executing this binary again") && !log.contains("XDP detached"), "{log}");

@@ -122,45 +122,25 @@ fn keeper_of(agent: u32) -> u32 {
 }
 
 /// SIGUSR2 to `node`'s agent: it executes itself again in the same process, its keeper (and
-/// so its routes) handed over. The ToR's route to the VIP must not change at all (watched with
-/// `ip monitor`), and no reply to a ping every 5 ms through the ToR may be lost.
+/// so its routes) handed over. The ToR's route to the VIP must not change at all, and no reply
+/// to a ping every 5 ms through the ToR may be lost.
 fn upgrade_in_place_keeps_the_route(fabric: &mut Fabric, node: usize) {
     let vip = IpAddr::V4(VIP);
-    let agent = &fabric.cluster.agents[node];
-    let (pid, keeper) = (agent.pid(), keeper_of(agent.pid()));
-    let images = agent.log_text().matches("lb-agent running").count();
-    let monitor = fabric
-        .tor
-        .ns
-        .command(&["ip", "-4", "monitor", "route"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (pid, keeper) = (fabric.cluster.agents[node].pid(), keeper_of(fabric.cluster.agents[node].pid()));
+    let routes = fabric.watch_routes();
     let count = 600;
     let ping = fabric.far.ping_every(vip, "0.005", count);
     std::thread::sleep(Duration::from_millis(500));
-    agent.signal(libc::SIGUSR2);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while agent.log_text().matches("lb-agent running").count() == images {
-        assert!(std::time::Instant::now() < deadline, "no new image ran:\n{}", agent.log_text());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let log = agent.log_text();
-    assert!(log.contains("adopted the routes' keeper"), "{log}");
+    fabric.cluster.agents[node].restart_in_place(|| {});
+    let agent = &fabric.cluster.agents[node];
+    assert!(agent.log_text().contains("adopted the routes' keeper"), "{}", agent.log_text());
     assert_eq!((agent.pid(), keeper_of(pid)), (pid, keeper), "the same process and keeper");
     let replies = lb_lab::ping_counts(&ping.join().unwrap()).1 as u32;
-    // SAFETY: a signal to this test's own child.
-    unsafe { libc::kill(monitor.id() as i32, libc::SIGTERM) };
-    let changes = monitor.wait_with_output().unwrap();
-    let changes = String::from_utf8_lossy(&changes.stdout);
-    assert!(!changes.contains(&VIP.to_string()), "the ToR's route changed:\n{changes}");
+    let changes = routes.changes_to(VIP);
+    assert!(changes.is_empty(), "the ToR's route changed: {changes:#?}");
     assert_eq!(fabric.next_hop_nodes(vip), BTreeSet::from([0, 1, 2]));
     assert_eq!(replies, count, "replies lost through an upgrade in place\n{}", fabric.cluster.logs());
-    assert_eq!(
-        fabric.cluster.agents[node].metric("lbagent_routed_vips"),
-        1.0,
-        "the new image counts the adopted route"
-    );
+    assert_eq!(agent.metric("lbagent_routed_vips"), 1.0, "the new image counts the adopted route");
 }
 
 /// `count` UDP datagrams to the VIP from as many source ports, sent from the far client.

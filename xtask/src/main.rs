@@ -5,7 +5,8 @@
 //! - `build-ebpf`: builds the XDP object that `lb-agent` embeds.
 //! - `test`: setup, BPF build, lints, the import-circle check (`modules`) and the book with
 //!   its links (`docs`), then every test (unit, BPF fixtures, netns labs).
-//! - `demo`: a lab in which the agent answers ARP for a VIP from XDP.
+//! - `demo`: a three-node lab: a VRRP election, TCP over DSR and full NAT and UDP to a VIP,
+//!   and the connections carrying on through the owner's hard failure.
 //! - `image`: the container image, built offline from scratch with podman.
 
 mod baseline;
@@ -45,7 +46,8 @@ enum Task {
         #[arg(last = true)]
         cargo_test_args: Vec<String>,
     },
-    /// Build a lab and show a VIP answered by XDP, with the counters.
+    /// Build a three-node lab and show a VIP's election, its connections and their survival
+    /// of the owner's hard failure.
     Demo,
     /// The import-circle and size checks alone (part of `test`).
     Modules,

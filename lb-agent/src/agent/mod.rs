@@ -71,6 +71,7 @@ enum Stop {
 /// How [`run`] ended.
 #[derive(Debug)]
 pub enum Exit {
+    /// A graceful stop, done.
     Stopped,
     /// Execute this binary again, handing over the routes' keeper (see `routes::keeper`).
     Restart(Option<crate::routes::keeper::Handoff>),
@@ -422,14 +423,14 @@ impl Signals {
     }
 }
 
-/// Holds SIGTERM, SIGINT, SIGHUP and SIGUSR2 pending until [`Signals::install`] has its handlers: call
-/// first thing, before any thread starts (threads inherit the mask, so the runtimes' workers
-/// keep them held and they reach the thread that installed the handlers). Without it a signal
-/// can be lost at start-up: tokio installs its process-wide handler before its listener
-/// subscribes, and a runtime worker that drains the handler's pipe in between broadcasts the
-/// signal to nobody (a SIGTERM right after start was ignored, found by the start-up signal
-/// lab test in CI). Held, such a signal is delivered once the listener is there; one before
-/// that is then a graceful stop, not the default action's sudden exit.
+/// Holds SIGTERM, SIGINT, SIGHUP and SIGUSR2 pending until [`Signals::install`] has its
+/// handlers: call first thing, before any thread starts (threads inherit the mask, so the
+/// runtimes' workers keep them held and they reach the thread that installed the handlers).
+/// Without it a signal can be lost at start-up: tokio installs its process-wide handler before
+/// its listener subscribes, and a runtime worker that drains the handler's pipe in between
+/// broadcasts the signal to nobody (a SIGTERM right after start was ignored, found by the
+/// start-up signal lab test in CI). Held, such a signal is delivered once the listener is
+/// there; one before that is then a graceful stop, not the default action's sudden exit.
 pub fn hold_signals() {
     set_held(libc::SIG_BLOCK);
 }

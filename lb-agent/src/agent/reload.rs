@@ -47,8 +47,8 @@ macro_rules! restart_only {
     };
 }
 
-/// Every restart-only setting (the per-interface `nodeAddresses` aside: the uplinks keep theirs,
-/// see [`Agent::apply_config`]).
+/// Every restart-only setting (the per-interface `nodeAddresses` and `nodeAddresses6` aside:
+/// the uplinks keep theirs, see [`Agent::apply_config`]).
 const RESTART_ONLY: &[RestartOnly] = restart_only![
     "interface" => interface,
     "xdpMode" => xdp_mode,
@@ -123,10 +123,16 @@ impl Agent {
                 warn!(field = setting.field, "this only takes effect on restart; keeping the running value");
             }
         }
-        for (interface, address) in &new.node_addresses {
-            if self.uplinks.get(interface).is_some_and(|u| u.node_address != *address) {
-                warn!(field = %format!("nodeAddresses.{interface}"), "this only takes effect on restart; keeping the running value");
-            }
+        let moved4 = new.node_addresses.iter().filter_map(|(interface, address)| {
+            let moved = self.uplinks.get(interface).is_some_and(|u| u.node_address != *address);
+            moved.then(|| format!("nodeAddresses.{interface}"))
+        });
+        let moved6 = new.node_addresses6.iter().filter_map(|(interface, address)| {
+            let moved = self.uplinks.get(interface).is_some_and(|u| u.node_address6 != Some(*address));
+            moved.then(|| format!("nodeAddresses6.{interface}"))
+        });
+        for field in moved4.chain(moved6) {
+            warn!(%field, "this only takes effect on restart; keeping the running value");
         }
         // New uplinks are attached and their VRRP sockets opened now, so that a config this
         // node cannot serve is refused whole; uplinks it leaves go once it has handed over.

@@ -15,6 +15,8 @@
 //! - graceful: long-lived connections sending a request every 50 ms on both ports; SIGTERM to
 //!   n1's agent (withdraw, drain, exit); resets and failed requests; then n1's agent restarts;
 //! - upgrade: a 5 ms ping to the VIP while n2's agent stops (SIGTERM) and a new one starts;
+//! - upgrade in place: the connections again and a 5 ms ping while n2's agent executes itself
+//!   again (SIGUSR2); resets, failed requests, replies lost, and changes to the ToR's route;
 //! - SIGKILL: n2's agent killed; time until the ToR forwards to n0 and n1 only;
 //! - SIGSTOP: n2's (restarted) agent frozen; time until its routes' keeper has withdrawn them
 //!   and the ToR forwards to n0 and n1 only, then until it routes again once thawed;
@@ -297,6 +299,25 @@ fn main() {
         ),
         format!("{lost} replies lost, largest gap {gap:.0} ms"),
         "-".to_owned(),
+    ));
+
+    // The same upgrade in place: n2's agent executes its binary again in the same process and
+    // keeps its routes, so even full NAT's flows, which only n2 can translate, stay.
+    fabric.wait_bfd_up(CONVERGE);
+    let load = Load::start(&fabric, per_port);
+    let routes = fabric.watch_routes();
+    let (gap, lost, sent) = ping_outage(&far, 10, || fabric.cluster.agents[2].restart_in_place(|| {}));
+    std::thread::sleep(Duration::from_secs(2));
+    let changes = routes.changes_to(VIP).len();
+    let (dsr, nat) = describe(&load.finish());
+    rows.push((
+        "upgrade in place (SIGUSR2 to n2's agent)",
+        format!(
+            "{connections} connections and a 5 ms ping ({sent} sent): {lost} replies lost, largest gap \
+             {gap:.0} ms; changes to the ToR's route: {changes}"
+        ),
+        dsr,
+        nat,
     ));
 
     fabric.wait_bfd_up(CONVERGE);

@@ -289,6 +289,62 @@ fn bgp_spreads_flows_over_every_node_and_connections_survive_a_withdrawal_a_kill
     eprintln!("hard loss: n2 left the ToR's ECMP set in {lost:?}");
 }
 
+/// The lab agents' `routes.restartWindow` in [`bgp_window_config`].
+const RESTART_WINDOW: Duration = Duration::from_secs(4);
+
+fn bgp_window_config(lab: &Lab, me: usize, services: &str) -> String {
+    let window =
+        format!("holdTime: {}s, restartWindow: {}s}}", HOLD_TIME.as_secs(), RESTART_WINDOW.as_secs());
+    bgp_config(lab, me, services).replace(&format!("holdTime: {}s}}", HOLD_TIME.as_secs()), &window)
+}
+
+/// Restarts `node`'s agent from a copy of its binary at `path`, which the test may then replace
+/// as an upgrade would.
+fn agent_from_copy(fabric: &mut Fabric, node: usize, path: &std::path::Path) {
+    std::fs::copy(lb_lab::agent_binary(), path).unwrap();
+    fabric.cluster.agents[node].kill();
+    let lab = &fabric.cluster.lab;
+    let config =
+        bgp_window_config(lab, node, &service_config(lab, "web", VIP, 80, TARGET_PORT, "dsr", &[0, 1]));
+    let mut agent = lab.start_agent_under(node, &config, &[], &[], &[path.to_str().unwrap()]);
+    agent.wait_ready();
+    fabric.cluster.agents[node] = agent;
+}
+
+/// Puts `script` where the agent's binary was, as `mv new-build lb-agent` would.
+fn replace_binary(path: &std::path::Path, script: &str) {
+    let new = path.with_extension("new");
+    std::fs::write(&new, script).unwrap();
+    std::fs::set_permissions(&new, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::rename(&new, path).unwrap();
+}
+
+/// An upgrade in place whose new build never comes up ends the routes within a bound: a build
+/// that hangs (it never sends a heartbeat) keeps them for `routes.restartWindow`, then its keeper
+/// withdraws them; one that exits takes them with it at once.
+#[test]
+fn an_upgrade_in_place_that_never_comes_up_is_withdrawn_within_the_restart_window() {
+    let mut fabric = fabric(bgp_window_config);
+    let vip = IpAddr::V4(VIP);
+    let path = fabric.cluster.lab.path("lb-agent-copy");
+    for (build, within) in [("exec sleep 60", None), ("exit 1", Some(Duration::from_secs(1)))] {
+        agent_from_copy(&mut fabric, 2, &path);
+        fabric.wait_next_hops(vip, &[0, 1, 2], CONVERGE);
+        replace_binary(&path, &format!("#!/bin/sh\n{build}\n"));
+        fabric.cluster.agents[2].signal(libc::SIGUSR2);
+        let bound = within.unwrap_or(RESTART_WINDOW + Duration::from_millis(1500));
+        let withdrawn = fabric.wait_next_hops(vip, &[0, 1], bound + Duration::from_secs(2));
+        eprintln!("a new build that runs `{build}`: withdrawn from the ToR in {withdrawn:?}");
+        assert!(withdrawn <= bound, "`{build}`: withdrawn after {withdrawn:?}, bound {bound:?}");
+        if within.is_none() {
+            assert!(
+                withdrawn >= RESTART_WINDOW - Duration::from_millis(200),
+                "kept for the window: {withdrawn:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn bgp_owner_routes_the_vip_from_the_vrrp_master_only_and_a_failover_moves_it() {
     let fabric = fabric(bgp_owner_config);

@@ -16,7 +16,8 @@
 //!   n1's agent (withdraw, drain, exit); resets and failed requests; then n1's agent restarts;
 //! - upgrade: a 5 ms ping to the VIP while n2's agent stops (SIGTERM) and a new one starts;
 //! - upgrade in place: the connections again and a 5 ms ping while n2's agent executes itself
-//!   again (SIGUSR2); resets, failed requests, replies lost, and changes to the ToR's route;
+//!   again (SIGUSR2); resets, failed requests, replies lost, and changes to the ToR's route
+//!   (`--upgrade-only`: that case alone, beside a control as long with nothing done);
 //! - SIGKILL: n2's agent killed; time until the ToR forwards to n0 and n1 only;
 //! - SIGSTOP: n2's (restarted) agent frozen; time until its routes' keeper has withdrawn them
 //!   and the ToR forwards to n0 and n1 only, then until it routes again once thawed;
@@ -244,6 +245,19 @@ fn ping_outage(far_ns: &str, seconds: u32, during: impl FnOnce()) -> (f64, u64, 
 fn main() {
     let connections = arg("--connections", 1000);
     let per_port = connections / 2;
+    if std::env::args().any(|a| a == "--upgrade-only") {
+        // Each upgrade in place beside a control of the same length with nothing done, for
+        // the lab's own floor.
+        let mut fabric = fabric(bgp);
+        fabric.wait_next_hops(IpAddr::V4(VIP), &[0, 1, 2], CONVERGE);
+        for _ in 0..arg("--repeat", 3) {
+            for upgrade in [false, true] {
+                let (case, method, dsr, nat) = upgrade_in_place(&mut fabric, connections, upgrade);
+                println!("| {case} | {method} | {dsr} | {nat} |");
+            }
+        }
+        return;
+    }
     if std::env::args().any(|a| a == "--backends-only") {
         for (case, method, dsr, nat) in backends_change(connections, per_port) {
             println!("| {case} | {method} | {dsr} | {nat} |");
@@ -301,24 +315,7 @@ fn main() {
         "-".to_owned(),
     ));
 
-    // The same upgrade in place: n2's agent executes its binary again in the same process and
-    // keeps its routes, so even full NAT's flows, which only n2 can translate, stay.
-    fabric.wait_bfd_up(CONVERGE);
-    let load = Load::start(&fabric, per_port);
-    let routes = fabric.watch_routes();
-    let (gap, lost, sent) = ping_outage(&far, 10, || fabric.cluster.agents[2].restart_in_place(|| {}));
-    std::thread::sleep(Duration::from_secs(2));
-    let changes = routes.changes_to(VIP).len();
-    let (dsr, nat) = describe(&load.finish());
-    rows.push((
-        "upgrade in place (SIGUSR2 to n2's agent)",
-        format!(
-            "{connections} connections and a 5 ms ping ({sent} sent): {lost} replies lost, largest gap \
-             {gap:.0} ms; changes to the ToR's route: {changes}"
-        ),
-        dsr,
-        nat,
-    ));
+    rows.push(upgrade_in_place(&mut fabric, connections, true));
 
     fabric.wait_bfd_up(CONVERGE);
     fabric.cluster.agents[2].kill();
@@ -370,6 +367,35 @@ fn main() {
     for (case, method, dsr, nat) in rows {
         println!("| {case} | {method} | {dsr} | {nat} |");
     }
+}
+
+/// An upgrade in place (`upgrade`), or as long with nothing done: n2's agent executes its
+/// binary again in the same process and keeps its routes, so even full NAT's flows, which only
+/// n2 can translate, stay. The connections and a 5 ms ping throughout.
+fn upgrade_in_place(
+    fabric: &mut Fabric,
+    connections: u64,
+    upgrade: bool,
+) -> (&'static str, String, String, String) {
+    fabric.wait_bfd_up(CONVERGE);
+    let load = Load::start(fabric, connections / 2);
+    let routes = fabric.watch_routes();
+    let far = fabric.far.ns.name().to_owned();
+    let (gap, lost, sent) = ping_outage(&far, 10, || {
+        if upgrade {
+            fabric.cluster.agents[2].restart_in_place(|| {});
+        }
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let changes = routes.changes_to(VIP).len();
+    let (dsr, nat) = describe(&load.finish());
+    let case =
+        if upgrade { "upgrade in place (SIGUSR2 to n2's agent)" } else { "as long, nothing done (control)" };
+    let method = format!(
+        "{connections} connections and a 5 ms ping ({sent} sent): {lost} replies lost, largest gap {gap:.0} ms; \
+         changes to the ToR's route: {changes}"
+    );
+    (case, method, dsr, nat)
 }
 
 /// Backends that change, with and without a rehash. Pods 0 and 1 on n0, 2 and 3 on n1; the

@@ -1,11 +1,11 @@
 //! VRRPv3 over IPv6 and IPv6 VIPs with real packets, what only IPv6 has: lab nodes run lb-agent
 //! with an IPv4 and an IPv6 VIP under the same VRID, and the client checks who answers for each
 //! by Neighbor Discovery (ndisc6), ARP, ping and TCP. The scenarios IPv4 shares (election,
-//! failover, graceful stop, uplink flap, keepalived interop, impersonation, crash leftovers)
-//! run for both families in `vrrp_lab.rs`.
+//! failover, a killed or frozen master, graceful stop, uplink flap, keepalived interop,
+//! impersonation, crash leftovers) run for both families in `vrrp_lab.rs`.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{Ipv4Addr, Ipv6Addr},
     time::{Duration, Instant},
 };
 
@@ -40,9 +40,12 @@ fn wait_tcp6(lab: &Lab, node: usize) {
     election::wait_tcp(lab, VIP6.into(), node)
 }
 
+/// Both families' instances of one group run side by side under one VRID, each with its own
+/// state; `vipMode: both` has the kernel hold the /128 too. (Election, failover, a killed or
+/// frozen master: the shared scenarios in `vrrp_lab.rs`, run for both families.)
 #[test]
-fn ipv6_election_and_hard_failover_under_ping() {
-    let (lab, mut agents) = lab_with_agents(3, &[200, 150, 100], "    vipMode: both\n");
+fn dual_stack_instances_run_side_by_side_under_one_vrid() {
+    let (lab, agents) = lab_with_agents(3, &[200, 150, 100], "    vipMode: both\n");
     let servers: Vec<_> = lab.nodes.iter().map(|n| n.serve_name6(PORT)).collect();
     wait_owner6(&lab, 0, &agents);
     wait_tcp6(&lab, 0);
@@ -71,19 +74,6 @@ fn ipv6_election_and_hard_failover_under_ping() {
     let addresses = lab.nodes[0].ns.output(&["ip", "-6", "addr", "show", "dev", "eth0"]);
     let addresses = String::from_utf8_lossy(&addresses.stdout);
     assert!(addresses.contains(&format!("{VIP6}/128")) && !addresses.contains("tentative"), "{addresses}");
-
-    // Hard failure of the master under ping every 2 ms: the backup takes over, the client
-    // follows its unsolicited Neighbor Advertisement, and the pings come back.
-    let ping = lab.client.ping_every(IpAddr::V6(VIP6), "0.002", 1500);
-    std::thread::sleep(Duration::from_millis(500));
-    lab.cut(0);
-    agents[0].kill();
-    wait_owner6(&lab, 1, &agents);
-    wait_tcp6(&lab, 1);
-    let output = ping.join().unwrap();
-    let lost = 1500 - lb_lab::ping_counts(&output).1;
-    assert!(lost < 1500 / 2, "the pings never came back: {lost} of 1500 lost");
-    agents[1].wait_metric(r#"lbagent_vrrp_state{group="web",vrid="10",family="ipv6",state="master"}"#, 1.0);
 
     drop(servers);
 }

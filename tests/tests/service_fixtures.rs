@@ -1,11 +1,12 @@
-//! IPv4 service-path fixtures beyond the shared table (`service_paths.rs`, run for both
-//! families) through BPF_PROG_TEST_RUN, with the real object and map sync: uplinks, cached next
-//! hops, reply entries, full NAT's ports and an earlier build's flows.
+//! Service-path fixtures beyond the shared table (`service_paths.rs`) through
+//! BPF_PROG_TEST_RUN, with the real object and map sync: replies verified by the connection
+//! table, for both families; and for IPv4 (the agent's code is generic over the address),
+//! uplinks, cached next hops, reply entries, full NAT's ports and an earlier build's flows.
 //!
 //! The program asks the kernel's FIB for next hops, so the runs happen inside a lab node's
 //! namespace, with permanent neighbour entries: every MAC in the expected frames is known.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use aya::{
     Ebpf,
@@ -14,17 +15,21 @@ use aya::{
 };
 use lb_agent::{
     config::Config,
-    dataplane::{EMBEDDED_OBJECT, REPLY_PROGRAM, ServiceMaps, UPLINK_PROGRAM},
+    dataplane::{EMBEDDED_OBJECT, REPLY_PROGRAM, ServiceMaps, ServiceMapsByFamily, UPLINK_PROGRAM},
     map_contents,
 };
 use lb_common::{
     counters::Reason,
+    endpoint_services::EndpointKeyOf,
     hash::flow_hash,
     maps::{OWNED_VIPS, OwnedVip, VipKey},
-    service::{Delivery, FlowKey, Settings},
+    service::{
+        Addr4, Addr6, Address, ConnectionKeyOf, Delivery, FlowKey, FlowKeyOf, ReplyNatOf, ServiceKeyOf,
+        Settings,
+    },
 };
 use lb_lab::{
-    family::{IpFamily, encapsulated, in_node_with_local_pod, segment_frame},
+    family::{IpFamily, LabFamily, checksums_ok, encapsulated, in_node_with_local_pod, segment_frame},
     fixture::{
         CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, VIP, XDP_PASS, XDP_REDIRECT, XDP_TX,
         reason_packets, run_reply, run_uplink,
@@ -285,12 +290,92 @@ fn pod_reply_key(proto: u8, sport: u16) -> FlowKey {
     FlowKey::new(LOCAL_POD.octets(), CLIENT.octets(), 8080u16.to_be_bytes(), sport.to_be_bytes(), proto)
 }
 
-/// The local pod's reply to `sport` from its port 8080, and the same leaving with the VIP's
-/// `vip_port` as its source.
-fn pod_reply(proto: u8, sport: u16, vip_port: u16) -> (Vec<u8>, Vec<u8>) {
+/// One family's maps and keys, as the reply fixtures use them (the table runs for both).
+trait ReplyFamily: Address {
+    const FAMILY: IpFamily;
+    const FLOW_TABLE: &'static str;
+    const REPLY_NAT: &'static str;
+    fn maps(maps: &mut ServiceMapsByFamily) -> &mut ServiceMaps<Self>;
+    fn addr(ip: IpAddr) -> Self {
+        Self::from_ip(ip).expect("an address of the family")
+    }
+}
+
+impl ReplyFamily for Addr4 {
+    const FAMILY: IpFamily = IpFamily::V4;
+    const FLOW_TABLE: &'static str = lb_common::service::FLOW_TABLE;
+    const REPLY_NAT: &'static str = lb_common::service::REPLY_NAT;
+    fn maps(maps: &mut ServiceMapsByFamily) -> &mut ServiceMaps<Self> {
+        &mut maps.v4
+    }
+}
+
+impl ReplyFamily for Addr6 {
+    const FAMILY: IpFamily = IpFamily::V6;
+    const FLOW_TABLE: &'static str = lb_common::service::FLOW_TABLE6;
+    const REPLY_NAT: &'static str = lb_common::service::REPLY_NAT6;
+    fn maps(maps: &mut ServiceMapsByFamily) -> &mut ServiceMaps<Self> {
+        &mut maps.v6
+    }
+}
+
+/// The local pod's services: `local` (TCP and UDP 80) and `dsr-here` (TCP 84, to
+/// `dsr_target`), and with `crowd` four TCP and four UDP ports more on the same pod port, more
+/// than an endpoint's listing holds (so TCP 92 and 93 and UDP 93 are not listed).
+fn reply_config(f: IpFamily, dsr_target: u16, crowd: bool) -> String {
+    let (vip, pod) = (f.vip(), f.pod(0, 2));
+    let mut yaml = format!(
+        "interface: eth0\nnode: n0\nvips: [{{address: '{vip}'}}]\nservices:\n\
+         - {{name: local, vip: '{vip}', ports: [{{port: 80, targetPort: 8080}}, {{port: 80, protocol: UDP, targetPort: 8080}}], \
+         endpoints: [{{address: '{pod}', node: n0}}]}}\n\
+         - {{name: dsr-here, vip: '{vip}', remoteMode: dsr, ports: [{{port: 84, targetPort: {dsr_target}}}], \
+         endpoints: [{{address: '{pod}', node: n0}}]}}\n"
+    );
+    if crowd {
+        let ports: Vec<String> = (90..94)
+            .flat_map(|p| {
+                [
+                    format!("{{port: {p}, targetPort: 8080}}"),
+                    format!("{{port: {p}, protocol: UDP, targetPort: 8080}}"),
+                ]
+            })
+            .collect();
+        yaml.push_str(&format!(
+            "- {{name: crowd, vip: '{vip}', ports: [{}], endpoints: [{{address: '{pod}', node: n0}}]}}\n",
+            ports.join(", ")
+        ));
+    }
+    yaml
+}
+
+/// The uplink program and `lb_reply` on fresh maps, the VIP owned, `yaml`'s services synced.
+fn load_replies<A: ReplyFamily>(yaml: &str) -> (Ebpf, ServiceMapsByFamily) {
+    let mut ebpf = lb_lab::fixture::load_uplink();
+    let reply: &mut SchedClassifier = ebpf.program_mut(REPLY_PROGRAM).unwrap().try_into().unwrap();
+    reply.load().expect("the verifier accepts lb_reply");
+    lb_lab::family::own_vip(&mut ebpf, A::FAMILY.vip(), OwnedVip::new(NODE_MAC));
+    let mut maps = ServiceMapsByFamily::take(&mut ebpf, None).expect("the service maps");
+    sync::<A>(&mut maps, yaml);
+    (ebpf, maps)
+}
+
+fn sync<A: ReplyFamily>(maps: &mut ServiceMapsByFamily, yaml: &str) {
+    let config = Config::parse(yaml).expect("the fixture config is valid");
+    A::maps(maps).apply(&map_contents::for_node::<A>(&config, "n0")).expect("syncing the fixture services");
+}
+
+fn marked<A: ReplyFamily>(maps: &mut ServiceMapsByFamily, port: u16, proto: u8) -> bool {
+    let key = ServiceKeyOf::new(A::addr(A::FAMILY.vip()), port, proto);
+    A::maps(maps).installed(&key).expect("the service is installed").replies_by_table()
+}
+
+/// The local pod's reply to the client's `sport` from its port 8080, and the same leaving with
+/// the VIP's `vip_port` as its source.
+fn pod_reply_in(f: IpFamily, proto: u8, sport: u16, vip_port: u16) -> (Vec<u8>, Vec<u8>) {
     let pod_mac = [0x02, 0, 0, 0, 0, 0x22];
-    let from_pod = segment_frame((pod_mac, NODE_MAC), LOCAL_POD, CLIENT, 64, proto, (8080, sport));
-    let from_vip = segment_frame((pod_mac, NODE_MAC), VIP, CLIENT, 64, proto, (vip_port, sport));
+    let (pod, vip, client) = (f.pod(0, 2), f.vip(), f.client());
+    let from_pod = segment_frame((pod_mac, NODE_MAC), pod, client, 64, proto, (8080, sport));
+    let from_vip = segment_frame((pod_mac, NODE_MAC), vip, client, 64, proto, (vip_port, sport));
     (from_pod, from_vip)
 }
 
@@ -298,78 +383,98 @@ fn pod_reply(proto: u8, sport: u16, vip_port: u16) -> (Vec<u8>, Vec<u8>) {
 /// (the services listed for the pod's port, see `lb_common::endpoint_services`): nothing is
 /// written per flow for them, and only a reply to a flow whose entry names this pod is
 /// translated. A service past an endpoint's listing keeps `REPLY_NAT` entries.
-#[test]
-fn a_local_flows_replies_are_verified_by_its_connection_table_entry() {
-    in_node_with_local_pod(IpFamily::V4, |ifindex, _| reply_verification_fixtures(ifindex));
+fn a_local_flows_replies_are_verified_by_its_connection_table_entry(f: IpFamily) {
+    in_node_with_local_pod(f, move |ifindex, _| match f {
+        IpFamily::V4 => reply_verification_fixtures::<Addr4>(ifindex),
+        IpFamily::V6 => reply_verification_fixtures::<Addr6>(ifindex),
+    });
 }
 
-fn reply_verification_fixtures(ifindex: u32) {
-    use lb_common::{
-        endpoint_services::EndpointKey,
-        flow_table::{Entry, Fingerprint},
-        service::{ConnectionKey, FLOW_TABLE, ServiceKey},
+lb_lab::for_each_family!(a_local_flows_replies_are_verified_by_its_connection_table_entry);
+
+fn reply_verification_fixtures<A: ReplyFamily>(ifindex: u32) {
+    use lb_common::flow_table::{Entry, Fingerprint};
+    let f = A::FAMILY;
+    let (vip, client) = (f.vip(), f.client());
+    let (ebpf, mut maps) = load_replies::<A>(&reply_config(f, 8080, false));
+    let run = |input: &[u8]| run_uplink(&ebpf, input, ifindex).0;
+    let to_vip = |proto: u8, sport: u16, port: u16| {
+        segment_frame((CLIENT_MAC, NODE_MAC), client, vip, 64, proto, (sport, port))
     };
-    let mut f = Fixture::load(ifindex);
-    let endpoint = EndpointKey::new(LOCAL_POD.octets(), 8080u16.to_be_bytes(), 6);
-    let listed = f.maps.listings()[&endpoint];
+    let endpoint = EndpointKeyOf::new(A::addr(f.pod(0, 2)), 8080u16.to_be_bytes(), 6);
+    let listed = A::maps(&mut maps).listings()[&endpoint];
     assert_eq!(listed.count, 2, "TCP 8080 is local:80 and dsr-here:84");
-    assert!(f.marked(80, 6) && f.marked(80, 17) && f.marked(84, 6));
+    assert!(marked::<A>(&mut maps, 80, 6) && marked::<A>(&mut maps, 80, 17) && marked::<A>(&mut maps, 84, 6));
+    let reply_entries = |ebpf: &Ebpf, proto: u8, sport: u16| {
+        let entries: HashMap<_, FlowKeyOf<A>, ReplyNatOf<A>> =
+            HashMap::try_from(ebpf.map(A::REPLY_NAT).unwrap()).unwrap();
+        let key = FlowKeyOf::new(
+            A::addr(f.pod(0, 2)),
+            A::addr(client),
+            8080u16.to_be_bytes(),
+            sport.to_be_bytes(),
+            proto,
+        );
+        entries.get(&key, 0).is_ok()
+    };
 
     for (proto, sport, vip_port) in [(6u8, 43_000u16, 80u16), (17, 43_001, 80), (6, 43_002, 84)] {
-        let name = format!("proto {proto} to port {vip_port}");
-        let input = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, proto, (sport, vip_port));
-        assert_eq!(f.run(&input).0, XDP_REDIRECT, "{name}");
-        let reply_key = pod_reply_key(proto, sport);
-        assert!(f.reply_entries().get(&reply_key, 0).is_err(), "{name}: no reply entry written");
-        let (from_pod, from_vip) = pod_reply(proto, sport, vip_port);
-        let before = f.reason(Reason::ReplyTranslated);
-        let out = run_reply(&f.ebpf, &from_pod);
+        let name = format!("{f:?} proto {proto} to port {vip_port}");
+        assert_eq!(run(&to_vip(proto, sport, vip_port)), XDP_REDIRECT, "{name}");
+        assert!(!reply_entries(&ebpf, proto, sport), "{name}: no reply entry written");
+        let (from_pod, from_vip) = pod_reply_in(f, proto, sport, vip_port);
+        let before = reason_packets(&ebpf, Reason::ReplyTranslated);
+        let out = run_reply(&ebpf, &from_pod);
         assert_eq!(out, from_vip, "{name}: the reply leaves from the VIP");
-        assert!(checksums_valid(&out), "{name}: checksums of {out:02x?}");
-        assert_eq!(f.reason(Reason::ReplyTranslated), before + 1, "{name}: counted");
+        assert!(checksums_ok(&out), "{name}: checksums of {out:02x?}");
+        assert_eq!(reason_packets(&ebpf, Reason::ReplyTranslated), before + 1, "{name}: counted");
     }
 
     // A reply to a client port with no flow is left alone.
-    let (from_pod, _) = pod_reply(6, 43_100, 80);
-    assert_eq!(run_reply(&f.ebpf, &from_pod), from_pod, "no flow: untouched");
+    let (from_pod, _) = pod_reply_in(f, 6, 43_100, 80);
+    assert_eq!(run_reply(&ebpf, &from_pod), from_pod, "no flow: untouched");
 
     // The flow's entry names another backend (the pod left the service, or a collision):
     // untouched; evicted: untouched until the client's next packet records it again.
-    let number = f.maps.installed(&ServiceKey::new(VIP.octets(), 80, 6)).unwrap().number;
+    let number = A::maps(&mut maps).installed(&ServiceKeyOf::new(A::addr(vip), 80, 6)).unwrap().number;
     let flow_key =
-        FlowKey::new(CLIENT.octets(), VIP.octets(), 43_000u16.to_be_bytes(), 80u16.to_be_bytes(), 6);
-    let key = ConnectionKey::of(&flow_key, number);
-    let flows = lb_lab::fixture::flow_table(&f.ebpf, FLOW_TABLE);
+        FlowKeyOf::new(A::addr(client), A::addr(vip), 43_000u16.to_be_bytes(), 80u16.to_be_bytes(), 6);
+    let key = ConnectionKeyOf::of(&flow_key, number);
+    let flows = lb_lab::fixture::flow_table(&ebpf, A::FLOW_TABLE);
     let entry = flows.lookup(&key).expect("the flow's entry");
     let elsewhere = Entry::new(Fingerprint::of(entry.fingerprint()), entry.backend() + 1, None, entry.tick());
     assert!(flows.replace(&key, Some(elsewhere)));
-    let (from_pod, from_vip) = pod_reply(6, 43_000, 80);
-    assert_eq!(run_reply(&f.ebpf, &from_pod), from_pod, "the entry names another backend: untouched");
+    let (from_pod, from_vip) = pod_reply_in(f, 6, 43_000, 80);
+    assert_eq!(run_reply(&ebpf, &from_pod), from_pod, "the entry names another backend: untouched");
     assert!(flows.replace(&key, None));
-    assert_eq!(run_reply(&f.ebpf, &from_pod), from_pod, "evicted: untouched");
-    let input = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, 6, (43_000, 80));
-    assert_eq!(f.run(&input).0, XDP_REDIRECT);
-    assert_eq!(run_reply(&f.ebpf, &from_pod), from_vip, "recorded again by the client's next packet");
+    assert_eq!(run_reply(&ebpf, &from_pod), from_pod, "evicted: untouched");
+    assert_eq!(run(&to_vip(6, 43_000, 80)), XDP_REDIRECT);
+    assert_eq!(run_reply(&ebpf, &from_pod), from_vip, "recorded again by the client's next packet");
 
     // Past the listing: TCP ports 92 and 93 and UDP port 93 are not listed, their entries not
     // marked, and their flows' replies go through REPLY_NAT; the listed ones keep their places.
-    f.crowd();
-    assert_eq!(f.maps.listings()[&endpoint].listed()[..2], listed.listed()[..2], "earlier listings kept");
-    for (port, proto, marked) in
+    sync::<A>(&mut maps, &reply_config(f, 8080, true));
+    assert_eq!(
+        A::maps(&mut maps).listings()[&endpoint].listed()[..2],
+        listed.listed()[..2],
+        "earlier listings kept"
+    );
+    for (port, proto, expected) in
         [(90, 6, true), (91, 6, true), (92, 6, false), (93, 6, false), (92, 17, true), (93, 17, false)]
     {
-        assert_eq!(f.marked(port, proto), marked, "port {port} proto {proto}");
+        assert_eq!(marked::<A>(&mut maps, port, proto), expected, "{f:?} port {port} proto {proto}");
     }
-    let input = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, 6, (43_200, 93));
-    assert_eq!(f.run(&input).0, XDP_REDIRECT);
-    let (from_pod, from_vip) = pod_reply(6, 43_200, 93);
-    assert_eq!(run_reply(&f.ebpf, &from_pod), from_vip, "an unlisted service's reply, from REPLY_NAT");
+    assert_eq!(run(&to_vip(6, 43_200, 93)), XDP_REDIRECT);
+    assert!(reply_entries(&ebpf, 6, 43_200), "an unlisted service's flow writes its reply entry");
+    let (from_pod, from_vip) = pod_reply_in(f, 6, 43_200, 93);
+    assert_eq!(run_reply(&ebpf, &from_pod), from_vip, "an unlisted service's reply, from REPLY_NAT");
 
     // dsr-here moves to another port: 92 takes the place it left, and is marked once listed.
-    let moved = CONFIG.replace("{port: 84, targetPort: 8080}", "{port: 84, targetPort: 8081}");
-    let config = Config::parse(&format!("{moved}{CROWD}")).unwrap();
-    f.maps.apply(&map_contents::for_node(&config, "n0")).unwrap();
-    assert!(f.marked(92, 6) && !f.marked(93, 6), "port 92 takes the place dsr-here left");
+    sync::<A>(&mut maps, &reply_config(f, 8081, true));
+    assert!(
+        marked::<A>(&mut maps, 92, 6) && !marked::<A>(&mut maps, 93, 6),
+        "port 92 takes the place dsr-here left"
+    );
 }
 
 /// A service past its endpoint's listing keeps reply entries: an entry evicted while its flow's

@@ -25,7 +25,7 @@ use crate::{
 };
 
 /// What one family's service maps must hold on one node (IPv4's by default; each family has
-/// maps of its own, planned from its services alone).
+/// maps of its own, computed from its services alone).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MapContents<A = Addr4> {
     pub services: BTreeMap<ServiceKeyOf<A>, ServiceContents<A>>,
@@ -125,7 +125,7 @@ impl<A> Default for ServiceEntries<A> {
 }
 
 /// Maglev rings by endpoint identities (address, port), so services with the same endpoints,
-/// and a service planned again unchanged, share one computation.
+/// and a service computed again unchanged, share one computation.
 #[derive(Default)]
 pub struct RingCache {
     rings: HashMap<(u32, Vec<Identity>), Arc<[u32]>>,
@@ -146,7 +146,7 @@ impl RingCache {
             .clone()
     }
 
-    /// Forgets rings no planned service holds any more.
+    /// Forgets rings no computed service holds any more.
     fn prune(&mut self) {
         self.rings.retain(|_, ring| Arc::strong_count(ring) > 1);
     }
@@ -226,10 +226,10 @@ pub fn identity<A: Address>(backend: &BackendOf<A>) -> String {
 /// Follows one config after another and returns only what changed, for family `A`'s maps.
 pub struct IncrementalContents<A = Addr4> {
     context: Option<ContentsContext>,
-    /// Each planned service config by its allocation (held here, so the address is not reused
-    /// while planned), with the update that last saw it and its entries.
-    planned: HashMap<usize, Planned<A>, foldhash::fast::FixedState>,
-    /// The planned configs' addresses by content, for a config that comes back as a new
+    /// Each computed service config by its allocation (held here, so the address is not reused
+    /// while computed), with the update that last saw it and its entries.
+    computed: HashMap<usize, Computed<A>, foldhash::fast::FixedState>,
+    /// The computed configs' addresses by content, for a config that comes back as a new
     /// allocation with the same content (a reloaded file).
     by_content: HashMap<Arc<ServiceConfig>, usize, foldhash::fast::FixedState>,
     /// Counts updates, to tell the services an update saw from the ones it did not.
@@ -241,7 +241,7 @@ impl<A> Default for IncrementalContents<A> {
     fn default() -> Self {
         Self {
             context: None,
-            planned: HashMap::default(),
+            computed: HashMap::default(),
             by_content: HashMap::default(),
             update: 0,
             rings: RingCache::default(),
@@ -249,7 +249,7 @@ impl<A> Default for IncrementalContents<A> {
     }
 }
 
-struct Planned<A> {
+struct Computed<A> {
     config: Arc<ServiceConfig>,
     seen: u64,
     entries: ServiceEntries<A>,
@@ -257,7 +257,7 @@ struct Planned<A> {
 
 impl<A: Address> IncrementalContents<A> {
     /// The change from the last config's contents to `config`'s. Only services whose config
-    /// differs are planned; the first call, and a change of this node's context (its name,
+    /// differs are computed; the first call, and a change of this node's context (its name,
     /// the nodes' addresses, the ring size), compute everything and give a complete delta.
     /// An unchanged service costs one lookup of its address (the Kubernetes source hands an
     /// unchanged service over as the same allocation), or of its content (a reloaded file).
@@ -265,7 +265,7 @@ impl<A: Address> IncrementalContents<A> {
         let context = ContentsContext::new(config, node);
         let mut delta = ContentsDelta::default();
         if self.context.as_ref() != Some(&context) {
-            self.planned.clear();
+            self.computed.clear();
             self.by_content.clear();
             self.context = Some(context.clone());
             delta.complete = true;
@@ -274,39 +274,39 @@ impl<A: Address> IncrementalContents<A> {
         let now = self.update;
         for service in &config.services {
             let address = Arc::as_ptr(service) as usize;
-            if let Some(planned) = self.planned.get_mut(&address) {
-                planned.seen = now;
+            if let Some(computed) = self.computed.get_mut(&address) {
+                computed.seen = now;
                 continue;
             }
             if let Some((known, old)) = self.by_content.remove_entry(service) {
                 // The same content in a new allocation: move its entries over.
-                let mut planned = self.planned.remove(&old).expect("indexed by content");
+                let mut computed = self.computed.remove(&old).expect("indexed by content");
                 drop(known);
-                planned.config = service.clone();
-                planned.seen = now;
-                self.planned.insert(address, planned);
+                computed.config = service.clone();
+                computed.seen = now;
+                self.computed.insert(address, computed);
                 self.by_content.insert(service.clone(), address);
                 continue;
             }
             let entries = service_contents(service, &context, &mut self.rings);
             delta.services.extend(entries.services.iter().map(|(k, s)| (*k, Some(s.clone()))));
             delta.local_endpoints.extend(entries.local_endpoints.iter().map(|(k, e)| (*k, Some(*e))));
-            self.planned.insert(address, Planned { config: service.clone(), seen: now, entries });
+            self.computed.insert(address, Computed { config: service.clone(), seen: now, entries });
             self.by_content.insert(service.clone(), address);
         }
         // What this update did not see was changed (its new entries are already in the
         // delta) or removed.
         let mut swept = false;
         let by_content = &mut self.by_content;
-        self.planned.retain(|_, planned| {
-            if planned.seen == now {
+        self.computed.retain(|_, computed| {
+            if computed.seen == now {
                 return true;
             }
-            by_content.remove(&planned.config);
-            for (key, _) in &planned.entries.services {
+            by_content.remove(&computed.config);
+            for (key, _) in &computed.entries.services {
                 delta.services.entry(*key).or_insert(None);
             }
-            for (key, _) in &planned.entries.local_endpoints {
+            for (key, _) in &computed.entries.local_endpoints {
                 delta.local_endpoints.entry(*key).or_insert(None);
             }
             swept = true;
@@ -468,14 +468,14 @@ mod tests {
         assert_eq!(delta.services.keys().copied().collect::<Vec<_>>(), [key]);
         assert!(delta.local_endpoints.keys().all(|e| e.service == key), "only that service's endpoints");
 
-        // Another node's view (the context) changes every entry's delivery: all planned again.
+        // Another node's view (the context) changes every entry's delivery: all computed again.
         let delta = contents.update(&services_config(&changed), "n1");
         assert!(delta.complete);
         assert_eq!(delta.services.len(), 50);
     }
 
     proptest! {
-        /// Any sequence of configs, planned incrementally and applied as deltas, leaves the maps
+        /// Any sequence of configs, computed incrementally and applied as deltas, leaves the maps
         /// exactly as planning the last config whole would: whether unchanged services come as
         /// the previous config's allocations (the Kubernetes source) or as new ones (a reload).
         #[test]

@@ -229,6 +229,9 @@ fn bgp_spreads_flows_over_every_node_and_connections_survive_a_withdrawal_a_kill
     // and adopts its routes' keeper, so the ToR's route never changes, under a ping every 5 ms.
     upgrade_in_place_keeps_the_route(&mut fabric, 1);
     assert_all_answer(&fabric, &mut open, "n1's agent restarted in place");
+    // And again: the build that adopted the keeper hands it over in turn.
+    upgrade_in_place_keeps_the_route(&mut fabric, 1);
+    assert_all_answer(&fabric, &mut open, "n1's agent restarted in place twice");
 
     // Leaving the group (a reload without this node in it) withdraws as a changed decision;
     // the node's services stay, so what the fabric still sends it meanwhile is served.

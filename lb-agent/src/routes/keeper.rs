@@ -219,8 +219,12 @@ impl Keeper {
 
     /// Hands the keeper to this process's next image: no more heartbeats from this one, the
     /// restart window opened, the pipe left open across `exec`.
-    pub fn hand_over(mut self) -> io::Result<Handoff> {
+    pub async fn hand_over(mut self) -> io::Result<Handoff> {
+        // The heartbeat task may be writing a beat on another worker: waited for, so that no
+        // beat follows [`RESTARTING`] (the keeper would then give the next image `holdTime`
+        // instead of the window).
         self.beats.abort();
+        let _ = (&mut self.beats).await;
         let pipe = self.pipe.take().expect("kept until handed over");
         // SAFETY: writes one byte from a live buffer to a descriptor this keeper owns.
         if unsafe { libc::write(pipe.as_raw_fd(), [RESTARTING].as_ptr().cast(), 1) } != 1 {

@@ -220,7 +220,7 @@ async fn apply_loop(
             Some(reply) = hand_overs.recv() => Wake::HandOver(reply),
         };
         match wake {
-            Wake::HandOver(reply) => return hand_over(device, reply),
+            Wake::HandOver(reply) => return hand_over(device, reply).await,
             Wake::Wanted => {}
             Wake::Heartbeat => unheard = false,
             Wake::KeeperEnded(status) => {
@@ -394,13 +394,16 @@ async fn make_device(
 }
 
 /// Ends the apply loop: its keeper (if it has one) goes to this process's next image.
-fn hand_over(device: Option<Device>, reply: oneshot::Sender<Option<Handoff>>) {
-    let handoff = device.and_then(|d| {
-        d.keeper
+async fn hand_over(device: Option<Device>, reply: oneshot::Sender<Option<Handoff>>) {
+    let handoff = match device {
+        Some(device) => device
+            .keeper
             .hand_over()
+            .await
             .inspect_err(|e| error!(error = %e, "handing the routes' keeper over failed: the routes end with this image"))
-            .ok()
-    });
+            .ok(),
+        None => None,
+    };
     let _ = reply.send(handoff);
 }
 

@@ -162,9 +162,10 @@ fn describe(stats: &[serde_json::Value]) -> (String, String) {
     let port = |p: u16| stats.iter().find(|s| s["port"] == p).cloned().unwrap_or_default();
     let line = |s: serde_json::Value| {
         format!(
-            "{} of {} reset, {} of {} requests failed, {} answered after over 100 ms, longest wait {:.0} ms",
+            "{} of {} reset ({} while opening), {} of {} requests failed, {} answered after over 100 ms, longest wait {:.0} ms",
             s["reset"],
             s["opened"],
+            s["reset_opening"],
             s["failed"],
             s["sent"],
             s["slow"],
@@ -387,7 +388,18 @@ fn upgrade_in_place(
         }
     });
     std::thread::sleep(Duration::from_secs(2));
-    let changes = routes.changes_to(VIP).len();
+    let changes = routes.changes_to(VIP);
+    if !changes.is_empty() {
+        // What moved the route, for the reader of the run: the agent's view and BFD's.
+        let log = fabric.cluster.agents[2].log_text();
+        let relevant: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("route") || l.contains("keeper") || l.contains("SIGUSR2"))
+            .collect();
+        eprintln!("the ToR's route changed: {changes:#?}\nn2's agent: {relevant:#?}");
+        eprintln!("{}", fabric.tor_show("show bfd peers brief", ""));
+    }
+    let changes = changes.len();
     let (dsr, nat) = describe(&load.finish());
     let case =
         if upgrade { "upgrade in place (SIGUSR2 to n2's agent)" } else { "as long, nothing done (control)" };

@@ -7,7 +7,8 @@
 //! reads the greeting, then writes a line every interval and waits for its echo. A connection
 //! that is reset or closed ends ("reset"); a request not answered within a second counts as
 //! failed, and the connection goes on waiting. Runs until SIGTERM or the duration, then prints
-//! one JSON array, an object per port: connections opened, refused, reset, requests sent,
+//! one JSON array, an object per port: connections opened, refused, reset (and of those, reset
+//! while others were still opening: before "ready"), requests sent,
 //! answered, failed, answered after over 100 ms ("slow"), and the longest wait for an answer
 //! any connection saw (the outage as a flow sees it). Only requests sent after "ready" count.
 //!
@@ -41,6 +42,8 @@ struct PortStats {
     opened: AtomicU64,
     refused: AtomicU64,
     reset: AtomicU64,
+    /// Of `reset`, those that ended before every connection was open.
+    reset_opening: AtomicU64,
     sent: AtomicU64,
     answered: AtomicU64,
     failed: AtomicU64,
@@ -56,6 +59,7 @@ impl PortStats {
             "opened": n(&self.opened),
             "refused": n(&self.refused),
             "reset": n(&self.reset),
+            "reset_opening": n(&self.reset_opening),
             "sent": n(&self.sent),
             "answered": n(&self.answered),
             "failed": n(&self.failed),
@@ -76,6 +80,13 @@ struct Shared {
 impl Shared {
     fn stopped(&self) -> bool {
         *self.stop.borrow()
+    }
+
+    fn count_reset(&self) {
+        self.stats.reset.fetch_add(1, Relaxed);
+        if !self.measuring.load(Relaxed) {
+            self.stats.reset_opening.fetch_add(1, Relaxed);
+        }
     }
 }
 
@@ -103,7 +114,7 @@ async fn hold(addr: SocketAddr, interval: Duration, shared: Shared) {
         }
         let sent_at = Instant::now();
         if write.write_all(format!("r{n}\n").as_bytes()).await.is_err() {
-            shared.stats.reset.fetch_add(1, Relaxed);
+            shared.count_reset();
             return;
         }
         // A request counts, with its answer or failure, if it was sent once all were open.
@@ -119,7 +130,7 @@ async fn hold(addr: SocketAddr, interval: Duration, shared: Shared) {
         loop {
             match timeout(ANSWER_TIMEOUT, read.read_until(b'\n', &mut line)).await {
                 Ok(Ok(0)) | Ok(Err(_)) => {
-                    shared.stats.reset.fetch_add(1, Relaxed);
+                    shared.count_reset();
                     return;
                 }
                 Ok(Ok(_)) => break,

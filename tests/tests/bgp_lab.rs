@@ -3,10 +3,12 @@
 //! redistributing the routes its agent makes, and a client on a subnet behind the ToR.
 //!
 //! `announce: bgp`: every node serves; flows spread over them; a node that withdraws (SIGTERM,
-//! or leaving the group), freezes (SIGSTOP: its routes' keeper hears no heartbeat), dies (SIGKILL) or is cut off (BFD)
-//! leaves the ECMP set and the connections that entered
-//! through it carry on through the others, to the same pods (every node's Maglev ring is the
-//! same). `announce: bgpOwner`: only the VRRP master routes the VIP, and a failover moves it.
+//! or leaving the group), freezes (SIGSTOP: its routes' keeper hears no heartbeat), dies
+//! (SIGKILL) or is cut off (BFD) leaves the ECMP set and the connections that entered through it
+//! carry on through the others, to the same pods (every node's Maglev ring is the same). An
+//! upgrade in place (SIGUSR2) keeps the node in the set; one whose new build never comes up
+//! leaves it within `routes.restartWindow`. `announce: bgpOwner`: only the VRRP master routes
+//! the VIP, and a failover moves it.
 
 use std::{
     collections::{BTreeMap, BTreeSet},

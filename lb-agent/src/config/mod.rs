@@ -46,8 +46,8 @@ pub struct Config {
     /// `lb-agent status` and `lb-agent log-level` on the node.
     #[serde(default = "default_admin_socket")]
     pub admin_socket: PathBuf,
-    /// This node's name in `groups[].nodes`. Defaults to `--node`, then `$NODE_NAME`, then the
-    /// host name.
+    /// This node's name in `groups[].nodes`. `--node` overrides it; without either, `$NODE_NAME`,
+    /// then the host name.
     #[serde(default)]
     pub node: Option<String>,
     /// VIPs this node answers for unconditionally, without VRRP.

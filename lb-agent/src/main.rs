@@ -41,6 +41,11 @@ enum Command {
         /// With --kubernetes: the namespace of the leader Lease (the agent's own).
         #[arg(long, env = "POD_NAMESPACE", default_value = "lb-agent")]
         namespace: String,
+        /// With --kubernetes: the agent's own pod, read at SIGTERM to tell a DaemonSet roll
+        /// (routed VIPs left to the next agent) from a removal (withdrawn). Unset: every stop is
+        /// a removal.
+        #[arg(long, env = "POD_NAME")]
+        pod: Option<String>,
     },
     /// Show what the local agent owns and forwards: each group's VRRP instances (state,
     /// master, advert age, VIPs) and the backends with their counters.
@@ -122,8 +127,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log);
     let result = match cli.command {
-        Command::Run { config, node, pin_path, admin_socket, kubernetes, namespace } => {
-            let source = kubernetes.then_some(agent::KubernetesSource { namespace });
+        Command::Run { config, node, pin_path, admin_socket, kubernetes, namespace, pod } => {
+            let source = kubernetes.then_some(agent::KubernetesSource { namespace, pod });
             match run_agent(config, node, agent::Overrides { pin_path, admin_socket }, source) {
                 Ok(agent::Exit::Stopped) => Ok(()),
                 Ok(agent::Exit::Restart(handoff)) => Err(execute_again(handoff)),

@@ -92,19 +92,81 @@ impl Frr {
     }
 }
 
-impl Drop for Frr {
-    fn drop(&mut self) {
+impl Frr {
+    /// Stops the daemons as a container runtime stops the FRR sidecar: SIGTERM, so that bgpd
+    /// ends its sessions gracefully (with graceful restart, the ToR keeps this node's routes).
+    /// Waits (10 s at most) until they have exited.
+    pub fn stop(self) {
+        let pids = self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // SAFETY: signal 0 only checks that the process exists.
+        while pids.iter().any(|pid| unsafe { libc::kill(*pid, 0) } == 0) {
+            assert!(Instant::now() < deadline, "FRR's daemons in {} did not stop on SIGTERM", self.name);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends `signal` to each daemon still running; their pids.
+    fn signal(&self, signal: libc::c_int) -> Vec<i32> {
+        let mut pids = Vec::new();
         for daemon in ["bgpd", "bfdd", "zebra"] {
             let pid_file = self.run_dir().join(format!("{daemon}.pid"));
             if let Some(pid) =
                 std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok())
             {
                 // SAFETY: a plain kill(2) of a daemon this lab started.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                unsafe { libc::kill(pid, signal) };
+                pids.push(pid);
             }
         }
+        pids
+    }
+}
+
+impl Drop for Frr {
+    fn drop(&mut self) {
+        self.signal(libc::SIGKILL);
         let _ = std::fs::remove_dir_all(self.run_dir());
         let _ = std::fs::remove_dir_all(format!("/etc/frr/{}", self.name));
+    }
+}
+
+/// The wait in front of FRR's start in the FRR sidecar (`deploy/frr/frr-sidecar.yaml`): until
+/// a routed VIPs' device a replaced agent left is taken over by the next one. Read from the
+/// manifest, so the lab runs what the DaemonSet does.
+pub fn sidecar_wait() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/frr/frr-sidecar.yaml");
+    let manifest: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(path).expect("reading the FRR sidecar")).expect("YAML");
+    let frr = manifest["spec"]["template"]["spec"]["initContainers"]
+        .as_sequence()
+        .and_then(|c| c.iter().find(|c| c["name"] == "frr"))
+        .expect("the frr sidecar");
+    let script =
+        frr["command"].as_sequence().and_then(|c| c.last()).and_then(|s| s.as_str()).expect("a command");
+    let (wait, start) = script.split_once("; exec ").expect("a wait, then the image's start");
+    assert_eq!(start, "/usr/lib/frr/docker-start", "the FRR image's own start after the wait");
+    wait.to_owned()
+}
+
+impl Fabric {
+    /// Whether the FRR sidecar's wait ([`sidecar_wait`]) in `node` would let FRR start within
+    /// `within`.
+    pub fn frr_may_start(&self, node: usize, within: Duration) -> bool {
+        let ns = &self.cluster.lab.nodes[node].ns;
+        let seconds = format!("{}", within.as_secs_f64());
+        ns.output(&["timeout", &seconds, "sh", "-c", &sidecar_wait()]).status.success()
+    }
+
+    /// Stops `node`'s FRR as the kubelet stops the sidecar (see [`Frr::stop`]).
+    pub fn stop_node_frr(&mut self, node: usize) {
+        self.node_frr[node].take().expect("FRR runs on the node").stop();
+    }
+
+    /// Starts `node`'s FRR again, as a new pod's sidecar does once its wait is over.
+    pub fn start_node_frr(&mut self, node: usize) {
+        let host = &self.cluster.lab.nodes[node];
+        self.node_frr[node] = Some(Frr::start(&host.ns, &node_config(host.ip)));
     }
 }
 
@@ -129,19 +191,32 @@ pub fn tor_config(nodes: &[Ipv4Addr]) -> String {
 
 /// A node: eBGP to the ToR, redistributing lb-agent's VIP routes (kernel routes in the VIP range).
 /// IPv6 routes travel over the IPv4 session (MP-BGP), with the node's global and link-local
-/// addresses on the segment as their next hops.
+/// addresses on the segment as their next hops. As `deploy/frr/frr.conf`: graceful restart
+/// with the forwarding state kept, so the ToR keeps the routes while a replaced agent's pod
+/// and its FRR restart (the ToR's restart timer: [`GRACEFUL_RESTART_TIME`]); BFD for the ToR's
+/// detection only (a configured peer, not BGP's: see that file); the ToR's address bound to
+/// its peer group last, so the session opens with every family and policy in place.
 pub fn node_config(node: Ipv4Addr) -> String {
     format!(
         "ip prefix-list LB-VIPS seq 5 permit {VIP_PREFIX} ge 32\nroute-map LB-VIPS permit 10\n \
-         match ip address prefix-list LB-VIPS\nexit\n{BFD_PROFILE}bfd\n peer {TOR}\n  profile fast\n exit\nexit\n\
-         router bgp {NODE_AS}\n bgp router-id {node}\n \
-         no bgp ebgp-requires-policy\n neighbor {TOR} remote-as {TOR_AS}\n neighbor {TOR} bfd profile fast\n \
-         address-family ipv4 unicast\n  redistribute kernel route-map LB-VIPS\n exit-address-family\n \
-         address-family ipv6 unicast\n  neighbor {TOR} activate\n  redistribute kernel route-map LB-VIPS6\n exit-address-family\nexit\n\
-ipv6 prefix-list LB-VIPS6 seq 5 permit {VIP6_PREFIX} ge 128\n\
-         route-map LB-VIPS6 permit 10\n match ipv6 address prefix-list LB-VIPS6\nexit\n"
+         match ip address prefix-list LB-VIPS\nexit\n\
+         ipv6 prefix-list LB-VIPS6 seq 5 permit {VIP6_PREFIX} ge 128\n\
+         route-map LB-VIPS6 permit 10\n match ipv6 address prefix-list LB-VIPS6\nexit\n\
+         {BFD_PROFILE}bfd\n peer {TOR}\n  profile fast\n exit\nexit\n\
+         router bgp {NODE_AS}\n bgp router-id {node}\n no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n \
+         bgp graceful-restart\n bgp graceful-restart preserve-fw-state\n \
+         bgp graceful-restart restart-time {restart}\n \
+         neighbor TOR peer-group\n neighbor TOR remote-as {TOR_AS}\n \
+         address-family ipv4 unicast\n  redistribute kernel route-map LB-VIPS\n  neighbor TOR activate\n exit-address-family\n \
+         address-family ipv6 unicast\n  redistribute kernel route-map LB-VIPS6\n  neighbor TOR activate\n exit-address-family\n \
+         neighbor {TOR} peer-group TOR\nexit\n",
+        restart = GRACEFUL_RESTART_TIME.as_secs(),
     )
 }
+
+/// The nodes' graceful-restart time: how long the ToR keeps the routes of a node whose BGP
+/// session ended gracefully (its FRR stopped) and has not come back.
+pub const GRACEFUL_RESTART_TIME: Duration = Duration::from_secs(8);
 
 /// What the ToR runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -198,6 +198,12 @@ fn the_frr_component_adds_the_routing_sidecar_and_the_tun_device_to_the_base() {
         agent.volume_mounts.iter().flatten().any(|m| m.name == "vrrp-keys"),
         "the patch merges the agent's mounts, it does not replace them"
     );
+    let env = |spec: &k8s_openapi::api::core::v1::PodSpec| {
+        spec.containers[0].env.iter().flatten().map(|e| e.name.clone()).collect::<Vec<_>>()
+    };
+    assert!(env(&routed).contains(&"POD_NAME".to_owned()), "rolls keep routes with the sidecar");
+    assert!(env(&routed).contains(&"NODE_NAME".to_owned()), "the patch merges the agent's env");
+    assert!(!env(&base).contains(&"POD_NAME".to_owned()), "without the sidecar every stop withdraws");
     let caps = agent.security_context.as_ref().unwrap().capabilities.as_ref().unwrap();
     assert!(
         !caps.add.as_ref().unwrap().contains(&"SYS_ADMIN".to_owned()),

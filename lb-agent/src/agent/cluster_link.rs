@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 use tokio::{
-    sync::{mpsc, watch},
+    sync::{mpsc, oneshot, watch},
     task::JoinHandle,
     time::Instant,
 };
@@ -13,12 +13,15 @@ use tracing::{info, warn};
 use crate::{
     config::Config,
     error::{Error, Result},
-    k8s::controller::{ForeignRouters, FromAgent, Impersonations},
+    k8s::{
+        controller::{ForeignRouters, FromAgent, Impersonations},
+        departure::{self, Departure},
+    },
     metrics::MemberLabels,
     netdev,
 };
 
-use super::{Agent, KubernetesSource, Signals, graceful_stop_signal, within};
+use super::{Agent, KubernetesSource, Signals, Stop, graceful_stop_signal, or_pending, within};
 
 /// The agent's ends of the channels to the cluster side (`k8s::controller::Shell`).
 pub(super) struct ClusterLink {
@@ -34,12 +37,49 @@ pub(super) struct ClusterLink {
     pub stopping: watch::Sender<bool>,
     /// The shell's task.
     pub shell: JoinHandle<()>,
+    /// What [`ClusterLink::ask_departure`] needs.
+    departure: DepartureCheck,
+    /// At SIGTERM, the answer to whether this pod is replaced, while it is awaited.
+    pub departing: Option<oneshot::Receiver<Stop>>,
+}
+
+/// The client and this agent's pod, for the question at SIGTERM.
+struct DepartureCheck {
+    client: kube::Client,
+    namespace: String,
+    pod: Option<String>,
+    background: tokio::runtime::Handle,
 }
 
 /// How long a stopping agent waits for its shell to release the leader Lease.
 const RELEASE_BOUND: Duration = Duration::from_secs(2);
+/// How long SIGTERM waits for the API server to say whether this pod is replaced; a removal
+/// after it.
+const DEPARTURE_BOUND: Duration = Duration::from_secs(2);
+
+/// What the cluster side has for the loop.
+pub(super) enum FromCluster {
+    /// A config built from the cluster (boxed: the other is a byte).
+    Config(Box<Config>),
+    /// SIGTERM's question answered: how to stop.
+    Departure(Stop),
+}
 
 impl ClusterLink {
+    /// The next config, or the answer to SIGTERM's question; none once the configs' channel
+    /// has closed and no question is out.
+    pub(super) async fn next_event(&mut self) -> Option<FromCluster> {
+        tokio::select! {
+            // A task that ended without answering (it panicked) is a removal.
+            stop = or_pending(self.departing.as_mut()) => {
+                self.departing = None;
+                Some(FromCluster::Departure(stop.unwrap_or(Stop::Graceful)))
+            }
+            Some(config) = self.configs.recv() => Some(FromCluster::Config(Box::new(config))),
+            else => None,
+        }
+    }
+
     /// Starts the cluster side (`k8s::controller::Shell`) on `background` and waits for its
     /// first config; `None` when a stop signal came first (nothing was attached).
     pub(super) async fn connect(
@@ -62,6 +102,12 @@ impl ClusterLink {
         let (impersonated_tx, impersonated_rx) = watch::channel(Impersonations::new());
         let mut base = config.clone();
         base.node = Some(node.to_owned());
+        let departure = DepartureCheck {
+            client: client.clone(),
+            namespace: source.namespace.clone(),
+            pod: source.pod,
+            background: background.clone(),
+        };
         let shell = crate::k8s::controller::Shell {
             client,
             requests,
@@ -80,6 +126,8 @@ impl ClusterLink {
             impersonated: impersonated_tx,
             stopping: stopping_tx,
             shell: background.spawn(shell.run(configs_tx, from_agent, stopping_rx)),
+            departure,
+            departing: None,
         };
         info!("waiting for the cluster's groups and services");
         let first = tokio::select! {
@@ -109,6 +157,55 @@ impl ClusterLink {
 }
 
 impl Agent {
+    /// Whether SIGTERM's question (see [`Agent::ask_departure`]) is being answered.
+    pub(super) fn asking_departure(&self) -> bool {
+        self.cluster.as_ref().is_some_and(|c| c.departing.is_some())
+    }
+
+    /// The stop to begin now; or none while the API server is asked whether this pod is
+    /// replaced by a roll (`k8s::departure`), when the question matters: a graceful stop with
+    /// routed VIPs and a pod to look at. The answer arrives through `departing`, within
+    /// [`DEPARTURE_BOUND`]; the loop runs on meanwhile, VRRP's adverts included.
+    pub(super) fn ask_departure(&mut self, stop: Stop) -> Option<Stop> {
+        let routed = !self.routes.held().is_empty();
+        let Some(cluster) = self.cluster.as_mut().filter(|_| stop == Stop::Graceful && routed) else {
+            return Some(stop);
+        };
+        let check = &cluster.departure;
+        let Some(pod) = check.pod.clone() else {
+            info!(
+                "no pod name (--pod, POD_NAME; the FRR component sets it): this stop withdraws the routed VIPs, a roll's too"
+            );
+            return Some(stop);
+        };
+        let (answer, departing) = oneshot::channel();
+        let (client, namespace) = (check.client.clone(), check.namespace.clone());
+        check.background.spawn(async move {
+            let asked = tokio::time::timeout(DEPARTURE_BOUND, departure::check(client, &namespace, &pod)).await;
+            let stop = match asked {
+                Ok(Ok(Departure::Replacement)) => {
+                    info!(pod, "the pod is replaced by its DaemonSet's newer revision (a roll)");
+                    Stop::Replaced
+                }
+                Ok(Ok(Departure::Removal(why))) => {
+                    info!(pod, why, "the pod is removed, not replaced");
+                    Stop::Graceful
+                }
+                Ok(Err(e)) => {
+                    warn!(pod, error = %e, "asking whether the pod is replaced failed: stopping as a removal");
+                    Stop::Graceful
+                }
+                Err(_) => {
+                    warn!(pod, "the API server did not say within {DEPARTURE_BOUND:?} whether the pod is replaced: stopping as a removal");
+                    Stop::Graceful
+                }
+            };
+            let _ = answer.send(stop);
+        });
+        cluster.departing = Some(departing);
+        None
+    }
+
     /// Who this node sees as Master of each VIP, by node name, for the leader's group status.
     pub(super) fn publish_owners(&self) {
         let (Some(cluster), Some(vrrp)) = (&self.cluster, &self.vrrp) else { return };

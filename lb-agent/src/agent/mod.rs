@@ -10,6 +10,7 @@
 
 mod apply;
 mod cluster_link;
+use cluster_link::FromCluster;
 mod reload;
 mod snapshot;
 mod startup;
@@ -66,6 +67,10 @@ enum Stop {
     /// SIGUSR2: an upgrade in place. VRRP hands over as in a stop, but the routed VIPs stay,
     /// and the process executes its binary again, which adopts them.
     Restart,
+    /// SIGTERM to a pod its DaemonSet replaces (a roll, see `k8s::departure`): as a restart,
+    /// but the routed VIPs' device is left for the next agent on the node, and the process
+    /// ends.
+    Replaced,
 }
 
 /// How [`run`] ended.
@@ -77,9 +82,10 @@ pub enum Exit {
     Restart(Option<crate::routes::keeper::Handoff>),
 }
 
-/// `--kubernetes`: where the leader Lease lives.
+/// `--kubernetes`: where the leader Lease lives, and the agent's own pod (`--pod`).
 pub struct KubernetesSource {
     pub namespace: String,
+    pub pod: Option<String>,
 }
 
 /// Settings from the command line, which outrank the config file's.
@@ -226,13 +232,7 @@ impl Agent {
         let mut drain_until: Option<Instant> = None;
         // While set, datagrams wait in their sockets until then (see RECEIVE_TICK).
         let mut receive_from: Option<Instant> = None;
-        // XDP counts impersonating advertisements; they are read, reported and logged this
-        // often, and key files re-read.
-        let mut once_a_second = tokio::time::interval(Duration::from_secs(1));
-        // The routes' keeper withdraws them when this loop goes unheard (see `routes::keeper`);
-        // beats go from here, the loop that decides, not from a task that might outlive it.
-        let mut heartbeat = tokio::time::interval(self.current.config.routes.hold_time / 3);
-        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut once_a_second, mut heartbeat) = self.loop_ticks();
         loop {
             if self.stopped(stop_by, drain_until) {
                 return Ok(());
@@ -257,12 +257,16 @@ impl Agent {
                 _ = or_pending(deadline.map(tokio::time::sleep_until)) => {
                     receive_from = self.on_deadline(&mut buf).await;
                 }
-                stop = stop_signal(&mut signals.stops), if stop_by.is_none() => {
-                    drain_until = self.begin_stop(stop).await;
-                    stop_by = Some(drain_until.unwrap_or_else(Instant::now).max(Instant::now()) + STOP_BOUND);
+                stop = stop_signal(&mut signals.stops), if stop_by.is_none() && !self.asking_departure() => {
+                    if let Some(stop) = self.ask_departure(stop) {
+                        (drain_until, stop_by) = self.stop_within_bound(stop).await;
+                    }
                 }
-                Some(config) = or_pending(self.cluster.as_mut().map(|c| c.configs.recv())), if stop_by.is_none() => {
-                    self.apply_config(config).await;
+                Some(event) = or_pending(self.cluster.as_mut().map(|c| c.next_event())), if stop_by.is_none() => {
+                    match event {
+                        FromCluster::Config(config) => self.apply_config(*config).await,
+                        FromCluster::Departure(stop) => (drain_until, stop_by) = self.stop_within_bound(stop).await,
+                    }
                 }
                 Ok(()) = self.service_sync.applied.changed(), if self.service_sync.pending.is_some() => {
                     self.on_services_applied().await;
@@ -358,6 +362,22 @@ impl Agent {
         self.vrrp.as_mut().is_some_and(|vrrp| vrrp.drain(buf))
     }
 
+    /// The loop's two ticks. Once a second: XDP counts impersonating advertisements, which are
+    /// read, reported and logged, and key files are re-read. The heartbeat: the routes' keeper
+    /// withdraws them when this loop goes unheard (see `routes::keeper`); beats go from here,
+    /// the loop that decides, not from a task that might outlive it.
+    fn loop_ticks(&self) -> (tokio::time::Interval, tokio::time::Interval) {
+        let mut heartbeat = tokio::time::interval(self.current.config.routes.hold_time / 3);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        (tokio::time::interval(Duration::from_secs(1)), heartbeat)
+    }
+
+    /// Begins `stop`: the drain's end, if any, and when the loop ends at the latest.
+    async fn stop_within_bound(&mut self, stop: Stop) -> (Option<Instant>, Option<Instant>) {
+        let drain_until = self.begin_stop(stop).await;
+        (drain_until, Some(drain_until.unwrap_or_else(Instant::now).max(Instant::now()) + STOP_BOUND))
+    }
+
     /// SIGTERM/SIGINT: masters resign and hand over, routed VIPs are withdrawn; the loop ends
     /// when the handovers are done and, if routes were held, the drain is over (until then
     /// this node serves the flows the fabric still sends it). Returns the drain's end.
@@ -371,6 +391,11 @@ impl Agent {
                 routed,
                 "SIGUSR2: executing this binary again (an upgrade in place): resigning VRRP masters, \
                  keeping routed VIPs for the next image"
+            ),
+            Stop::Replaced => info!(
+                routed,
+                "stopping for a replacement (a DaemonSet roll): resigning VRRP masters, leaving routed \
+                 VIPs to the next agent on this node"
             ),
         }
         self.state.ready.store(false, Ordering::Relaxed);

@@ -377,7 +377,8 @@ impl Agent {
 
     /// After the loop: nothing owned through VRRP any more, VIP addresses gone, and the data
     /// plane kept pinned (`dataplane.keepOnExit`) or removed. A graceful stop leaves nothing
-    /// routed; a restart in place keeps the routes and the data plane for the next image.
+    /// routed; a restart in place keeps the routes and the data plane for the next image, and a
+    /// replacement for the next agent on the node.
     async fn release(mut self) -> Result<Exit> {
         self.ownership.applied_epoch = None;
         self.vrrp = None;
@@ -385,10 +386,19 @@ impl Agent {
         self.apply_ownership().await;
         self.routes.settled(Duration::from_secs(2)).await;
         self.vip_addresses.flush(Duration::from_secs(2)).await;
-        if stop == Stop::Restart {
-            let handoff = self.routes.hand_over().await;
-            self.dataplane.keep();
-            return Ok(Exit::Restart(handoff));
+        match stop {
+            Stop::Restart => {
+                let handoff = self.routes.hand_over().await;
+                self.dataplane.keep();
+                return Ok(Exit::Restart(handoff));
+            }
+            // The next agent serves what the fabric still routes here from the pinned data plane.
+            Stop::Replaced => {
+                self.routes.leave().await;
+                self.dataplane.keep();
+                return Ok(Exit::Stopped);
+            }
+            Stop::Graceful => {}
         }
         if self.current.config.dataplane.keep_on_exit {
             self.dataplane.keep();

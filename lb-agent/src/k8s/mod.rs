@@ -12,12 +12,15 @@
 //! - `writer`: carries status writes out with server-side apply and Events (I/O).
 //! - `lease`: leader election for those writes (decision pure, Lease I/O thin).
 //! - `controller`: the watches, the config channel to the agent, and the leader's loop.
+//! - `departure`: at SIGTERM, whether the pod is replaced by a roll or removed (decision pure,
+//!   two reads thin).
 
 pub mod binding;
 pub mod changes;
 pub mod cluster;
 pub mod controller;
 pub mod crd;
+pub mod departure;
 pub mod ipam;
 pub mod lease;
 pub mod slice;

@@ -19,6 +19,14 @@
 //! `routes.restartWindow` instead of `holdTime`, and leaves the pipe open across `exec`. The
 //! keeper is still this process's child, so the new image adopts it ([`Handoff`]) and the routes
 //! never change. The pipe's bytes are the protocol between two builds: keep them compatible.
+//!
+//! A replacement by another process on this node (a Kubernetes DaemonSet roll, where the pod
+//! with the keeper goes) leaves the device instead: the agent writes [`LEAVING`], and the keeper
+//! makes the device persistent and exits, so the device and its routes outlive it. The next
+//! agent's keeper attaches to the device, and it is not persistent from then on. Until then
+//! nothing on the node withdraws the routes: the bound is outside the agent (the FRR sidecar
+//! waits for the adoption, and the ToR's graceful-restart timer ends the routes of a node whose
+//! BGP does not come back; the book, "Routed fabrics").
 
 use std::{
     io::{self, Write},
@@ -43,18 +51,22 @@ const READY: &str = "ready";
 const BEAT: u8 = b'.';
 /// The agent is executing itself again: the next heartbeat may take `routes.restartWindow`.
 const RESTARTING: u8 = b'R';
+/// The agent is stopping for a replacement on this node: leave the device and its routes to the
+/// next agent.
+const LEAVING: u8 = b'P';
 /// Where a re-executing agent tells its next image about the keeper: `<pid>:<fd>`.
 const HANDOFF_ENV: &str = "LB_AGENT_ROUTES_KEEPER";
 
-/// The keeper process: makes the TUN device `name` and holds it while the agent is heard from
-/// at least every `hold` (`window` after a [`RESTARTING`]). Returns when the agent ends (end of
-/// file); an error when it went unheard.
+/// The keeper process: makes the TUN device `name` (or attaches to the one a replaced agent
+/// left) and holds it while the agent is heard from at least every `hold` (`window` after a
+/// [`RESTARTING`]). Returns when the agent ends (end of file) or leaves the device to the next
+/// one ([`LEAVING`]); an error when it went unheard.
 pub fn keep(name: &str, hold: Duration, window: Duration) -> io::Result<()> {
     for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU] {
         // SAFETY: SIG_IGN for a catchable signal; no handler runs.
         unsafe { libc::signal(signal, libc::SIG_IGN) };
     }
-    let _device = open_tun(name)?;
+    let device = open_tun(name)?;
     let mut stdout = io::stdout();
     writeln!(stdout, "{READY}")?;
     stdout.flush()?;
@@ -83,6 +95,7 @@ pub fn keep(name: &str, hold: Duration, window: Duration) -> io::Result<()> {
         let read = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
         match read {
             0 => return Ok(()),
+            n if n > 0 && buf[..n as usize].contains(&LEAVING) => return set_persistent(&device, true),
             n if n > 0 => wait = next_wait(&buf[..n as usize], hold, window),
             _ => {
                 let error = io::Error::last_os_error();
@@ -220,19 +233,37 @@ impl Keeper {
     /// Hands the keeper to this process's next image: no more heartbeats from this one, the
     /// restart window opened, the pipe left open across `exec`.
     pub async fn hand_over(mut self) -> io::Result<Handoff> {
-        // The heartbeat task may be writing a beat on another worker: waited for, so that no
-        // beat follows [`RESTARTING`] (the keeper would then give the next image `holdTime`
-        // instead of the window).
-        self.beats.abort();
-        let _ = (&mut self.beats).await;
-        let pipe = self.pipe.take().expect("kept until handed over");
-        // SAFETY: writes one byte from a live buffer to a descriptor this keeper owns.
-        if unsafe { libc::write(pipe.as_raw_fd(), [RESTARTING].as_ptr().cast(), 1) } != 1 {
-            return Err(io::Error::last_os_error());
-        }
+        let pipe = self.last_word(RESTARTING).await?;
         set_close_on_exec(&pipe, false)?;
         self.gone = true;
         Ok(Handoff { pid: self.pid, pipe: pipe.into_raw_fd() })
+    }
+
+    /// Leaves the device and its routes to the next agent on this node (see [`LEAVING`]), and
+    /// waits (2 s at most) for the keeper to have made it persistent and exited.
+    pub async fn leave(mut self) -> io::Result<()> {
+        let _pipe = self.last_word(LEAVING).await?;
+        match tokio::time::timeout(Duration::from_secs(2), self.ended()).await {
+            Ok(Ok(status)) if status.success() => Ok(()),
+            Ok(Ok(status)) => Err(io::Error::other(format!("the routes' keeper ended with {status}"))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(io::Error::other("the routes' keeper did not leave its device within 2 s")),
+        }
+    }
+
+    /// Stops the heartbeats and writes `byte`, the last the keeper hears from this image;
+    /// returns the pipe. The heartbeat task may be writing a beat on another worker: it is
+    /// waited for, so that no beat follows (after [`RESTARTING`] the keeper would then give the
+    /// next image `holdTime` instead of the window).
+    async fn last_word(&mut self, byte: u8) -> io::Result<OwnedFd> {
+        self.beats.abort();
+        let _ = (&mut self.beats).await;
+        let pipe = self.pipe.take().expect("taken only by the last word");
+        // SAFETY: writes one byte from a live buffer to a descriptor this keeper owns.
+        if unsafe { libc::write(pipe.as_raw_fd(), [byte].as_ptr().cast(), 1) } != 1 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(pipe)
     }
 }
 
@@ -288,13 +319,16 @@ fn set_close_on_exec(fd: &OwnedFd, on: bool) -> io::Result<()> {
     Ok(())
 }
 
-/// `TUNSETIFF` (`_IOW('T', 202, int)`) and its flags, from `<linux/if_tun.h>`.
+/// `TUNSETIFF` (`_IOW('T', 202, int)`), `TUNSETPERSIST` (`_IOW('T', 203, int)`) and the
+/// flags, from `<linux/if_tun.h>`.
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
 const IFF_TUN: libc::c_short = 0x0001;
 const IFF_NO_PI: libc::c_short = 0x1000;
 
-/// A new, non-persistent TUN device named `name`: the kernel removes it when the descriptor
-/// closes.
+/// The TUN device named `name`, made new or, when a replaced agent left it persistent, attached
+/// to; not persistent either way, so the kernel removes it (with its routes) when the
+/// descriptor closes. Another process's device is refused (EBUSY).
 fn open_tun(name: &str) -> io::Result<OwnedFd> {
     if name.len() >= libc::IFNAMSIZ {
         return Err(io::Error::other(format!("{name:?} is longer than an interface name may be")));
@@ -314,9 +348,25 @@ fn open_tun(name: &str) -> io::Result<OwnedFd> {
     request.ifr_ifru.ifru_flags = IFF_TUN | IFF_NO_PI;
     // SAFETY: TUNSETIFF reads and writes one ifreq, which lives across the call.
     if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF as _, &mut request) } < 0 {
+        let error = io::Error::last_os_error();
+        return Err(match error.raw_os_error() {
+            Some(libc::EBUSY) => {
+                io::Error::other(format!("{name} is held by another process (another agent's keeper?)"))
+            }
+            _ => io::Error::other(format!("making or attaching to the TUN device {name}: {error}")),
+        });
+    }
+    set_persistent(&fd, false)?;
+    Ok(fd)
+}
+
+/// Whether the device outlives its descriptor.
+fn set_persistent(device: &OwnedFd, persistent: bool) -> io::Result<()> {
+    // SAFETY: TUNSETPERSIST takes its argument by value.
+    if unsafe { libc::ioctl(device.as_raw_fd(), TUNSETPERSIST as _, libc::c_ulong::from(persistent)) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(fd)
+    Ok(())
 }
 
 #[cfg(test)]

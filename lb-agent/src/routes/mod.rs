@@ -109,14 +109,23 @@ pub struct Routes {
     applied: watch::Receiver<BTreeSet<IpAddr>>,
     /// The event loop's heartbeats, passed on to the keeper.
     alive: watch::Sender<u64>,
-    /// Asks the task for its keeper, to hand to this process's next image (SIGUSR2).
-    hand_overs: mpsc::Sender<oneshot::Sender<Option<Handoff>>>,
+    /// Asks the task to end, its routes left to this process's next image or the next agent.
+    departures: mpsc::Sender<Departure>,
+}
+
+/// How the routes outlive this agent (see [`keeper`]).
+enum Departure {
+    /// To this process's next image (SIGUSR2): the keeper, handed over.
+    Exec(oneshot::Sender<Option<Handoff>>),
+    /// To the next agent on this node (a DaemonSet roll): the device, left persistent.
+    Replacement(oneshot::Sender<()>),
 }
 
 impl Routes {
     /// Starts the task on the current runtime. The device is made only once a route is wanted,
     /// so a node without routed groups has none; or it is `adopted` from this process's
-    /// previous image, with the routes it holds.
+    /// previous image, or taken over from the agent this one replaces, with the routes it
+    /// holds.
     pub fn spawn(
         settings: RoutesConfig,
         netlink: Handle,
@@ -126,18 +135,27 @@ impl Routes {
         let (wanted, wanted_rx) = watch::channel((BTreeSet::new(), Why::Changed));
         let (applied_tx, applied) = watch::channel(BTreeSet::new());
         let (alive, alive_rx) = watch::channel(0);
-        let (hand_overs, hand_overs_rx) = mpsc::channel(1);
-        let inputs = Inputs { wanted: wanted_rx, alive: alive_rx, hand_overs: hand_overs_rx };
+        let (departures, departures_rx) = mpsc::channel(1);
+        let inputs = Inputs { wanted: wanted_rx, alive: alive_rx, departures: departures_rx };
         tokio::spawn(apply_loop(settings, netlink, metrics, inputs, applied_tx, adopted));
-        Routes { wanted, applied, alive, hand_overs }
+        Routes { wanted, applied, alive, departures }
     }
 
     /// Ends the task, its routes left in place, and returns their keeper for this process's
     /// next image (none when no route is held).
     pub async fn hand_over(&self) -> Option<Handoff> {
         let (reply, handoff) = oneshot::channel();
-        self.hand_overs.send(reply).await.ok()?;
+        self.departures.send(Departure::Exec(reply)).await.ok()?;
         handoff.await.ok().flatten()
+    }
+
+    /// Ends the task, its device and routes left for the agent that replaces this one on the
+    /// node (a DaemonSet roll).
+    pub async fn leave(&self) {
+        let (reply, left) = oneshot::channel();
+        if self.departures.send(Departure::Replacement(reply)).await.is_ok() {
+            let _ = left.await;
+        }
     }
 
     /// A heartbeat from the event loop: sent at least every third of `routes.holdTime`, or the
@@ -173,14 +191,14 @@ enum Wake {
     Wanted,
     Heartbeat,
     KeeperEnded(std::io::Result<std::process::ExitStatus>),
-    HandOver(oneshot::Sender<Option<Handoff>>),
+    Depart(Departure),
 }
 
 /// What the apply loop hears from [`Routes`].
 struct Inputs {
     wanted: watch::Receiver<(BTreeSet<IpAddr>, Why)>,
     alive: watch::Receiver<u64>,
-    hand_overs: mpsc::Receiver<oneshot::Sender<Option<Handoff>>>,
+    departures: mpsc::Receiver<Departure>,
 }
 
 /// The device: its keeper (see [`keeper`]) and its interface index.
@@ -197,7 +215,7 @@ async fn apply_loop(
     applied: watch::Sender<BTreeSet<IpAddr>>,
     adopted: Option<Handoff>,
 ) {
-    let Inputs { mut wanted, mut alive, mut hand_overs } = inputs;
+    let Inputs { mut wanted, mut alive, mut departures } = inputs;
     let (mut device, mut held) = adopt_device(&netlink, &settings, adopted, alive.clone()).await;
     metrics.routed.set(held.len() as i64);
     applied.send_replace(held.clone());
@@ -217,10 +235,10 @@ async fn apply_loop(
             // Only while a lapse is waiting for the loop to be heard again (below).
             Ok(()) = alive.changed(), if unheard => Wake::Heartbeat,
             status = keeper_ended(device.as_mut()) => Wake::KeeperEnded(status),
-            Some(reply) = hand_overs.recv() => Wake::HandOver(reply),
+            Some(departure) = departures.recv() => Wake::Depart(departure),
         };
         match wake {
-            Wake::HandOver(reply) => return hand_over(device, reply).await,
+            Wake::Depart(departure) => return depart(device, departure).await,
             Wake::Wanted => {}
             Wake::Heartbeat => unheard = false,
             Wake::KeeperEnded(status) => {
@@ -237,7 +255,10 @@ async fn apply_loop(
         let (routes, why) = wanted.borrow_and_update().clone();
         if device.is_none() && !routes.is_empty() && !unheard {
             match make_device(&netlink, &settings, alive.clone()).await {
-                Ok(made) => device = Some(made),
+                Ok((made, found)) => {
+                    device = Some(made);
+                    held = found;
+                }
                 Err(e) => {
                     metrics.failures.inc();
                     if !failing {
@@ -362,24 +383,19 @@ fn route(vip: IpAddr, index: u32, protocol: u8) -> RouteMessage {
     }
 }
 
-/// Has a keeper make the TUN device `settings.device`, and brings it up. IPv6 is turned on for
-/// it where the namespace has it off by default (for `/128` routes).
+/// Has a keeper make the TUN device `settings.device` (or attach to the one the agent this one
+/// replaced left), and brings it up; the routes it holds already. IPv6 is turned on for it
+/// where the namespace has it off by default (for `/128` routes).
 async fn make_device(
     netlink: &Handle,
     settings: &RoutesConfig,
     alive: watch::Receiver<u64>,
-) -> std::io::Result<Device> {
+) -> std::io::Result<(Device, BTreeSet<IpAddr>)> {
     let name = settings.device.as_str();
-    let find =
-        async || crate::netdev::find(netlink, name).await.map_err(|e| std::io::Error::other(e.to_string()));
-    if find().await?.is_some() {
-        return Err(std::io::Error::other(format!(
-            "an interface named {name} exists already (another agent's?)"
-        )));
-    }
     let keeper = Keeper::spawn(name, (settings.hold_time, settings.restart_window), alive).await?;
-    let index = find()
-        .await?
+    let index = crate::netdev::find(netlink, name)
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?
         .ok_or_else(|| std::io::Error::other(format!("{name} vanished after it was made")))?
         .index;
     let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "0");
@@ -389,33 +405,65 @@ async fn make_device(
         .execute()
         .await
         .map_err(|e| std::io::Error::other(format!("bringing {name} up: {e}")))?;
-    info!(device = name, hold = ?settings.hold_time, "routed VIPs' device made: its routes end with this process, or when it goes unheard for routes.holdTime");
-    Ok(Device { keeper, index })
+    let held = routes_into(netlink, index, settings.protocol)
+        .await
+        .map_err(|e| std::io::Error::other(format!("listing the routes into {name}: {e}")))?;
+    if held.is_empty() {
+        info!(device = name, hold = ?settings.hold_time, "routed VIPs' device made: its routes end with this process, or when it goes unheard for routes.holdTime");
+    } else {
+        info!(
+            device = name,
+            routed = held.len(),
+            "took over the routed VIPs' device the agent this one replaced left, with its routes: they stay until this agent's first decision"
+        );
+    }
+    Ok((Device { keeper, index }, held))
 }
 
-/// Ends the apply loop: its keeper (if it has one) goes to this process's next image.
-async fn hand_over(device: Option<Device>, reply: oneshot::Sender<Option<Handoff>>) {
-    let handoff = match device {
-        Some(device) => device
-            .keeper
-            .hand_over()
-            .await
-            .inspect_err(|e| error!(error = %e, "handing the routes' keeper over failed: the routes end with this image"))
-            .ok(),
-        None => None,
-    };
-    let _ = reply.send(handoff);
+/// Ends the apply loop, its routes left in place: its keeper (if it has one) goes to this
+/// process's next image, or its device to the next agent on this node.
+async fn depart(device: Option<Device>, departure: Departure) {
+    match departure {
+        Departure::Exec(reply) => {
+            let handoff = match device {
+                Some(device) => device
+                    .keeper
+                    .hand_over()
+                    .await
+                    .inspect_err(|e| error!(error = %e, "handing the routes' keeper over failed: the routes end with this image"))
+                    .ok(),
+                None => None,
+            };
+            let _ = reply.send(handoff);
+        }
+        Departure::Replacement(reply) => {
+            if let Some(device) = device {
+                match device.keeper.leave().await {
+                    Ok(()) => info!(
+                        "the routed VIPs' device and its routes are left for the agent that replaces this one"
+                    ),
+                    Err(e) => {
+                        error!(error = %e, "leaving the routed VIPs' device to the next agent failed: its routes end with this agent")
+                    }
+                }
+            }
+            let _ = reply.send(());
+        }
+    }
 }
 
-/// The device and routes this process's previous image handed over (an upgrade in place), if
-/// any: a keeper that cannot be adopted ends, and its routes are made again.
+/// The device and routes this process's previous image handed over (an upgrade in place), or
+/// that the agent this one replaces left on the node (a roll), if any: a keeper that cannot be
+/// adopted ends, and its routes are made again.
 async fn adopt_device(
     netlink: &Handle,
     settings: &RoutesConfig,
     handoff: Option<Handoff>,
     alive: watch::Receiver<u64>,
 ) -> (Option<Device>, BTreeSet<IpAddr>) {
-    let Some(handoff) = handoff else { return (None, BTreeSet::new()) };
+    let Some(handoff) = handoff else {
+        return take_over_left_device(netlink, settings, alive).await;
+    };
     let adopted = async {
         let keeper = Keeper::adopt(handoff, alive)?;
         let index = crate::netdev::find(netlink, &settings.device)
@@ -435,6 +483,31 @@ async fn adopt_device(
         }
         Err(e) => {
             error!(device = %settings.device, error = %e, "adopting the routes' keeper failed: its routes end, and are made again");
+            (None, BTreeSet::new())
+        }
+    }
+}
+
+/// At start, a device of this name that exists already is one a replaced agent left (or
+/// another process holds, which is refused): taken over at once, so that its routes end with
+/// this agent from now on, and the node's routing daemon (which waits for it) can start.
+async fn take_over_left_device(
+    netlink: &Handle,
+    settings: &RoutesConfig,
+    alive: watch::Receiver<u64>,
+) -> (Option<Device>, BTreeSet<IpAddr>) {
+    match crate::netdev::find(netlink, &settings.device).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return (None, BTreeSet::new()),
+        Err(e) => {
+            warn!(device = %settings.device, error = %e, "looking for a routed VIPs' device left by a replaced agent failed");
+            return (None, BTreeSet::new());
+        }
+    }
+    match make_device(netlink, settings, alive).await {
+        Ok((device, held)) => (Some(device), held),
+        Err(e) => {
+            error!(device = %settings.device, error = %e, "taking over the routed VIPs' device failed (routes.device): no VIP is routed");
             (None, BTreeSet::new())
         }
     }

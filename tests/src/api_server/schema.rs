@@ -32,6 +32,15 @@ pub static KINDS: &[Kind] = &[
     Kind { group: "", version: "v1", resource: "nodes", kind: "Node", namespaced: false, status: true },
     Kind { group: "", version: "v1", resource: "secrets", kind: "Secret", namespaced: true, status: false },
     Kind { group: "", version: "v1", resource: "events", kind: "Event", namespaced: true, status: false },
+    Kind { group: "", version: "v1", resource: "pods", kind: "Pod", namespaced: true, status: true },
+    Kind {
+        group: "apps",
+        version: "v1",
+        resource: "controllerrevisions",
+        kind: "ControllerRevision",
+        namespaced: true,
+        status: false,
+    },
     Kind {
         group: "discovery.k8s.io",
         version: "v1",
@@ -115,7 +124,7 @@ pub fn validate(kind: &Kind, object: &mut Value, crd_schema: Option<&Value>) -> 
             serde_json::from_value::<$t>(object.clone()).map(|_| ()).map_err(|e| e.to_string())
         };
     }
-    use k8s_openapi::api::{coordination, core, discovery, events};
+    use k8s_openapi::api::{apps, coordination, core, discovery, events};
     match (kind.group, kind.kind) {
         ("", "Service") => {
             typed!(core::v1::Service)?;
@@ -129,6 +138,8 @@ pub fn validate(kind: &Kind, object: &mut Value, crd_schema: Option<&Value>) -> 
         ("", "Node") => typed!(core::v1::Node),
         ("", "Secret") => typed!(core::v1::Secret),
         ("", "Event") => typed!(core::v1::Event),
+        ("", "Pod") => typed!(core::v1::Pod),
+        (_, "ControllerRevision") => typed!(apps::v1::ControllerRevision),
         (_, "EndpointSlice") => typed!(discovery::v1::EndpointSlice),
         (_, "Lease") => typed!(coordination::v1::Lease),
         (_, "Event") => typed!(events::v1::Event),

@@ -24,6 +24,7 @@ pub mod fixture;
 pub mod freeze;
 mod netns;
 pub mod packet;
+pub mod roll;
 pub mod scale;
 mod segments;
 pub mod vlans;

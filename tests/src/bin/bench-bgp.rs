@@ -18,6 +18,9 @@
 //! - upgrade in place: the connections again and a 5 ms ping while n2's agent executes itself
 //!   again (SIGUSR2); resets, failed requests, replies lost, and changes to the ToR's route
 //!   (`--upgrade-only`: that case alone, beside a control as long with nothing done);
+//! - a DaemonSet roll, on a Kubernetes lab of its own: the connections (DSR) and a 5 ms ping
+//!   while n2's pod is replaced, its agent and FRR sidecar stopped and the next pod's started
+//!   (`--roll-only`: that case alone; [`daemonset_roll`]);
 //! - SIGKILL: n2's agent killed; time until the ToR forwards to n0 and n1 only;
 //! - SIGSTOP: n2's (restarted) agent frozen; time until its routes' keeper has withdrawn them
 //!   and the ToR forwards to n0 and n1 only, then until it routes again once thawed;
@@ -41,12 +44,14 @@ use lb_lab::{
     Lab,
     cluster::{LAB_VIP, ServiceLab, service_config},
     fabric::Fabric,
+    roll::RoutedCluster,
 };
 
 const VIP: Ipv4Addr = LAB_VIP;
 const DSR_PORT: u16 = 80;
 const NAT_PORT: u16 = 81;
 const TARGET_PORT: u16 = 8080;
+
 const CONVERGE: Duration = Duration::from_secs(60);
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -128,14 +133,15 @@ struct Load {
 }
 
 impl Load {
-    fn start(fabric: &Fabric, per_port: u64) -> Load {
+    /// `per_port` connections to each of the VIP's `ports` (comma-separated).
+    fn start(fabric: &Fabric, ports: &str, per_port: u64) -> Load {
         let exe = std::env::current_exe().expect("this benchmark's path");
         let tool = exe.with_file_name("hold-connections");
         let mut child = Command::new("ip")
             .args(["netns", "exec", fabric.far.ns.name()])
             .arg(&tool)
             .arg(VIP.to_string())
-            .arg(format!("{DSR_PORT},{NAT_PORT}"))
+            .arg(ports)
             .args([&per_port.to_string(), "50", "600"])
             .stdout(Stdio::piped())
             .spawn()
@@ -156,6 +162,11 @@ impl Load {
         let _ = self.child.wait();
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("the holder's summary {line:?}: {e}"))
     }
+}
+
+/// The connection holder's ports where both services run.
+fn both_ports() -> String {
+    format!("{DSR_PORT},{NAT_PORT}")
 }
 
 fn describe(stats: &[serde_json::Value]) -> (String, String) {
@@ -259,6 +270,11 @@ fn main() {
         }
         return;
     }
+    if std::env::args().any(|a| a == "--roll-only") {
+        let (case, method, dsr, nat) = daemonset_roll(connections);
+        println!("| {case} | {method} | {dsr} | {nat} |");
+        return;
+    }
     if std::env::args().any(|a| a == "--backends-only") {
         for (case, method, dsr, nat) in backends_change(connections, per_port) {
             println!("| {case} | {method} | {dsr} | {nat} |");
@@ -279,7 +295,7 @@ fn main() {
         "-".to_owned(),
     ));
 
-    let load = Load::start(&fabric, per_port);
+    let load = Load::start(&fabric, &both_ports(), per_port);
     std::thread::sleep(Duration::from_secs(2));
     fabric.cluster.agents[1].signal(libc::SIGTERM);
     let withdrawn = fabric.wait_next_hops(vip, &[0, 2], Duration::from_secs(10));
@@ -342,7 +358,7 @@ fn main() {
     ));
     fabric.wait_bfd_up(CONVERGE);
 
-    let load = Load::start(&fabric, per_port);
+    let load = Load::start(&fabric, &both_ports(), per_port);
     let before = vip_packets(&fabric);
     std::thread::sleep(Duration::from_secs(2));
     let entering: Vec<f64> = vip_packets(&fabric).iter().zip(&before).map(|(a, b)| a - b).collect();
@@ -359,6 +375,9 @@ fn main() {
     ));
     drop(fabric);
 
+    let after_upgrades =
+        rows.iter().position(|r| r.0.starts_with("upgrade in place")).map_or(rows.len(), |i| i + 1);
+    rows.insert(after_upgrades, daemonset_roll(connections));
     rows.extend(backends_change(connections, per_port));
     let owner = fabric_owner();
     rows.push(owner);
@@ -379,7 +398,7 @@ fn upgrade_in_place(
     upgrade: bool,
 ) -> (&'static str, String, String, String) {
     fabric.wait_bfd_up(CONVERGE);
-    let load = Load::start(fabric, connections / 2);
+    let load = Load::start(fabric, &both_ports(), connections / 2);
     let routes = fabric.watch_routes();
     let far = fabric.far.ns.name().to_owned();
     let (gap, lost, sent) = ping_outage(&far, 10, || {
@@ -410,6 +429,35 @@ fn upgrade_in_place(
     (case, method, dsr, nat)
 }
 
+/// A DaemonSet roll of n2, on a Kubernetes lab of its own ([`RoutedCluster`]: the agents run
+/// `--kubernetes` as their DaemonSet's pods, the benchmark plays the kubelet): the connections
+/// (DSR only: the cluster's Service has one port) and a 5 ms ping while n2's pod is deleted,
+/// its agent and FRR sidecar stopped, and the next pod's started. The node never leaves the
+/// ECMP set: the ToR keeps its routes by graceful restart, and the next agent takes them over.
+fn daemonset_roll(connections: u64) -> (&'static str, String, String, String) {
+    let mut cluster = RoutedCluster::start();
+    cluster.new_revision();
+    let load = Load::start(&cluster.fabric, &DSR_PORT.to_string(), connections);
+    let routes = cluster.fabric.watch_routes();
+    let far = cluster.fabric.far.ns.name().to_owned();
+    let mut replaced = Duration::ZERO;
+    let (gap, lost, sent) = ping_outage(&far, 25, || {
+        let started = Instant::now();
+        cluster.stop_pod(2, true);
+        cluster.start_pod(2);
+        replaced = started.elapsed();
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let changes = routes.changes_to(VIP).len();
+    let (dsr, _) = describe(&load.finish());
+    let method = format!(
+        "{connections} DSR connections and a 5 ms ping ({sent} sent): {lost} replies lost, largest gap {gap:.0} ms; \
+         pod replaced in {} ms; changes to the ToR's route: {changes}",
+        replaced.as_millis()
+    );
+    ("DaemonSet roll (n2's pod replaced, `--kubernetes`)", method, dsr, "-".to_owned())
+}
+
 /// Backends that change, with and without a rehash. Pods 0 and 1 on n0, 2 and 3 on n1; the
 /// services start on pods 0 and 2. A control first: the connections held with nothing done.
 /// Then pod 1 joins with no fault: every flow keeps its backend in each node's connection
@@ -425,12 +473,12 @@ fn backends_change(connections: u64, per_port: u64) -> Vec<(&'static str, String
     let mut rows = Vec::new();
 
     // The floor the two cases below stand on: the same connections for as long, nothing done.
-    let load = Load::start(&fabric, per_port);
+    let load = Load::start(&fabric, &both_ports(), per_port);
     std::thread::sleep(Duration::from_secs(6));
     let (dsr, nat) = describe(&load.finish());
     rows.push(("nothing changes (control)", format!("{connections} connections for 6 s"), dsr, nat));
 
-    let load = Load::start(&fabric, per_port);
+    let load = Load::start(&fabric, &both_ports(), per_port);
     std::thread::sleep(Duration::from_secs(2));
     let before = reasons(&fabric);
     reload_endpoints(&fabric, &[0, 1, 2]);
@@ -447,7 +495,7 @@ fn backends_change(connections: u64, per_port: u64) -> Vec<(&'static str, String
         nat,
     ));
 
-    let load = Load::start(&fabric, per_port);
+    let load = Load::start(&fabric, &both_ports(), per_port);
     std::thread::sleep(Duration::from_secs(2));
     fabric.fail_hard(2);
     reload_endpoints(&fabric, &[0, 1, 2, 3]);

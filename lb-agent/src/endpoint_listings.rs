@@ -7,7 +7,7 @@
 //! only ever gains its listing (written before its entry says so) or loses it with a change of
 //! its own (its entry says so first): no flow finds neither a listing nor a reply entry.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use lb_common::{
     endpoint_services::{ENDPOINT_SERVICES_MAX, EndpointKeyOf, EndpointServiceOf, EndpointServicesOf},
@@ -59,6 +59,11 @@ pub struct EndpointListings<A> {
     /// room for.
     dirty: BTreeSet<EndpointKeyOf<A>>,
     waiting: BTreeSet<EndpointKeyOf<A>>,
+    /// Services set or removed since the last settle (their marks may change even where no
+    /// listing does).
+    changed: BTreeSet<ServiceKeyOf<A>>,
+    /// Services with local endpoints that do not list them, as of the last settle.
+    falling_back: HashSet<ServiceKeyOf<A>>,
 }
 
 /// What a [`EndpointListings::settle`] changed.
@@ -66,7 +71,8 @@ pub struct EndpointListings<A> {
 pub struct Settled<A> {
     /// Map writes (`None` removes), removals first.
     pub writes: Vec<(EndpointKeyOf<A>, Option<EndpointServicesOf<A>>)>,
-    /// Services whose [`EndpointListings::is_complete`] may have changed.
+    /// Services whose [`EndpointListings::is_complete`] may have changed: those set or removed
+    /// since the last settle, and those whose listings changed.
     pub services: BTreeSet<ServiceKeyOf<A>>,
 }
 
@@ -82,12 +88,15 @@ impl<A: Address> EndpointListings<A> {
             listed,
             dirty,
             waiting: BTreeSet::new(),
+            changed: BTreeSet::new(),
+            falling_back: HashSet::new(),
         }
     }
 
     /// The service delivers as `service` says from now on.
     pub fn set(&mut self, service: ServiceEndpoints<A>) {
         self.remove(service.key);
+        self.changed.insert(service.key);
         for (endpoint, listing) in service.listings() {
             self.delivering.entry(endpoint).or_default().insert(listing);
             self.dirty.insert(endpoint);
@@ -98,6 +107,7 @@ impl<A: Address> EndpointListings<A> {
     /// The service is gone.
     pub fn remove(&mut self, key: ServiceKeyOf<A>) {
         let Some(old) = self.services.remove(&key) else { return };
+        self.changed.insert(key);
         for (endpoint, listing) in old.listings() {
             if let Some(set) = self.delivering.get_mut(&endpoint) {
                 set.remove(&listing);
@@ -117,6 +127,30 @@ impl<A: Address> EndpointListings<A> {
             None => self.listed.remove(&endpoint),
         };
         self.dirty.insert(endpoint);
+        let delivering: Vec<_> =
+            self.delivering.get(&endpoint).into_iter().flatten().map(|s| service_key(&endpoint, s)).collect();
+        self.note_falling_back(delivering);
+    }
+
+    /// A settle's services whose marks could not be brought to it (a map write failed): they
+    /// are settled again next time.
+    pub fn unsettled(&mut self, services: BTreeSet<ServiceKeyOf<A>>) {
+        self.changed.extend(services);
+    }
+
+    /// How many services [`EndpointListings::falls_back`], as of the last settle.
+    pub fn falling_back(&self) -> usize {
+        self.falling_back.len()
+    }
+
+    fn note_falling_back(&mut self, services: impl IntoIterator<Item = ServiceKeyOf<A>>) {
+        for key in services {
+            if self.falls_back(&key) {
+                self.falling_back.insert(key);
+            } else {
+                self.falling_back.remove(&key);
+            }
+        }
     }
 
     /// Whether the map lists `service` at each of its local endpoints.
@@ -141,9 +175,11 @@ impl<A: Address> EndpointListings<A> {
 
     /// Brings the listings of the changed endpoints (and of those waiting for room) to the
     /// services delivering there. Endpoints no service delivers to go first, to make room;
-    /// then those listed already; then new ones in key order, while there is room.
+    /// then those listed already; then new ones in key order, while there is room. The
+    /// services it names are those set or removed since, and those whose listings changed.
     pub fn settle(&mut self) -> Settled<A> {
-        let mut settled = Settled { writes: Vec::new(), services: BTreeSet::new() };
+        let services = std::mem::take(&mut self.changed);
+        let mut settled = Settled { writes: Vec::new(), services };
         let dirty = std::mem::take(&mut self.dirty);
         let waiting = std::mem::take(&mut self.waiting);
         let (gone, wanted): (Vec<_>, Vec<_>) = dirty.iter().partition(|e| !self.delivering.contains_key(e));
@@ -173,6 +209,7 @@ impl<A: Address> EndpointListings<A> {
                 settled.writes.push((*endpoint, Some(listing)));
             }
         }
+        self.note_falling_back(settled.services.iter().copied());
         settled
     }
 }
@@ -267,6 +304,35 @@ mod tests {
             first.listed()[1..],
             "the others kept, in order"
         );
+    }
+
+    #[test]
+    fn the_falling_back_services_are_counted_as_of_each_settle_and_a_failed_write_recounts() {
+        let five: Vec<_> = (0..5).map(|n| service(10 + n as u8, 80, 10 - n, &[(POD, 1)])).collect();
+        let mut listings = settled(16, &five[1..]);
+        assert_eq!(listings.falling_back(), 0);
+        listings.set(five[0].clone());
+        assert_eq!(listings.falling_back(), 0, "counted at the settle, not before");
+        let settled = listings.settle();
+        assert!(
+            settled.services.contains(&five[0].key),
+            "a service set is settled even with nothing to write"
+        );
+        assert_eq!(listings.falling_back(), 1);
+        // A place frees: the fifth is listed, nothing falls back.
+        listings.remove(five[1].key);
+        listings.settle();
+        assert_eq!(listings.falling_back(), 0);
+        // The write of that listing failed, and the map holds none at the endpoint: every
+        // service there falls back until the next settle lists them again.
+        listings.resync(endpoint(), None);
+        assert_eq!(listings.falling_back(), 4);
+        let settled = listings.settle();
+        assert_eq!(settled.writes.len(), 1);
+        assert_eq!(listings.falling_back(), 0);
+        // A sync whose writes failed hands its services back for the next settle.
+        listings.unsettled(settled.services.clone());
+        assert_eq!(listings.settle().services, settled.services);
     }
 
     #[test]

@@ -15,12 +15,11 @@ use aya_ebpf::{
 use lb_common::{
     counters::Reason,
     endpoint_services::{self, EndpointKeyOf},
-    service::{FlowKey, FlowKey6, PROTO_TCP, PROTO_UDP, ReplyNatOf},
+    service::{FlowKeyOf, PROTO_TCP, PROTO_UDP, ReplyNatOf},
 };
 
 use crate::{
     family::{IpFamily, V4, V6},
-    maps::{REPLY_NAT, REPLY_NAT6},
     packet::{ETH_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, FRAGMENT_MASK, IPV6_LEN, L4_OFFSET as L4},
     services::flow,
     stats,
@@ -57,13 +56,7 @@ pub fn translate(ctx: &TcContext) -> Result<(), i64> {
     let src = ctx.load::<[u8; 4]>(IP_SRC)?;
     let dst = ctx.load::<[u8; 4]>(IP_DST)?;
     let ports = ctx.load::<[u8; 4]>(L4)?;
-    let Some(to) = verified_by_table::<V4>(src, dst, ports, proto).or_else(|| {
-        let key = FlowKey::new(src, dst, [ports[0], ports[1]], [ports[2], ports[3]], proto);
-        // SAFETY: copied out at once.
-        unsafe { REPLY_NAT.get(&key) }.copied()
-    }) else {
-        return Ok(());
-    };
+    let Some(to) = translation::<V4>(src, dst, ports, proto) else { return Ok(()) };
     let word = |b: [u8; 4]| u32::from_ne_bytes(b) as u64;
     let half = |b: [u8; 2]| u16::from_ne_bytes(b) as u64;
     let pseudo = BPF_F_PSEUDO_HDR as u64 | mangled;
@@ -105,13 +98,7 @@ fn translate6(ctx: &TcContext) -> Result<(), i64> {
     let src = ctx.load::<[u8; 16]>(IP6_SRC)?;
     let dst = ctx.load::<[u8; 16]>(IP6_DST)?;
     let ports = ctx.load::<[u8; 4]>(L4_6)?;
-    let Some(to) = verified_by_table::<V6>(src, dst, ports, proto).or_else(|| {
-        let key = FlowKey6::new(src, dst, [ports[0], ports[1]], [ports[2], ports[3]], proto);
-        // SAFETY: copied out at once.
-        unsafe { REPLY_NAT6.get(&key) }.copied()
-    }) else {
-        return Ok(());
-    };
+    let Some(to) = translation::<V6>(src, dst, ports, proto) else { return Ok(()) };
     let pseudo = BPF_F_PSEUDO_HDR as u64 | mangled | 4;
     let replace_address = |at: usize, old: &[u8; 16], new: &[u8; 16]| -> Result<(), i64> {
         for i in 0..4 {
@@ -140,6 +127,22 @@ fn translate6(ctx: &TcContext) -> Result<(), i64> {
     }
     stats::count_reason(Reason::ReplyTranslated, ctx.len() as usize);
     Ok(())
+}
+
+/// The translation this node owes the reply from `src` to `dst`: verified by the connection
+/// table (a listed local endpoint), or else the flow's `REPLY_NAT` entry.
+#[inline(always)]
+fn translation<F: IpFamily>(
+    src: F::Addr,
+    dst: F::Addr,
+    ports: [u8; 4],
+    proto: u8,
+) -> Option<ReplyNatOf<F::Addr>> {
+    verified_by_table::<F>(src, dst, ports, proto).or_else(|| {
+        let key = FlowKeyOf::new(src, dst, [ports[0], ports[1]], [ports[2], ports[3]], proto);
+        // SAFETY: copied out at once.
+        unsafe { F::reply_nat().get(&key) }.copied()
+    })
 }
 
 /// The translation of a reply from `src` (a local endpoint) to `dst`, if one of the endpoint's

@@ -111,8 +111,6 @@ pub struct ServiceMaps<A: Address = Addr4> {
     local: HashMap<LocalEndpointKeyOf<A>, LocalEndpoint>,
     /// What `endpoint_services` holds, and the services it lists.
     listings: crate::endpoint_listings::EndpointListings<A>,
-    /// Installed services with a local endpoint that does not list them.
-    falling_back: HashSet<ServiceKeyOf<A>>,
     /// Rings replaced or removed, still in `MAGLEV_RINGS` (their ids reserved).
     retired: Vec<u32>,
     /// Services that did not fit, waiting for room.
@@ -320,11 +318,9 @@ impl<A: Address> ServiceMaps<A> {
             removals.extend(self.installed.keys().filter(|k| !delta.services.contains_key(k)));
             removals.extend(self.refused.keys().filter(|k| !delta.services.contains_key(k)));
         }
-        let mut touched = Vec::new();
         for key in removals {
             self.refused.remove(&key);
             if let Some(old) = self.installed.remove(&key) {
-                touched.push(key);
                 self.note_listings(key);
                 self.services.remove(&key).map_err(err(A::MAPS.services))?;
                 self.free_numbers.push_back(old.entry.number);
@@ -346,7 +342,6 @@ impl<A: Address> ServiceMaps<A> {
         wanted.extend(std::mem::take(&mut self.refused).into_iter().map(|(k, (s, _))| (k, s)));
         let admitted = self.admit(wanted, &mut report)?;
         self.install(&admitted, &mut released, &mut report)?;
-        touched.extend(admitted.iter().map(|(key, _)| *key));
 
         if delta.complete {
             // Backends read back from the pins that no contents adopted.
@@ -364,7 +359,7 @@ impl<A: Address> ServiceMaps<A> {
             })
             .collect();
         self.apply_local_endpoints(delta, &mut report)?;
-        self.sync_listings(&touched, &mut report)?;
+        self.sync_listings(&mut report)?;
         Ok(report)
     }
 

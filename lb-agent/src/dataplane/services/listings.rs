@@ -3,7 +3,7 @@
 //! marked only once it is listed at every local endpoint, and unmarked before it loses a
 //! listing, so its flows always have a listing or a reply entry.
 
-use crate::endpoint_listings::ServiceEndpoints;
+use crate::endpoint_listings::{ServiceEndpoints, Settled};
 
 use super::*;
 
@@ -52,16 +52,20 @@ impl<A: Address> ServiceMaps<A> {
     }
 
     /// Brings `ENDPOINT_SERVICES` and the entries' marks to the services changed since the
-    /// last sync (see [`Self::note_listings`]; `touched`: this sync's): marks that go are
-    /// cleared first, then the listings written, then the new marks set. Costs the endpoints
-    /// the change touches. A write that fails leaves the mirror with what the map holds.
-    pub(super) fn sync_listings(
-        &mut self,
-        touched: &[ServiceKeyOf<A>],
-        report: &mut SyncReport,
-    ) -> Result<()> {
-        let mut settled = self.listings.settle();
-        settled.services.extend(touched.iter().copied());
+    /// last sync (see [`Self::note_listings`]): marks that go are cleared first, then the
+    /// listings written, then the new marks set. Costs the endpoints the change touches. A
+    /// write that fails leaves the mirror with what the map holds, and the services for the
+    /// next sync.
+    pub(super) fn sync_listings(&mut self, report: &mut SyncReport) -> Result<()> {
+        let settled = self.listings.settle();
+        let synced = self.write_settled(&settled, report);
+        if synced.is_err() {
+            self.listings.unsettled(settled.services);
+        }
+        synced
+    }
+
+    fn write_settled(&mut self, settled: &Settled<A>, report: &mut SyncReport) -> Result<()> {
         let marks = |this: &Self, set: bool| -> Vec<(ServiceKeyOf<A>, Service)> {
             settled
                 .services
@@ -94,20 +98,13 @@ impl<A: Address> ServiceMaps<A> {
         if !marked.is_empty() {
             self.rewrite_entries(marked)?;
         }
-        for key in &settled.services {
-            if self.installed.contains_key(key) && self.listings.falls_back(key) {
-                self.falling_back.insert(*key);
-            } else {
-                self.falling_back.remove(key);
-            }
-        }
         Ok(())
     }
 
     /// Installed services whose local flows keep reply entries: an endpoint of theirs lists
     /// four others already, or the map had no room for it.
     pub fn services_with_reply_entries(&self) -> usize {
-        self.falling_back.len()
+        self.listings.falling_back()
     }
 
     /// What `ENDPOINT_SERVICES` holds (status and tests).

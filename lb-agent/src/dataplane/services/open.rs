@@ -72,7 +72,6 @@ impl<A: Address> ServiceMaps<A> {
             ring_bytes: HashMap::new(),
             local: HashMap::new(),
             listings: crate::endpoint_listings::EndpointListings::new(0, HashMap::new()),
-            falling_back: HashSet::new(),
             retired: Vec::new(),
             refused: BTreeMap::new(),
             address_changes: Default::default(),

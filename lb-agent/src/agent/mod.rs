@@ -10,12 +10,13 @@
 
 mod apply;
 mod cluster_link;
-use cluster_link::FromCluster;
 mod reload;
 mod snapshot;
 mod startup;
 
 pub use startup::run;
+
+use cluster_link::FromCluster;
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -393,11 +393,7 @@ async fn make_device(
 ) -> std::io::Result<(Device, BTreeSet<IpAddr>)> {
     let name = settings.device.as_str();
     let keeper = Keeper::spawn(name, (settings.hold_time, settings.restart_window), alive).await?;
-    let index = crate::netdev::find(netlink, name)
-        .await
-        .map_err(|e| std::io::Error::other(e.to_string()))?
-        .ok_or_else(|| std::io::Error::other(format!("{name} vanished after it was made")))?
-        .index;
+    let (index, held) = device_routes(netlink, settings).await?;
     let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "0");
     netlink
         .link()
@@ -405,9 +401,6 @@ async fn make_device(
         .execute()
         .await
         .map_err(|e| std::io::Error::other(format!("bringing {name} up: {e}")))?;
-    let held = routes_into(netlink, index, settings.protocol)
-        .await
-        .map_err(|e| std::io::Error::other(format!("listing the routes into {name}: {e}")))?;
     if held.is_empty() {
         info!(device = name, hold = ?settings.hold_time, "routed VIPs' device made: its routes end with this process, or when it goes unheard for routes.holdTime");
     } else {
@@ -466,14 +459,7 @@ async fn adopt_device(
     };
     let adopted = async {
         let keeper = Keeper::adopt(handoff, alive)?;
-        let index = crate::netdev::find(netlink, &settings.device)
-            .await
-            .map_err(|e| std::io::Error::other(e.to_string()))?
-            .ok_or_else(|| std::io::Error::other(format!("{} is gone", settings.device)))?
-            .index;
-        let held = routes_into(netlink, index, settings.protocol).await.map_err(|e| {
-            std::io::Error::other(format!("listing the routes into {}: {e}", settings.device))
-        })?;
+        let (index, held) = device_routes(netlink, settings).await?;
         Ok::<_, std::io::Error>((Device { keeper, index }, held))
     };
     match adopted.await {
@@ -511,6 +497,24 @@ async fn take_over_left_device(
             (None, BTreeSet::new())
         }
     }
+}
+
+/// The device's interface index, and the VIPs routed into it (a keeper adopted or a device
+/// taken over holds some already).
+async fn device_routes(
+    netlink: &Handle,
+    settings: &RoutesConfig,
+) -> std::io::Result<(u32, BTreeSet<IpAddr>)> {
+    let name = &settings.device;
+    let index = crate::netdev::find(netlink, name)
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?
+        .ok_or_else(|| std::io::Error::other(format!("{name} is gone")))?
+        .index;
+    let held = routes_into(netlink, index, settings.protocol)
+        .await
+        .map_err(|e| std::io::Error::other(format!("listing the routes into {name}: {e}")))?;
+    Ok((index, held))
 }
 
 /// The VIPs routed into the device `index` with the agent's protocol, both families.

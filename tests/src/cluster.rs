@@ -222,6 +222,21 @@ impl Session {
 }
 
 /// The client address in a greeting.
+/// Every session still answers within 5 s, from the pod that greeted it (`logs` for the
+/// failure's message).
+pub fn assert_all_answer(sessions: &mut [Session], after: &str, logs: impl Fn() -> String) {
+    for (i, session) in sessions.iter_mut().enumerate() {
+        let pod = session.pod().to_owned();
+        let reply = session.echo(&format!("ping {i}"), Duration::from_secs(5));
+        assert_eq!(
+            reply.as_deref(),
+            Some(format!("{pod} ping {i}").as_str()),
+            "session {i} ({pod}) after {after}\n{}",
+            logs()
+        );
+    }
+}
+
 pub fn seen_client(greeting: &str) -> Ipv4Addr {
     match seen_address(greeting) {
         IpAddr::V4(v4) => v4,

@@ -25,7 +25,6 @@ use lb_lab::{
 const VIP: Ipv4Addr = LAB_VIP;
 const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, 0x10);
 const TARGET_PORT: u16 = 8080;
-const ECHO_WAIT: Duration = Duration::from_secs(5);
 /// BGP sessions come up within a few seconds of the daemons; generous for CI's load.
 const CONVERGE: Duration = Duration::from_secs(20);
 /// The lab agents' `routes.holdTime`: how long a frozen agent keeps its routes.
@@ -102,16 +101,7 @@ fn sessions(fabric: &Fabric, count: usize) -> Vec<Session> {
 
 /// Every session still answers, from the pod that greeted it.
 fn assert_all_answer(fabric: &Fabric, sessions: &mut [Session], after: &str) {
-    for (i, session) in sessions.iter_mut().enumerate() {
-        let pod = session.pod().to_owned();
-        let reply = session.echo(&format!("ping {i}"), ECHO_WAIT);
-        assert_eq!(
-            reply.as_deref(),
-            Some(format!("{pod} ping {i}").as_str()),
-            "session {i} ({pod}) after {after}\n{}",
-            fabric.cluster.logs()
-        );
-    }
+    lb_lab::cluster::assert_all_answer(sessions, after, || fabric.cluster.logs());
 }
 
 /// The pid of the routes' keeper of `agent` (its only child).

@@ -23,20 +23,10 @@ use lb_lab::{
 };
 
 const VIP: std::net::Ipv4Addr = LAB_VIP;
-const ECHO_WAIT: Duration = Duration::from_secs(5);
 
 /// Every session still answers, from the pod that greeted it.
 fn assert_all_answer(cluster: &RoutedCluster, sessions: &mut [Session], after: &str) {
-    for (i, session) in sessions.iter_mut().enumerate() {
-        let pod = session.pod().to_owned();
-        let reply = session.echo(&format!("ping {i}"), ECHO_WAIT);
-        assert_eq!(
-            reply.as_deref(),
-            Some(format!("{pod} ping {i}").as_str()),
-            "session {i} after {after}\n{}",
-            cluster.logs()
-        );
-    }
+    lb_lab::cluster::assert_all_answer(sessions, after, || cluster.logs());
 }
 
 /// The routes into `node`'s routed VIPs' device, and whether it has carrier (an agent's keeper

@@ -493,12 +493,21 @@ pub struct RouteWatch {
 }
 
 impl RouteWatch {
-    /// Stops watching; the changes seen to `vip`'s route, one line each.
+    /// Stops watching; the changes seen to `vip`'s route, each with its next hops.
     pub fn changes_to(self, vip: Ipv4Addr) -> Vec<String> {
         // SAFETY: a signal to this watch's own child.
         unsafe { libc::kill(self.monitor.id() as i32, libc::SIGTERM) };
         let out = self.monitor.wait_with_output().expect("ip monitor");
         let vip = format!("{vip} ");
-        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(&vip)).map(str::to_owned).collect()
+        // A multipath route's next hops follow its line, indented: one change each.
+        let mut changes: Vec<String> = Vec::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            match changes.last_mut() {
+                Some(change) if line.starts_with(char::is_whitespace) => change.push_str(line),
+                _ => changes.push(line.to_owned()),
+            }
+        }
+        changes.retain(|c| c.contains(&vip));
+        changes
     }
 }

@@ -18,7 +18,7 @@ use crate::{
     api_server::ApiServer,
     cluster::{LAB_VIP, ServiceLab, logs_and_reasons},
     cluster_api::{api_server_on, endpoint_slice, group, node_object, service, start_kubernetes_agent},
-    fabric::Fabric,
+    fabric::{Fabric, TorDaemon},
 };
 
 /// The agents' namespace: their Pods, the DaemonSet's revisions and the Lease.
@@ -70,8 +70,13 @@ impl RoutedCluster {
     /// VIP as its one address); `web` (port 80) to both pods; revision 1 and a pod of it with
     /// its agent on every node, routed from each by the ToR.
     pub fn start() -> RoutedCluster {
+        Self::start_with_tor(TorDaemon::Frr)
+    }
+
+    /// As [`RoutedCluster::start`], the ToR running `tor`.
+    pub fn start_with_tor(tor: TorDaemon) -> RoutedCluster {
         let cluster = ServiceLab::new(&[1, 1, 0], false, 8080, LAB_VIP, |_, _, _| String::new());
-        let fabric = Fabric::new(cluster);
+        let fabric = Fabric::with_tor(cluster, tor);
         let lab = &fabric.cluster.lab;
         let (api_host, api) = api_server_on(lab);
         api.put(group(json!({"announce": "bgp", "addressPools": [format!("{LAB_VIP}/32")]})));
@@ -142,14 +147,15 @@ impl RoutedCluster {
         );
         self.agents[node] = Some(agent);
         self.fabric.start_node_frr(node);
-        let tor = self.fabric.tor_frr.as_ref().expect("an FRR ToR");
         let deadline = Instant::now() + CONVERGE;
-        while tor.vtysh(&format!("show bgp ipv4 unicast {LAB_VIP}/32")).contains("stale") {
-            assert!(
-                Instant::now() < deadline,
-                "n{node}'s session did not come back\n{}",
-                tor.vtysh("show bgp summary")
-            );
+        // FRR marks the kept path stale until the node's End-of-RIB; BIRD shows the session.
+        let back = || match &self.fabric.tor_frr {
+            Some(tor) => !tor.vtysh(&format!("show bgp ipv4 unicast {LAB_VIP}/32")).contains("stale"),
+            None => self.fabric.tor_show("", &format!("show protocols n{node}")).contains("Established"),
+        };
+        while !back() {
+            let summary = self.fabric.tor_show("show bgp summary", "show protocols");
+            assert!(Instant::now() < deadline, "n{node}'s session did not come back\n{summary}");
             std::thread::sleep(Duration::from_millis(100));
         }
     }

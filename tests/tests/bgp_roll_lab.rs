@@ -18,7 +18,7 @@ use std::{
 use lb_lab::{
     Session,
     cluster::LAB_VIP,
-    fabric::{FAR_CLIENT, Frr, GRACEFUL_RESTART_TIME},
+    fabric::{FAR_CLIENT, Frr, GRACEFUL_RESTART_TIME, TorDaemon},
     roll::RoutedCluster,
 };
 
@@ -92,6 +92,26 @@ fn a_daemonset_roll_keeps_a_routed_nodes_announcements_and_a_removal_withdraws_t
     assert!(log.contains("withdrawing routed VIPs"), "{log}");
     assert!(!left_device(&cluster, 0).0.contains(&VIP.to_string()), "a removal leaves no route");
     cluster.fabric.wait_next_hops(vip, &[1], Duration::from_secs(5));
+}
+
+/// BIRD 2.0 as the ToR takes the BFD AdminDown of the stopping FRR for a failure and ends the
+/// session without graceful restart (`bfd graceful` would keep the routes, but also a dead
+/// node's, until the restart time): a roll withdraws and announces again there. What must hold
+/// is what holds for any withdrawal: the connections carry on, and the node comes back.
+#[test]
+fn a_roll_under_a_bird_tor_withdraws_and_announces_again_and_connections_carry_on() {
+    let mut cluster = RoutedCluster::start_with_tor(TorDaemon::Bird);
+    let vip = IpAddr::V4(VIP);
+    let mut open: Vec<Session> =
+        (0..12).map(|_| cluster.fabric.far.settled_session(VIP, 80, || cluster.logs())).collect();
+    cluster.new_revision();
+    cluster.stop_pod(1, true);
+    cluster.fabric.wait_next_hops(vip, &[0, 2], Duration::from_secs(5));
+    assert_all_answer(&cluster, &mut open, "n1's pod stopped, under BIRD");
+    cluster.start_pod(1);
+    cluster.fabric.wait_next_hops(vip, &[0, 1, 2], Duration::from_secs(20));
+    assert!(cluster.agents[1].as_ref().unwrap().log_text().contains("took over the routed VIPs' device"));
+    assert_all_answer(&cluster, &mut open, "n1's pod replaced, under BIRD");
 }
 
 #[test]

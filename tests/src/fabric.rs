@@ -104,6 +104,10 @@ impl Frr {
             assert!(Instant::now() < deadline, "FRR's daemons in {} did not stop on SIGTERM", self.name);
             std::thread::sleep(Duration::from_millis(20));
         }
+        // Their pids may be another process's by now: dropping must not signal them.
+        for daemon in ["bgpd", "bfdd", "zebra"] {
+            let _ = std::fs::remove_file(self.run_dir().join(format!("{daemon}.pid")));
+        }
     }
 
     /// Sends `signal` to each daemon still running; their pids.

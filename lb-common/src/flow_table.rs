@@ -8,6 +8,11 @@
 //! the kernel's hash map makes two dependent ones (bucket, then element). Eight bytes a flow,
 //! against a 64-byte element and a 16-byte bucket.
 //!
+//! The bucket comes from the client's address and port alone ([`bucket_hash`]); the service
+//! is in the fingerprint. So a packet's line can be fetched before its service is looked up,
+//! and the memory's latency, a flow's whole cost at scale, overlaps that lookup. A client's
+//! flows from one port to several services share a bucket, and differ in fingerprint.
+//!
 //! What can go wrong, by construction (each is tested below):
 //! - **A fingerprint collision**: a flow whose bucket holds another flow with the same
 //!   fingerprint reads that flow's entry. For a flow not in the table the chance per lookup is
@@ -60,6 +65,61 @@ pub const DEFAULT_KEYING: Keying = Keying::for_flows(crate::service::MAX_FLOWS, 
 /// mistaken for one with a header.
 const HEADER_MARK: u64 = 0x6c62_666c; // "lbfl"
 
+/// The header's slots: mark and seed, mask, then these two. The programs read the second
+/// (nonzero: [`Header::migrating`]) when a lookup misses.
+const SCHEME_SLOT: usize = 2;
+pub const MIGRATING_SLOT: usize = 3;
+
+/// How a table's buckets were chosen, as its header records it (an earlier build wrote none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    /// Until the bucket left the service out: by client, port and service (header slot 0).
+    ByService,
+    /// By client and port ([`bucket_hash`]), this build's.
+    ByClient,
+}
+
+impl Scheme {
+    const fn recorded(word: u64) -> Option<Scheme> {
+        match word {
+            0 => Some(Scheme::ByService),
+            2 => Some(Scheme::ByClient),
+            _ => None,
+        }
+    }
+}
+
+/// A table's header, read: its keying, the scheme its entries were written by, and whether
+/// entries may still sit where [`Scheme::ByService`] put them (a table an earlier build kept,
+/// being migrated: a lookup that misses tries there too, and moves what it finds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub keying: Keying,
+    pub scheme: Scheme,
+    pub migrating: bool,
+}
+
+impl Header {
+    /// A fresh table's: this build's scheme, nothing to migrate.
+    pub const fn fresh(keying: Keying) -> Header {
+        Header { keying, scheme: Scheme::ByClient, migrating: false }
+    }
+
+    /// The header's element, written as this build writes it ([`Scheme::ByClient`]).
+    pub const fn bucket(self) -> Bucket {
+        let mut bucket = self.keying.header();
+        bucket.slots[MIGRATING_SLOT] = self.migrating as u64;
+        bucket
+    }
+
+    /// What a table adopted at start must be: this build's scheme, migrating if the table was
+    /// written by the earlier one or was being migrated when its agent stopped.
+    pub const fn adopted(self) -> Header {
+        let migrating = self.migrating || matches!(self.scheme, Scheme::ByService);
+        Header { keying: self.keying, scheme: Scheme::ByClient, migrating }
+    }
+}
+
 impl Keying {
     /// A table for `flows` flows, keyed with `seed`.
     pub const fn for_flows(flows: u32, seed: u32) -> Keying {
@@ -81,24 +141,43 @@ impl Keying {
         position.bucket(self.buckets())
     }
 
-    /// The table's last element, which no position reaches.
+    /// The bucket a [`bucket_hash`] (or [`earlier_bucket_hash`]) falls in.
+    #[inline(always)]
+    pub const fn bucket_at(self, bucket_hash: u32) -> u32 {
+        bucket_hash & self.mask
+    }
+
+    /// The table's last element, which no position reaches: this build's, not migrating.
     pub const fn header(self) -> Bucket {
         let mut slots = [0; BUCKET_SLOTS];
         slots[0] = HEADER_MARK << 32 | self.seed as u64;
         slots[1] = self.mask as u64;
+        slots[SCHEME_SLOT] = 2;
         Bucket { slots }
     }
 
-    /// The keying a header records, if `bucket` is one.
+    /// The keying a header records, if `bucket` is one of a scheme this build reads.
     pub const fn from_header(bucket: &Bucket) -> Option<Keying> {
-        let [mark_seed, mask, ..] = bucket.slots;
+        match Header::read(bucket) {
+            Some(header) => Some(header.keying),
+            None => None,
+        }
+    }
+}
+
+impl Header {
+    /// The header `bucket` holds, if it is one of a scheme this build reads.
+    pub const fn read(bucket: &Bucket) -> Option<Header> {
+        let [mark_seed, mask, scheme, migrating, ..] = bucket.slots;
         if mark_seed >> 32 != HEADER_MARK
             || mask > u32::MAX as u64
             || !(mask as u32).wrapping_add(1).is_power_of_two()
         {
             return None;
         }
-        Some(Keying { seed: mark_seed as u32, mask: mask as u32 })
+        let Some(scheme) = Scheme::recorded(scheme) else { return None };
+        let keying = Keying { seed: mark_seed as u32, mask: mask as u32 };
+        Some(Header { keying, scheme, migrating: migrating != 0 })
     }
 }
 
@@ -265,10 +344,33 @@ impl Position {
 /// bucket and fingerprint independent, so flows sharing a bucket still differ in 32 bits.
 #[inline(always)]
 pub fn position<A: Address>(key: &ConnectionKeyOf<A>, seed: u32) -> Position {
-    let port_and_service =
-        u32::from_be_bytes([key.client_port[0], key.client_port[1], 0, 0]) | key.service as u32;
-    let lane = |seed: u32| finalize(mix(key.client.mix_into(seed), port_and_service));
-    Position { bucket_hash: lane(seed), fingerprint: Fingerprint::of(lane(seed ^ 0x9e37_79b9)) }
+    Position {
+        bucket_hash: bucket_hash(&key.client, key.client_port, seed),
+        fingerprint: fingerprint(key, seed),
+    }
+}
+
+/// The bucket lane: the client's address and port, not the service (see the module's notes).
+#[inline(always)]
+pub fn bucket_hash<A: Address>(client: &A, client_port: [u8; 2], seed: u32) -> u32 {
+    finalize(mix(client.mix_into(seed), u32::from_be_bytes([client_port[0], client_port[1], 0, 0])))
+}
+
+/// The fingerprint lane: the whole key.
+#[inline(always)]
+pub fn fingerprint<A: Address>(key: &ConnectionKeyOf<A>, seed: u32) -> Fingerprint {
+    Fingerprint::of(finalize(mix(key.client.mix_into(seed ^ 0x9e37_79b9), port_and_service(key))))
+}
+
+fn port_and_service<A>(key: &ConnectionKeyOf<A>) -> u32 {
+    u32::from_be_bytes([key.client_port[0], key.client_port[1], 0, 0]) | key.service as u32
+}
+
+/// Where an earlier build ([`Scheme::ByService`]) put `key`'s bucket: its lane took the whole
+/// key. Read while a table that build kept is migrated; the fingerprint lane is unchanged.
+#[inline(always)]
+pub fn earlier_bucket_hash<A: Address>(key: &ConnectionKeyOf<A>, seed: u32) -> u32 {
+    finalize(mix(key.client.mix_into(seed), port_and_service(key)))
 }
 
 /// A bucket's slots, each read and written whole (one 8-byte load or store): atomic cells in
@@ -372,6 +474,13 @@ pub fn store(cells: &impl Cells, entry: Entry, now: Tick) -> Stored {
     if cells.compare_exchange(slot, seen[slot], entry.0) { stored } else { Stored::Lost }
 }
 
+/// Writes `entry` into the first free slot, if one is free: a migrated entry's move, which
+/// must not evict a flow, and whose stack (in the programs) has no room for [`store`]'s.
+#[inline(always)]
+pub fn place_if_free(cells: &impl Cells, entry: Entry) -> Option<usize> {
+    (0..BUCKET_SLOTS).find(|&slot| cells.load(slot) == 0 && cells.compare_exchange(slot, 0, entry.0))
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: `#[repr(C)]` words, no padding; any bit pattern is valid.
@@ -434,8 +543,63 @@ mod tests {
         assert_eq!(Keying::from_header(&odd), None, "not a power of two");
         let entry = Entry::new(Fingerprint::of(7), 1, None, Tick(0));
         assert_eq!(Keying::from_header(&Bucket { slots: [entry.0; BUCKET_SLOTS] }), None, "a bucket");
+        let mut newer = keying.header();
+        newer.slots[SCHEME_SLOT] = 3;
+        assert_eq!(Keying::from_header(&newer), None, "a scheme this build does not know");
         let pos = Position { bucket_hash: u32::MAX, fingerprint: Fingerprint::of(1) };
         assert_eq!(keying.bucket(pos), keying.buckets() - 1, "no position reaches the header");
+    }
+
+    /// A header an earlier build wrote (mark, seed and mask only) reads as [`Scheme::ByService`];
+    /// adopted, it becomes this build's, migrating, until the agent ends the migration.
+    #[test]
+    fn an_earlier_builds_header_is_adopted_as_migrating() {
+        let keying = Keying::for_flows(1 << 18, 0xdead_beef);
+        let mut earlier = keying.header();
+        earlier.slots[SCHEME_SLOT] = 0;
+        let read = Header::read(&earlier).expect("an earlier build's header");
+        assert_eq!(read, Header { keying, scheme: Scheme::ByService, migrating: false });
+        let adopted = read.adopted();
+        assert_eq!(adopted, Header { keying, scheme: Scheme::ByClient, migrating: true });
+        assert_eq!(Header::read(&adopted.bucket()), Some(adopted), "written and read back");
+        assert_eq!(adopted.bucket().slots[MIGRATING_SLOT], 1, "the word the programs read");
+        let ended = Header { migrating: false, ..adopted };
+        assert_eq!(ended.bucket(), keying.header(), "an ended migration is a plain header");
+        assert_eq!(Header::read(&keying.header()).map(Header::adopted), Some(ended), "nothing to migrate");
+        assert_eq!(Header::read(&adopted.bucket()).map(Header::adopted), Some(adopted), "still migrating");
+    }
+
+    /// Values the earlier build computed (its `position`, recorded): a migrated table's entries
+    /// are found only if `earlier_bucket_hash` and the fingerprint lane stay exactly these.
+    #[test]
+    fn the_earlier_bucket_and_the_fingerprint_are_the_earlier_builds() {
+        let seed = 0x5eed_1b0b;
+        let key = ConnectionKeyOf { client: [10, 0, 0, 1], client_port: 40000u16.to_be_bytes(), service: 7 };
+        assert_eq!(
+            (earlier_bucket_hash(&key, seed), fingerprint(&key, seed).get()),
+            (0xa058_dde1, 0x5c41_4e1f)
+        );
+        let mut client = [0; 16];
+        client[..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+        client[15] = 9;
+        let key6 = ConnectionKeyOf { client, client_port: 40000u16.to_be_bytes(), service: 7 };
+        assert_eq!(
+            (earlier_bucket_hash(&key6, seed), fingerprint(&key6, seed).get()),
+            (0x6de7_59e7, 0x61c8_2fa0)
+        );
+    }
+
+    #[test]
+    fn a_moved_entry_takes_a_free_slot_and_never_evicts() {
+        let cells = empty();
+        let entry = |n| Entry::new(Fingerprint::of(n), 1, None, Tick(0));
+        cells[0].set(entry(1).0);
+        assert_eq!(place_if_free(&cells, entry(2)), Some(1));
+        for n in 3..=8 {
+            assert!(place_if_free(&cells, entry(n)).is_some());
+        }
+        assert_eq!(place_if_free(&cells, entry(9)), None, "a full bucket keeps its flows");
+        assert!((1..=8).all(|n| find(&cells, Fingerprint::of(n)).is_some()));
     }
 
     #[test]
@@ -450,7 +614,16 @@ mod tests {
         assert_eq!(position(&key, 1), position(&key, 1));
         assert_ne!(position(&key, 1), position(&key, 2));
         let other = ConnectionKeyOf { service: 8, ..key };
-        assert_ne!(position(&key, 1), position(&other, 1));
+        let (mine, theirs) = (position(&key, 1), position(&other, 1));
+        assert_eq!(mine.bucket_hash, theirs.bucket_hash, "the bucket leaves the service out");
+        assert_ne!(mine.fingerprint, theirs.fingerprint, "the fingerprint does not");
+        assert_eq!(
+            mine.bucket_hash,
+            bucket_hash(&key.client, key.client_port, 1),
+            "known before the service"
+        );
+        let port = ConnectionKeyOf { client_port: 40001u16.to_be_bytes(), ..key };
+        assert_ne!(position(&key, 1).bucket_hash, position(&port, 1).bucket_hash);
     }
 
     #[test]

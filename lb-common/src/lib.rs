@@ -14,3 +14,4 @@ pub mod maps;
 mod murmur3;
 pub mod ndp;
 pub mod service;
+pub mod vip_filter;

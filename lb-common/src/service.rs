@@ -30,6 +30,8 @@ pub const REPLY_NAT: &str = "REPLY_NAT";
 /// ports, where an LRU would evict an established flow's entry and hand its port to a new flow.
 /// The agent removes entries idle past `dataplane.snatIdleTimeout`.
 pub const SNAT_REPLIES: &str = "SNAT_REPLIES";
+/// Which service keys are installed, as a hint ([`crate::vip_filter`]).
+pub const VIP_FILTER: &str = "VIP_FILTER";
 /// `HashMap<LocalEndpointKey, LocalEndpoint>`: this node's endpoints, for DSR decapsulation.
 pub const LOCAL_ENDPOINTS: &str = "LOCAL_ENDPOINTS";
 /// `HashMap<EndpointKey, EndpointServices>`: this node's local-delivery endpoints → the
@@ -53,6 +55,7 @@ pub const FLOWS6: &str = "FLOWS6";
 pub const NEXT_HOPS6: &str = "NEXT_HOPS6";
 pub const REPLY_NAT6: &str = "REPLY_NAT6";
 pub const SNAT_REPLIES6: &str = "SNAT_REPLIES6";
+pub const VIP_FILTER6: &str = "VIP_FILTER6";
 pub const LOCAL_ENDPOINTS6: &str = "LOCAL_ENDPOINTS6";
 pub const ENDPOINT_SERVICES6: &str = "ENDPOINT_SERVICES6";
 /// `HashMap<UplinkKey, Vip6Key>`: this node's IPv6 address on each uplink (as `UPLINKS` keys
@@ -143,6 +146,7 @@ pub struct FamilyMaps {
     pub local_endpoints: &'static str,
     pub endpoint_services: &'static str,
     pub snat_replies: &'static str,
+    pub vip_filter: &'static str,
 }
 
 impl Address for [u8; 4] {
@@ -157,6 +161,7 @@ impl Address for [u8; 4] {
         local_endpoints: LOCAL_ENDPOINTS,
         endpoint_services: ENDPOINT_SERVICES,
         snat_replies: SNAT_REPLIES,
+        vip_filter: VIP_FILTER,
     };
     fn from_ip(ip: core::net::IpAddr) -> Option<Self> {
         match ip {
@@ -185,6 +190,7 @@ impl Address for [u8; 16] {
         local_endpoints: LOCAL_ENDPOINTS6,
         endpoint_services: ENDPOINT_SERVICES6,
         snat_replies: SNAT_REPLIES6,
+        vip_filter: VIP_FILTER6,
     };
     fn from_ip(ip: core::net::IpAddr) -> Option<Self> {
         match ip {

@@ -281,7 +281,7 @@ fn dnat(ctx: &XdpContext, table: Table) -> u32 {
             let Some(bucket) = BENCH_LINE_TABLE.get_ptr_mut(keying.bucket(position)) else {
                 return XDP_PASS;
             };
-            if seen_before(&MapBucket(bucket), position) {
+            if MapBucket::new(bucket).is_some_and(|bucket| seen_before(&bucket, position)) {
                 return XDP_PASS;
             }
         }
@@ -293,7 +293,7 @@ fn dnat(ctx: &XdpContext, table: Table) -> u32 {
             };
             // SAFETY: `bucket` < SHARD_BUCKETS, so the line ends inside the shard.
             let bucket = unsafe { (value as *mut u8).add(SHARD_SKEW + 64 * bucket as usize) as *mut Bucket };
-            if seen_before(&MapBucket(bucket), position) {
+            if MapBucket::new(bucket).is_some_and(|bucket| seen_before(&bucket, position)) {
                 return XDP_PASS;
             }
         }

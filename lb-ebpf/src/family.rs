@@ -17,6 +17,7 @@ use lb_common::{
         Addr4, Addr6, Address, BackendOf, FlowKeyOf, LocalEndpoint, LocalEndpointKeyOf, NextHopEntry,
         ReplyNatOf, Service, ServiceKeyOf, Settings, SnatEntryOf,
     },
+    vip_filter::VipFilter,
 };
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 
@@ -38,6 +39,10 @@ pub trait IpFamily: Sized {
     const PASSED: Reason;
     /// The IP header is not what it claims.
     const MALFORMED: Reason;
+    /// Whether the flow's line, fetched before the service lookup, is carried to the flow's
+    /// lookup; else found again there (hashed once more, already cached). IPv6's program has
+    /// no stack to spare for it.
+    const CARRIES_LINE: bool;
 
     fn services() -> &'static HashMap<ServiceKeyOf<Self::Addr>, Service>;
     fn backends() -> &'static Array<BackendOf<Self::Addr>>;
@@ -45,6 +50,7 @@ pub trait IpFamily: Sized {
     fn vip_traffic() -> &'static PerCpuArray<PacketCounter>;
     fn flow_table() -> &'static Array<Bucket>;
     fn flow_keying() -> &'static Global<Keying>;
+    fn vip_filter() -> &'static Array<VipFilter>;
     fn next_hops() -> &'static Array<NextHopEntry>;
     fn reply_nat() -> &'static LruHashMap<FlowKeyOf<Self::Addr>, ReplyNatOf<Self::Addr>>;
     fn snat_replies() -> &'static HashMap<FlowKeyOf<Self::Addr>, SnatEntryOf<Self::Addr>>;
@@ -88,6 +94,7 @@ impl IpFamily for V4 {
     const L4_OFFSET: usize = crate::packet::L4_OFFSET;
     const PASSED: Reason = Reason::Ipv4Passed;
     const MALFORMED: Reason = Reason::MalformedIpv4;
+    const CARRIES_LINE: bool = true;
 
     #[inline(always)]
     fn services() -> &'static HashMap<ServiceKeyOf<Addr4>, Service> {
@@ -112,6 +119,10 @@ impl IpFamily for V4 {
     #[inline(always)]
     fn flow_keying() -> &'static Global<Keying> {
         &maps::FLOW_KEYING
+    }
+    #[inline(always)]
+    fn vip_filter() -> &'static Array<VipFilter> {
+        &maps::VIP_FILTER
     }
     #[inline(always)]
     fn next_hops() -> &'static Array<NextHopEntry> {
@@ -196,6 +207,7 @@ impl IpFamily for V6 {
     const L4_OFFSET: usize = ETH_LEN + IPV6_LEN;
     const PASSED: Reason = Reason::Ipv6Passed;
     const MALFORMED: Reason = Reason::MalformedIpv6;
+    const CARRIES_LINE: bool = false;
 
     #[inline(always)]
     fn services() -> &'static HashMap<ServiceKeyOf<Addr6>, Service> {
@@ -220,6 +232,10 @@ impl IpFamily for V6 {
     #[inline(always)]
     fn flow_keying() -> &'static Global<Keying> {
         &maps::FLOW_KEYING6
+    }
+    #[inline(always)]
+    fn vip_filter() -> &'static Array<VipFilter> {
+        &maps::VIP_FILTER6
     }
     #[inline(always)]
     fn next_hops() -> &'static Array<NextHopEntry> {

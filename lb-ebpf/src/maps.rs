@@ -22,6 +22,7 @@ use lb_common::{
         MAX_RING_SIZE, MAX_SERVICES, NextHopEntry, ReplyNat, ReplyNat6, RingEntry, Service, ServiceKey,
         ServiceKey6, Settings, SnatEntry, SnatEntry6, ring_entries,
     },
+    vip_filter::VipFilter,
 };
 
 #[map]
@@ -127,6 +128,14 @@ pub static FLOW_TABLE6: Array<Bucket> =
 
 #[unsafe(no_mangle)]
 pub static FLOW_KEYING6: Global<Keying> = Global::new(DEFAULT_KEYING);
+
+/// Which service keys are installed, a bit each: whether to fetch a flow's line before the
+/// service lookup ([`lb_common::vip_filter`]).
+#[map]
+pub static VIP_FILTER: Array<VipFilter> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static VIP_FILTER6: Array<VipFilter> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static NEXT_HOPS6: Array<NextHopEntry> = Array::with_max_entries(MAX_BACKENDS, 0);

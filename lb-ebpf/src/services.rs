@@ -144,6 +144,7 @@ pub fn transport<F: Deliver>(ctx: &XdpContext, flow: &FlowKeyOf<F::Addr>, ip_len
         return stats::verdict(F::PASSED, bytes, XDP_PASS);
     };
     let truncated = F::L4_OFFSET + layout.min_len > bytes;
+    let line = flow::fetch_early::<F>(flow).filter(|_| F::CARRIES_LINE);
     let service_key = ServiceKeyOf { vip: flow.dst, port: flow.dport, proto: flow.proto, _pad: 0 };
     // SAFETY: the value is copied out before the map can change under it.
     if let Some(service) = unsafe { F::services().get(&service_key) }.copied() {
@@ -154,7 +155,7 @@ pub fn transport<F: Deliver>(ctx: &XdpContext, flow: &FlowKeyOf<F::Addr>, ip_len
             return stats::verdict(Reason::MalformedL4, bytes, XDP_DROP);
         }
         stats::count_vip_traffic(F::vip_traffic(), service.vip_slot(), bytes);
-        return to_service::<F>(ctx, layout, flow, &service, ip_len);
+        return to_service::<F>(ctx, layout, flow, line, &service, ip_len);
     }
     if !truncated && let Some(action) = F::translate_reply(ctx, layout, flow, ip_len) {
         return action;
@@ -170,13 +171,14 @@ fn to_service<F: Deliver>(
     ctx: &XdpContext,
     layout: L4Layout,
     flow: &FlowKeyOf<F::Addr>,
+    line: Option<flow::MapBucket>,
     service: &Service,
     ip_len: u16,
 ) -> u32 {
     let bytes = packet::len(ctx);
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let Some(picked) = flow::pick_backend::<F>(flow, service, now) else {
+    let Some(picked) = flow::pick_backend::<F>(flow, line, service, now) else {
         return stats::verdict(Reason::NoBackend, bytes, XDP_DROP);
     };
     let Some(hop_limit) = F::hop_limit(ctx) else {

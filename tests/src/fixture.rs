@@ -37,7 +37,8 @@ pub const PEER_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x11];
 pub fn flow_table(ebpf: &Ebpf, name: &str) -> FlowTable {
     let Some(aya::maps::Map::Array(data)) = ebpf.map(name) else { panic!("no array {name}") };
     FlowTable::new(data).unwrap_or_else(|_| {
-        FlowTable::initialize(data, flow_table::DEFAULT_KEYING).expect("mapping the connection table")
+        FlowTable::initialize(data, flow_table::Header::fresh(flow_table::DEFAULT_KEYING))
+            .expect("mapping the connection table")
     })
 }
 

@@ -666,3 +666,144 @@ fn an_earlier_builds_flows_are_converted_and_keep_their_backends() {
         check(&f, "a new flow takes the ring's backend", &input, XDP_TX, &expected);
     });
 }
+
+/// A table an earlier build kept chose its buckets by service too (`Scheme::ByService`).
+/// Adopted, it is migrated: a flow's entry where that build put it is still found, keeps its
+/// backend (here the local pod, where the ring now says the remote one), and is moved to the
+/// flow's bucket by this build's scheme, its earlier slot cleared. Once the migration ends, an
+/// entry left at an earlier position is not read: the flow takes the ring's backend, as after
+/// an eviction.
+#[test]
+fn a_table_an_earlier_build_keyed_by_service_is_migrated_and_its_flows_keep_their_backends() {
+    in_node_with_local_pod(IpFamily::V4, |ifindex, local| {
+        use std::sync::atomic::Ordering::Relaxed;
+
+        use lb_agent::dataplane::flow_tables;
+        use lb_common::{
+            flow_table::{Entry, Header, earlier_bucket_hash, fingerprint},
+            service::{ConnectionKey, FLOW_TABLE, ServiceKey},
+        };
+        let f = Fixture::load(ifindex);
+        let table = lb_lab::fixture::flow_table(&f.ebpf, FLOW_TABLE);
+        let number = f.maps.installed(&ServiceKey::new(VIP.octets(), 82, 6)).unwrap().number;
+        let local_slot =
+            f.maps.backends().iter().find(|(b, _)| b.addr == LOCAL_POD.octets()).map(|(_, s)| *s);
+        let local_slot = local_slot.expect("the local pod's slot") as u16;
+        let flow = |port: u16| {
+            FlowKey::new(CLIENT.octets(), VIP.octets(), port.to_be_bytes(), 82u16.to_be_bytes(), 6)
+        };
+        let seed = table.keying.seed;
+        // Where the earlier build put the flow's entry: a bucket other than this build's.
+        let earlier_bucket = |port: u16| {
+            let key = ConnectionKey::of(&flow(port), number);
+            table.keying.bucket_at(earlier_bucket_hash(&key, seed))
+        };
+        let recorded_earlier = |port: u16| {
+            let key = ConnectionKey::of(&flow(port), number);
+            let entry = Entry::new(fingerprint(&key, seed), local_slot, None, flow_tables::now());
+            let bucket = table.bucket(earlier_bucket(port));
+            let slot = (0..bucket.len()).find(|s| bucket[*s].load(Relaxed) == 0).expect("a free slot");
+            bucket[slot].store(entry.0, Relaxed);
+            (key, entry)
+        };
+        let in_earlier_bucket = |port: u16, entry: Entry| {
+            table.bucket(earlier_bucket(port)).iter().any(|s| s.load(Relaxed) == entry.0)
+        };
+        let to_node = (CLIENT_MAC, NODE_MAC);
+        let to_local = |port| segment_frame((local.host, local.pod), CLIENT, LOCAL_POD, 63, 6, (port, 8080));
+        let to_remote = |port| {
+            let inner = segment_frame(to_node, CLIENT, VIP, 63, 6, (port, 82));
+            encapsulated((NODE_MAC, PEER_MAC), NODE, REMOTE_POD, &inner)
+        };
+        let input = |port| segment_frame(to_node, CLIENT, VIP, 64, 6, (port, 82));
+        check(&f, "the ring's backend for this service", &input(41_399), XDP_TX, &to_remote(41_399));
+
+        table.write_header(Header { migrating: true, ..table.header });
+        let (key, entry) = recorded_earlier(41_400);
+        assert_ne!(earlier_bucket(41_400), table.keying.bucket(lb_common::flow_table::position(&key, seed)));
+        assert_eq!(table.lookup(&key), None, "not where this build looks first");
+        check(&f, "migrating: the earlier entry's backend", &input(41_400), XDP_REDIRECT, &to_local(41_400));
+        assert_eq!(table.lookup(&key).map(|e| e.backend()), Some(local_slot), "moved to this build's bucket");
+        assert!(!in_earlier_bucket(41_400, entry), "and cleared where it was");
+        check(&f, "migrating: found in its new bucket", &input(41_400), XDP_REDIRECT, &to_local(41_400));
+
+        table.end_migration();
+        let (_, left) = recorded_earlier(41_401);
+        check(&f, "migrated: an entry left behind is not read", &input(41_401), XDP_TX, &to_remote(41_401));
+        assert!(in_earlier_bucket(41_401, left), "nor moved");
+        check(
+            &f,
+            "migrated: a moved flow keeps its backend",
+            &input(41_400),
+            XDP_REDIRECT,
+            &to_local(41_400),
+        );
+    });
+}
+
+/// The agent adopts a pinned table by its header: one an earlier build wrote (no scheme) is
+/// migrated, this build's is not, one being migrated stays so, and one of a scheme this build
+/// does not know is replaced.
+#[test]
+fn a_pinned_tables_header_decides_its_migration() {
+    in_node_with_local_pod(IpFamily::V4, |_, _| {
+        use std::sync::atomic::Ordering::Relaxed;
+
+        use lb_agent::dataplane::flow_tables::{FlowTable, header_for};
+        use lb_common::flow_table::{Header, Keying, Scheme};
+        let path = std::path::PathBuf::from(format!(
+            "{}/lb-fixture-scheme-{}",
+            lb_lab::BPFFS_LABS,
+            std::process::id()
+        ));
+        let flows = 1024;
+        let keying = Keying { seed: 0x1234_5678, ..Keying::for_flows(flows, 0) };
+        let pin = |scheme: u64, migrating: u64| {
+            let _ = std::fs::remove_file(&path);
+            let created = std::process::Command::new("bpftool")
+                .args(["map", "create", path.to_str().unwrap(), "type", "array", "key", "4", "value", "64"])
+                .args(["entries", &keying.entries().to_string(), "name", "FLOW_TABLE", "flags", "1024"])
+                .output()
+                .expect("running bpftool");
+            assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+            let data = aya::maps::MapData::from_pin(&path).unwrap();
+            let table = FlowTable::initialize(&data, Header::fresh(keying)).unwrap();
+            let header = table.bucket(keying.buckets());
+            header[2].store(scheme, Relaxed);
+            header[3].store(migrating, Relaxed);
+        };
+        let migrating = |scheme: Scheme, migrating: bool| Header { keying, scheme, migrating };
+
+        pin(0, 0);
+        assert_eq!(
+            header_for(&path, flows).unwrap(),
+            migrating(Scheme::ByClient, true),
+            "an earlier build's"
+        );
+        pin(2, 0);
+        assert_eq!(header_for(&path, flows).unwrap(), migrating(Scheme::ByClient, false), "this build's");
+        pin(2, 1);
+        assert_eq!(header_for(&path, flows).unwrap(), migrating(Scheme::ByClient, true), "being migrated");
+        pin(3, 0);
+        let replaced = header_for(&path, flows).unwrap();
+        assert!(!replaced.migrating && replaced.keying.mask == keying.mask, "{replaced:?}");
+        assert!(!path.exists(), "a table of an unknown scheme is unpinned, its flows re-balanced");
+    });
+}
+
+/// The service maps keep the VIP filter to the installed keys: a service's bit is set once it
+/// is installed and cleared once it is removed, so only traffic that may be a service's
+/// fetches a flow's line before the lookup.
+#[test]
+fn the_vip_filter_follows_the_installed_services() {
+    in_node_with_local_pod(IpFamily::V4, |ifindex, _| {
+        let mut f = Fixture::load(ifindex);
+        let flagged = |f: &Fixture, port: u16, proto: u8| {
+            f.maps.vip_filter().unwrap().may_serve(&VIP.octets(), port.to_be_bytes(), proto)
+        };
+        assert!(flagged(&f, 80, 6) && flagged(&f, 82, 6), "the fixture's services");
+        assert!(!flagged(&f, 22, 6), "a port no service has");
+        f.maps.apply(&map_contents::MapContents::default()).expect("removing every service");
+        assert_eq!(f.maps.vip_filter().unwrap(), lb_common::vip_filter::VipFilter::default(), "no bit left");
+    });
+}

@@ -242,6 +242,13 @@ fn load_dataplane(
     }
     dataplane.detach_strays()?;
     dataplane.convert_earlier_flows();
+    let migrating = dataplane.migrating_flow_tables();
+    if !migrating.is_empty() {
+        tokio::spawn(crate::dataplane::flow_tables::end_migrations(
+            migrating,
+            crate::dataplane::flow_tables::MIGRATION_WINDOW,
+        ));
+    }
     write_uplink_map(uplinks, &mut dataplane, plan)?;
     Ok((dataplane, Arc::new(Mutex::new(counters)), service_maps))
 }

@@ -1,17 +1,19 @@
 //! The connection tables (`FLOW_TABLE`, `FLOW_TABLE6`; [`lb_common::flow_table`]) from the
 //! agent's side: each table's keying, kept in its header across restarts and handed to the
-//! programs at load; the conversion of an earlier build's `FLOWS` maps; and reads and writes
-//! through the table's memory, with the same atomic 8-byte slots the programs use.
+//! programs at load; the conversion of an earlier build's `FLOWS` maps, and the migration of a
+//! table whose buckets an earlier build chose by service ([`Scheme::ByService`]); and reads
+//! and writes through the table's memory, with the same atomic 8-byte slots the programs use.
 
 use std::{
     os::fd::AsFd,
-    path::Path,
+    path::{Path, PathBuf},
     sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
 };
 
 use aya::maps::{HashMap, Map, MapData};
 use lb_common::{
-    flow_table::{self, BUCKET_SLOTS, Bucket, Entry, Keying, Tick},
+    flow_table::{self, BUCKET_SLOTS, Bucket, Entry, Header, Keying, Scheme, Tick},
     service::{Address, ConnectionKeyOf, FLOW_TABLE, FLOW_TABLE6, FLOWS, FLOWS6, Flow},
 };
 use memmap2::{MmapMut, MmapOptions};
@@ -38,14 +40,29 @@ pub fn table_entries(flows: u32) -> u32 {
     Keying::for_flows(flows, 0).entries()
 }
 
-/// The keying a table for `flows` flows is loaded with: the pinned table's, read from its
-/// header, when `pinned` is one of that size; else a fresh random seed. A pinned table
-/// without a readable header is unpinned (its entries could not be found again).
-pub fn keying_for(pinned: &Path, flows: u32) -> Result<Keying> {
+/// How long a migrated table's earlier positions are still read after the agent starts: a flow
+/// that sends within it keeps its entry (moved by its first packet); one idle longer takes its
+/// Maglev choice again, the same backend unless the ring changed meanwhile. Until then a
+/// lookup that misses (a new flow's first packet) reads a second line.
+pub const MIGRATION_WINDOW: Duration = Duration::from_secs(3600);
+
+/// The header a table for `flows` flows is loaded with: the pinned table's keying, read from
+/// its header, when `pinned` is one of that size (migrating if an earlier build chose its
+/// buckets, see [`Header::adopted`]); else a fresh random seed. A pinned table without a
+/// readable header is unpinned (its entries could not be found again).
+pub fn header_for(pinned: &Path, flows: u32) -> Result<Header> {
     let wanted = Keying::for_flows(flows, 0);
     if let Ok(map) = MapData::from_pin(pinned) {
-        match FlowTable::new(&map).map(|t| t.keying) {
-            Ok(keying) if keying.mask == wanted.mask => return Ok(keying),
+        match FlowTable::new(&map).map(|t| t.header) {
+            Ok(header) if header.keying.mask == wanted.mask => {
+                let adopted = header.adopted();
+                if adopted.migrating {
+                    info!(map = %pinned.display(), earlier_scheme = header.scheme == Scheme::ByService,
+                        window_s = MIGRATION_WINDOW.as_secs(),
+                        "the pinned connection table is migrated: a flow's entry is moved to its new bucket by its next packet");
+                }
+                return Ok(adopted);
+            }
             Ok(_) | Err(_) => {
                 warn!(map = %pinned.display(), "the pinned connection table has no usable header: replacing it (its flows are re-balanced)");
                 std::fs::remove_file(pinned)
@@ -53,7 +70,28 @@ pub fn keying_for(pinned: &Path, flows: u32) -> Result<Keying> {
             }
         }
     }
-    Ok(Keying { seed: random_seed()?, ..wanted })
+    Ok(Header::fresh(Keying { seed: random_seed()?, ..wanted }))
+}
+
+/// Ends the migration of the tables pinned at `pins` after [`MIGRATION_WINDOW`]: their
+/// headers no longer send a miss to the earlier positions. Run beside the agent; an agent that
+/// stops first leaves the header migrating, and the next one starts a window of its own.
+pub async fn end_migrations(pins: Vec<PathBuf>, window: Duration) {
+    tokio::time::sleep(window).await;
+    for pin in pins {
+        let table = MapData::from_pin(&pin)
+            .map_err(|e| Error::io("opening a pinned connection table", std::io::Error::other(e)))
+            .and_then(|map| FlowTable::new(&map));
+        match table {
+            Ok(table) => {
+                table.end_migration();
+                info!(map = %pin.display(), "the connection table's migration ended");
+            }
+            Err(e) => {
+                warn!(map = %pin.display(), error = %e, "could not end the connection table's migration")
+            }
+        }
+    }
 }
 
 fn random_seed() -> Result<u32> {
@@ -75,6 +113,7 @@ pub fn now() -> Tick {
 pub struct FlowTable {
     memory: MmapMut,
     pub keying: Keying,
+    pub header: Header,
 }
 
 /// Maps `elements` buckets of the table behind `map`.
@@ -104,9 +143,13 @@ impl FlowTable {
         let memory = map_memory(map, entries)?;
         let header = bucket_in(&memory, entries as u32 - 1);
         let header = Bucket { slots: core::array::from_fn(|i| header[i].load(Ordering::Relaxed)) };
-        let keying = Keying::from_header(&header).ok_or_else(|| {
-            Error::io("reading a connection table", std::io::Error::other("its last element is not a header"))
+        let header = Header::read(&header).ok_or_else(|| {
+            Error::io(
+                "reading a connection table",
+                std::io::Error::other("its last element is not a header of a scheme this build reads"),
+            )
         })?;
+        let keying = header.keying;
         if keying.entries() as usize != entries {
             return Err(Error::io(
                 "reading a connection table",
@@ -116,19 +159,32 @@ impl FlowTable {
                 )),
             ));
         }
-        Ok(FlowTable { memory, keying })
+        Ok(FlowTable { memory, keying, header })
     }
 
-    /// Writes `keying`'s header into a fresh table (all zero) behind `map`, and maps it.
-    pub fn initialize(map: &MapData, keying: Keying) -> Result<FlowTable> {
-        let memory = map_memory(map, keying.entries() as usize)?;
-        for (slot, word) in bucket_in(&memory, keying.buckets()).iter().zip(keying.header().slots) {
+    /// Writes `header` into the table behind `map` (fresh, all zero, or the pinned one it was
+    /// read from), and maps it.
+    pub fn initialize(map: &MapData, header: Header) -> Result<FlowTable> {
+        let memory = map_memory(map, header.keying.entries() as usize)?;
+        let table = FlowTable { memory, keying: header.keying, header };
+        table.write_header(header);
+        Ok(table)
+    }
+
+    /// Its header no longer sends a miss to the earlier positions.
+    pub fn end_migration(&self) {
+        self.write_header(Header { migrating: false, ..self.header });
+    }
+
+    /// Writes the table's header (the keying must be the table's own).
+    pub fn write_header(&self, header: Header) {
+        for (slot, word) in self.bucket(self.keying.buckets()).iter().zip(header.bucket().slots) {
             slot.store(word, Ordering::Relaxed);
         }
-        Ok(FlowTable { memory, keying })
     }
 
-    fn bucket(&self, index: u32) -> &[AtomicU64; BUCKET_SLOTS] {
+    /// Bucket `index`'s slots, as the programs read and write them.
+    pub fn bucket(&self, index: u32) -> &[AtomicU64; BUCKET_SLOTS] {
         bucket_in(&self.memory, index)
     }
 

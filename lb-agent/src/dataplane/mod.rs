@@ -63,7 +63,7 @@ use lb_common::{
         BACKEND_STATS, BACKEND_STATS6, BACKENDS, BACKENDS6, ENDPOINT_SERVICES, ENDPOINT_SERVICES6,
         FLOW_TABLE, FLOW_TABLE6, IPV6_SERVICE_PROGRAMS, IPV6_SERVICE_SLOTS, IPV6_SERVICES, LAYOUT_VERSION,
         LOCAL_ENDPOINTS, LOCAL_ENDPOINTS6, MAGLEV_RINGS, NEXT_HOPS, NEXT_HOPS6, REPLY_NAT, REPLY_NAT6,
-        SERVICES, SERVICES6, SETTINGS, SNAT_REPLIES, SNAT_REPLIES6, UPLINK_ADDRS6,
+        SERVICES, SERVICES6, SETTINGS, SNAT_REPLIES, SNAT_REPLIES6, UPLINK_ADDRS6, VIP_FILTER, VIP_FILTER6,
     },
 };
 use tracing::{info, warn};
@@ -94,7 +94,7 @@ pub const PASS_PROGRAM: &str = "lb_pass";
 pub const REPLY_PROGRAM: &str = "lb_reply";
 
 /// Every map, pinned by name.
-pub const PINNED_MAPS: [&str; 34] = [
+pub const PINNED_MAPS: [&str; 36] = [
     OWNED_VIPS,
     OWNED_VIPS6,
     VIP_LEASES,
@@ -125,6 +125,8 @@ pub const PINNED_MAPS: [&str; 34] = [
     NEXT_HOPS6,
     REPLY_NAT6,
     SNAT_REPLIES6,
+    VIP_FILTER,
+    VIP_FILTER6,
     LOCAL_ENDPOINTS6,
     ENDPOINT_SERVICES6,
     UPLINK_ADDRS6,
@@ -202,17 +204,17 @@ impl Dataplane {
         take_over_earlier_layouts(pin_path, &pin_dir, interfaces)?;
         let sizes = map_sizes(capacity);
         replace_incompatible_maps(&pin_dir, &sizes)?;
-        let keyings = [capacity.capacity.flows, capacity.capacity6.flows]
+        let headers = [capacity.capacity.flows, capacity.capacity6.flows]
             .iter()
             .zip(flow_tables::TABLES)
-            .map(|(flows, names)| flow_tables::keying_for(&pin_dir.join(names.table), *flows))
+            .map(|(flows, names)| flow_tables::header_for(&pin_dir.join(names.table), *flows))
             .collect::<Result<Vec<_>>>()?;
         let mut loader = EbpfLoader::new();
         for (name, size) in &sizes {
             loader.map_max_entries(name, *size);
         }
-        for (keying, names) in keyings.iter().zip(flow_tables::TABLES) {
-            loader.override_global(names.keying_global, keying, true);
+        for (header, names) in headers.iter().zip(flow_tables::TABLES) {
+            loader.override_global(names.keying_global, &header.keying, true);
         }
         for name in lb_common::service::bench::BENCH_TABLES {
             loader.map_max_entries(name, 1);
@@ -244,13 +246,13 @@ impl Dataplane {
         )?;
         let uplink_map = uplinks::UplinkMap::take(&mut ebpf)?;
         let counters = XdpCounters::take(&mut ebpf)?;
-        let flow_tables = keyings
+        let flow_tables = headers
             .iter()
             .zip(flow_tables::TABLES)
-            .map(|(keying, names)| {
+            .map(|(header, names)| {
                 let map = take_map(&mut ebpf, names.table)?;
                 let aya::maps::Map::Array(data) = &map else { return Err(Error::BpfMapMissing(names.table)) };
-                flow_tables::FlowTable::initialize(data, *keying)
+                flow_tables::FlowTable::initialize(data, *header)
             })
             .collect::<Result<Vec<_>>>()?;
         let services = ServiceMapsByFamily::take(&mut ebpf, Some(&pin_dir))?;
@@ -329,6 +331,16 @@ impl Dataplane {
         use lb_common::service::{Addr4, Addr6};
         flow_tables::convert_earlier::<Addr4>(&self.pin_dir, flow_tables::TABLES[0], &self.flow_tables[0]);
         flow_tables::convert_earlier::<Addr6>(&self.pin_dir, flow_tables::TABLES[1], &self.flow_tables[1]);
+    }
+
+    /// The pins of the connection tables being migrated, for [`flow_tables::end_migrations`].
+    pub fn migrating_flow_tables(&self) -> Vec<PathBuf> {
+        self.flow_tables
+            .iter()
+            .zip(flow_tables::TABLES)
+            .filter(|(table, _)| table.header.migrating)
+            .map(|(_, names)| self.pin_dir.join(names.table))
+            .collect()
     }
 
     /// Removes the link pins of interfaces that are not attached now: left by an earlier run

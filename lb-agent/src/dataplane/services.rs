@@ -24,6 +24,7 @@
 //! `rings` (Maglev rings' inner maps), `slots` (backend and VIP counter slots), `listings`
 //! (local endpoints' services, for their replies).
 
+mod filter;
 mod install;
 mod listings;
 mod open;
@@ -130,6 +131,8 @@ pub struct ServiceMaps<A: Address = Addr4> {
     vip_uplinks: Arc<HashMap<IpAddr, u8>>,
     /// Full NAT's source ports.
     snat: super::snat::SnatTable<A>,
+    /// The installed keys' bits, for the program's early read of a flow's line.
+    filter: filter::FilterMap,
 }
 
 #[derive(Clone, Debug)]
@@ -323,6 +326,7 @@ impl<A: Address> ServiceMaps<A> {
             if let Some(old) = self.installed.remove(&key) {
                 self.note_listings(key);
                 self.services.remove(&key).map_err(err(A::MAPS.services))?;
+                self.filter.count_out(&key);
                 self.free_numbers.push_back(old.entry.number);
                 self.retire_ring(old.entry.ring_id);
                 self.release(&old.backends, &mut released);
@@ -360,6 +364,7 @@ impl<A: Address> ServiceMaps<A> {
             .collect();
         self.apply_local_endpoints(delta, &mut report)?;
         self.sync_listings(&mut report)?;
+        self.filter.write_if_changed();
         Ok(report)
     }
 
@@ -408,6 +413,11 @@ impl<A: Address> ServiceMaps<A> {
     /// Backend slot → backend, for metrics and status.
     pub fn backends(&self) -> &BTreeMap<BackendOf<A>, u32> {
         &self.slots
+    }
+
+    /// The VIP filter as the program reads it.
+    pub fn vip_filter(&self) -> Result<lb_common::vip_filter::VipFilter> {
+        self.filter.read()
     }
 
     /// Endpoint addresses added and removed (one per backend) since the last call.

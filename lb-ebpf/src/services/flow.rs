@@ -3,10 +3,13 @@
 //! [`lb_common::flow_table`]'s: one cache line a lookup.
 
 use lb_common::{
-    flow_table::{self, BUCKET_SLOTS, Bucket, Cells, Entry, Tick},
+    flow_table::{self, BUCKET_SLOTS, Bucket, Cells, Entry, Fingerprint, Hit, MIGRATING_SLOT, Tick},
     hash::flow_hash,
     service::{Address, BackendOf, ConnectionKeyOf, Delivery, FlowKeyOf, Service},
+    vip_filter,
 };
+
+use core::ptr::NonNull;
 
 use crate::{family::IpFamily, maps::MAGLEV_RINGS};
 
@@ -49,13 +52,20 @@ impl<A: Address> Picked<A> {
 
 /// A bucket in the map: each slot read and written with one 8-byte access. BPF at the
 /// linker's CPU level has no compare-and-swap, so a compare then a store (see [`Cells`]).
-pub struct MapBucket(pub *mut Bucket);
+/// Not null, so that an `Option` of one is a single register (the IPv6 program carries one
+/// across its service lookup with no stack to spare).
+pub struct MapBucket(NonNull<Bucket>);
 
 impl MapBucket {
     #[inline(always)]
+    pub fn new(bucket: *mut Bucket) -> Option<MapBucket> {
+        NonNull::new(bucket).map(MapBucket)
+    }
+
+    #[inline(always)]
     fn slot(&self, slot: usize) -> *mut u64 {
         // SAFETY: masked to the bucket's eight slots, inside the map value.
-        unsafe { (*self.0).slots.as_mut_ptr().add(slot & (BUCKET_SLOTS - 1)) }
+        unsafe { (*self.0.as_ptr()).slots.as_mut_ptr().add(slot & (BUCKET_SLOTS - 1)) }
     }
 }
 
@@ -86,7 +96,72 @@ fn bucket_of<F: IpFamily>(key: &ConnectionKeyOf<F::Addr>) -> Option<(MapBucket, 
     let keying = F::flow_keying().load();
     let position = flow_table::position(key, keying.seed);
     let bucket = F::flow_table().get_ptr_mut(keying.bucket(position))?;
-    Some((MapBucket(bucket), position))
+    Some((MapBucket::new(bucket)?, position))
+}
+
+/// The line a client's flows live in, whatever their service.
+#[inline(always)]
+fn line_of<F: IpFamily>(client: &F::Addr, client_port: [u8; 2]) -> Option<MapBucket> {
+    let keying = F::flow_keying().load();
+    let at = keying.bucket_at(flow_table::bucket_hash(client, client_port, keying.seed));
+    F::flow_table().get_ptr_mut(at).and_then(MapBucket::new)
+}
+
+/// `flow`'s line, its read started before the service lookup when the VIP filter says the
+/// packet may be a service's: at scale the line is a miss to memory, the flow's whole cost,
+/// and its latency then overlaps the lookup (BPF has no prefetch; a load whose value is not
+/// yet needed lets the CPU run on). `None` for other traffic, which has no line to fetch.
+#[inline(always)]
+pub fn fetch_early<F: IpFamily>(flow: &FlowKeyOf<F::Addr>) -> Option<MapBucket> {
+    let filter = F::vip_filter().get(0)?;
+    let (word, mask) = vip_filter::word_and_mask(vip_filter::bit_of(&flow.dst, flow.dport, flow.proto));
+    if filter.words.get(word).is_none_or(|w| w & mask == 0) {
+        return None;
+    }
+    let line = line_of::<F>(&flow.src, flow.sport)?;
+    let _ = line.load(0);
+    Some(line)
+}
+
+/// The entry with `fingerprint` in `line`, or, in a table being migrated, where the earlier
+/// scheme put `key`; with the bucket it is in.
+#[inline(always)]
+fn find_entry<F: IpFamily>(
+    key: &ConnectionKeyOf<F::Addr>,
+    line: MapBucket,
+    fingerprint: Fingerprint,
+) -> Option<(MapBucket, Hit)> {
+    match flow_table::find(&line, fingerprint) {
+        Some(hit) => Some((line, hit)),
+        None => migrated::<F>(key, line, fingerprint),
+    }
+}
+
+/// A miss in a table an earlier build kept ([`flow_table::Header::migrating`], read from the
+/// header on misses only): the entry at the flow's earlier position, moved into a free slot of
+/// its line (written there, then cleared where it was), so each flow pays the second read once.
+/// With no free slot it is used where it is, and found there again.
+#[inline(always)]
+fn migrated<F: IpFamily>(
+    key: &ConnectionKeyOf<F::Addr>,
+    line: MapBucket,
+    fingerprint: Fingerprint,
+) -> Option<(MapBucket, Hit)> {
+    let keying = F::flow_keying().load();
+    let header = MapBucket::new(F::flow_table().get_ptr_mut(keying.buckets())?)?;
+    if header.load(MIGRATING_SLOT) == 0 {
+        return None;
+    }
+    let at = keying.bucket_at(flow_table::earlier_bucket_hash(key, keying.seed));
+    let earlier = MapBucket::new(F::flow_table().get_ptr_mut(at)?)?;
+    let hit = flow_table::find(&earlier, fingerprint)?;
+    match flow_table::place_if_free(&line, hit.entry) {
+        Some(slot) => {
+            let _ = earlier.compare_exchange(hit.slot, hit.entry.0, 0);
+            Some((line, Hit { slot, entry: hit.entry }))
+        }
+        None => Some((earlier, hit)),
+    }
 }
 
 /// Writes `flow`'s entry whole (over its own, or a collider's, or the bucket's oldest).
@@ -111,11 +186,14 @@ pub(super) fn record<F: IpFamily>(
 #[inline(always)]
 pub(super) fn pick_backend<F: IpFamily>(
     flow: &FlowKeyOf<F::Addr>,
+    line: Option<MapBucket>,
     service: &Service,
     now: u64,
 ) -> Option<Picked<F::Addr>> {
-    if let Some((bucket, position)) = bucket_of::<F>(&ConnectionKeyOf::of(flow, service.number))
-        && let Some(hit) = flow_table::find(&bucket, position.fingerprint)
+    let key = ConnectionKeyOf::of(flow, service.number);
+    let keying = F::flow_keying().load();
+    if let Some(line) = line.or_else(|| line_of::<F>(&flow.src, flow.sport))
+        && let Some((bucket, hit)) = find_entry::<F>(&key, line, flow_table::fingerprint(&key, keying.seed))
     {
         let check_due = flow_table::checks_due(&bucket, hit, Tick::at(now));
         let id = u32::from(hit.entry.backend());
@@ -163,8 +241,9 @@ pub(super) fn pick_backend<F: IpFamily>(
 /// reply entry's LRU kept it.
 #[inline(always)]
 pub fn names_backend<F: IpFamily>(key: &ConnectionKeyOf<F::Addr>, backend: u16, now: u64) -> bool {
-    let Some((bucket, position)) = bucket_of::<F>(key) else { return false };
-    let Some(hit) = flow_table::find(&bucket, position.fingerprint) else { return false };
+    let Some(line) = line_of::<F>(&key.client, key.client_port) else { return false };
+    let fingerprint = flow_table::fingerprint(key, F::flow_keying().load().seed);
+    let Some((bucket, hit)) = find_entry::<F>(key, line, fingerprint) else { return false };
     if hit.entry.backend() != backend {
         return false;
     }

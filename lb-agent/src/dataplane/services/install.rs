@@ -205,6 +205,7 @@ impl<A: Address> ServiceMaps<A> {
                 }
                 None => {
                     report.services_added += 1;
+                    self.filter.count_in(&key);
                     if let Some((_, services)) = self.vip_slots.get_mut(&key.vip) {
                         *services += 1;
                     }

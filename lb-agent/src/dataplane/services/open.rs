@@ -36,6 +36,7 @@ impl<A: Address> ServiceMaps<A> {
             Array::try_from(take(names.backends)?).map_err(err(names.backends))?;
         let next_hops = Array::try_from(take(names.next_hops)?).map_err(err(names.next_hops))?;
         let snat = super::super::snat::SnatTable::take(take(names.snat_replies)?)?;
+        let filter = filter::FilterMap::take(take(names.vip_filter)?, names.vip_filter)?;
         let limits = Limits {
             services: max_entries_of(services.map(), names.services)?,
             backends: backends.len(),
@@ -81,6 +82,7 @@ impl<A: Address> ServiceMaps<A> {
             vip_slots_unused: false,
             vip_uplinks: Arc::default(),
             snat,
+            filter,
         };
         maps.read_back()?;
         Ok(maps)
@@ -107,8 +109,10 @@ impl<A: Address> ServiceMaps<A> {
         for entry in self.services.iter() {
             let (key, entry) = entry.map_err(err(A::MAPS.services))?;
             self.vip_slots.entry(key.vip).or_insert((entry.vip_slot(), 0)).1 += 1;
+            self.filter.count_in(&key);
             self.installed.insert(key, Installed { entry, name: String::new(), backends: Vec::new() });
         }
+        self.filter.write_if_changed();
         let used: HashSet<u32> = self.vip_slots.values().map(|(slot, _)| *slot).collect();
         self.free_vip_slots = (0..self.vip_traffic.len()).filter(|s| !used.contains(s)).collect();
         // Continue after the highest number in use, as for backend slots.

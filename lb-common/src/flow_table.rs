@@ -18,6 +18,8 @@
 //!   fingerprint reads that flow's entry. For a flow not in the table the chance per lookup is
 //!   the bucket's occupied slots over 2^32, at most 8 / 2^32 ≈ 1.9·10⁻⁹; the hash is keyed with
 //!   a per-node seed, so nobody outside can aim for it.
+//!   While a table an earlier build kept is migrated ([`Header::migrating`]), a miss also reads
+//!   the flow's earlier bucket: twice that chance, for the window's new flows only.
 //! - **Two CPUs writing**: every write is of a whole entry (a compare-and-swap, or in BPF a
 //!   compare and one 8-byte store; see [`Cells`]), so no entry is ever torn. A writer that
 //!   loses a race leaves a flow without an entry (its next packet tries again), never with

@@ -136,8 +136,17 @@ pub const PINNED_MAPS: [&str; 36] = [
 
 /// Maps no other map refers to, and whose loss costs only counts or what the agent writes
 /// again at once: when one differs from this build's, it alone is replaced.
-const STANDALONE_MAPS: [&str; 7] =
-    [ACTION_STATS, REASON_STATS, VIP_STATS, VIP_STATS6, VRRP_SPEAKERS, VRRP_SPEAKERS6, UPLINKS];
+const STANDALONE_MAPS: [&str; 9] = [
+    ACTION_STATS,
+    REASON_STATS,
+    VIP_STATS,
+    VIP_STATS6,
+    VRRP_SPEAKERS,
+    VRRP_SPEAKERS6,
+    UPLINKS,
+    VIP_FILTER,
+    VIP_FILTER6,
+];
 
 /// bpffs's magic number (`statfs.f_type`).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;

@@ -130,6 +130,9 @@ pub trait Address: Copy + Eq + Ord + core::hash::Hash + core::fmt::Debug + 'stat
     const MAPS: FamilyMaps;
     /// Mixes the address into the flow hash (see [`crate::hash`]).
     fn mix_into(&self, h: u32) -> u32;
+    /// The address's words XORed into one: a cheap summary for hints (the VIP filter), never
+    /// for a table's buckets, where a client could aim for collisions.
+    fn fold(&self) -> u32;
     /// The address of this family, if `ip` is one.
     fn from_ip(ip: core::net::IpAddr) -> Option<Self>;
     fn to_ip(self) -> core::net::IpAddr;
@@ -176,6 +179,10 @@ impl Address for [u8; 4] {
     fn mix_into(&self, h: u32) -> u32 {
         crate::murmur3::mix(h, u32::from_be_bytes(*self))
     }
+    #[inline(always)]
+    fn fold(&self) -> u32 {
+        u32::from_be_bytes(*self)
+    }
 }
 
 impl Address for [u8; 16] {
@@ -208,6 +215,16 @@ impl Address for [u8; 16] {
         let h = crate::murmur3::mix(h, u32::from_be_bytes([a[4], a[5], a[6], a[7]]));
         let h = crate::murmur3::mix(h, u32::from_be_bytes([a[8], a[9], a[10], a[11]]));
         crate::murmur3::mix(h, u32::from_be_bytes([a[12], a[13], a[14], a[15]]))
+    }
+    #[inline(always)]
+    fn fold(&self) -> u32 {
+        let a = self;
+        u32::from_be_bytes([
+            a[0] ^ a[4] ^ a[8] ^ a[12],
+            a[1] ^ a[5] ^ a[9] ^ a[13],
+            a[2] ^ a[6] ^ a[10] ^ a[14],
+            a[3] ^ a[7] ^ a[11] ^ a[15],
+        ])
     }
 }
 

@@ -73,19 +73,21 @@ const SCHEME_SLOT: usize = 2;
 pub const MIGRATING_SLOT: usize = 3;
 
 /// How a table's buckets were chosen, as its header records it (an earlier build wrote none).
+/// Its value is the header's word.
+#[repr(u64)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scheme {
     /// Until the bucket left the service out: by client, port and service (header slot 0).
-    ByService,
+    ByService = 0,
     /// By client and port ([`bucket_hash`]), this build's.
-    ByClient,
+    ByClient = 2,
 }
 
 impl Scheme {
     const fn recorded(word: u64) -> Option<Scheme> {
         match word {
-            0 => Some(Scheme::ByService),
-            2 => Some(Scheme::ByClient),
+            w if w == Scheme::ByService as u64 => Some(Scheme::ByService),
+            w if w == Scheme::ByClient as u64 => Some(Scheme::ByClient),
             _ => None,
         }
     }
@@ -154,16 +156,8 @@ impl Keying {
         let mut slots = [0; BUCKET_SLOTS];
         slots[0] = HEADER_MARK << 32 | self.seed as u64;
         slots[1] = self.mask as u64;
-        slots[SCHEME_SLOT] = 2;
+        slots[SCHEME_SLOT] = Scheme::ByClient as u64;
         Bucket { slots }
-    }
-
-    /// The keying a header records, if `bucket` is one of a scheme this build reads.
-    pub const fn from_header(bucket: &Bucket) -> Option<Keying> {
-        match Header::read(bucket) {
-            Some(header) => Some(header.keying),
-            None => None,
-        }
     }
 }
 
@@ -538,16 +532,16 @@ mod tests {
     fn a_header_records_the_keying_and_nothing_else_reads_as_one() {
         let keying = Keying::for_flows(1 << 18, 0xdead_beef);
         assert_eq!((keying.buckets(), keying.entries()), (1 << 17, (1 << 17) + 1));
-        assert_eq!(Keying::from_header(&keying.header()), Some(keying));
-        assert_eq!(Keying::from_header(&Bucket::default()), None, "an empty element");
+        assert_eq!(Header::read(&keying.header()).map(|h| h.keying), Some(keying));
+        assert_eq!(Header::read(&Bucket::default()), None, "an empty element");
         let mut odd = keying.header();
         odd.slots[1] = 1000;
-        assert_eq!(Keying::from_header(&odd), None, "not a power of two");
+        assert_eq!(Header::read(&odd), None, "not a power of two");
         let entry = Entry::new(Fingerprint::of(7), 1, None, Tick(0));
-        assert_eq!(Keying::from_header(&Bucket { slots: [entry.0; BUCKET_SLOTS] }), None, "a bucket");
+        assert_eq!(Header::read(&Bucket { slots: [entry.0; BUCKET_SLOTS] }), None, "a bucket");
         let mut newer = keying.header();
         newer.slots[SCHEME_SLOT] = 3;
-        assert_eq!(Keying::from_header(&newer), None, "a scheme this build does not know");
+        assert_eq!(Header::read(&newer), None, "a scheme this build does not know");
         let pos = Position { bucket_hash: u32::MAX, fingerprint: Fingerprint::of(1) };
         assert_eq!(keying.bucket(pos), keying.buckets() - 1, "no position reaches the header");
     }

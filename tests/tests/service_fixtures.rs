@@ -692,11 +692,11 @@ fn a_table_an_earlier_build_keyed_by_service_is_migrated_and_its_flows_keep_thei
         let flow = |port: u16| {
             FlowKey::new(CLIENT.octets(), VIP.octets(), port.to_be_bytes(), 82u16.to_be_bytes(), 6)
         };
-        let seed = table.keying.seed;
+        let seed = table.header.keying.seed;
         // Where the earlier build put the flow's entry: a bucket other than this build's.
         let earlier_bucket = |port: u16| {
             let key = ConnectionKey::of(&flow(port), number);
-            table.keying.bucket_at(earlier_bucket_hash(&key, seed))
+            table.header.keying.bucket_at(earlier_bucket_hash(&key, seed))
         };
         let recorded_earlier = |port: u16| {
             let key = ConnectionKey::of(&flow(port), number);
@@ -720,7 +720,10 @@ fn a_table_an_earlier_build_keyed_by_service_is_migrated_and_its_flows_keep_thei
 
         table.write_header(Header { migrating: true, ..table.header });
         let (key, entry) = recorded_earlier(41_400);
-        assert_ne!(earlier_bucket(41_400), table.keying.bucket(lb_common::flow_table::position(&key, seed)));
+        assert_ne!(
+            earlier_bucket(41_400),
+            table.header.keying.bucket(lb_common::flow_table::position(&key, seed))
+        );
         assert_eq!(table.lookup(&key), None, "not where this build looks first");
         check(&f, "migrating: the earlier entry's backend", &input(41_400), XDP_REDIRECT, &to_local(41_400));
         assert_eq!(table.lookup(&key).map(|e| e.backend()), Some(local_slot), "moved to this build's bucket");

@@ -112,7 +112,6 @@ pub fn now() -> Tick {
 /// A table mapped into the agent.
 pub struct FlowTable {
     memory: MmapMut,
-    pub keying: Keying,
     pub header: Header,
 }
 
@@ -149,24 +148,23 @@ impl FlowTable {
                 std::io::Error::other("its last element is not a header of a scheme this build reads"),
             )
         })?;
-        let keying = header.keying;
-        if keying.entries() as usize != entries {
+        if header.keying.entries() as usize != entries {
             return Err(Error::io(
                 "reading a connection table",
                 std::io::Error::other(format!(
                     "its header says {} buckets in {entries} elements",
-                    keying.buckets()
+                    header.keying.buckets()
                 )),
             ));
         }
-        Ok(FlowTable { memory, keying, header })
+        Ok(FlowTable { memory, header })
     }
 
     /// Writes `header` into the table behind `map` (fresh, all zero, or the pinned one it was
     /// read from), and maps it.
     pub fn initialize(map: &MapData, header: Header) -> Result<FlowTable> {
         let memory = map_memory(map, header.keying.entries() as usize)?;
-        let table = FlowTable { memory, keying: header.keying, header };
+        let table = FlowTable { memory, header };
         table.write_header(header);
         Ok(table)
     }
@@ -178,7 +176,7 @@ impl FlowTable {
 
     /// Writes the table's header (the keying must be the table's own).
     pub fn write_header(&self, header: Header) {
-        for (slot, word) in self.bucket(self.keying.buckets()).iter().zip(header.bucket().slots) {
+        for (slot, word) in self.bucket(self.header.keying.buckets()).iter().zip(header.bucket().slots) {
             slot.store(word, Ordering::Relaxed);
         }
     }
@@ -192,8 +190,8 @@ impl FlowTable {
         &self,
         key: &ConnectionKeyOf<A>,
     ) -> (&[AtomicU64; BUCKET_SLOTS], flow_table::Position) {
-        let position = flow_table::position(key, self.keying.seed);
-        (self.bucket(self.keying.bucket(position)), position)
+        let position = flow_table::position(key, self.header.keying.seed);
+        (self.bucket(self.header.keying.bucket(position)), position)
     }
 
     /// The entry `key` finds (its own, or a collider's).
@@ -224,7 +222,7 @@ impl FlowTable {
 
     /// The flows the table holds.
     pub fn len(&self) -> usize {
-        (0..self.keying.buckets())
+        (0..self.header.keying.buckets())
             .map(|b| self.bucket(b).iter().filter(|s| s.load(Ordering::Relaxed) != 0).count())
             .sum()
     }

@@ -52,8 +52,8 @@ impl<A: Address> Picked<A> {
 
 /// A bucket in the map: each slot read and written with one 8-byte access. BPF at the
 /// linker's CPU level has no compare-and-swap, so a compare then a store (see [`Cells`]).
-/// Not null, so that an `Option` of one is a single register (the IPv6 program carries one
-/// across its service lookup with no stack to spare).
+/// Not null, so that an `Option` of one is a single register (IPv4's early-read line is
+/// carried across the service lookup in one).
 pub struct MapBucket(NonNull<Bucket>);
 
 impl MapBucket {
@@ -241,9 +241,8 @@ pub(super) fn pick_backend<F: IpFamily>(
 /// reply entry's LRU kept it.
 #[inline(always)]
 pub fn names_backend<F: IpFamily>(key: &ConnectionKeyOf<F::Addr>, backend: u16, now: u64) -> bool {
-    let Some(line) = line_of::<F>(&key.client, key.client_port) else { return false };
-    let fingerprint = flow_table::fingerprint(key, F::flow_keying().load().seed);
-    let Some((bucket, hit)) = find_entry::<F>(key, line, fingerprint) else { return false };
+    let Some((line, position)) = bucket_of::<F>(key) else { return false };
+    let Some((bucket, hit)) = find_entry::<F>(key, line, position.fingerprint) else { return false };
     if hit.entry.backend() != backend {
         return false;
     }

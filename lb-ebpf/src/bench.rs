@@ -5,7 +5,8 @@
 //!   its input frame out with `XDP_TX`, cycling the UDP source port over `flows` values. IPv4
 //!   frames (802.1Q-tagged too) go without a UDP checksum; IPv6 ones (where it is mandatory) get
 //!   theirs computed.
-//! - `bench_sink`: counts and drops (XDP): the ceiling's sink on the LB node.
+//! - `bench_sink`: counts and drops (XDP): the ceiling's sink on the LB node, and the DSR run's
+//!   on the backend's node.
 //! - `bench_sink_tc`: counts and drops at the pod's TC ingress, after the kernel has built the
 //!   packet's skb as for any pod traffic, whichever mode forwarded it.
 //! - `bench_dnat`: the smallest useful XDP load balancer, a fixed UDP DNAT and redirect, the
@@ -30,7 +31,7 @@ use lb_common::{
     flow_table::{
         self, Bucket, DEFAULT_KEYING, Entry, Keying, Position, SHARD_SKEW, Shard, Stored, Tick, shards_for,
     },
-    service::{ConnectionKey, Flow, MAX_FLOWS, PROTO_UDP, bench::BenchConfig},
+    service::{ConnectionKey, Flow, MAX_FLOWS, PROTO_IPIP, PROTO_UDP, bench::BenchConfig},
 };
 use network_types::{
     eth::EthHdr,
@@ -142,9 +143,11 @@ pub fn bench_sink(ctx: XdpContext) -> u32 {
             },
         )
     };
-    // Only the generated UDP is counted and dropped: ARP, NDP and TCP go on, so the pod still
-    // resolves and serves.
-    if (ethertype != ETHERTYPE_IPV4.to_be() && ethertype != ETHERTYPE_IPV6.to_be()) || next != PROTO_UDP {
+    // Only the generated UDP, bare or in IPIP (the DSR run's sink on the backend's node), is
+    // counted and dropped: ARP, NDP and TCP go on, so the pod still resolves and serves.
+    if (ethertype != ETHERTYPE_IPV4.to_be() && ethertype != ETHERTYPE_IPV6.to_be())
+        || (next != PROTO_UDP && next != PROTO_IPIP)
+    {
         return XDP_PASS;
     }
     if let Some(counter) = BENCH_COUNT.get_ptr_mut(0) {

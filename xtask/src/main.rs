@@ -16,6 +16,7 @@ mod ebpf;
 mod files;
 mod image;
 mod modules;
+mod peers;
 mod setup;
 mod sizes;
 
@@ -96,6 +97,10 @@ enum Bench {
         /// Only the XDP modes (the ceiling, lb-agent, the bare DNATs), for work on the program.
         #[arg(long)]
         xdp_only: bool,
+        /// DSR to a backend on another node: lb-agent against Katran's balancer, built from
+        /// its source (`tests/peers/katran`); IPv4, no kernel modes, no TCP part.
+        #[arg(long, conflicts_with = "ipv6")]
+        dsr: bool,
     },
     /// VRRP under CPU pressure: N agents in one spread group on this machine, cold start and
     /// after disturbances (an agent stopped for 300 ms, a CPU hog), settle times, CPU and
@@ -216,11 +221,15 @@ fn main() -> Result<()> {
             prepare_bench()?;
             run_sized_bench("bench-scale", "scale", quick, only)
         }
-        Task::Bench { which: Bench::Dataplane { quick, flows, no_tcp, ipv6, xdp_only } } => {
+        Task::Bench { which: Bench::Dataplane { quick, flows, no_tcp, ipv6, xdp_only, dsr } } => {
             prepare_bench()?;
             cargo(&["build", "--release", "--package", "lb-lab", "--bin", "bench-http"])?;
+            let katran = if dsr { Some(peers::katran()?.to_string_lossy().into_owned()) } else { None };
             let flows = flows.to_string();
             let mut args = vec!["--flows", flows.as_str()];
+            if let Some(object) = &katran {
+                args.extend(["--dsr", object.as_str()]);
+            }
             if quick {
                 args.push("--quick");
             }
@@ -236,9 +245,15 @@ fn main() -> Result<()> {
             let family = if ipv6 { "ipv6" } else { "ipv4" };
             // A run without the kernel modes has tables of its own (the book keeps one, at a
             // million flows, where conntrack would need resizing to compare).
-            let only = if xdp_only { "-xdp-only" } else { "" };
+            let only = if dsr {
+                "-dsr"
+            } else if xdp_only {
+                "-xdp-only"
+            } else {
+                ""
+            };
             let table = format!("dataplane-{family}-{flows}-flows{only}");
-            let written = !quick && (!xdp_only || docs::has_bench_table(&workspace_root(), &table));
+            let written = !quick && (!(xdp_only || dsr) || docs::has_bench_table(&workspace_root(), &table));
             run_bench("bench-dataplane", &args, written.then_some(table.as_str()))
         }
     }

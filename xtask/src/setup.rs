@@ -32,6 +32,7 @@ const APT_PACKAGES: &[&str] = &[
     "python3-seccomp", // applies the containers' seccomp profile to that binary in the lab
     "frr",             // the routed-fabric lab: a ToR and each node's BGP/BFD speaker
     "bird2",           // a second ToR implementation, so nothing rests on FRR-to-FRR quirks
+    "clang",           // builds Katran's balancer, the DSR benchmark's peer, from its C source
 ];
 
 pub fn run() -> Result<()> {

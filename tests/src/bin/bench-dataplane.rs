@@ -18,6 +18,13 @@
 //!   rule shapes, with conntrack).
 //! - Marginal cost per packet: 1/pps(mode) − 1/pps(xdp-drop), from the same run.
 //! - TCP: wrk against two HTTP responders in pods on n0, through the VIP.
+//! - `--dsr <katran object>`: delivery to a backend on another node by IPIP, lb-agent's DSR
+//!   against Katran's balancer (`katran`: its own XDP program, built from its source in
+//!   `tests/peers/katran` by xtask, its maps set as Katran's userspace sets them: one VIP, one
+//!   real, a per-CPU LRU the size of lb-agent's flow table). The real is a pod on n1; both send
+//!   their IPIP frames back out of n0's uplink (XDP_TX), and `bench_sink` counts them at the
+//!   switch's end of that link, as a NIC would put them on the wire. No kernel modes
+//!   (kube-proxy has no DSR) and no TCP run.
 //! - `--ipv6`: the same over IPv6 (VIP 2001:db8:6::10, pods with IPv6 addresses, the UDP
 //!   checksum computed by the generator, where IPv4 sends none), against kube-proxy's
 //!   ip6tables and `ip6` nftables shapes; no bare-DNAT modes (they are IPv4's yardsticks) and no
@@ -25,13 +32,14 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
 };
 
 use aya::{
     Ebpf,
-    maps::{Array, ArrayOfMaps, MapData, PerCpuArray},
+    maps::{Array, ArrayOfMaps, HashMap, MapData, PerCpuArray},
     programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp, XdpMode},
 };
 use lb_agent::dataplane::{EMBEDDED_OBJECT, PASS_PROGRAM};
@@ -67,10 +75,11 @@ enum Mode {
     XdpDnatShard,
     Iptables,
     Nftables,
+    Katran,
 }
 
 impl Mode {
-    const ALL: [Mode; 9] = [
+    const ALL: [Mode; 10] = [
         Mode::XdpDrop,
         Mode::LbAgent,
         Mode::LbAgentVlan,
@@ -80,6 +89,7 @@ impl Mode {
         Mode::XdpDnatShard,
         Mode::Iptables,
         Mode::Nftables,
+        Mode::Katran,
     ];
 
     fn name(self) -> &'static str {
@@ -93,6 +103,7 @@ impl Mode {
             Mode::XdpDnatShard => "bare XDP DNAT + one-line table, huge pages",
             Mode::Iptables => "kube-proxy iptables",
             Mode::Nftables => "kube-proxy nftables",
+            Mode::Katran => "Katran (balancer.bpf.c, IPIP)",
         }
     }
 }
@@ -110,6 +121,20 @@ struct Bench {
     pod_macs: Vec<[u8; 6]>,
     host_ifs: Vec<(String, [u8; 6], u32)>,
     _servers: Vec<lb_lab::Process>,
+    /// The DSR run's backend side (`--dsr`).
+    dsr: Option<Dsr>,
+}
+
+/// What the DSR run adds to the lab.
+struct Dsr {
+    /// The real: a pod on n1, routed through n1.
+    real: Ipv4Addr,
+    /// n1's MAC: Katran's "default gateway", where it sends every encapsulated frame.
+    gateway_mac: [u8; 6],
+    /// Counts the IPIP frames n0 sends, at the switch's end of n0's link.
+    sink: Ebpf,
+    /// Katran's balancer object.
+    katran: PathBuf,
 }
 
 /// A mode's state on n0; dropping it tears the mode down.
@@ -141,8 +166,17 @@ fn main() {
     // `--xdp-only`: the ceiling, lb-agent and the bare DNATs, for work on the program (the
     // kernel modes take most of a run's time).
     let xdp_only = args.iter().any(|a| a == "--xdp-only");
+    let katran = args
+        .iter()
+        .position(|a| a == "--dsr")
+        .map(|i| PathBuf::from(args.get(i + 1).expect("--dsr takes the path of Katran's balancer object")));
+    assert!(!(ipv6 && katran.is_some()), "--dsr is an IPv4 run");
     let modes: Vec<Mode> = Mode::ALL
         .into_iter()
+        .filter(|m| match katran {
+            Some(_) => matches!(m, Mode::XdpDrop | Mode::LbAgent | Mode::Katran),
+            None => *m != Mode::Katran,
+        })
         .filter(|m| {
             !(ipv6
                 && matches!(
@@ -157,7 +191,7 @@ fn main() {
         .filter(|m| !(xdp_only && matches!(m, Mode::Iptables | Mode::Nftables)))
         .collect();
 
-    let bench = Bench::new(ipv6, flows);
+    let bench = Bench::new(ipv6, flows, katran);
     let machine = machine();
     eprintln!("machine: {machine}");
 
@@ -169,6 +203,13 @@ fn main() {
         for (i, &mode) in modes.iter().enumerate() {
             let active = bench.activate(mode);
             let sample = bench.measure(active.as_ref(), packets, flows, mode == Mode::LbAgentVlan);
+            if let (Some(Active::Agent(agent)), Some(_)) = (&active, &bench.dsr) {
+                // The DSR run measures lb-agent's DSR path, not another that also leaves by the
+                // uplink. (Not all `packets`: the generator outruns the forwarder, and the
+                // frames its ring cannot take never reach the program.)
+                let dsr = agent.metric(r#"lbagent_xdp_reason_packets_total{reason="forwarded_dsr"}"#);
+                assert!(dsr > f64::from(packets / 2), "lb-agent sent only {dsr} of {packets} packets by DSR");
+            }
             drop(active);
             bench.deactivate(mode);
             eprintln!(
@@ -182,9 +223,9 @@ fn main() {
         }
     }
     let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
-    print_tables(&machine, flows, packets, repetitions, &samples, ipv6);
-    // The TCP run compares with the kernel modes, which `--xdp-only` leaves out.
-    if !ipv6 && !xdp_only && !args.iter().any(|a| a == "--no-tcp") {
+    print_tables(&machine, flows, packets, repetitions, &samples, ipv6, bench.dsr.is_some());
+    // The TCP run compares with the kernel modes, which `--xdp-only` and `--dsr` leave out.
+    if !ipv6 && !xdp_only && bench.dsr.is_none() && !args.iter().any(|a| a == "--no-tcp") {
         println!();
         bench.tcp(if quick { 2 } else { 5 }, repetitions);
     }
@@ -231,6 +272,7 @@ fn print_tables(
     repetitions: usize,
     samples: &[(Mode, Vec<Sample>)],
     ipv6: bool,
+    dsr: bool,
 ) {
     let of = |m: Mode| &samples.iter().find(|(x, _)| *x == m).unwrap().1;
     let drop = of(Mode::XdpDrop);
@@ -247,9 +289,14 @@ fn print_tables(
     };
 
     println!(
-        "Machine: {machine}. {}-byte UDP over {}, {flows} flow(s), {packets} packets per run, {repetitions} runs per mode alternating; medians (range); ratios taken within each repetition, then their median.",
+        "Machine: {machine}. {}-byte UDP over {}, {flows} flow(s), {packets} packets per run, {repetitions} runs per mode alternating; medians (range); ratios taken within each repetition, then their median.{}",
         if ipv6 { 84 } else { 64 },
         if ipv6 { "IPv6" } else { "IPv4" },
+        if dsr {
+            " Delivery by IPIP to a backend on another node (DSR), counted as it leaves the LB node."
+        } else {
+            ""
+        },
     );
     println!();
     println!(
@@ -281,7 +328,11 @@ fn print_tables(
         } else {
             ("—".to_owned(), "—".to_owned())
         };
-        let name = if ipv6 { mode.name().replace("iptables", "ip6tables") } else { mode.name().to_owned() };
+        let name = match mode {
+            Mode::Iptables if ipv6 => mode.name().replace("iptables", "ip6tables"),
+            Mode::LbAgent if dsr => "lb-agent (full program, DSR: IPIP)".to_owned(),
+            _ => mode.name().to_owned(),
+        };
         println!(
             "| {} | {} | {} | {marg} | {marg_ratio} | {cpu} | {cpu_ratio} | {prog} | {prog_ratio} |",
             name,
@@ -292,8 +343,8 @@ fn print_tables(
 }
 
 impl Bench {
-    fn new(ipv6: bool, flows: u32) -> Bench {
-        let mut lab = Lab::new(1);
+    fn new(ipv6: bool, flows: u32, katran: Option<PathBuf>) -> Bench {
+        let mut lab = Lab::new(if katran.is_some() { 2 } else { 1 });
         if ipv6 {
             lab.enable_ipv6();
         }
@@ -346,6 +397,7 @@ impl Bench {
             .iter()
             .map(|&p| spawn_in(&lab.pods[p].ns, &[responder().as_str(), &TARGET_PORT.to_string()]))
             .collect();
+        let dsr = katran.map(|katran| Dsr::new(&mut lab, katran));
         Bench {
             lab,
             ipv6,
@@ -356,6 +408,7 @@ impl Bench {
             pod_macs,
             host_ifs,
             _servers: servers,
+            dsr,
         }
     }
 
@@ -377,6 +430,9 @@ impl Bench {
     fn activate(&self, mode: Mode) -> Option<Active> {
         if self.ipv6 {
             return self.activate6(mode);
+        }
+        if let Some(dsr) = &self.dsr {
+            return self.activate_dsr(mode, dsr);
         }
         let pod = self.lab.pods[0].ip;
         match mode {
@@ -413,6 +469,7 @@ impl Bench {
                 agent.wait_ready();
                 Some(Active::Agent(agent))
             }
+            Mode::Katran => None,
             Mode::XdpDnat | Mode::XdpDnatTable | Mode::XdpDnatLine | Mode::XdpDnatShard => {
                 let (program, name) = match mode {
                     Mode::XdpDnatTable => ("bench_dnat_table", "xdp-dnat-table"),
@@ -517,7 +574,8 @@ impl Bench {
             | Mode::XdpDnat
             | Mode::XdpDnatTable
             | Mode::XdpDnatLine
-            | Mode::XdpDnatShard => None,
+            | Mode::XdpDnatShard
+            | Mode::Katran => None,
             Mode::Iptables => {
                 let rules = format!(
                     "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-BENCH - [0:0]\n:KUBE-SEP-BENCH - [0:0]\n\
@@ -552,6 +610,37 @@ impl Bench {
         }
     }
 
+    /// As [`Bench::activate`] for the DSR run: lb-agent with the real as a DSR endpoint on n1,
+    /// and Katran with the real as its one real.
+    fn activate_dsr(&self, mode: Mode, dsr: &Dsr) -> Option<Active> {
+        match mode {
+            Mode::XdpDrop => Some(Active::Sink(self.node().run(|| attach("bench_sink", "eth0")))),
+            Mode::LbAgent => {
+                let config = format!(
+                    "node: n0\ninterface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\nvips: [{{address: {VIP}}}]\n\
+                     dataplane: {{keepOnExit: false, capacity: {{flows: {0}, replyNat: {0}}}}}\nservices:\n  - name: bench\n    vip: {VIP}\n    \
+                     remoteMode: dsr\n    ports:\n      - {{port: 80, protocol: UDP}}\n    endpoints:\n      - {{address: {1}, node: n1}}\n",
+                    table_flows(self.flows),
+                    dsr.real,
+                );
+                let mut agent = self.lab.start_agent(0, &config);
+                agent.wait_ready();
+                Some(Active::Agent(agent))
+            }
+            Mode::Katran => {
+                let (object, real, gateway_mac) = (dsr.katran.clone(), dsr.real, dsr.gateway_mac);
+                let lru_entries = table_flows(self.flows);
+                Some(Active::Program {
+                    name: "katran",
+                    _attached: self
+                        .node()
+                        .run(move || attach_katran(&object, real, gateway_mac, lru_entries)),
+                })
+            }
+            _ => None,
+        }
+    }
+
     fn deactivate(&self, mode: Mode) {
         match mode {
             Mode::Iptables => {
@@ -569,12 +658,14 @@ impl Bench {
     }
 
     /// Sends `packets` frames and returns (delivered packets per second, forwarder ns/packet).
-    /// Delivered means counted by the pods' sinks, or by the ceiling mode's sink on n0.
+    /// Delivered means counted by the pods' sinks (the DSR run: by the sink at the switch's end
+    /// of n0's link), or by the ceiling mode's sink on n0.
     fn measure(&self, active: Option<&Active>, packets: u32, flows: u32, tagged: bool) -> Sample {
         let received = || -> u64 {
-            match active {
-                Some(Active::Sink(ebpf)) => count(ebpf),
-                _ => self.pod_sinks.iter().map(count).sum(),
+            match (active, &self.dsr) {
+                (Some(Active::Sink(ebpf)), _) => count(ebpf),
+                (_, Some(dsr)) => count(&dsr.sink),
+                (_, None) => self.pod_sinks.iter().map(count).sum(),
             }
         };
         let frame = {
@@ -747,6 +838,35 @@ impl Bench {
     }
 }
 
+impl Dsr {
+    /// The real (a pod on n1), n1 resolved on n0, and the sink at the switch's end of n0's link.
+    fn new(lab: &mut Lab, katran: PathBuf) -> Dsr {
+        let pod = lab.add_pod(1);
+        let real = lab.pods[pod].ip;
+        let (n0, n1) = (&lab.nodes[0], &lab.nodes[1]);
+        // No ARP in the measurement.
+        n0.ns.run_cmd(&[
+            "ip",
+            "neigh",
+            "replace",
+            &n1.ip.to_string(),
+            "lladdr",
+            &n1.mac_string(),
+            "dev",
+            "eth0",
+            "nud",
+            "permanent",
+        ]);
+        let gateway_mac = n1.mac;
+        // The far end of n0's link counts what n0 sends (its XDP_TX frames need NAPI there in
+        // any case), as a NIC's transmit would hand them to the wire: no switch, no n1, in
+        // either mode's cost.
+        let port = n0.switch_port.clone();
+        let sink = lab.switch.run(move || attach("bench_sink", &port));
+        Dsr { real, gateway_mac, sink, katran }
+    }
+}
+
 impl Active {
     fn name(&self) -> &'static str {
         match self {
@@ -824,6 +944,96 @@ fn attach_sized(program: &str, interface: &str, flows: u32) -> Ebpf {
     xdp.load().unwrap_or_else(|e| panic!("loading {program}: {e}"));
     xdp.attach(interface, XdpMode::Driver)
         .unwrap_or_else(|e| panic!("attaching {program} to {interface}: {e}"));
+    ebpf
+}
+
+/// Katran's `struct vip_definition`: the address (IPv4 in its first word), port and protocol,
+/// in network order.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KatranVip {
+    address: [u8; 16],
+    port: [u8; 2],
+    proto: u8,
+    _pad: u8,
+}
+
+/// Katran's `struct vip_meta`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KatranVipMeta {
+    flags: u32,
+    vip_num: u32,
+}
+
+/// Katran's `struct real_definition`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KatranReal {
+    address: [u8; 16],
+    flags: u8,
+    _pad: [u8; 3],
+}
+
+// SAFETY: plain `repr(C)` data with explicit padding, as Katran's structs lay out.
+unsafe impl aya::Pod for KatranVip {}
+// SAFETY: as above.
+unsafe impl aya::Pod for KatranVipMeta {}
+// SAFETY: as above.
+unsafe impl aya::Pod for KatranReal {}
+
+/// Katran's `RING_SIZE`: the slots of one VIP's consistent-hashing ring.
+const KATRAN_RING: u32 = 65_537;
+/// `sizeof(struct flow_key)` and `sizeof(struct real_pos_lru)`: the connection table's shape.
+const KATRAN_FLOW_KEY: u32 = 40;
+const KATRAN_REAL_POS: u32 = 16;
+
+/// Loads Katran's balancer and sets its maps as its userspace (`KatranLb`) does for one IPv4
+/// UDP VIP (VIP:80, vip_num 0, no flags) with one real (id 1: ids start at 1), the default
+/// gateway's MAC in `ctl_array`, and a connection table (LRU hash) of `lru_entries` per CPU in
+/// `lru_mapping` (`initLrus`); then attaches it to eth0 in driver mode.
+fn attach_katran(object: &Path, real: Ipv4Addr, gateway_mac: [u8; 6], lru_entries: u32) -> Ebpf {
+    let mut ebpf = aya::EbpfLoader::new()
+        .load_file(object)
+        .unwrap_or_else(|e| panic!("loading Katran's balancer {}: {e}", object.display()));
+    let word = |address: Ipv4Addr| {
+        let mut bytes = [0u8; 16];
+        bytes[..4].copy_from_slice(&address.octets());
+        bytes
+    };
+    let mut vips: HashMap<_, KatranVip, KatranVipMeta> =
+        HashMap::try_from(ebpf.map_mut("vip_map").unwrap()).unwrap();
+    let vip = KatranVip { address: word(VIP), port: 80u16.to_be_bytes(), proto: 17, _pad: 0 };
+    vips.insert(vip, KatranVipMeta { flags: 0, vip_num: 0 }, 0).expect("Katran's VIP");
+    let mut reals: Array<_, KatranReal> = Array::try_from(ebpf.map_mut("reals").unwrap()).unwrap();
+    reals.set(1, KatranReal { address: word(real), flags: 0, _pad: [0; 3] }, 0).expect("Katran's real");
+    let mut ring: Array<_, u32> = Array::try_from(ebpf.map_mut("ch_rings").unwrap()).unwrap();
+    for slot in 0..KATRAN_RING {
+        ring.set(slot, 1, 0).expect("Katran's ring");
+    }
+    let mut control: Array<_, [u8; 8]> = Array::try_from(ebpf.map_mut("ctl_array").unwrap()).unwrap();
+    let mut mac = [0u8; 8];
+    mac[..6].copy_from_slice(&gateway_mac);
+    control.set(0, mac, 0).expect("Katran's gateway MAC");
+    let mut lrus: ArrayOfMaps<_, MapData> =
+        ArrayOfMaps::try_from(ebpf.map_mut("lru_mapping").unwrap()).unwrap();
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get()) as u32;
+    for cpu in 0..cpus {
+        let shape = aya_obj::Map::new_from_params(
+            aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_LRU_HASH as u32,
+            KATRAN_FLOW_KEY,
+            KATRAN_REAL_POS,
+            lru_entries,
+            0,
+        );
+        let lru =
+            MapData::create(shape, &format!("katran_lru{cpu}"), None).expect("a per-CPU LRU for Katran");
+        lrus.set(cpu, &lru, 0).expect("putting Katran's LRU in");
+    }
+    let xdp: &mut Xdp = ebpf.program_mut("balancer_ingress").unwrap().try_into().unwrap();
+    xdp.load().unwrap_or_else(|e| panic!("loading Katran's balancer_ingress: {e}"));
+    xdp.attach("eth0", XdpMode::Driver)
+        .unwrap_or_else(|e| panic!("attaching Katran's balancer_ingress: {e}"));
     ebpf
 }
 

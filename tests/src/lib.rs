@@ -22,6 +22,7 @@ pub mod fabric;
 pub mod family;
 pub mod fixture;
 pub mod freeze;
+pub mod katran;
 mod netns;
 pub mod packet;
 pub mod roll;

@@ -312,6 +312,8 @@ fn prepare_bench() -> Result<()> {
 fn test(extra: &[String]) -> Result<()> {
     setup::run()?;
     ebpf::build()?;
+    // The DSR benchmark's peer, which the `katran_peer` test checks.
+    peers::katran()?;
     // The lab tests start the agent binary, so build it before the tests need it.
     cargo(&["build", "--package", "lb-agent", "--bin", "lb-agent"])?;
     // The image test runs the binary taken out of the image.

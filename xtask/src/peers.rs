@@ -3,7 +3,8 @@
 //!
 //! Its BPF sources are vendored, unmodified, in `tests/peers/katran` (GPL-2.0, see the
 //! README there): this machine reaches no code host, and the program needs nothing of Katran's
-//! userspace (folly, gRPC), whose map setup the benchmark does itself.
+//! userspace (folly, gRPC), whose map setup `lb_lab::katran` does. `cargo xtask test` builds it
+//! too, for the `katran_peer` test.
 
 use std::{fs, path::PathBuf, process::Command};
 

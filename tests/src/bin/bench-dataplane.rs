@@ -20,11 +20,11 @@
 //! - TCP: wrk against two HTTP responders in pods on n0, through the VIP.
 //! - `--dsr <katran object>`: delivery to a backend on another node by IPIP, lb-agent's DSR
 //!   against Katran's balancer (`katran`: its own XDP program, built from its source in
-//!   `tests/peers/katran` by xtask, its maps set as Katran's userspace sets them: one VIP, one
-//!   real, a per-CPU LRU the size of lb-agent's flow table). The real is a pod on n1; both send
-//!   their IPIP frames back out of n0's uplink (XDP_TX), and `bench_sink` counts them at the
-//!   switch's end of that link, as a NIC would put them on the wire. No kernel modes
-//!   (kube-proxy has no DSR) and no TCP run.
+//!   `tests/peers/katran` by xtask, its maps set by `lb_lab::katran` as Katran's userspace sets
+//!   them: one VIP, one real, a per-CPU LRU the size of lb-agent's flow table). The real is a
+//!   pod on n1; both send their IPIP frames back out of n0's uplink (XDP_TX), and `bench_sink`
+//!   counts them at the switch's end of that link, as a NIC would put them on the wire. No
+//!   kernel modes (kube-proxy has no DSR) and no TCP run.
 //! - `--ipv6`: the same over IPv6 (VIP 2001:db8:6::10, pods with IPv6 addresses, the UDP
 //!   checksum computed by the generator, where IPv4 sends none), against kube-proxy's
 //!   ip6tables and `ip6` nftables shapes; no bare-DNAT modes (they are IPv4's yardsticks) and no
@@ -39,7 +39,7 @@ use std::{
 
 use aya::{
     Ebpf,
-    maps::{Array, ArrayOfMaps, HashMap, MapData, PerCpuArray},
+    maps::{Array, ArrayOfMaps, MapData, PerCpuArray},
     programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp, XdpMode},
 };
 use lb_agent::dataplane::{EMBEDDED_OBJECT, PASS_PROGRAM};
@@ -53,6 +53,7 @@ use lb_common::{
 use lb_lab::{
     Agent, Lab, Netns,
     agent::AGENT_LISTEN,
+    katran,
     packet::{ipv4_frame, ipv6_frame},
     spawn_in,
 };
@@ -947,94 +948,15 @@ fn attach_sized(program: &str, interface: &str, flows: u32) -> Ebpf {
     ebpf
 }
 
-/// Katran's `struct vip_definition`: the address (IPv4 in its first word), port and protocol,
-/// in network order.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct KatranVip {
-    address: [u8; 16],
-    port: [u8; 2],
-    proto: u8,
-    _pad: u8,
-}
-
-/// Katran's `struct vip_meta`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct KatranVipMeta {
-    flags: u32,
-    vip_num: u32,
-}
-
-/// Katran's `struct real_definition`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct KatranReal {
-    address: [u8; 16],
-    flags: u8,
-    _pad: [u8; 3],
-}
-
-// SAFETY: plain `repr(C)` data with explicit padding, as Katran's structs lay out.
-unsafe impl aya::Pod for KatranVip {}
-// SAFETY: as above.
-unsafe impl aya::Pod for KatranVipMeta {}
-// SAFETY: as above.
-unsafe impl aya::Pod for KatranReal {}
-
-/// Katran's `RING_SIZE`: the slots of one VIP's consistent-hashing ring.
-const KATRAN_RING: u32 = 65_537;
-/// `sizeof(struct flow_key)` and `sizeof(struct real_pos_lru)`: the connection table's shape.
-const KATRAN_FLOW_KEY: u32 = 40;
-const KATRAN_REAL_POS: u32 = 16;
-
-/// Loads Katran's balancer and sets its maps as its userspace (`KatranLb`) does for one IPv4
-/// UDP VIP (VIP:80, vip_num 0, no flags) with one real (id 1: ids start at 1), the default
-/// gateway's MAC in `ctl_array`, and a connection table (LRU hash) of `lru_entries` per CPU in
-/// `lru_mapping` (`initLrus`); then attaches it to eth0 in driver mode.
+/// Katran's balancer, its maps set for VIP:80 and `real` ([`katran::load`]), attached to eth0 in
+/// driver mode.
 fn attach_katran(object: &Path, real: Ipv4Addr, gateway_mac: [u8; 6], lru_entries: u32) -> Ebpf {
-    let mut ebpf = aya::EbpfLoader::new()
-        .load_file(object)
-        .unwrap_or_else(|e| panic!("loading Katran's balancer {}: {e}", object.display()));
-    let word = |address: Ipv4Addr| {
-        let mut bytes = [0u8; 16];
-        bytes[..4].copy_from_slice(&address.octets());
-        bytes
-    };
-    let mut vips: HashMap<_, KatranVip, KatranVipMeta> =
-        HashMap::try_from(ebpf.map_mut("vip_map").unwrap()).unwrap();
-    let vip = KatranVip { address: word(VIP), port: 80u16.to_be_bytes(), proto: 17, _pad: 0 };
-    vips.insert(vip, KatranVipMeta { flags: 0, vip_num: 0 }, 0).expect("Katran's VIP");
-    let mut reals: Array<_, KatranReal> = Array::try_from(ebpf.map_mut("reals").unwrap()).unwrap();
-    reals.set(1, KatranReal { address: word(real), flags: 0, _pad: [0; 3] }, 0).expect("Katran's real");
-    let mut ring: Array<_, u32> = Array::try_from(ebpf.map_mut("ch_rings").unwrap()).unwrap();
-    for slot in 0..KATRAN_RING {
-        ring.set(slot, 1, 0).expect("Katran's ring");
-    }
-    let mut control: Array<_, [u8; 8]> = Array::try_from(ebpf.map_mut("ctl_array").unwrap()).unwrap();
-    let mut mac = [0u8; 8];
-    mac[..6].copy_from_slice(&gateway_mac);
-    control.set(0, mac, 0).expect("Katran's gateway MAC");
-    let mut lrus: ArrayOfMaps<_, MapData> =
-        ArrayOfMaps::try_from(ebpf.map_mut("lru_mapping").unwrap()).unwrap();
-    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get()) as u32;
-    for cpu in 0..cpus {
-        let shape = aya_obj::Map::new_from_params(
-            aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_LRU_HASH as u32,
-            KATRAN_FLOW_KEY,
-            KATRAN_REAL_POS,
-            lru_entries,
-            0,
-        );
-        let lru =
-            MapData::create(shape, &format!("katran_lru{cpu}"), None).expect("a per-CPU LRU for Katran");
-        lrus.set(cpu, &lru, 0).expect("putting Katran's LRU in");
-    }
-    let xdp: &mut Xdp = ebpf.program_mut("balancer_ingress").unwrap().try_into().unwrap();
-    xdp.load().unwrap_or_else(|e| panic!("loading Katran's balancer_ingress: {e}"));
-    xdp.attach("eth0", XdpMode::Driver)
+    let mut katran = katran::load(object, VIP, 80, real, gateway_mac, lru_entries);
+    katran
+        .program()
+        .attach("eth0", XdpMode::Driver)
         .unwrap_or_else(|e| panic!("attaching Katran's balancer_ingress: {e}"));
-    ebpf
+    katran.ebpf
 }
 
 fn attach_tc_ingress(program: &str, interface: &str) -> Ebpf {

@@ -6,7 +6,7 @@
 //!   frames (802.1Q-tagged too) go without a UDP checksum; IPv6 ones (where it is mandatory) get
 //!   theirs computed.
 //! - `bench_sink`: counts and drops (XDP): the ceiling's sink on the LB node, and the DSR run's
-//!   on the backend's node.
+//!   at the switch's end of the LB node's link.
 //! - `bench_sink_tc`: counts and drops at the pod's TC ingress, after the kernel has built the
 //!   packet's skb as for any pod traffic, whichever mode forwarded it.
 //! - `bench_dnat`: the smallest useful XDP load balancer, a fixed UDP DNAT and redirect, the
@@ -143,8 +143,8 @@ pub fn bench_sink(ctx: XdpContext) -> u32 {
             },
         )
     };
-    // Only the generated UDP, bare or in IPIP (the DSR run's sink on the backend's node), is
-    // counted and dropped: ARP, NDP and TCP go on, so the pod still resolves and serves.
+    // Only the generated UDP, bare or in IPIP (what the DSR run's sink sees leave the LB node),
+    // is counted and dropped: ARP, NDP and TCP go on, so the pod still resolves and serves.
     if (ethertype != ETHERTYPE_IPV4.to_be() && ethertype != ETHERTYPE_IPV6.to_be())
         || (next != PROTO_UDP && next != PROTO_IPIP)
     {

@@ -104,7 +104,12 @@ pub fn expect_verdicts(ebpf: &Ebpf, ifindex: u32, cases: Vec<(&str, Vec<u8>, u32
 /// Runs the loaded uplink program of `ebpf` on `input`, as received on `ifindex`; returns
 /// the verdict and the frame as the program left it.
 pub fn run_uplink(ebpf: &Ebpf, input: &[u8], ifindex: u32) -> (u32, Vec<u8>) {
-    let program: &Xdp = ebpf.program(UPLINK_PROGRAM).unwrap().try_into().unwrap();
+    run_xdp(ebpf.program(UPLINK_PROGRAM).unwrap().try_into().unwrap(), input, ifindex)
+}
+
+/// Runs the loaded XDP `program` on `input`, as received on `ifindex` (zero: no interface);
+/// returns the verdict and the frame as the program left it.
+pub fn run_xdp(program: &Xdp, input: &[u8], ifindex: u32) -> (u32, Vec<u8>) {
     let mut out = vec![0u8; input.len() + 256];
     // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex
     let ctx: Vec<u8> =

@@ -6,9 +6,8 @@
 
 use std::net::Ipv4Addr;
 
-use aya::programs::{TestRun, TestRunOptions};
 use lb_lab::{
-    fixture::{CLIENT, CLIENT_MAC, NODE_MAC, PEER_MAC, VIP, XDP_PASS, XDP_TX},
+    fixture::{CLIENT, CLIENT_MAC, NODE_MAC, PEER_MAC, VIP, XDP_PASS, XDP_TX, run_xdp},
     katran,
     packet::{checksum, ipv4_frame, transport},
 };
@@ -24,13 +23,7 @@ fn udp_frame(sport: u16, dport: u16) -> Vec<u8> {
 
 /// One run: the verdict and the frame as the program left it.
 fn run(katran: &mut katran::Katran, frame: &[u8]) -> (u32, Vec<u8>) {
-    let mut out = vec![0u8; frame.len() + 256];
-    let result = katran
-        .program()
-        .test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() })
-        .expect("BPF_PROG_TEST_RUN of Katran's balancer");
-    out.truncate(result.data_size_out as usize);
-    (result.return_value, out)
+    run_xdp(katran.program(), frame, 0)
 }
 
 #[test]

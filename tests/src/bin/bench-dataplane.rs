@@ -53,6 +53,7 @@ use lb_common::{
 use lb_lab::{
     Agent, Lab, Netns,
     agent::AGENT_LISTEN,
+    fixture::{ifindex_of, mac_of, permanent_neighbour},
     katran,
     packet::{ipv4_frame, ipv6_frame},
     spawn_in,
@@ -167,14 +168,14 @@ fn main() {
     // `--xdp-only`: the ceiling, lb-agent and the bare DNATs, for work on the program (the
     // kernel modes take most of a run's time).
     let xdp_only = args.iter().any(|a| a == "--xdp-only");
-    let katran = args
+    let katran_object = args
         .iter()
         .position(|a| a == "--dsr")
         .map(|i| PathBuf::from(args.get(i + 1).expect("--dsr takes the path of Katran's balancer object")));
-    assert!(!(ipv6 && katran.is_some()), "--dsr is an IPv4 run");
+    assert!(!(ipv6 && katran_object.is_some()), "--dsr is an IPv4 run");
     let modes: Vec<Mode> = Mode::ALL
         .into_iter()
-        .filter(|m| match katran {
+        .filter(|m| match katran_object {
             Some(_) => matches!(m, Mode::XdpDrop | Mode::LbAgent | Mode::Katran),
             None => *m != Mode::Katran,
         })
@@ -192,7 +193,7 @@ fn main() {
         .filter(|m| !(xdp_only && matches!(m, Mode::Iptables | Mode::Nftables)))
         .collect();
 
-    let bench = Bench::new(ipv6, flows, katran);
+    let bench = Bench::new(ipv6, flows, katran_object);
     let machine = machine();
     eprintln!("machine: {machine}");
 
@@ -344,8 +345,8 @@ fn print_tables(
 }
 
 impl Bench {
-    fn new(ipv6: bool, flows: u32, katran: Option<PathBuf>) -> Bench {
-        let mut lab = Lab::new(if katran.is_some() { 2 } else { 1 });
+    fn new(ipv6: bool, flows: u32, katran_object: Option<PathBuf>) -> Bench {
+        let mut lab = Lab::new(if katran_object.is_some() { 2 } else { 1 });
         if ipv6 {
             lab.enable_ipv6();
         }
@@ -353,18 +354,7 @@ impl Bench {
         let node = &lab.nodes[0];
         let vip: IpAddr = if ipv6 { VIP6.into() } else { VIP.into() };
         // Frames straight to n0: no ARP (NDP) in the measurement.
-        lab.client.ns.run_cmd(&[
-            "ip",
-            "neigh",
-            "replace",
-            &vip.to_string(),
-            "lladdr",
-            &node.mac_string(),
-            "dev",
-            "eth0",
-            "nud",
-            "permanent",
-        ]);
+        permanent_neighbour(&lab.client.ns, vip, node.mac, "eth0");
         // The generator's XDP_TX frames need NAPI on the far end of the client's veth.
         let switch_pass = {
             let port = lab.client.switch_port.clone();
@@ -390,15 +380,15 @@ impl Bench {
             // GRO lets the pod's veth take redirected frames without an XDP program there.
             pod.ns.run_cmd(&["ethtool", "-K", "eth0", "gro", "on"]);
             pod_sinks.push(pod.ns.run(|| attach_tc_ingress("bench_sink_tc", "eth0")));
-            pod_macs.push(mac(&pod.ns, "eth0"));
+            pod_macs.push(mac_of(&pod.ns, "eth0"));
             let host_if = format!("pv{k}");
-            host_ifs.push((host_if.clone(), mac(&node.ns, &host_if), ifindex(&node.ns, &host_if)));
+            host_ifs.push((host_if.clone(), mac_of(&node.ns, &host_if), ifindex_of(&node.ns, &host_if)));
         }
         let servers = pods
             .iter()
             .map(|&p| spawn_in(&lab.pods[p].ns, &[responder().as_str(), &TARGET_PORT.to_string()]))
             .collect();
-        let dsr = katran.map(|katran| Dsr::new(&mut lab, katran));
+        let dsr = katran_object.map(|object| Dsr::new(&mut lab, object));
         Bench {
             lab,
             ipv6,
@@ -693,7 +683,7 @@ impl Bench {
                 if tagged { [&frame[..12], &[0x81, 0x00, 0x00, 30], &frame[12..]].concat() } else { frame }
             }
         };
-        let client_if = ifindex(&self.lab.client.ns, "eth0");
+        let client_if = ifindex_of(&self.lab.client.ns, "eth0");
         let client_ns = &self.lab.client.ns;
         let generate = |packets: u32| {
             let frame = frame.clone();
@@ -846,18 +836,7 @@ impl Dsr {
         let real = lab.pods[pod].ip;
         let (n0, n1) = (&lab.nodes[0], &lab.nodes[1]);
         // No ARP in the measurement.
-        n0.ns.run_cmd(&[
-            "ip",
-            "neigh",
-            "replace",
-            &n1.ip.to_string(),
-            "lladdr",
-            &n1.mac_string(),
-            "dev",
-            "eth0",
-            "nud",
-            "permanent",
-        ]);
+        permanent_neighbour(&n0.ns, n1.ip, n1.mac, "eth0");
         let gateway_mac = n1.mac;
         // The far end of n0's link counts what n0 sends (its XDP_TX frames need NAPI there in
         // any case), as a NIC's transmit would hand them to the wire: no switch, no n1, in
@@ -1000,21 +979,6 @@ fn schedstat(tid: u32) -> u64 {
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
-}
-
-fn mac(ns: &Netns, dev: &str) -> [u8; 6] {
-    let out = ns.run_cmd(&["cat", &format!("/sys/class/net/{dev}/address")]);
-    let bytes: Vec<u8> = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16).unwrap())
-        .collect();
-    bytes.try_into().unwrap()
-}
-
-fn ifindex(ns: &Netns, dev: &str) -> u32 {
-    let out = ns.run_cmd(&["cat", &format!("/sys/class/net/{dev}/ifindex")]);
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
 fn latency_ms(text: &str) -> f64 {

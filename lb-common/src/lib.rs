@@ -3,6 +3,8 @@
 //! Everything here is `no_std`, `#[repr(C)]` with explicit padding, and has the same layout on
 //! both sides of the map boundary. With the `user` feature the map types implement `aya::Pod`.
 #![no_std]
+// Inline assembly in the XDP program's build, for word loads of addresses (`words`).
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 pub mod arp;
 pub mod counters;
@@ -15,3 +17,4 @@ mod murmur3;
 pub mod ndp;
 pub mod service;
 pub mod vip_filter;
+pub mod words;

@@ -210,21 +210,12 @@ impl Address for [u8; 16] {
     }
     #[inline(always)]
     fn mix_into(&self, h: u32) -> u32 {
-        let a = self;
-        let h = crate::murmur3::mix(h, u32::from_be_bytes([a[0], a[1], a[2], a[3]]));
-        let h = crate::murmur3::mix(h, u32::from_be_bytes([a[4], a[5], a[6], a[7]]));
-        let h = crate::murmur3::mix(h, u32::from_be_bytes([a[8], a[9], a[10], a[11]]));
-        crate::murmur3::mix(h, u32::from_be_bytes([a[12], a[13], a[14], a[15]]))
+        crate::words::be_words(self).into_iter().fold(h, crate::murmur3::mix)
     }
     #[inline(always)]
     fn fold(&self) -> u32 {
-        let a = self;
-        u32::from_be_bytes([
-            a[0] ^ a[4] ^ a[8] ^ a[12],
-            a[1] ^ a[5] ^ a[9] ^ a[13],
-            a[2] ^ a[6] ^ a[10] ^ a[14],
-            a[3] ^ a[7] ^ a[11] ^ a[15],
-        ])
+        let [w0, w1, w2, w3] = crate::words::be_words(self);
+        w0 ^ w1 ^ w2 ^ w3
     }
 }
 

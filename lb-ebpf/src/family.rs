@@ -39,10 +39,6 @@ pub trait IpFamily: Sized {
     const PASSED: Reason;
     /// The IP header is not what it claims.
     const MALFORMED: Reason;
-    /// Whether the flow's line, fetched before the service lookup, is carried to the flow's
-    /// lookup; else found again there (hashed once more, already cached). IPv6's program has
-    /// no stack to spare for it.
-    const CARRIES_LINE: bool;
 
     fn services() -> &'static HashMap<ServiceKeyOf<Self::Addr>, Service>;
     fn backends() -> &'static Array<BackendOf<Self::Addr>>;
@@ -94,7 +90,6 @@ impl IpFamily for V4 {
     const L4_OFFSET: usize = crate::packet::L4_OFFSET;
     const PASSED: Reason = Reason::Ipv4Passed;
     const MALFORMED: Reason = Reason::MalformedIpv4;
-    const CARRIES_LINE: bool = true;
 
     #[inline(always)]
     fn services() -> &'static HashMap<ServiceKeyOf<Addr4>, Service> {
@@ -207,7 +202,6 @@ impl IpFamily for V6 {
     const L4_OFFSET: usize = ETH_LEN + IPV6_LEN;
     const PASSED: Reason = Reason::Ipv6Passed;
     const MALFORMED: Reason = Reason::MalformedIpv6;
-    const CARRIES_LINE: bool = false;
 
     #[inline(always)]
     fn services() -> &'static HashMap<ServiceKeyOf<Addr6>, Service> {

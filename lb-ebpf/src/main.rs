@@ -19,9 +19,12 @@
 //! - `packet`, `stats`, `maps`: bounds-checked access, counters, the maps.
 //! - `reply`: the TC egress program that translates local endpoints' replies.
 //! - `bench`: instruments for `cargo xtask bench dataplane`, never attached by the agent;
-//!   `lab`: the lab switch's VLAN access ports, for the tests alone.
+//!   `lab`: the lab switch's VLAN access ports and the hashes' conformance program, for the
+//!   tests alone.
 #![no_std]
 #![no_main]
+// Inline assembly for word loads from the packet (`packet::flow_key6`).
+#![feature(asm_experimental_arch)]
 
 mod bench;
 mod eth;

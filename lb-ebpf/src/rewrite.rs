@@ -81,14 +81,14 @@ fn rewrite6_headers(
     to: &ReplyNat6,
 ) -> bool {
     // The addresses' difference by the kernel's helper, as Katran does: the same sum written
-    // out here gets vectorised by LLVM into stack-hungry code. The helper sums the words as
-    // they lie in memory, so that part runs in memory order (`ne`), and the result is then read
-    // as the big-endian value the port updates work on (RFC 1071 §2(B): a one's-complement sum
-    // of byte-swapped words is the byte-swapped sum).
+    // out here gets vectorised by LLVM into stack-hungry code. Both pairs lie side by side
+    // (source then destination, in the header and in `to`), so one call covers the two. The
+    // helper sums the words as they lie in memory, so that part runs in memory order (`ne`),
+    // and the result is then read as the big-endian value the port updates work on (RFC 1071
+    // §2(B): a one's-complement sum of byte-swapped words is the byte-swapped sum).
     let old = u16::from_ne_bytes(*check);
-    let Some(src) = address_diff(&ip.src_addr, &to.src, !old as u32) else { return false };
-    let Some(dst) = address_diff(&ip.dst_addr, &to.dst, csum::fold(src as u32) as u32) else { return false };
-    let mut l4 = u16::from_be_bytes((!csum::fold(dst as u32)).to_ne_bytes());
+    let Some(addresses) = addresses_diff(ip, to, !old as u32) else { return false };
+    let mut l4 = u16::from_be_bytes((!csum::fold(addresses as u32)).to_ne_bytes());
     l4 = csum::replace16(l4, u16::from_be_bytes(ports.sport), u16::from_be_bytes(to.sport));
     l4 = csum::replace16(l4, u16::from_be_bytes(ports.dport), u16::from_be_bytes(to.dport));
     if is_udp && l4 == 0 {
@@ -102,11 +102,24 @@ fn rewrite6_headers(
     true
 }
 
-/// `seed` plus the one's-complement difference from address `old` to `new` (32 bits, unfolded).
+/// The header's two addresses, source then destination, and `to`'s: 32 bytes each.
+const ADDRESS_PAIR: usize = 32;
+const _: () = {
+    use core::mem::offset_of;
+    assert!(offset_of!(Ipv6Hdr, dst_addr) == offset_of!(Ipv6Hdr, src_addr) + 16);
+    assert!(offset_of!(ReplyNat6, dst) == offset_of!(ReplyNat6, src) + 16);
+};
+
+/// `seed` plus the one's-complement difference from `ip`'s address pair to `to`'s (32 bits,
+/// unfolded).
 #[inline(always)]
-fn address_diff(old: &[u8; 16], new: &[u8; 16], seed: u32) -> Option<i64> {
-    // SAFETY: both are 16 readable bytes; the helper only reads them.
-    let sum = unsafe { bpf_csum_diff(old.as_ptr() as *mut u32, 16, new.as_ptr() as *mut u32, 16, seed) };
+fn addresses_diff(ip: &Ipv6Hdr, to: &ReplyNat6, seed: u32) -> Option<i64> {
+    let old = (ip as *const Ipv6Hdr).cast::<u8>().wrapping_add(core::mem::offset_of!(Ipv6Hdr, src_addr));
+    let new = (to as *const ReplyNat6).cast::<u8>().wrapping_add(core::mem::offset_of!(ReplyNat6, src));
+    let len = ADDRESS_PAIR as u32;
+    // SAFETY: both pairs are 32 readable bytes (the layout asserted above); the helper only
+    // reads them.
+    let sum = unsafe { bpf_csum_diff(old as *mut u32, len, new as *mut u32, len, seed) };
     (sum >= 0).then_some(sum)
 }
 

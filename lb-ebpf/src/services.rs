@@ -144,7 +144,7 @@ pub fn transport<F: Deliver>(ctx: &XdpContext, flow: &FlowKeyOf<F::Addr>, ip_len
         return stats::verdict(F::PASSED, bytes, XDP_PASS);
     };
     let truncated = F::L4_OFFSET + layout.min_len > bytes;
-    let line = flow::fetch_early::<F>(flow).filter(|_| F::CARRIES_LINE);
+    let line = flow::fetch_early::<F>(flow);
     let service_key = ServiceKeyOf { vip: flow.dst, port: flow.dport, proto: flow.proto, _pad: 0 };
     // SAFETY: the value is copied out before the map can change under it.
     if let Some(service) = unsafe { F::services().get(&service_key) }.copied() {

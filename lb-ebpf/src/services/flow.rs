@@ -52,8 +52,8 @@ impl<A: Address> Picked<A> {
 
 /// A bucket in the map: each slot read and written with one 8-byte access. BPF at the
 /// linker's CPU level has no compare-and-swap, so a compare then a store (see [`Cells`]).
-/// Not null, so that an `Option` of one is a single register (IPv4's early-read line is
-/// carried across the service lookup in one).
+/// Not null, so that an `Option` of one is a single register (the early-read line is carried
+/// across the service lookup in one).
 pub struct MapBucket(NonNull<Bucket>);
 
 impl MapBucket {

@@ -28,7 +28,8 @@
 //! - `--ipv6`: the same over IPv6 (VIP 2001:db8:6::10, pods with IPv6 addresses, the UDP
 //!   checksum computed by the generator, where IPv4 sends none), against kube-proxy's
 //!   ip6tables and `ip6` nftables shapes; no bare-DNAT modes (they are IPv4's yardsticks) and no
-//!   TCP run.
+//!   TCP run. Its `lb-agent-ipv4` mode is lb-agent's IPv4 mode in the same run (64-byte frames
+//!   to the IPv4 VIP), so that the two families' program times are compared per repetition.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -70,6 +71,7 @@ const FORWARDER_CPU: usize = 1;
 enum Mode {
     XdpDrop,
     LbAgent,
+    LbAgentIpv4,
     LbAgentVlan,
     XdpDnat,
     XdpDnatTable,
@@ -81,9 +83,10 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 10] = [
+    const ALL: [Mode; 11] = [
         Mode::XdpDrop,
         Mode::LbAgent,
+        Mode::LbAgentIpv4,
         Mode::LbAgentVlan,
         Mode::XdpDnat,
         Mode::XdpDnatTable,
@@ -98,6 +101,7 @@ impl Mode {
         match self {
             Mode::XdpDrop => "XDP_DROP at the LB (ceiling)",
             Mode::LbAgent => "lb-agent (full program)",
+            Mode::LbAgentIpv4 => "lb-agent over IPv4, same run (64-byte frames)",
             Mode::LbAgentVlan => "lb-agent, VIP on VLAN 30 (tagged)",
             Mode::XdpDnat => "bare XDP DNAT + redirect",
             Mode::XdpDnatTable => "bare XDP DNAT + connection table",
@@ -190,6 +194,7 @@ fn main() {
                         | Mode::XdpDnatShard
                 ))
         })
+        .filter(|m| *m != Mode::LbAgentIpv4 || ipv6)
         .filter(|m| !(xdp_only && matches!(m, Mode::Iptables | Mode::Nftables)))
         .collect();
 
@@ -204,7 +209,7 @@ fn main() {
     for rep in 0..repetitions {
         for (i, &mode) in modes.iter().enumerate() {
             let active = bench.activate(mode);
-            let sample = bench.measure(active.as_ref(), packets, flows, mode == Mode::LbAgentVlan);
+            let sample = bench.measure(active.as_ref(), packets, flows, mode);
             if let (Some(Active::Agent(agent)), Some(_)) = (&active, &bench.dsr) {
                 // The DSR run measures lb-agent's DSR path, not another that also leaves by the
                 // uplink. (Not all `packets`: the generator outruns the forwarder, and the
@@ -352,9 +357,11 @@ impl Bench {
         }
         let pods: Vec<usize> = (0..2).map(|_| lab.add_pod(0)).collect();
         let node = &lab.nodes[0];
-        let vip: IpAddr = if ipv6 { VIP6.into() } else { VIP.into() };
-        // Frames straight to n0: no ARP (NDP) in the measurement.
-        permanent_neighbour(&lab.client.ns, vip, node.mac, "eth0");
+        // Frames straight to n0: no ARP (NDP) in the measurement. The IPv6 run has an IPv4 mode.
+        permanent_neighbour(&lab.client.ns, VIP, node.mac, "eth0");
+        if ipv6 {
+            permanent_neighbour(&lab.client.ns, VIP6, node.mac, "eth0");
+        }
         // The generator's XDP_TX frames need NAPI on the far end of the client's veth.
         let switch_pass = {
             let port = lab.client.switch_port.clone();
@@ -419,7 +426,7 @@ impl Bench {
     }
 
     fn activate(&self, mode: Mode) -> Option<Active> {
-        if self.ipv6 {
+        if self.ipv6 && mode != Mode::LbAgentIpv4 {
             return self.activate6(mode);
         }
         if let Some(dsr) = &self.dsr {
@@ -447,7 +454,7 @@ impl Bench {
                 );
                 Some(Active::Agent(agent))
             }
-            Mode::LbAgent => {
+            Mode::LbAgent | Mode::LbAgentIpv4 => {
                 let config = format!(
                     "node: n0\ninterface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\nvips: [{{address: {VIP}}}]\n\
                      dataplane: {{keepOnExit: false, capacity: {{flows: {0}, replyNat: {0}}}}}\nservices:\n  - name: bench\n    vip: {VIP}\n    ports:\n      \
@@ -553,15 +560,17 @@ impl Bench {
             Mode::LbAgent => {
                 let config = format!(
                     "node: n0\ninterface: eth0\nxdpMode: native\nlisten: {AGENT_LISTEN}\nvips: [{{address: '{vip}'}}]\n\
-                     dataplane: {{keepOnExit: false}}\nservices:\n  - name: bench\n    vip: '{vip}'\n    ports:\n      \
+                     dataplane: {{keepOnExit: false, capacity6: {{flows: {1}, replyNat: {1}}}}}\nservices:\n  - name: bench\n    vip: '{vip}'\n    ports:\n      \
                      - {{port: 80, protocol: UDP, targetPort: {TARGET_PORT}}}\n    endpoints:\n      - {{address: '{}', node: n0}}\n",
-                    self.pod(0)
+                    self.pod(0),
+                    table_flows(self.flows)
                 );
                 let mut agent = self.lab.start_agent(0, &config);
                 agent.wait_ready();
                 Some(Active::Agent(agent))
             }
             Mode::LbAgentVlan
+            | Mode::LbAgentIpv4
             | Mode::XdpDnat
             | Mode::XdpDnatTable
             | Mode::XdpDnatLine
@@ -651,7 +660,9 @@ impl Bench {
     /// Sends `packets` frames and returns (delivered packets per second, forwarder ns/packet).
     /// Delivered means counted by the pods' sinks (the DSR run: by the sink at the switch's end
     /// of n0's link), or by the ceiling mode's sink on n0.
-    fn measure(&self, active: Option<&Active>, packets: u32, flows: u32, tagged: bool) -> Sample {
+    fn measure(&self, active: Option<&Active>, packets: u32, flows: u32, mode: Mode) -> Sample {
+        let tagged = mode == Mode::LbAgentVlan;
+        let ipv6 = self.ipv6 && mode != Mode::LbAgentIpv4;
         let received = || -> u64 {
             match (active, &self.dsr) {
                 (Some(Active::Sink(ebpf)), _) => count(ebpf),
@@ -667,7 +678,7 @@ impl Bench {
             udp.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
             udp.extend_from_slice(&[0, 0]);
             udp.extend_from_slice(&payload);
-            if self.ipv6 {
+            if ipv6 {
                 // The generator writes the UDP checksum.
                 ipv6_frame(
                     self.lab.client.mac,

@@ -3,9 +3,11 @@
 //! In the XDP program each word is one load. Rust must take an address (`[u8; 16]`) as
 //! unaligned, so a word read the portable way is four byte loads, shifts and ors, four times an
 //! address and again for each hash of it (a packet's path hashes its addresses four times).
-//! The kernel does not hold packet and map loads to their alignment where unaligned access is
-//! efficient (x86-64, arm64); a stack load it always does, and then refuses the program at load
-//! time: an address misplaced on the stack fails the verifier, it is never misread.
+//! This relies on the kernel letting a program load packet and map words at any alignment, as
+//! it does where unaligned access is efficient (`CONFIG_HAVE_EFFICIENT_UNALIGNED_ACCESS`:
+//! x86-64, arm64, ppc64le, s390x, where Kubernetes nodes run). A stack load it holds to its
+//! alignment everywhere, refusing the program at load time otherwise: an address misplaced on
+//! the stack fails the verifier, it is never misread.
 
 /// `addr`'s words, each read as big-endian.
 #[inline(always)]

@@ -72,11 +72,10 @@ pub fn l4_layout(proto: u8) -> Option<L4Layout> {
 #[inline(always)]
 pub fn flow_key6(ip: &Ipv6Hdr, ports: &Ports, flow: &mut FlowKey6) {
     let from = (ip as *const Ipv6Hdr).cast::<u8>().wrapping_add(core::mem::offset_of!(Ipv6Hdr, src_addr));
-    // SAFETY: the header was bounds-checked whole, so its 32 bytes of addresses are in the
-    // packet; the key's are 4-aligned (asserted below). The kernel does not hold packet loads
-    // to their alignment where unaligned access is efficient (x86-64, arm64:
-    // `CONFIG_HAVE_EFFICIENT_UNALIGNED_ACCESS`); elsewhere the verifier refuses the program at
-    // load, so it never misreads.
+    // SAFETY: `ip` covers the whole 40-byte header, so the 32 bytes of addresses from
+    // `src_addr` lie inside it; the key's are 4-aligned (asserted below). The loads may be
+    // unaligned, which the kernel allows for packet memory where unaligned access is efficient
+    // (see `lb_common::words`).
     unsafe {
         core::arch::asm!(
             "{w} = *(u32 *)({from} + 0)",

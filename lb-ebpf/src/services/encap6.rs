@@ -200,7 +200,8 @@ pub fn decapsulate(ctx: &XdpContext) -> u32 {
         service: ServiceKey6 { vip: flow.dst, port: flow.dport, proto: flow.proto, _pad: 0 },
         addr: [0; 16],
     };
-    // SAFETY: 16 bytes, distinct objects (copied, not held as a value: see `flow_key`).
+    // SAFETY: 16 bytes, distinct objects (copied, not held as a value: see `flow_key6`; one
+    // address, off the service path's hashes, so left to Rust's byte copy).
     unsafe { core::ptr::copy_nonoverlapping(outer.dst_addr.as_ptr(), key.addr.as_mut_ptr(), 16) };
     let endpoint = &key.addr;
     // SAFETY: copied out at once.

@@ -14,26 +14,16 @@ use lb_common::{
     service::{Address, ConnectionKeyOf, FlowKeyOf},
     vip_filter,
 };
-use lb_lab::{fixture::run_xdp, packet::ipv6_frame};
+use lb_lab::{
+    fixture::{XDP_TX, run_xdp},
+    packet::{Noise, ipv6_frame},
+};
 
-const XDP_TX: u32 = 3;
 /// The hashes `lab_hashes6` writes, in its order.
 const HASHES: usize = 5;
 
-/// A deterministic stream of bytes (xorshift), so that every case is the same on every run.
-struct Bytes(u64);
-
-impl Bytes {
-    fn next(&mut self) -> u8 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 24) as u8
-    }
-
-    fn array<const N: usize>(&mut self) -> [u8; N] {
-        std::array::from_fn(|_| self.next())
-    }
+fn bytes<const N: usize>(noise: &mut Noise) -> [u8; N] {
+    std::array::from_fn(|_| noise.byte())
 }
 
 fn agents_hashes(
@@ -56,7 +46,7 @@ fn agents_hashes(
 
 #[test]
 fn the_program_hashes_ipv6_flows_as_the_agent_does() {
-    let mut bytes = Bytes(0x9e37_79b9_7f4a_7c15);
+    let mut noise = Noise::new(0x9e37_79b9_7f4a_7c15);
     for (seed, service) in [(0u32, 0u16), (0x8badf00d, 7), (0xffff_ffff, 0xffff)] {
         let mut ebpf = EbpfLoader::new()
             .override_global("LAB_HASH_SEED", &seed, true)
@@ -66,8 +56,8 @@ fn the_program_hashes_ipv6_flows_as_the_agent_does() {
         let program: &mut Xdp = ebpf.program_mut("lab_hashes6").unwrap().try_into().unwrap();
         program.load().expect("the verifier accepts lab_hashes6");
         for case in 0..64 {
-            let (src, dst) = (bytes.array::<16>(), bytes.array::<16>());
-            let ports = (bytes.array::<2>(), bytes.array::<2>());
+            let (src, dst) = (bytes::<16>(&mut noise), bytes::<16>(&mut noise));
+            let ports = (bytes::<2>(&mut noise), bytes::<2>(&mut noise));
             let mut udp = [ports.0, ports.1, [0, 8 + 4 * HASHES as u8], [0; 2]].concat();
             udp.extend([0u8; 4 * HASHES]);
             let frame =

@@ -1,6 +1,6 @@
-//! An earlier revision's release agent, for benchmarks that run it beside this code: checked
-//! out in a worktree of its own under `target/baselines/` and built there with its own xtask
-//! (its BPF object and its agent), once per commit.
+//! An earlier revision's release agent or BPF object, for benchmarks that run it beside this
+//! code: checked out in a worktree of its own under `target/baselines/` and built there with
+//! its own xtask, once per commit.
 
 use std::{path::PathBuf, process::Command};
 
@@ -8,8 +8,29 @@ use anyhow::{Context, Result};
 
 use crate::{output, run, workspace_root};
 
-/// Builds `rev`'s release `lb-agent` and returns its path.
+/// Builds `rev`'s release `lb-agent` (and its BPF object) and returns its path.
 pub fn build(rev: &str) -> Result<PathBuf> {
+    build_object(rev)?;
+    let dir = worktree(rev)?;
+    cargo_in(&dir, &["build", "--release", "--package", "lb-agent", "--bin", "lb-agent"])?;
+    Ok(dir.join("target/release/lb-agent"))
+}
+
+/// Builds `rev`'s BPF object alone and returns its path.
+pub fn build_object(rev: &str) -> Result<PathBuf> {
+    let dir = worktree(rev)?;
+    cargo_in(&dir, &["xtask", "build-ebpf"])?;
+    Ok(dir.join("target/bpf/bpfel-unknown-none/release/lb-ebpf"))
+}
+
+/// Runs cargo with `args` in a worktree, with its own target dir.
+fn cargo_in(dir: &std::path::Path, args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(Command::new(cargo).args(args).current_dir(dir).env_remove("CARGO_TARGET_DIR"))
+}
+
+/// `rev`'s worktree, checked out once per commit.
+fn worktree(rev: &str) -> Result<PathBuf> {
     let root = workspace_root();
     let commit = output(
         Command::new("git").args(["rev-parse", "--verify", &format!("{rev}^{{commit}}")]).current_dir(&root),
@@ -24,11 +45,5 @@ pub fn build(rev: &str) -> Result<PathBuf> {
             .arg(&commit)
             .current_dir(&root))?;
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    for args in
-        [&["xtask", "build-ebpf"][..], &["build", "--release", "--package", "lb-agent", "--bin", "lb-agent"]]
-    {
-        run(Command::new(&cargo).args(args).current_dir(&dir).env_remove("CARGO_TARGET_DIR"))?;
-    }
-    Ok(dir.join("target/release/lb-agent"))
+    Ok(dir)
 }

@@ -102,6 +102,16 @@ enum Bench {
         #[arg(long, conflicts_with = "ipv6")]
         dsr: bool,
     },
+    /// The XDP program's own time on each IPv4 service path (BPF_PROG_TEST_RUN), this code's
+    /// object against earlier revisions' in the same run; prints a table, writes none.
+    Program {
+        /// Distinct flows (client ports) each path cycles through, 1 to 60,000.
+        #[arg(long, default_value_t = 1)]
+        flows: u32,
+        /// A git revision whose object runs beside this code's (e.g. `HEAD~1`); repeatable.
+        #[arg(long)]
+        against: Vec<String>,
+    },
     /// VRRP under CPU pressure: N agents in one spread group on this machine, cold start and
     /// after disturbances (an agent stopped for 300 ms, a CPU hog), settle times, CPU and
     /// transitions; the code at `--against` and this code alternate run by run.
@@ -220,6 +230,19 @@ fn main() -> Result<()> {
         Task::Bench { which: Bench::Scale { quick, only } } => {
             prepare_bench()?;
             run_sized_bench("bench-scale", "scale", quick, only)
+        }
+        Task::Bench { which: Bench::Program { flows, against } } => {
+            let objects = against
+                .iter()
+                .map(|rev| Ok(format!("{rev}={}", baseline::build_object(rev)?.display())))
+                .collect::<Result<Vec<_>>>()?;
+            prepare_bench()?;
+            let flows = flows.to_string();
+            let mut args = vec!["--flows", flows.as_str()];
+            for object in &objects {
+                args.extend(["--against", object.as_str()]);
+            }
+            run_bench("bench-program", &args, None)
         }
         Task::Bench { which: Bench::Dataplane { quick, flows, no_tcp, ipv6, xdp_only, dsr } } => {
             prepare_bench()?;

@@ -8,21 +8,17 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use aya::{
-    Ebpf,
-    maps::HashMap,
-    programs::{SchedClassifier, Xdp},
-};
+use aya::{Ebpf, maps::HashMap, programs::SchedClassifier};
 use lb_agent::{
     config::Config,
-    dataplane::{EMBEDDED_OBJECT, REPLY_PROGRAM, ServiceMaps, ServiceMapsByFamily, UPLINK_PROGRAM},
+    dataplane::{EMBEDDED_OBJECT, REPLY_PROGRAM, ServiceMaps, ServiceMapsByFamily},
     map_contents,
 };
 use lb_common::{
     counters::Reason,
     endpoint_services::EndpointKeyOf,
     hash::flow_hash,
-    maps::{OWNED_VIPS, OwnedVip, VipKey},
+    maps::OwnedVip,
     service::{
         Addr4, Addr6, Address, ConnectionKeyOf, Delivery, FlowKey, FlowKeyOf, ReplyNatOf, ServiceKeyOf,
         Settings,
@@ -31,8 +27,8 @@ use lb_common::{
 use lb_lab::{
     family::{IpFamily, LabFamily, checksums_ok, encapsulated, in_node_with_local_pod, segment_frame},
     fixture::{
-        CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, VIP, XDP_PASS, XDP_REDIRECT, XDP_TX,
-        reason_packets, run_reply, run_uplink,
+        CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, SERVICES_CONFIG, VIP, XDP_PASS, XDP_REDIRECT,
+        XDP_TX, load_services, reason_packets, run_reply, run_uplink,
     },
     packet::checksums_valid,
 };
@@ -42,34 +38,6 @@ const REMOTE_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
 const SNAT_FIRST: u16 = 61_000;
 const SNAT_SPAN: u32 = 4_536;
 
-const CONFIG: &str = "
-interface: eth0
-node: n0
-vips: [{address: 198.51.100.10}]
-services:
-  - name: local
-    vip: 198.51.100.10
-    ports: [{port: 80, targetPort: 8080}, {port: 80, protocol: UDP, targetPort: 8080}]
-    endpoints: [{address: 10.244.0.2, node: n0}]
-  - name: full-nat
-    vip: 198.51.100.10
-    ports: [{port: 81, protocol: UDP, targetPort: 8080}]
-    endpoints: [{address: 10.244.1.2, node: n1}]
-  - name: dsr
-    vip: 198.51.100.10
-    remoteMode: dsr
-    ports: [{port: 82, targetPort: 8080}]
-    endpoints: [{address: 10.244.1.2, node: n1}]
-  - name: dsr-here
-    vip: 198.51.100.10
-    remoteMode: dsr
-    ports: [{port: 84, targetPort: 8080}]
-    endpoints: [{address: 10.244.0.2, node: n0}]
-  - name: empty
-    vip: 198.51.100.10
-    ports: [{port: 85}]
-";
-
 struct Fixture {
     ebpf: Ebpf,
     maps: ServiceMaps,
@@ -78,23 +46,7 @@ struct Fixture {
 
 impl Fixture {
     fn load(ifindex: u32) -> Fixture {
-        let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).expect("loading the embedded object");
-        let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
-        program.load().expect("the verifier accepts lb_xdp");
-        let reply: &mut SchedClassifier = ebpf.program_mut(REPLY_PROGRAM).unwrap().try_into().unwrap();
-        reply.load().expect("the verifier accepts lb_reply");
-        let mut owned: HashMap<_, VipKey, OwnedVip> =
-            HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
-        owned.insert(VipKey::new(VIP.octets()), OwnedVip::new(NODE_MAC), 0).unwrap();
-        let config = Config::parse(CONFIG).expect("the fixture config is valid");
-        let mut maps = ServiceMaps::take(&mut ebpf, None, None).expect("the service maps");
-        maps.set_settings(Settings {
-            node_addr: NODE.octets(),
-            snat_port_min: SNAT_FIRST,
-            snat_port_max: 65_535,
-        })
-        .unwrap();
-        maps.apply(&map_contents::for_node(&config, "n0")).expect("syncing the fixture services");
+        let (ebpf, maps) = load_services(EMBEDDED_OBJECT, SNAT_FIRST);
         Fixture { ebpf, maps, ifindex }
     }
 
@@ -248,7 +200,7 @@ fn next_hop_fixtures(ifindex: u32) {
     for s in 0..slots {
         f.maps.next_hops().set(s, poison, 0).unwrap();
     }
-    let moved = CONFIG.replacen("10.244.1.2, node: n1}]", "10.244.1.3, node: n1}]", 1);
+    let moved = SERVICES_CONFIG.replacen("10.244.1.2, node: n1}]", "10.244.1.3, node: n1}]", 1);
     f.maps.apply(&map_contents::for_node(&Config::parse(&moved).unwrap(), "n0")).unwrap();
     let (_, &new_slot) =
         f.maps.backends().iter().find(|(b, _)| b.addr == [10, 244, 1, 3]).expect("the new endpoint's slot");
@@ -271,7 +223,7 @@ const CROWD: &str = "
 
 impl Fixture {
     fn crowd(&mut self) {
-        let config = Config::parse(&format!("{CONFIG}{CROWD}")).unwrap();
+        let config = Config::parse(&format!("{SERVICES_CONFIG}{CROWD}")).unwrap();
         self.maps.apply(&map_contents::for_node(&config, "n0")).expect("syncing the crowded services");
     }
 

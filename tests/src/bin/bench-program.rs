@@ -5,8 +5,9 @@
 //!
 //! Method: node n0 of a two-node lab with a local pod (the program asks the kernel's FIB, so it
 //! runs in n0's namespace, neighbours permanent), each object loaded through the verifier with
-//! the agent's own map sync of one config: local delivery (UDP :80 to the pod), full NAT (:81 to
-//! n1's pod), DSR (:82, IPIP to n1's pod), and full NAT's replies (n1's pod to n0's port). Every
+//! the agent's own map sync of the service fixtures' config (`fixture::SERVICES_CONFIG`): local
+//! delivery (UDP :80 to the pod), full NAT (UDP :81 to n1's pod), DSR (TCP :82, IPIP to n1's
+//! pod), and full NAT's replies (n1's pod to n0's port). Every
 //! flow is sent once per object before timing, so the runs time established flows. Then 40
 //! rounds, the objects in rotating order, each running 2,000 single BPF_PROG_TEST_RUNs per path
 //! (one packet each, flows in a fixed scattered order); the median and first quartile of each
@@ -15,46 +16,18 @@
 //!
 //! Prints a Markdown table; writes nothing into the book.
 
-use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
+use std::{net::Ipv4Addr, path::PathBuf};
 
-use aya::{
-    Ebpf,
-    maps::HashMap,
-    programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
-};
-use lb_agent::{
-    config::Config,
-    dataplane::{EMBEDDED_OBJECT, REPLY_PROGRAM, ServiceMaps, UPLINK_PROGRAM},
-    map_contents,
-};
-use lb_common::{
-    maps::{OWNED_VIPS, OwnedVip, VipKey},
-    service::Settings,
-};
+use aya::{Ebpf, programs::Xdp};
+use lb_agent::dataplane::{EMBEDDED_OBJECT, ServiceMaps, UPLINK_PROGRAM};
 use lb_lab::{
     family::{IpFamily, in_node_with_local_pod, segment_frame, snat_port},
-    fixture::{CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER_MAC, VIP, XDP_REDIRECT, XDP_TX},
+    fixture::{
+        CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER_MAC, VIP, XDP_PASS, XDP_REDIRECT, XDP_TX, load_services,
+        run_xdp_timed,
+    },
 };
 
-const CONFIG: &str = "
-interface: eth0
-node: n0
-vips: [{address: 198.51.100.10}]
-services:
-  - name: local
-    vip: 198.51.100.10
-    ports: [{port: 80, protocol: UDP, targetPort: 8080}]
-    endpoints: [{address: 10.244.0.2, node: n0}]
-  - name: full-nat
-    vip: 198.51.100.10
-    ports: [{port: 81, protocol: UDP, targetPort: 8080}]
-    endpoints: [{address: 10.244.1.2, node: n1}]
-  - name: dsr
-    vip: 198.51.100.10
-    remoteMode: dsr
-    ports: [{port: 82, protocol: UDP, targetPort: 8080}]
-    endpoints: [{address: 10.244.1.2, node: n1}]
-";
 const REMOTE_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
 /// Full NAT's source ports: wide, so that many flows each find one.
 const SNAT_FIRST: u16 = 1_024;
@@ -71,10 +44,10 @@ struct Path {
 }
 
 fn paths(flows: u16) -> Vec<Path> {
-    let to_vip = |port: u16| -> Vec<Vec<u8>> {
+    let to_vip = |proto: u8, port: u16| -> Vec<Vec<u8>> {
         (0..flows)
             .map(|i| {
-                segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, 17, (FIRST_CLIENT_PORT + i, port))
+                segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, proto, (FIRST_CLIENT_PORT + i, port))
             })
             .collect()
     };
@@ -86,54 +59,15 @@ fn paths(flows: u16) -> Vec<Path> {
         })
         .collect();
     vec![
-        Path { name: "local delivery (DNAT, redirect to the pod)", frames: to_vip(80), action: XDP_REDIRECT },
-        Path { name: "full NAT", frames: to_vip(81), action: XDP_TX },
-        Path { name: "DSR (IPIP)", frames: to_vip(82), action: XDP_TX },
-        Path { name: "full NAT's reply", frames: replies, action: XDP_TX },
+        Path {
+            name: "local delivery (UDP: DNAT, redirect to the pod)",
+            frames: to_vip(17, 80),
+            action: XDP_REDIRECT,
+        },
+        Path { name: "full NAT (UDP)", frames: to_vip(17, 81), action: XDP_TX },
+        Path { name: "DSR (TCP, IPIP)", frames: to_vip(6, 82), action: XDP_TX },
+        Path { name: "full NAT's reply (UDP)", frames: replies, action: XDP_TX },
     ]
-}
-
-/// `bytes` loaded through the verifier, its maps synced from [`CONFIG`] by the agent's code
-/// (kept beside it, as the agent keeps them).
-fn load(bytes: &[u8], label: &str) -> (Ebpf, ServiceMaps) {
-    let mut ebpf = Ebpf::load(bytes).unwrap_or_else(|e| panic!("{label}: loading the object: {e}"));
-    let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
-    program.load().unwrap_or_else(|e| panic!("{label}: the verifier refuses lb_xdp: {e}"));
-    let reply: &mut SchedClassifier = ebpf.program_mut(REPLY_PROGRAM).unwrap().try_into().unwrap();
-    reply.load().unwrap_or_else(|e| panic!("{label}: the verifier refuses lb_reply: {e}"));
-    let pass: &mut Xdp = ebpf.program_mut("lb_pass").unwrap().try_into().unwrap();
-    pass.load().unwrap_or_else(|e| panic!("{label}: the verifier refuses lb_pass: {e}"));
-    let mut owned: HashMap<_, VipKey, OwnedVip> =
-        HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).expect("the owned-VIP map");
-    owned.insert(VipKey::new(VIP.octets()), OwnedVip::new(NODE_MAC), 0).expect("owning the VIP");
-    let config = Config::parse(CONFIG).expect("the bench config is valid");
-    let mut maps: ServiceMaps =
-        ServiceMaps::take(&mut ebpf, None, None).unwrap_or_else(|e| panic!("{label}: the service maps: {e}"));
-    maps.set_settings(Settings {
-        node_addr: NODE.octets(),
-        snat_port_min: SNAT_FIRST,
-        snat_port_max: 65_535,
-    })
-    .expect("the settings");
-    maps.apply(&map_contents::for_node(&config, "n0")).unwrap_or_else(|e| panic!("{label}: syncing: {e}"));
-    (ebpf, maps)
-}
-
-/// One BPF_PROG_TEST_RUN of `program` on `input`, received on `ifindex`: its action and time.
-fn run_once(program: &Xdp, input: &[u8], ifindex: u32) -> (u32, Duration) {
-    let mut out = vec![0u8; input.len() + 256];
-    // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex
-    let ctx: Vec<u8> =
-        [0, input.len() as u32, 0, ifindex, 0, 0].iter().flat_map(|v| v.to_ne_bytes()).collect();
-    let result = program
-        .test_run(TestRunOptions {
-            data_in: Some(input),
-            data_out: Some(&mut out),
-            ctx_in: Some(&ctx),
-            ..Default::default()
-        })
-        .expect("BPF_PROG_TEST_RUN");
-    (result.return_value, result.duration)
 }
 
 /// Median and first quartile, in ns.
@@ -155,7 +89,7 @@ fn measure(
         objects.iter().map(|(o, _)| o.program(program).unwrap().try_into().unwrap()).collect();
     for p in &programs {
         for frame in frames {
-            run_once(p, frame, ifindex);
+            run_xdp_timed(p, frame, ifindex);
         }
     }
     let mut times = vec![Vec::with_capacity(ROUNDS * RUNS_PER_ROUND); objects.len()];
@@ -166,7 +100,7 @@ fn measure(
             for i in 0..RUNS_PER_ROUND {
                 // A stride coprime with any flow count below it scatters the order.
                 let frame = &frames[(i * 7_919) % frames.len()];
-                let (got, time) = run_once(programs[k], frame, ifindex);
+                let (got, _, time) = run_xdp_timed(programs[k], frame, ifindex);
                 other[k] += usize::from(got != action);
                 times[k].push(time.as_nanos() as u64);
             }
@@ -208,8 +142,16 @@ fn main() {
         objects.push((label.to_string(), bytes));
     }
     in_node_with_local_pod(IpFamily::V4, move |ifindex, _| {
-        let loaded: Vec<(Ebpf, ServiceMaps)> =
-            objects.iter().map(|(label, bytes)| load(bytes, label)).collect();
+        let loaded: Vec<(Ebpf, ServiceMaps)> = objects
+            .iter()
+            .map(|(label, bytes)| {
+                eprintln!("loading {label}'s object");
+                let (mut ebpf, maps) = load_services(bytes, SNAT_FIRST);
+                let pass: &mut Xdp = ebpf.program_mut("lb_pass").unwrap().try_into().unwrap();
+                pass.load().expect("the verifier accepts lb_pass");
+                (ebpf, maps)
+            })
+            .collect();
         println!(
             "BPF_PROG_TEST_RUN, one packet a run, 64-byte UDP over IPv4, {flows} flow(s) a path; {} runs per \
              object and path, objects interleaved; median (first quartile), ns a run.\n",
@@ -246,9 +188,6 @@ fn main() {
             row(path.name, measure(&loaded, UPLINK_PROGRAM, &path.frames, path.action, ifindex));
         }
         let pass = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, 17, (FIRST_CLIENT_PORT, 80));
-        row(
-            "lb_pass (the test run's own cost)",
-            measure(&loaded, "lb_pass", &[pass], lb_lab::fixture::XDP_PASS, ifindex),
-        );
+        row("lb_pass (the test run's own cost)", measure(&loaded, "lb_pass", &[pass], XDP_PASS, ifindex));
     });
 }

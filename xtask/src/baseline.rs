@@ -10,16 +10,20 @@ use crate::{output, run, workspace_root};
 
 /// Builds `rev`'s release `lb-agent` (and its BPF object) and returns its path.
 pub fn build(rev: &str) -> Result<PathBuf> {
-    build_object(rev)?;
     let dir = worktree(rev)?;
+    build_object_in(&dir)?;
     cargo_in(&dir, &["build", "--release", "--package", "lb-agent", "--bin", "lb-agent"])?;
     Ok(dir.join("target/release/lb-agent"))
 }
 
 /// Builds `rev`'s BPF object alone and returns its path.
 pub fn build_object(rev: &str) -> Result<PathBuf> {
-    let dir = worktree(rev)?;
-    cargo_in(&dir, &["xtask", "build-ebpf"])?;
+    build_object_in(&worktree(rev)?)
+}
+
+/// Builds the BPF object of the worktree at `dir` and returns its path.
+fn build_object_in(dir: &std::path::Path) -> Result<PathBuf> {
+    cargo_in(dir, &["xtask", "build-ebpf"])?;
     Ok(dir.join("target/bpf/bpfel-unknown-none/release/lb-ebpf"))
 }
 

@@ -9,21 +9,29 @@ use aya::{
     Ebpf,
     maps::{HashMap, PerCpuHashMap},
 };
+use lb_agent::{
+    config::Config,
+    dataplane::ServiceMapsByFamily,
+    map_contents::{self, MapContents},
+};
 use lb_common::{
     counters::Reason,
     hash::flow_hash,
     maps::{
-        OWNED_VIPS, OWNED_VIPS6, OwnedVip, VIP_STATS, VIP_STATS6, VRRP_SPEAKERS, VRRP_SPEAKERS6, Vip6Key,
-        VipKey, VipStats, VrrpSpeaker,
+        OWNED_VIPS, OWNED_VIPS6, OwnedVip, UplinkKey, VIP_STATS, VIP_STATS6, VRRP_SPEAKERS, VRRP_SPEAKERS6,
+        Vip6Key, VipKey, VipStats, VrrpSpeaker,
     },
-    service::{FlowKey, FlowKey6},
+    service::{Addr4, Addr6, FlowKey, FlowKey6, Settings, UPLINK_ADDRS6},
 };
 
 pub use lb_agent::vrrp::family::IpFamily;
 
 use crate::{
     cluster::pod_ip6,
-    fixture::{CLIENT, CLIENT_MAC, NODE, PEER, PEER_MAC, VIP, ifindex_of, mac_of, permanent_neighbour},
+    fixture::{
+        CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, VIP, ifindex_of, load_uplink_from, mac_of,
+        permanent_neighbour,
+    },
     packet::{
         arp_frame, arp_request, checksum, checksums_valid, icmpv6, ipv4_frame, ipv6_frame,
         neighbor_solicitation, transport, transport_checksum6, transport6,
@@ -347,6 +355,79 @@ pub fn resolution_answer(
             ipv6_frame(owner_mac, to_mac, t, d, 255, 58, &icmpv6(136, 0, &body, t, d))
         }
     }
+}
+
+/// Node n0's services in the family-generic service-path fixtures (`service_paths.rs`) and
+/// `cargo xtask bench program`, on the family's VIP and pods: local delivery to n0's pod (TCP
+/// and UDP :80), full NAT to n1's pod (UDP :81), DSR to n1's pod (TCP and UDP :82) and to n0's
+/// own (TCP :84), and a service without endpoints (:85).
+pub fn services_config(f: IpFamily) -> String {
+    let (vip, here, there) = (f.vip(), f.pod(0, 2), f.pod(1, 2));
+    format!(
+        "
+interface: eth0
+node: n0
+vips: [{{address: '{vip}'}}]
+services:
+  - name: local
+    vip: '{vip}'
+    ports: [{{port: 80, targetPort: 8080}}, {{port: 80, protocol: UDP, targetPort: 8080}}]
+    endpoints: [{{address: '{here}', node: n0}}]
+  - name: full-nat
+    vip: '{vip}'
+    ports: [{{port: 81, protocol: UDP, targetPort: 8080}}]
+    endpoints: [{{address: '{there}', node: n1}}]
+  - name: dsr
+    vip: '{vip}'
+    remoteMode: dsr
+    ports: [{{port: 82, targetPort: 8080}}, {{port: 82, protocol: UDP, targetPort: 8080}}]
+    endpoints: [{{address: '{there}', node: n1}}]
+  - name: dsr-here
+    vip: '{vip}'
+    remoteMode: dsr
+    ports: [{{port: 84, targetPort: 8080}}]
+    endpoints: [{{address: '{here}', node: n0}}]
+  - name: empty
+    vip: '{vip}'
+    ports: [{{port: 85}}]
+"
+    )
+}
+
+/// `object` loaded (the uplink program and the IPv6 path through the verifier), the family's
+/// VIP owned by this node, the node's address as full NAT's source (on `ifindex` for IPv6),
+/// full NAT's ports from `snat_first` up, and the family's service maps synced from
+/// [`services_config`] by the agent's own code.
+pub fn load_services_of(
+    f: IpFamily,
+    object: &[u8],
+    ifindex: u32,
+    snat_first: u16,
+) -> (Ebpf, ServiceMapsByFamily) {
+    let mut ebpf = load_uplink_from(object);
+    own_vip(&mut ebpf, f.vip(), OwnedVip::new(NODE_MAC));
+    // IPv6's full NAT takes its source from the uplink's address (IPv4's from the settings).
+    if let IpAddr::V6(node) = f.node() {
+        let mut sources: HashMap<_, UplinkKey, Vip6Key> =
+            HashMap::try_from(ebpf.map_mut(UPLINK_ADDRS6).unwrap()).unwrap();
+        sources.insert(UplinkKey::new(ifindex, 0), Vip6Key::new(node.octets()), 0).unwrap();
+    }
+    let mut maps = ServiceMapsByFamily::take(&mut ebpf, None).expect("the service maps");
+    let settings = Settings { node_addr: NODE.octets(), snat_port_min: snat_first, snat_port_max: 65_535 };
+    maps.v4.set_settings(settings).unwrap();
+    let config = Config::parse(&services_config(f)).expect("the fixture config is valid");
+    let planned = match f {
+        IpFamily::V4 => {
+            let contents: MapContents<Addr4> = map_contents::for_node(&config, "n0");
+            maps.v4.apply(&contents).map(|_| contents.services.len())
+        }
+        IpFamily::V6 => {
+            let contents: MapContents<Addr6> = map_contents::for_node(&config, "n0");
+            maps.v6.apply(&contents).map(|_| contents.services.len())
+        }
+    };
+    assert_eq!(planned.expect("syncing the fixture services"), 7, "every service port planned");
+    (ebpf, maps)
 }
 
 /// Writes `vip` into its family's owned-VIP map.

@@ -35,7 +35,7 @@ pub const NODE_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x10];
 pub const PEER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
 pub const PEER_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x11];
 
-/// Node n0's services in the service-path fixtures and `cargo xtask bench program`: local
+/// Node n0's services in the IPv4 service fixtures (`service_fixtures.rs`): local
 /// delivery to its pod (TCP and UDP :80), full NAT to n1's pod (UDP :81), DSR to n1's pod (TCP
 /// :82) and to n0's own (TCP :84), and a service without endpoints (:85).
 pub const SERVICES_CONFIG: &str = "
@@ -118,7 +118,12 @@ pub fn pin_earlier_flows(
 
 /// The embedded object with its uplink program through the verifier, on fresh (unpinned) maps.
 pub fn load_uplink() -> Ebpf {
-    let mut ebpf = Ebpf::load(EMBEDDED_OBJECT).expect("loading the embedded object");
+    load_uplink_from(EMBEDDED_OBJECT)
+}
+
+/// [`load_uplink`] of any build's object (`cargo xtask bench program` compares revisions).
+pub fn load_uplink_from(object: &[u8]) -> Ebpf {
+    let mut ebpf = Ebpf::load(object).expect("loading the object");
     let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
     program.load().expect("the verifier accepts lb_xdp");
     lb_agent::dataplane::load_ipv6_path(&mut ebpf).expect("the verifier accepts the IPv6 path");

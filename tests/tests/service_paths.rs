@@ -13,27 +13,17 @@
 
 use std::net::IpAddr;
 
-use aya::{Ebpf, maps::HashMap};
-use lb_agent::{
-    config::Config,
-    dataplane::ServiceMapsByFamily,
-    map_contents::{self, MapContents},
-};
-use lb_common::{
-    counters::Reason,
-    maps::{OwnedVip, UplinkKey, Vip6Key},
-    service::{Addr4, Addr6, Settings, UPLINK_ADDRS6},
-};
+use aya::Ebpf;
+use lb_agent::dataplane::EMBEDDED_OBJECT;
+use lb_common::counters::Reason;
 use lb_lab::{
     cases::{Case, Expect, Facing, UplinkKind, case, run_cases},
     family::{
         IpFamily, LabFamily, LocalMacs, claiming_length, cut_to, echo, encapsulated, fragment,
-        in_node_with_local_pod, ip_frame, own_vip, patched, segment, segment_frame, snat_port,
+        in_node_with_local_pod, ip_frame, load_services_of, patched, segment, segment_frame, snat_port,
         with_unparsed_header,
     },
-    fixture::{
-        CLIENT_MAC, NODE, NODE_MAC, PEER_MAC, XDP_REDIRECT, XDP_TX, add_uplink, load_uplink, run_uplink,
-    },
+    fixture::{CLIENT_MAC, NODE, NODE_MAC, PEER_MAC, XDP_REDIRECT, XDP_TX, add_uplink, run_uplink},
     packet::{Noise, icmpv6_checksum},
 };
 
@@ -45,69 +35,6 @@ fn service_paths_produce_the_exact_frames(f: IpFamily) {
 }
 
 lb_lab::for_each_family!(service_paths_produce_the_exact_frames);
-
-/// The fixture's services, on the family's VIP and pods.
-fn config(f: IpFamily) -> String {
-    let (vip, here, there) = (f.vip(), f.pod(0, 2), f.pod(1, 2));
-    format!(
-        "
-interface: eth0
-node: n0
-vips: [{{address: '{vip}'}}]
-services:
-  - name: local
-    vip: '{vip}'
-    ports: [{{port: 80, targetPort: 8080}}, {{port: 80, protocol: UDP, targetPort: 8080}}]
-    endpoints: [{{address: '{here}', node: n0}}]
-  - name: full-nat
-    vip: '{vip}'
-    ports: [{{port: 81, protocol: UDP, targetPort: 8080}}]
-    endpoints: [{{address: '{there}', node: n1}}]
-  - name: dsr
-    vip: '{vip}'
-    remoteMode: dsr
-    ports: [{{port: 82, targetPort: 8080}}, {{port: 82, protocol: UDP, targetPort: 8080}}]
-    endpoints: [{{address: '{there}', node: n1}}]
-  - name: dsr-here
-    vip: '{vip}'
-    remoteMode: dsr
-    ports: [{{port: 84, targetPort: 8080}}]
-    endpoints: [{{address: '{here}', node: n0}}]
-  - name: empty
-    vip: '{vip}'
-    ports: [{{port: 85}}]
-"
-    )
-}
-
-/// The object loaded, the family's VIP owned by this node, the node's address as full NAT's
-/// source, and the family's service maps synced from [`config`].
-fn load(f: IpFamily, ifindex: u32) -> (Ebpf, ServiceMapsByFamily) {
-    let mut ebpf = load_uplink();
-    own_vip(&mut ebpf, f.vip(), OwnedVip::new(NODE_MAC));
-    // IPv6's full NAT takes its source from the uplink's address (IPv4's from the settings).
-    if let IpAddr::V6(node) = f.node() {
-        let mut sources: HashMap<_, UplinkKey, Vip6Key> =
-            HashMap::try_from(ebpf.map_mut(UPLINK_ADDRS6).unwrap()).unwrap();
-        sources.insert(UplinkKey::new(ifindex, 0), Vip6Key::new(node.octets()), 0).unwrap();
-    }
-    let mut maps = ServiceMapsByFamily::take(&mut ebpf, None).expect("the service maps");
-    let settings = Settings { node_addr: [192, 0, 2, 10], snat_port_min: SNAT_FIRST, snat_port_max: 65_535 };
-    maps.v4.set_settings(settings).unwrap();
-    let config = Config::parse(&config(f)).expect("the fixture config is valid");
-    let planned = match f {
-        IpFamily::V4 => {
-            let contents: MapContents<Addr4> = map_contents::for_node(&config, "n0");
-            maps.v4.apply(&contents).map(|_| contents.services.len())
-        }
-        IpFamily::V6 => {
-            let contents: MapContents<Addr6> = map_contents::for_node(&config, "n0");
-            maps.v6.apply(&contents).map(|_| contents.services.len())
-        }
-    };
-    assert_eq!(planned.expect("syncing the fixture services"), 7, "every service port planned");
-    (ebpf, maps)
-}
 
 /// The table. Rows run in order on one program: a reply follows its forward packet.
 fn cases(f: IpFamily, local: LocalMacs) -> Vec<Case> {
@@ -302,12 +229,12 @@ const UPLINK_KINDS: [UplinkKind; 2] = [UplinkKind::Untagged, UplinkKind::Vlan(30
 
 fn run_family(f: IpFamily, ifindex: u32, local: LocalMacs) {
     for kind in UPLINK_KINDS {
-        let (mut ebpf, _maps) = load(f, ifindex);
+        let (mut ebpf, _maps) = load_services_of(f, EMBEDDED_OBJECT, ifindex, SNAT_FIRST);
         serve_uplink_kind(&mut ebpf, ifindex, kind);
         let table = cases(f, local).into_iter().map(|c| kind.shape(c)).collect();
         run_cases(&ebpf, ifindex, &format!("{}, {}", f.as_str(), kind.label()), table);
     }
-    let (ebpf, _maps) = load(f, ifindex);
+    let (ebpf, _maps) = load_services_of(f, EMBEDDED_OBJECT, ifindex, SNAT_FIRST);
     if f == IpFamily::V4 {
         zero_udp_checksum_stays_zero(&ebpf, ifindex);
     }

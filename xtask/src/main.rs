@@ -102,8 +102,9 @@ enum Bench {
         #[arg(long, conflicts_with = "ipv6")]
         dsr: bool,
     },
-    /// The XDP program's own time on each IPv4 service path (BPF_PROG_TEST_RUN), this code's
-    /// object against earlier revisions' in the same run; prints a table, writes none.
+    /// The XDP program's own time on each service path of each family (BPF_PROG_TEST_RUN),
+    /// this code's object against earlier revisions' in the same run, and IPv6's time over
+    /// IPv4's; prints tables, writes none.
     Program {
         /// Distinct flows (client ports) each path cycles through, 1 to 60,000.
         #[arg(long, default_value_t = 1)]

@@ -1,34 +1,32 @@
-//! `cargo xtask bench program`: the XDP program's own time on each IPv4 service path, through
-//! BPF_PROG_TEST_RUN, for this code's object and for earlier revisions' (`--against REV`), in one
-//! run. For work on the program: a change's cost or saving in nanoseconds, without a lab's
-//! generator, veths and NAPI thread, whose noise is larger than most changes.
+//! `cargo xtask bench program`: the XDP program's own time on each service path of each
+//! family, through BPF_PROG_TEST_RUN, for this code's object and for earlier revisions'
+//! (`--against REV`), in one run. For work on the program: a change's cost or saving in
+//! nanoseconds, without a lab's generator, veths and NAPI thread, whose noise is larger than
+//! most changes; and IPv6's time against IPv4's, path by path.
 //!
-//! Method: node n0 of a two-node lab with a local pod (the program asks the kernel's FIB, so it
-//! runs in n0's namespace, neighbours permanent), each object loaded through the verifier with
-//! the agent's own map sync of the service fixtures' config (`fixture::SERVICES_CONFIG`): local
-//! delivery (UDP :80 to the pod), full NAT (UDP :81 to n1's pod), DSR (TCP :82, IPIP to n1's
-//! pod), and full NAT's replies (n1's pod to n0's port). Every
-//! flow is sent once per object before timing, so the runs time established flows. Then 40
-//! rounds, the objects in rotating order, each running 2,000 single BPF_PROG_TEST_RUNs per path
-//! (one packet each, flows in a fixed scattered order); the median and first quartile of each
-//! object's 80,000 runs. A single run's time includes the test-run's own fixed cost, given as
-//! the `lb_pass` row (a program that only returns).
+//! Method, for IPv4 and then IPv6: node n0 of a two-node lab with a local pod (the program asks
+//! the kernel's FIB, so it runs in n0's namespace, neighbours permanent), each object loaded
+//! through the verifier (with the IPv6 path it tail-calls) with the agent's own map sync of the
+//! family-generic service fixtures' config (`family::services_config`): local delivery (UDP :80
+//! to the pod), full NAT (UDP :81 to n1's pod), DSR (TCP :82, IPIP or IPv6 in IPv6 to n1's
+//! pod), and full NAT's replies (n1's pod to n0's port). Every flow is sent once per object
+//! before timing, so the runs time established flows. Then 40 rounds, the objects in rotating
+//! order, each running 2,000 single BPF_PROG_TEST_RUNs per path (one packet each, flows in a
+//! fixed scattered order); the median and first quartile of each object's 80,000 runs. A
+//! single run's time includes the test-run's own fixed cost, given as the `lb_pass` row (a
+//! program that only returns); the IPv6 ÷ IPv4 table takes it off both.
 //!
-//! Prints a Markdown table; writes nothing into the book.
+//! Prints Markdown tables; writes nothing into the book.
 
-use std::{net::Ipv4Addr, path::PathBuf};
+use std::{path::PathBuf, sync::mpsc};
 
 use aya::{Ebpf, programs::Xdp};
-use lb_agent::dataplane::{EMBEDDED_OBJECT, ServiceMaps, UPLINK_PROGRAM};
+use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM};
 use lb_lab::{
-    family::{IpFamily, in_node_with_local_pod, segment_frame, snat_port},
-    fixture::{
-        CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER_MAC, VIP, XDP_PASS, XDP_REDIRECT, XDP_TX, load_services,
-        run_xdp_timed,
-    },
+    family::{IpFamily, LabFamily, in_node_with_local_pod, load_services_of, segment_frame, snat_port},
+    fixture::{CLIENT_MAC, NODE_MAC, PEER_MAC, XDP_PASS, XDP_REDIRECT, XDP_TX, run_xdp_timed},
 };
 
-const REMOTE_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
 /// Full NAT's source ports: wide, so that many flows each find one.
 const SNAT_FIRST: u16 = 1_024;
 const SNAT_SPAN: u32 = 65_535 - SNAT_FIRST as u32 + 1;
@@ -43,19 +41,19 @@ struct Path {
     action: u32,
 }
 
-fn paths(flows: u16) -> Vec<Path> {
+fn paths(f: IpFamily, flows: u16) -> Vec<Path> {
+    let (client, vip) = (f.client(), f.vip());
     let to_vip = |proto: u8, port: u16| -> Vec<Vec<u8>> {
         (0..flows)
             .map(|i| {
-                segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, proto, (FIRST_CLIENT_PORT + i, port))
+                segment_frame((CLIENT_MAC, NODE_MAC), client, vip, 64, proto, (FIRST_CLIENT_PORT + i, port))
             })
             .collect()
     };
     let replies = (0..flows)
         .map(|i| {
-            let port =
-                snat_port(CLIENT.into(), VIP.into(), (FIRST_CLIENT_PORT + i, 81), 17, SNAT_FIRST, SNAT_SPAN);
-            segment_frame((PEER_MAC, NODE_MAC), REMOTE_POD, NODE, 64, 17, (8080, port))
+            let port = snat_port(client, vip, (FIRST_CLIENT_PORT + i, 81), 17, SNAT_FIRST, SNAT_SPAN);
+            segment_frame((PEER_MAC, NODE_MAC), f.pod(1, 2), f.node(), 64, 17, (8080, port))
         })
         .collect();
     vec![
@@ -65,7 +63,11 @@ fn paths(flows: u16) -> Vec<Path> {
             action: XDP_REDIRECT,
         },
         Path { name: "full NAT (UDP)", frames: to_vip(17, 81), action: XDP_TX },
-        Path { name: "DSR (TCP, IPIP)", frames: to_vip(6, 82), action: XDP_TX },
+        Path {
+            name: f.pick("DSR (TCP, IPIP)", "DSR (TCP, IPv6 in IPv6)"),
+            frames: to_vip(6, 82),
+            action: XDP_TX,
+        },
         Path { name: "full NAT's reply (UDP)", frames: replies, action: XDP_TX },
     ]
 }
@@ -76,17 +78,19 @@ fn quantiles(mut times: Vec<u64>) -> (u64, u64) {
     (times[times.len() / 2], times[times.len() / 4])
 }
 
-/// Each object's runs of `program` over `frames` (all flows first sent once), interleaved;
-/// with the share of runs whose action was not `action`.
-fn measure(
-    objects: &[(Ebpf, ServiceMaps)],
-    program: &str,
-    frames: &[Vec<u8>],
-    action: u32,
-    ifindex: u32,
-) -> Vec<(u64, u64, f64)> {
+/// One object's time on one path: median and first quartile (ns), and the share of runs
+/// whose action was not the path's.
+#[derive(Clone, Copy)]
+struct Timing {
+    median: u64,
+    p25: u64,
+    other: f64,
+}
+
+/// Each object's runs of `program` over `frames` (all flows first sent once), interleaved.
+fn measure(objects: &[Ebpf], program: &str, frames: &[Vec<u8>], action: u32, ifindex: u32) -> Vec<Timing> {
     let programs: Vec<&Xdp> =
-        objects.iter().map(|(o, _)| o.program(program).unwrap().try_into().unwrap()).collect();
+        objects.iter().map(|o| o.program(program).unwrap().try_into().unwrap()).collect();
     for p in &programs {
         for frame in frames {
             run_xdp_timed(p, frame, ifindex);
@@ -111,7 +115,7 @@ fn measure(
         .zip(other)
         .map(|(t, o)| {
             let (median, p25) = quantiles(t);
-            (median, p25, o as f64 / (ROUNDS * RUNS_PER_ROUND) as f64)
+            Timing { median, p25, other: o as f64 / (ROUNDS * RUNS_PER_ROUND) as f64 }
         })
         .collect()
 }
@@ -119,6 +123,80 @@ fn measure(
 fn arg(name: &str) -> Vec<String> {
     let args: Vec<String> = std::env::args().collect();
     args.windows(2).filter(|w| w[0] == name).map(|w| w[1].clone()).collect()
+}
+
+/// A family's rows: each path's timings, then `lb_pass`'s, one per object.
+fn run_family(f: IpFamily, objects: Vec<(String, Vec<u8>)>, flows: u16) -> Vec<(&'static str, Vec<Timing>)> {
+    let (rows, results) = mpsc::channel();
+    in_node_with_local_pod(f, move |ifindex, _| {
+        let loaded: Vec<Ebpf> = objects
+            .iter()
+            .map(|(label, bytes)| {
+                eprintln!("loading {label}'s object ({f})");
+                let (mut ebpf, _maps) = load_services_of(f, bytes, ifindex, SNAT_FIRST);
+                let pass: &mut Xdp = ebpf.program_mut("lb_pass").unwrap().try_into().unwrap();
+                pass.load().expect("the verifier accepts lb_pass");
+                ebpf
+            })
+            .collect();
+        for path in paths(f, flows) {
+            rows.send((path.name, measure(&loaded, UPLINK_PROGRAM, &path.frames, path.action, ifindex)))
+                .unwrap();
+        }
+        let pass =
+            segment_frame((CLIENT_MAC, NODE_MAC), f.client(), f.vip(), 64, 17, (FIRST_CLIENT_PORT, 80));
+        rows.send((PASS_ROW, measure(&loaded, "lb_pass", &[pass], XDP_PASS, ifindex))).unwrap();
+    });
+    results.iter().collect()
+}
+
+const PASS_ROW: &str = "lb_pass (the test run's own cost)";
+
+/// A Markdown table: a column per object (`labels`), and each later object's time over the
+/// first's.
+fn print_table(labels: &[String], rows: &[(&str, Vec<Timing>)]) {
+    let mut header = "| path |".to_string();
+    let mut rule = "|---|".to_string();
+    for (i, label) in labels.iter().enumerate() {
+        header += &format!(" {label} |");
+        rule += "---|";
+        if i > 0 {
+            header += &format!(" {label} ÷ this code |");
+            rule += "---|";
+        }
+    }
+    println!("{header}\n{rule}");
+    for (name, timings) in rows {
+        let mut line = format!("| {name} |");
+        for (i, t) in timings.iter().enumerate() {
+            let note = if t.other > 0.0 {
+                format!(", {:.1} % another action", t.other * 100.0)
+            } else {
+                String::new()
+            };
+            line += &format!(" {} ({}{note}) |", t.median, t.p25);
+            if i > 0 {
+                line += &format!(" {:.2} |", t.median as f64 / timings[0].median as f64);
+            }
+        }
+        println!("{line}");
+    }
+}
+
+/// Each path's IPv6 time over its IPv4 time, for each object, both less the test run's own
+/// cost (the `lb_pass` row of each family): the program's time alone, as the issue's target
+/// and `bench dataplane`'s program column count it.
+fn print_family_ratios(labels: &[String], v4: &[(&str, Vec<Timing>)], v6: &[(&str, Vec<Timing>)]) {
+    let net = |rows: &[(&str, Vec<Timing>)], path: usize, k: usize| {
+        let pass = rows.last().expect("the lb_pass row").1[k].median;
+        rows[path].1[k].median.saturating_sub(pass).max(1) as f64
+    };
+    println!("\n| path | {} |\n|---|{}", labels.join(" | "), "---|".repeat(labels.len()));
+    for (path, (name, _)) in v4.iter().enumerate().take(v4.len() - 1) {
+        let ratios: Vec<String> =
+            (0..labels.len()).map(|k| format!("{:.2}", net(v6, path, k) / net(v4, path, k))).collect();
+        println!("| {name} | {} |", ratios.join(" | "));
+    }
 }
 
 fn main() {
@@ -141,53 +219,20 @@ fn main() {
         });
         objects.push((label.to_string(), bytes));
     }
-    in_node_with_local_pod(IpFamily::V4, move |ifindex, _| {
-        let loaded: Vec<(Ebpf, ServiceMaps)> = objects
-            .iter()
-            .map(|(label, bytes)| {
-                eprintln!("loading {label}'s object");
-                let (mut ebpf, maps) = load_services(bytes, SNAT_FIRST);
-                let pass: &mut Xdp = ebpf.program_mut("lb_pass").unwrap().try_into().unwrap();
-                pass.load().expect("the verifier accepts lb_pass");
-                (ebpf, maps)
-            })
-            .collect();
-        println!(
-            "BPF_PROG_TEST_RUN, one packet a run, 64-byte UDP over IPv4, {flows} flow(s) a path; {} runs per \
-             object and path, objects interleaved; median (first quartile), ns a run.\n",
-            ROUNDS * RUNS_PER_ROUND
-        );
-        let mut header = "| path |".to_string();
-        let mut rule = "|---|".to_string();
-        for (i, (label, _)) in objects.iter().enumerate() {
-            header += &format!(" {label} |");
-            rule += "---|";
-            if i > 0 {
-                header += &format!(" {label} ÷ this code |");
-                rule += "---|";
-            }
-        }
-        println!("{header}\n{rule}");
-        let row = |name: &str, results: Vec<(u64, u64, f64)>| {
-            let mut line = format!("| {name} |");
-            let base = results[0].0 as f64;
-            for (i, (median, p25, other)) in results.iter().enumerate() {
-                let note = if *other > 0.0 {
-                    format!(", {:.1} % another action", other * 100.0)
-                } else {
-                    String::new()
-                };
-                line += &format!(" {median} ({p25}{note}) |");
-                if i > 0 {
-                    line += &format!(" {:.2} |", *median as f64 / base);
-                }
-            }
-            println!("{line}");
-        };
-        for path in paths(flows) {
-            row(path.name, measure(&loaded, UPLINK_PROGRAM, &path.frames, path.action, ifindex));
-        }
-        let pass = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, 17, (FIRST_CLIENT_PORT, 80));
-        row("lb_pass (the test run's own cost)", measure(&loaded, "lb_pass", &[pass], XDP_PASS, ifindex));
-    });
+    let labels: Vec<String> = objects.iter().map(|(label, _)| label.clone()).collect();
+    println!(
+        "BPF_PROG_TEST_RUN, one packet a run, {flows} flow(s) a path; {} runs per object and path, objects \
+         interleaved; median (first quartile), ns a run.",
+        ROUNDS * RUNS_PER_ROUND
+    );
+    let mut families = Vec::new();
+    for f in [IpFamily::V4, IpFamily::V6] {
+        let rows = run_family(f, objects.clone(), flows);
+        let frame_len = paths(f, 1)[0].frames[0].len();
+        println!("\n{f}, a local-delivery frame of {frame_len} bytes:\n");
+        print_table(&labels, &rows);
+        families.push(rows);
+    }
+    println!("\nIPv6 ÷ IPv4, the program's time alone (each less its family's lb_pass time):");
+    print_family_ratios(&labels, &families[0], &families[1]);
 }

@@ -394,39 +394,41 @@ services:
     )
 }
 
-/// `object` loaded (the uplink program and the IPv6 path through the verifier), the family's
-/// VIP owned by this node, the node's address as full NAT's source (on `ifindex` for IPv6),
-/// full NAT's ports from `snat_first` up, and the family's service maps synced from
-/// [`services_config`] by the agent's own code.
+/// `object` loaded (the uplink program and the IPv6 path through the verifier) and set up to
+/// serve `families`: each one's VIP owned by this node, the node's address as full NAT's
+/// source (on `ifindex` for IPv6), full NAT's ports from `snat_first` up, and each one's
+/// service maps synced from [`services_config`] by the agent's own code.
 pub fn load_services_of(
-    f: IpFamily,
+    families: &[IpFamily],
     object: &[u8],
     ifindex: u32,
     snat_first: u16,
 ) -> (Ebpf, ServiceMapsByFamily) {
     let mut ebpf = load_uplink_from(object);
-    own_vip(&mut ebpf, f.vip(), OwnedVip::new(NODE_MAC));
-    // IPv6's full NAT takes its source from the uplink's address (IPv4's from the settings).
-    if let IpAddr::V6(node) = f.node() {
-        let mut sources: HashMap<_, UplinkKey, Vip6Key> =
-            HashMap::try_from(ebpf.map_mut(UPLINK_ADDRS6).unwrap()).unwrap();
-        sources.insert(UplinkKey::new(ifindex, 0), Vip6Key::new(node.octets()), 0).unwrap();
-    }
     let mut maps = ServiceMapsByFamily::take(&mut ebpf, None).expect("the service maps");
     let settings = Settings { node_addr: NODE.octets(), snat_port_min: snat_first, snat_port_max: 65_535 };
     maps.v4.set_settings(settings).unwrap();
-    let config = Config::parse(&services_config(f)).expect("the fixture config is valid");
-    let planned = match f {
-        IpFamily::V4 => {
-            let contents: MapContents<Addr4> = map_contents::for_node(&config, "n0");
-            maps.v4.apply(&contents).map(|_| contents.services.len())
+    for &f in families {
+        own_vip(&mut ebpf, f.vip(), OwnedVip::new(NODE_MAC));
+        // IPv6's full NAT takes its source from the uplink's address (IPv4's from the settings).
+        if let IpAddr::V6(node) = f.node() {
+            let mut sources: HashMap<_, UplinkKey, Vip6Key> =
+                HashMap::try_from(ebpf.map_mut(UPLINK_ADDRS6).unwrap()).unwrap();
+            sources.insert(UplinkKey::new(ifindex, 0), Vip6Key::new(node.octets()), 0).unwrap();
         }
-        IpFamily::V6 => {
-            let contents: MapContents<Addr6> = map_contents::for_node(&config, "n0");
-            maps.v6.apply(&contents).map(|_| contents.services.len())
-        }
-    };
-    assert_eq!(planned.expect("syncing the fixture services"), 7, "every service port planned");
+        let config = Config::parse(&services_config(f)).expect("the fixture config is valid");
+        let planned = match f {
+            IpFamily::V4 => {
+                let contents: MapContents<Addr4> = map_contents::for_node(&config, "n0");
+                maps.v4.apply(&contents).map(|_| contents.services.len())
+            }
+            IpFamily::V6 => {
+                let contents: MapContents<Addr6> = map_contents::for_node(&config, "n0");
+                maps.v6.apply(&contents).map(|_| contents.services.len())
+            }
+        };
+        assert_eq!(planned.expect("syncing the fixture services"), 7, "every {f} service port planned");
+    }
     (ebpf, maps)
 }
 
@@ -506,7 +508,8 @@ pub struct LocalMacs {
 
 /// Runs `f` (given eth0's ifindex and the local pod's MACs) inside lab node n0 with a local pod
 /// (10.244.0.2, and fd00:10:244::2 when `family` is IPv6), the peer, the client and the pod as
-/// permanent neighbours in `family`: every next hop the fixtures expect is fixed.
+/// permanent neighbours in IPv4 and, when `family` is IPv6, in IPv6 too (that lab is dual
+/// stack): every next hop the fixtures expect is fixed.
 pub fn in_node_with_local_pod(family: IpFamily, f: impl FnOnce(u32, LocalMacs) + Send + 'static) {
     let mut lab = crate::Lab::new(2);
     if family == IpFamily::V6 {
@@ -521,12 +524,13 @@ pub fn in_node_with_local_pod(family: IpFamily, f: impl FnOnce(u32, LocalMacs) +
     assert_eq!(ip, family.pod(0, 2), "the local pod has the address the cases expect");
     let node = &lab.nodes[0].ns;
     let macs = LocalMacs { pod: mac_of(&lab.pods[0].ns, "eth0"), host: mac_of(node, "pv0") };
-    for (ip, mac, dev) in [
-        (family.peer(), PEER_MAC, "eth0"),
-        (family.client(), CLIENT_MAC, "eth0"),
-        (family.pod(0, 2), macs.pod, "pv0"),
-    ] {
-        permanent_neighbour(node, ip, mac, dev);
+    let families: &[IpFamily] = family.pick(&[IpFamily::V4], &[IpFamily::V4, IpFamily::V6]);
+    for &f in families {
+        for (ip, mac, dev) in
+            [(f.peer(), PEER_MAC, "eth0"), (f.client(), CLIENT_MAC, "eth0"), (f.pod(0, 2), macs.pod, "pv0")]
+        {
+            permanent_neighbour(node, ip, mac, dev);
+        }
     }
     let ifindex = ifindex_of(node, "eth0");
     node.run(move || f(ifindex, macs));

@@ -229,12 +229,12 @@ const UPLINK_KINDS: [UplinkKind; 2] = [UplinkKind::Untagged, UplinkKind::Vlan(30
 
 fn run_family(f: IpFamily, ifindex: u32, local: LocalMacs) {
     for kind in UPLINK_KINDS {
-        let (mut ebpf, _maps) = load_services_of(f, EMBEDDED_OBJECT, ifindex, SNAT_FIRST);
+        let (mut ebpf, _maps) = load_services_of(&[f], EMBEDDED_OBJECT, ifindex, SNAT_FIRST);
         serve_uplink_kind(&mut ebpf, ifindex, kind);
         let table = cases(f, local).into_iter().map(|c| kind.shape(c)).collect();
         run_cases(&ebpf, ifindex, &format!("{}, {}", f.as_str(), kind.label()), table);
     }
-    let (ebpf, _maps) = load_services_of(f, EMBEDDED_OBJECT, ifindex, SNAT_FIRST);
+    let (ebpf, _maps) = load_services_of(&[f], EMBEDDED_OBJECT, ifindex, SNAT_FIRST);
     if f == IpFamily::V4 {
         zero_udp_checksum_stays_zero(&ebpf, ifindex);
     }

@@ -4,17 +4,19 @@
 //! nanoseconds, without a lab's generator, veths and NAPI thread, whose noise is larger than
 //! most changes; and IPv6's time against IPv4's, path by path.
 //!
-//! Method, for IPv4 and then IPv6: node n0 of a two-node lab with a local pod (the program asks
-//! the kernel's FIB, so it runs in n0's namespace, neighbours permanent), each object loaded
+//! Method: node n0 of a two-node dual-stack lab with a local pod (the program asks the
+//! kernel's FIB, so it runs in n0's namespace, neighbours permanent), each object loaded
 //! through the verifier (with the IPv6 path it tail-calls) with the agent's own map sync of the
-//! family-generic service fixtures' config (`family::services_config`): local delivery (UDP :80
-//! to the pod), full NAT (UDP :81 to n1's pod), DSR (TCP :82, IPIP or IPv6 in IPv6 to n1's
-//! pod), and full NAT's replies (n1's pod to n0's port). Every flow is sent once per object
-//! before timing, so the runs time established flows. Then 40 rounds, the objects in rotating
-//! order, each running 2,000 single BPF_PROG_TEST_RUNs per path (one packet each, flows in a
-//! fixed scattered order); the median and first quartile of each object's 80,000 runs. A
-//! single run's time includes the test-run's own fixed cost, given as the `lb_pass` row (a
-//! program that only returns); the IPv6 ÷ IPv4 table takes it off both.
+//! family-generic service fixtures' config for both families (`family::services_config`):
+//! local delivery (UDP :80 to the pod), full NAT (UDP :81 to n1's pod), DSR (TCP :82, IPIP or
+//! IPv6 in IPv6 to n1's pod), and full NAT's replies (n1's pod to n0's port). Each object is
+//! loaded four times (a load's placement in memory shifts all its times a little); every flow
+//! is sent once to each load before timing, so the runs time established flows. Then 40
+//! rounds, the objects in rotating order, each running 2,000 single BPF_PROG_TEST_RUNs per path
+//! (one packet each, flows in a fixed scattered order) on its next load; the median and first
+//! quartile of each object's 80,000 runs. A single run's time includes the test-run's own fixed
+//! cost, given as the `lb_pass` row (a program that only returns); the IPv6 ÷ IPv4 table takes
+//! it off both. Two objects alike differ by up to 3 % (runs of one object against itself).
 //!
 //! Prints Markdown tables; writes nothing into the book.
 
@@ -23,7 +25,9 @@ use std::{path::PathBuf, sync::mpsc};
 use aya::{Ebpf, programs::Xdp};
 use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM};
 use lb_lab::{
-    family::{IpFamily, LabFamily, in_node_with_local_pod, load_services_of, segment_frame, snat_port},
+    family::{
+        FAMILIES, IpFamily, LabFamily, in_node_with_local_pod, load_services_of, segment_frame, snat_port,
+    },
     fixture::{CLIENT_MAC, NODE_MAC, PEER_MAC, XDP_PASS, XDP_REDIRECT, XDP_TX, run_xdp_timed},
 };
 
@@ -32,6 +36,10 @@ const SNAT_FIRST: u16 = 1_024;
 const SNAT_SPAN: u32 = 65_535 - SNAT_FIRST as u32 + 1;
 const FIRST_CLIENT_PORT: u16 = 1_024;
 const ROUNDS: usize = 40;
+/// Each object is loaded this many times, and the rounds take its loads in turn. Where a load's
+/// programs and maps land in memory shifts its times by a few per cent, the same for the whole
+/// run (two loads of one object differed by up to 5 %): the loads average that out.
+const LOADS: usize = 4;
 const RUNS_PER_ROUND: usize = 2_000;
 
 /// A service path: its name, frames (one a flow), and the action the program must take.
@@ -87,11 +95,20 @@ struct Timing {
     other: f64,
 }
 
-/// Each object's runs of `program` over `frames` (all flows first sent once), interleaved.
-fn measure(objects: &[Ebpf], program: &str, frames: &[Vec<u8>], action: u32, ifindex: u32) -> Vec<Timing> {
-    let programs: Vec<&Xdp> =
-        objects.iter().map(|o| o.program(program).unwrap().try_into().unwrap()).collect();
-    for p in &programs {
+/// Each object's runs of `program` over `frames` (all flows first sent once to each load),
+/// interleaved; `objects` holds each object's loads.
+fn measure(
+    objects: &[Vec<Ebpf>],
+    program: &str,
+    frames: &[Vec<u8>],
+    action: u32,
+    ifindex: u32,
+) -> Vec<Timing> {
+    let programs: Vec<Vec<&Xdp>> = objects
+        .iter()
+        .map(|loads| loads.iter().map(|o| o.program(program).unwrap().try_into().unwrap()).collect())
+        .collect();
+    for p in programs.iter().flatten() {
         for frame in frames {
             run_xdp_timed(p, frame, ifindex);
         }
@@ -101,10 +118,11 @@ fn measure(objects: &[Ebpf], program: &str, frames: &[Vec<u8>], action: u32, ifi
     for round in 0..ROUNDS {
         for turn in 0..objects.len() {
             let k = (turn + round) % objects.len();
+            let program = programs[k][round % LOADS];
             for i in 0..RUNS_PER_ROUND {
                 // A stride coprime with any flow count below it scatters the order.
                 let frame = &frames[(i * 7_919) % frames.len()];
-                let (got, _, time) = run_xdp_timed(programs[k], frame, ifindex);
+                let (got, _, time) = run_xdp_timed(program, frame, ifindex);
                 other[k] += usize::from(got != action);
                 times[k].push(time.as_nanos() as u64);
             }
@@ -125,27 +143,35 @@ fn arg(name: &str) -> Vec<String> {
     args.windows(2).filter(|w| w[0] == name).map(|w| w[1].clone()).collect()
 }
 
-/// A family's rows: each path's timings, then `lb_pass`'s, one per object.
-fn run_family(f: IpFamily, objects: Vec<(String, Vec<u8>)>, flows: u16) -> Vec<(&'static str, Vec<Timing>)> {
+/// The rows: each family's paths, then `lb_pass`'s, one timing per object. Both families run
+/// in one dual-stack lab on the same loads, so that their ratio compares like with like.
+fn run(objects: Vec<(String, Vec<u8>)>, flows: u16) -> Vec<(String, Vec<Timing>)> {
     let (rows, results) = mpsc::channel();
-    in_node_with_local_pod(f, move |ifindex, _| {
-        let loaded: Vec<Ebpf> = objects
+    in_node_with_local_pod(IpFamily::V6, move |ifindex, _| {
+        let loaded: Vec<Vec<Ebpf>> = objects
             .iter()
             .map(|(label, bytes)| {
-                eprintln!("loading {label}'s object ({f})");
-                let (mut ebpf, _maps) = load_services_of(f, bytes, ifindex, SNAT_FIRST);
-                let pass: &mut Xdp = ebpf.program_mut("lb_pass").unwrap().try_into().unwrap();
-                pass.load().expect("the verifier accepts lb_pass");
-                ebpf
+                eprintln!("loading {label}'s object {LOADS} times");
+                (0..LOADS)
+                    .map(|_| {
+                        let (mut ebpf, _maps) = load_services_of(&FAMILIES, bytes, ifindex, SNAT_FIRST);
+                        let pass: &mut Xdp = ebpf.program_mut("lb_pass").unwrap().try_into().unwrap();
+                        pass.load().expect("the verifier accepts lb_pass");
+                        ebpf
+                    })
+                    .collect()
             })
             .collect();
-        for path in paths(f, flows) {
-            rows.send((path.name, measure(&loaded, UPLINK_PROGRAM, &path.frames, path.action, ifindex)))
-                .unwrap();
+        for f in FAMILIES {
+            for path in paths(f, flows) {
+                let timings = measure(&loaded, UPLINK_PROGRAM, &path.frames, path.action, ifindex);
+                rows.send((format!("{}, {}", f.pick("IPv4", "IPv6"), path.name), timings)).unwrap();
+            }
         }
+        let f = IpFamily::V4;
         let pass =
             segment_frame((CLIENT_MAC, NODE_MAC), f.client(), f.vip(), 64, 17, (FIRST_CLIENT_PORT, 80));
-        rows.send((PASS_ROW, measure(&loaded, "lb_pass", &[pass], XDP_PASS, ifindex))).unwrap();
+        rows.send((PASS_ROW.to_string(), measure(&loaded, "lb_pass", &[pass], XDP_PASS, ifindex))).unwrap();
     });
     results.iter().collect()
 }
@@ -154,7 +180,7 @@ const PASS_ROW: &str = "lb_pass (the test run's own cost)";
 
 /// A Markdown table: a column per object (`labels`), and each later object's time over the
 /// first's.
-fn print_table(labels: &[String], rows: &[(&str, Vec<Timing>)]) {
+fn print_table(labels: &[String], rows: &[(String, Vec<Timing>)]) {
     let mut header = "| path |".to_string();
     let mut rule = "|---|".to_string();
     for (i, label) in labels.iter().enumerate() {
@@ -184,17 +210,19 @@ fn print_table(labels: &[String], rows: &[(&str, Vec<Timing>)]) {
 }
 
 /// Each path's IPv6 time over its IPv4 time, for each object, both less the test run's own
-/// cost (the `lb_pass` row of each family): the program's time alone, as the issue's target
-/// and `bench dataplane`'s program column count it.
-fn print_family_ratios(labels: &[String], v4: &[(&str, Vec<Timing>)], v6: &[(&str, Vec<Timing>)]) {
-    let net = |rows: &[(&str, Vec<Timing>)], path: usize, k: usize| {
-        let pass = rows.last().expect("the lb_pass row").1[k].median;
-        rows[path].1[k].median.saturating_sub(pass).max(1) as f64
+/// cost (the `lb_pass` row): the program's time alone, as the issue's target and `bench
+/// dataplane`'s program column count it. `rows` as [`run`] returns them.
+fn print_family_ratios(labels: &[String], rows: &[(String, Vec<Timing>)]) {
+    let (paths, pass) = rows.split_at(rows.len() - 1);
+    let (v4, v6) = paths.split_at(paths.len() / 2);
+    let net = |row: &(String, Vec<Timing>), k: usize| {
+        row.1[k].median.saturating_sub(pass[0].1[k].median).max(1) as f64
     };
     println!("\n| path | {} |\n|---|{}", labels.join(" | "), "---|".repeat(labels.len()));
-    for (path, (name, _)) in v4.iter().enumerate().take(v4.len() - 1) {
+    for (row4, row6) in v4.iter().zip(v6) {
+        let name = row4.0.trim_start_matches("IPv4, ");
         let ratios: Vec<String> =
-            (0..labels.len()).map(|k| format!("{:.2}", net(v6, path, k) / net(v4, path, k))).collect();
+            (0..labels.len()).map(|k| format!("{:.2}", net(row6, k) / net(row4, k))).collect();
         println!("| {name} | {} |", ratios.join(" | "));
     }
 }
@@ -225,14 +253,14 @@ fn main() {
          interleaved; median (first quartile), ns a run.",
         ROUNDS * RUNS_PER_ROUND
     );
-    let mut families = Vec::new();
-    for f in [IpFamily::V4, IpFamily::V6] {
-        let rows = run_family(f, objects.clone(), flows);
-        let frame_len = paths(f, 1)[0].frames[0].len();
-        println!("\n{f}, a local-delivery frame of {frame_len} bytes:\n");
-        print_table(&labels, &rows);
-        families.push(rows);
-    }
-    println!("\nIPv6 ÷ IPv4, the program's time alone (each less its family's lb_pass time):");
-    print_family_ratios(&labels, &families[0], &families[1]);
+    let frame_len = |f: IpFamily| paths(f, 1)[0].frames[0].len();
+    println!(
+        "A local-delivery frame is {} bytes in IPv4, {} in IPv6.\n",
+        frame_len(IpFamily::V4),
+        frame_len(IpFamily::V6)
+    );
+    let rows = run(objects, flows);
+    print_table(&labels, &rows);
+    println!("\nIPv6 ÷ IPv4, the program's time alone (each less lb_pass's time):");
+    print_family_ratios(&labels, &rows);
 }

@@ -71,11 +71,7 @@ fn paths(f: IpFamily, flows: u16) -> Vec<Path> {
             action: XDP_REDIRECT,
         },
         Path { name: "full NAT (UDP)", frames: to_vip(17, 81), action: XDP_TX },
-        Path {
-            name: f.pick("DSR (TCP, IPIP)", "DSR (TCP, IPv6 in IPv6)"),
-            frames: to_vip(6, 82),
-            action: XDP_TX,
-        },
+        Path { name: "DSR (TCP, encapsulated)", frames: to_vip(6, 82), action: XDP_TX },
         Path { name: "full NAT's reply (UDP)", frames: replies, action: XDP_TX },
     ]
 }
@@ -255,7 +251,8 @@ fn main() {
     );
     let frame_len = |f: IpFamily| paths(f, 1)[0].frames[0].len();
     println!(
-        "A local-delivery frame is {} bytes in IPv4, {} in IPv6.\n",
+        "A local-delivery frame is {} bytes in IPv4, {} in IPv6; DSR encapsulates in IPIP and in IPv6 in \
+         IPv6.\n",
         frame_len(IpFamily::V4),
         frame_len(IpFamily::V6)
     );

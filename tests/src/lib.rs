@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod api_server;
+pub mod bench;
 pub mod cases;
 pub mod cluster;
 pub mod cluster_api;

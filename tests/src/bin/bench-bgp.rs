@@ -55,8 +55,7 @@ const TARGET_PORT: u16 = 8080;
 const CONVERGE: Duration = Duration::from_secs(60);
 
 fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(default)
+    lb_lab::bench::arg(name).and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 fn config(lab: &Lab, me: usize, services: &str, announce: &str, vrrp: &str) -> String {

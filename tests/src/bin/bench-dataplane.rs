@@ -54,6 +54,7 @@ use lb_common::{
 use lb_lab::{
     Agent, Lab, Netns,
     agent::AGENT_LISTEN,
+    bench::median,
     fixture::{ifindex_of, mac_of, permanent_neighbour},
     katran,
     packet::{ipv4_frame, ipv6_frame},
@@ -276,12 +277,6 @@ struct Sample {
     program_ns: Option<f64>,
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn range(v: &[f64]) -> (f64, f64) {
     (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max))
 }
@@ -308,7 +303,15 @@ fn print_tables(
     };
     let fmt_range = |v: &[f64], digits: usize| {
         let (lo, hi) = range(v);
-        format!("{:.*} ({:.*}–{:.*})", digits, median(v), digits, lo, digits, hi)
+        format!(
+            "{:.*} ({:.*}–{:.*})",
+            digits,
+            median(v.iter().copied()).unwrap_or(f64::NAN),
+            digits,
+            lo,
+            digits,
+            hi
+        )
     };
 
     println!(
@@ -821,11 +824,8 @@ impl Bench {
                 results[i].push((rps, p99));
             }
         }
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let lb_rps = median(results[0].iter().map(|r| r.0).collect());
+        let median = |v: &mut dyn Iterator<Item = f64>| median(v).unwrap_or(f64::NAN);
+        let lb_rps = median(&mut results[0].iter().map(|r| r.0));
         println!(
             "TCP through the VIP: wrk, 64 connections, {seconds} s per run, two HTTP responders in pods; medians."
         );
@@ -833,8 +833,8 @@ impl Bench {
         println!("| mode | requests/s | lb-agent ÷ mode | p99 latency (ms) |");
         println!("|---|---|---|---|");
         for (i, mode) in modes.iter().enumerate() {
-            let rps = median(results[i].iter().map(|r| r.0).collect());
-            let p99 = median(results[i].iter().map(|r| r.1).collect());
+            let rps = median(&mut results[i].iter().map(|r| r.0));
+            let p99 = median(&mut results[i].iter().map(|r| r.1));
             println!("| {} | {rps:.0} | {:.2} | {p99:.2} |", mode.name(), lb_rps / rps);
         }
     }

@@ -17,7 +17,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lb_lab::{Agent, Lab, Process, agent::AGENT_LISTEN};
+use lb_lab::{
+    Agent, Lab, Process,
+    agent::AGENT_LISTEN,
+    bench::{arg, median},
+};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
 const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 6, 0, 0, 0, 0, 0x10);
@@ -240,17 +244,6 @@ fn cpu_share(peer: Peer, vips: usize) -> f64 {
 }
 
 /// The median of `values` (the upper one of an even count).
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
-/// The value after `flag` on the command line.
-fn arg(flag: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone())
-}
-
 /// `--repeat N`, default 1.
 fn repeat() -> usize {
     arg("--repeat").and_then(|n| n.parse().ok()).unwrap_or(1).max(1)
@@ -291,8 +284,8 @@ fn main() {
                     k.push(failover(Peer::Keepalived, vip, interval, failure));
                     l.push(failover(Peer::LbAgent, vip, interval, failure));
                 }
-                let gaps = |runs: &[(f64, u64)]| median(runs.iter().map(|r| r.0).collect());
-                let lost = |runs: &[(f64, u64)]| median(runs.iter().map(|r| r.1 as f64).collect()) as u64;
+                let gaps = |runs: &[(f64, u64)]| median(runs.iter().map(|r| r.0)).unwrap_or(f64::NAN);
+                let lost = |runs: &[(f64, u64)]| median(runs.iter().map(|r| r.1)).unwrap_or(0);
                 let (k_gap, k_lost, l_gap, l_lost) = (gaps(&k), lost(&k), gaps(&l), lost(&l));
                 if repeat > 1 {
                     let all = |runs: &[(f64, u64)]| {

@@ -25,6 +25,7 @@ use std::{path::PathBuf, sync::mpsc};
 use aya::{Ebpf, programs::Xdp};
 use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM};
 use lb_lab::{
+    bench::{arg, arg_values, median, quantile},
     family::{
         FAMILIES, IpFamily, LabFamily, in_node_with_local_pod, load_services_of, segment_frame, snat_port,
     },
@@ -76,12 +77,6 @@ fn paths(f: IpFamily, flows: u16) -> Vec<Path> {
     ]
 }
 
-/// Median and first quartile, in ns.
-fn quantiles(mut times: Vec<u64>) -> (u64, u64) {
-    times.sort_unstable();
-    (times[times.len() / 2], times[times.len() / 4])
-}
-
 /// One object's time on one path: median and first quartile (ns), and the share of runs
 /// whose action was not the path's.
 #[derive(Clone, Copy)]
@@ -128,15 +123,14 @@ fn measure(
         .into_iter()
         .zip(other)
         .map(|(t, o)| {
-            let (median, p25) = quantiles(t);
-            Timing { median, p25, other: o as f64 / (ROUNDS * RUNS_PER_ROUND) as f64 }
+            let (median, p25) = (median(t.iter().copied()), quantile(t, 0.25));
+            Timing {
+                median: median.expect("timed runs"),
+                p25: p25.expect("timed runs"),
+                other: o as f64 / (ROUNDS * RUNS_PER_ROUND) as f64,
+            }
         })
         .collect()
-}
-
-fn arg(name: &str) -> Vec<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.windows(2).filter(|w| w[0] == name).map(|w| w[1].clone()).collect()
 }
 
 /// The rows: each family's paths, then `lb_pass`'s, one timing per object. Both families run
@@ -224,7 +218,7 @@ fn print_family_ratios(labels: &[String], rows: &[(String, Vec<Timing>)]) {
 }
 
 fn main() {
-    let flows: u16 = arg("--flows").first().map_or(1, |f| {
+    let flows: u16 = arg("--flows").map_or(1, |f| {
         f.parse().ok().filter(|n| (1..=60_000).contains(n)).unwrap_or_else(|| {
             eprintln!("--flows: expected a number of flows from 1 to 60000, got {f}");
             std::process::exit(2)
@@ -232,7 +226,7 @@ fn main() {
     });
     // `--against LABEL=PATH`: an earlier revision's object, built by xtask.
     let mut objects: Vec<(String, Vec<u8>)> = vec![("this code".into(), EMBEDDED_OBJECT.to_vec())];
-    for against in arg("--against") {
+    for against in arg_values("--against") {
         let Some((label, path)) = against.split_once('=') else {
             eprintln!("--against: expected LABEL=PATH, got {against}");
             std::process::exit(2)

@@ -40,6 +40,7 @@ use lb_agent::{
 use lb_lab::{
     Agent, Lab, Netns,
     agent::{AGENT_LISTEN, rss_kib},
+    bench::median,
     scale::{
         kube_proxy_iptables, kube_proxy_nftables, scale_cluster, scale_endpoint, scale_endpoint_json,
         scale_node, scale_services_yaml, scale_slice,
@@ -123,11 +124,6 @@ fn ms(d: Duration) -> String {
     if ms < 10.0 { format!("{ms:.2} ms") } else { format!("{ms:.0} ms") }
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
-}
-
 /// The agent's settings; beyond the default capacity (131,072 backends, 65,536 local
 /// endpoints, a third of the endpoints being on this node), room for all of them.
 fn head(node: &str, services: usize) -> String {
@@ -186,11 +182,11 @@ fn measure(lab: &Lab, n: usize, reps: usize) -> Row {
     let (watch_p50, watch_p99) = watch_event_changes(n);
     Row {
         services: n,
-        start: median(starts),
-        programmed: median(programmed),
-        iptables: median(ipt),
-        legacy: median(legacy),
-        nft: median(nfts),
+        start: median(starts).unwrap_or_default(),
+        programmed: median(programmed).unwrap_or_default(),
+        iptables: median(ipt).unwrap_or_default(),
+        legacy: median(legacy).unwrap_or_default(),
+        nft: median(nfts).unwrap_or_default(),
         p50,
         p99,
         burst,
@@ -283,7 +279,7 @@ fn sighup_changes(agent: &Agent, yaml: &str, path: &std::path::Path) -> Duration
         }
         times.push(started.elapsed());
     }
-    median(times)
+    median(times).unwrap_or_default()
 }
 
 /// The service maps, unpinned, sized as `config` says (keep the object alive beside them).

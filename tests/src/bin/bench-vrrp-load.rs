@@ -55,8 +55,7 @@ struct Args {
 }
 
 fn args() -> Args {
-    let argv: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| argv.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone());
+    let value = lb_lab::bench::arg;
     let number = |flag: &str, default: usize| value(flag).map_or(default, |v| v.parse().expect(flag));
     let mut binaries = Vec::new();
     if let Some(baseline) = value("--baseline") {
@@ -70,7 +69,7 @@ fn args() -> Args {
         interval: Duration::from_millis(number("--interval-ms", 10) as u64),
         runs: number("--runs", 10),
         binaries,
-        disturb: !argv.iter().any(|a| a == "--no-disturb"),
+        disturb: !std::env::args().any(|a| a == "--no-disturb"),
     }
 }
 
@@ -392,12 +391,9 @@ fn run(args: &Args, binary: &Path, index: usize) -> RunResult {
     result
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+/// The median of `values`, NaN (shown as no value) for none.
+fn median(values: Vec<f64>) -> f64 {
+    lb_lab::bench::median(values).unwrap_or(f64::NAN)
 }
 
 fn max(values: &[f64]) -> f64 {

@@ -243,7 +243,6 @@ fn cpu_share(peer: Peer, vips: usize) -> f64 {
     (t1 - t0) as f64 / hz / (w1 - w0).as_secs_f64()
 }
 
-/// The median of `values` (the upper one of an even count).
 /// `--repeat N`, default 1.
 fn repeat() -> usize {
     arg("--repeat").and_then(|n| n.parse().ok()).unwrap_or(1).max(1)

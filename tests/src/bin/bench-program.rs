@@ -38,8 +38,9 @@ const SNAT_SPAN: u32 = 65_535 - SNAT_FIRST as u32 + 1;
 const FIRST_CLIENT_PORT: u16 = 1_024;
 const ROUNDS: usize = 40;
 /// Each object is loaded this many times, and the rounds take its loads in turn. Where a load's
-/// programs and maps land in memory shifts its times by a few per cent, the same for the whole
-/// run (two loads of one object differed by up to 5 %): the loads average that out.
+/// programs and maps land in memory shifts its times by a few per cent for the whole run (with
+/// one load each, two objects with the same IPv4 program differed by up to 6 %): the loads
+/// average that out.
 const LOADS: usize = 4;
 const RUNS_PER_ROUND: usize = 2_000;
 

@@ -357,8 +357,8 @@ pub fn resolution_answer(
     }
 }
 
-/// Node n0's services in the family-generic service-path fixtures (`service_paths.rs`) and
-/// `cargo xtask bench program`, on the family's VIP and pods: local delivery to n0's pod (TCP
+/// Node n0's services in the service-path fixtures (`service_paths.rs`, `service_fixtures.rs`)
+/// and `cargo xtask bench program`, on the family's VIP and pods: local delivery to n0's pod (TCP
 /// and UDP :80), full NAT to n1's pod (UDP :81), DSR to n1's pod (TCP and UDP :82) and to n0's
 /// own (TCP :84), and a service without endpoints (:85).
 pub fn services_config(f: IpFamily) -> String {

@@ -5,19 +5,15 @@ use std::{net::Ipv4Addr, time::Duration};
 
 use aya::{
     Ebpf,
-    maps::{HashMap, PerCpuArray},
-    programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
+    maps::PerCpuArray,
+    programs::{TestRun, TestRunOptions, Xdp},
 };
-use lb_agent::{
-    config::Config,
-    dataplane::{EMBEDDED_OBJECT, REPLY_PROGRAM, ServiceMaps, UPLINK_PROGRAM, flow_tables::FlowTable},
-    map_contents,
-};
+use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM, flow_tables::FlowTable};
 use lb_common::{
     counters::Reason,
     flow_table,
-    maps::{OWNED_VIPS, OwnedVip, PacketCounter, REASON_STATS, UPLINKS, Uplink, UplinkKey, VipKey},
-    service::{ConnectionKey, Flow, Settings},
+    maps::{PacketCounter, REASON_STATS, UPLINKS, Uplink, UplinkKey},
+    service::{ConnectionKey, Flow},
 };
 
 use crate::Netns;
@@ -34,61 +30,6 @@ pub const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 pub const NODE_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x10];
 pub const PEER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
 pub const PEER_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x11];
-
-/// Node n0's services in the IPv4 service fixtures (`service_fixtures.rs`): local
-/// delivery to its pod (TCP and UDP :80), full NAT to n1's pod (UDP :81), DSR to n1's pod (TCP
-/// :82) and to n0's own (TCP :84), and a service without endpoints (:85).
-pub const SERVICES_CONFIG: &str = "
-interface: eth0
-node: n0
-vips: [{address: 198.51.100.10}]
-services:
-  - name: local
-    vip: 198.51.100.10
-    ports: [{port: 80, targetPort: 8080}, {port: 80, protocol: UDP, targetPort: 8080}]
-    endpoints: [{address: 10.244.0.2, node: n0}]
-  - name: full-nat
-    vip: 198.51.100.10
-    ports: [{port: 81, protocol: UDP, targetPort: 8080}]
-    endpoints: [{address: 10.244.1.2, node: n1}]
-  - name: dsr
-    vip: 198.51.100.10
-    remoteMode: dsr
-    ports: [{port: 82, targetPort: 8080}]
-    endpoints: [{address: 10.244.1.2, node: n1}]
-  - name: dsr-here
-    vip: 198.51.100.10
-    remoteMode: dsr
-    ports: [{port: 84, targetPort: 8080}]
-    endpoints: [{address: 10.244.0.2, node: n0}]
-  - name: empty
-    vip: 198.51.100.10
-    ports: [{port: 85}]
-";
-
-/// `object`'s uplink and reply programs through the verifier, [`VIP`] owned by this node, and
-/// its service maps synced from [`SERVICES_CONFIG`] by the agent's own code, full NAT's
-/// source ports from `snat_first` up.
-pub fn load_services(object: &[u8], snat_first: u16) -> (Ebpf, ServiceMaps) {
-    let mut ebpf = Ebpf::load(object).expect("loading the object");
-    let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
-    program.load().expect("the verifier accepts lb_xdp");
-    let reply: &mut SchedClassifier = ebpf.program_mut(REPLY_PROGRAM).unwrap().try_into().unwrap();
-    reply.load().expect("the verifier accepts lb_reply");
-    let mut owned: HashMap<_, VipKey, OwnedVip> =
-        HashMap::try_from(ebpf.map_mut(OWNED_VIPS).unwrap()).unwrap();
-    owned.insert(VipKey::new(VIP.octets()), OwnedVip::new(NODE_MAC), 0).unwrap();
-    let config = Config::parse(SERVICES_CONFIG).expect("the fixture config is valid");
-    let mut maps = ServiceMaps::take(&mut ebpf, None, None).expect("the service maps");
-    maps.set_settings(Settings {
-        node_addr: NODE.octets(),
-        snat_port_min: snat_first,
-        snat_port_max: 65_535,
-    })
-    .unwrap();
-    maps.apply(&map_contents::for_node(&config, "n0")).expect("syncing the fixture services");
-    (ebpf, maps)
-}
 
 /// A family's connection table (`FLOW_TABLE`, `FLOW_TABLE6`), mapped. One the agent did not
 /// load has no header yet: it is keyed as the programs then are

@@ -25,10 +25,13 @@ use lb_common::{
     },
 };
 use lb_lab::{
-    family::{IpFamily, LabFamily, checksums_ok, encapsulated, in_node_with_local_pod, segment_frame},
+    family::{
+        IpFamily, LabFamily, checksums_ok, encapsulated, in_node_with_local_pod, load_services_of,
+        segment_frame, services_config,
+    },
     fixture::{
-        CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, SERVICES_CONFIG, VIP, XDP_PASS, XDP_REDIRECT,
-        XDP_TX, load_services, reason_packets, run_reply, run_uplink,
+        CLIENT, CLIENT_MAC, NODE, NODE_MAC, PEER, PEER_MAC, VIP, XDP_PASS, XDP_REDIRECT, XDP_TX,
+        reason_packets, run_reply, run_uplink,
     },
     packet::checksums_valid,
 };
@@ -46,7 +49,10 @@ struct Fixture {
 
 impl Fixture {
     fn load(ifindex: u32) -> Fixture {
-        let (ebpf, maps) = load_services(EMBEDDED_OBJECT, SNAT_FIRST);
+        let (mut ebpf, maps) = load_services_of(&[IpFamily::V4], EMBEDDED_OBJECT, ifindex, SNAT_FIRST);
+        let reply: &mut SchedClassifier = ebpf.program_mut(REPLY_PROGRAM).unwrap().try_into().unwrap();
+        reply.load().expect("the verifier accepts lb_reply");
+        let maps = maps.v4;
         Fixture { ebpf, maps, ifindex }
     }
 
@@ -76,7 +82,7 @@ fn services_are_served_on_their_uplink_and_sourced_from_the_egress_one() {
         };
         set_uplink(&mut f, 1);
         let moved = f.maps.set_vip_uplinks(std::sync::Arc::new([(VIP.into(), 2)].into())).unwrap();
-        assert_eq!(moved, 6, "every service entry of the VIP took its uplink");
+        assert_eq!(moved, 7, "every service entry of the VIP took its uplink");
         let to_node = (CLIENT_MAC, NODE_MAC);
 
         // The VIP's uplink is slot 2; eth0 is slot 1.
@@ -200,7 +206,8 @@ fn next_hop_fixtures(ifindex: u32) {
     for s in 0..slots {
         f.maps.next_hops().set(s, poison, 0).unwrap();
     }
-    let moved = SERVICES_CONFIG.replacen("10.244.1.2, node: n1}]", "10.244.1.3, node: n1}]", 1);
+    let moved =
+        services_config(IpFamily::V4).replacen("'10.244.1.2', node: n1}]", "'10.244.1.3', node: n1}]", 1);
     f.maps.apply(&map_contents::for_node(&Config::parse(&moved).unwrap(), "n0")).unwrap();
     let (_, &new_slot) =
         f.maps.backends().iter().find(|(b, _)| b.addr == [10, 244, 1, 3]).expect("the new endpoint's slot");
@@ -223,7 +230,7 @@ const CROWD: &str = "
 
 impl Fixture {
     fn crowd(&mut self) {
-        let config = Config::parse(&format!("{SERVICES_CONFIG}{CROWD}")).unwrap();
+        let config = Config::parse(&format!("{}{CROWD}", services_config(IpFamily::V4))).unwrap();
         self.maps.apply(&map_contents::for_node(&config, "n0")).expect("syncing the crowded services");
     }
 

@@ -283,8 +283,8 @@ fn main() {
                     k.push(failover(Peer::Keepalived, vip, interval, failure));
                     l.push(failover(Peer::LbAgent, vip, interval, failure));
                 }
-                let gaps = |runs: &[(f64, u64)]| median(runs.iter().map(|r| r.0)).unwrap_or(f64::NAN);
-                let lost = |runs: &[(f64, u64)]| median(runs.iter().map(|r| r.1)).unwrap_or(0);
+                let gaps = |runs: &[(f64, u64)]| median(runs.iter().map(|r| r.0)).expect("runs");
+                let lost = |runs: &[(f64, u64)]| median(runs.iter().map(|r| r.1)).expect("runs");
                 let (k_gap, k_lost, l_gap, l_lost) = (gaps(&k), lost(&k), gaps(&l), lost(&l));
                 if repeat > 1 {
                     let all = |runs: &[(f64, u64)]| {

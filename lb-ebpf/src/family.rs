@@ -48,6 +48,7 @@ pub trait IpFamily: Sized {
     fn flow_keying() -> &'static Global<Keying>;
     fn vip_filter() -> &'static Array<VipFilter>;
     fn next_hops() -> &'static Array<NextHopEntry>;
+    fn reply_hops() -> &'static PerCpuArray<maps::ReplyHop<Self::Addr>>;
     fn reply_nat() -> &'static LruHashMap<FlowKeyOf<Self::Addr>, ReplyNatOf<Self::Addr>>;
     fn snat_replies() -> &'static HashMap<FlowKeyOf<Self::Addr>, SnatEntryOf<Self::Addr>>;
     fn local_endpoints() -> &'static HashMap<LocalEndpointKeyOf<Self::Addr>, LocalEndpoint>;
@@ -122,6 +123,10 @@ impl IpFamily for V4 {
     #[inline(always)]
     fn next_hops() -> &'static Array<NextHopEntry> {
         &maps::NEXT_HOPS
+    }
+    #[inline(always)]
+    fn reply_hops() -> &'static PerCpuArray<maps::ReplyHop<Addr4>> {
+        &maps::REPLY_HOPS
     }
     #[inline(always)]
     fn reply_nat() -> &'static LruHashMap<FlowKeyOf<Addr4>, ReplyNatOf<Addr4>> {
@@ -234,6 +239,10 @@ impl IpFamily for V6 {
     #[inline(always)]
     fn next_hops() -> &'static Array<NextHopEntry> {
         &maps::NEXT_HOPS6
+    }
+    #[inline(always)]
+    fn reply_hops() -> &'static PerCpuArray<maps::ReplyHop<Addr6>> {
+        &maps::REPLY_HOPS6
     }
     #[inline(always)]
     fn reply_nat() -> &'static LruHashMap<FlowKeyOf<Addr6>, ReplyNatOf<Addr6>> {

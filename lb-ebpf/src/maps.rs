@@ -154,6 +154,26 @@ pub static LOCAL_ENDPOINTS6: HashMap<LocalEndpointKey6, LocalEndpoint> =
 pub static ENDPOINT_SERVICES6: HashMap<EndpointKeyOf<Addr6>, EndpointServicesOf<Addr6>> =
     HashMap::with_max_entries(MAX_LOCAL_ENDPOINTS, BPF_F_NO_PREALLOC);
 
+/// Full NAT's replies' next hops back to their clients, cached per CPU in slots picked by the
+/// client's address (see `route::reply_lookup`); not pinned: a cache, empty after a load.
+#[map]
+pub static REPLY_HOPS: PerCpuArray<ReplyHop<Addr4>> = PerCpuArray::with_max_entries(REPLY_HOP_SLOTS, 0);
+
+#[map]
+pub static REPLY_HOPS6: PerCpuArray<ReplyHop<Addr6>> = PerCpuArray::with_max_entries(REPLY_HOP_SLOTS, 0);
+
+/// [`REPLY_HOPS`]' slots per CPU: a power of two.
+pub const REPLY_HOP_SLOTS: u32 = 1_024;
+
+/// A cached next hop back to `client`, for replies that arrived by `ingress` (the FIB's
+/// lookup starts from that interface, so its table and its answer depend on it).
+#[repr(C)]
+pub struct ReplyHop<A> {
+    pub hop: NextHopEntry,
+    pub client: A,
+    pub ingress: u32,
+}
+
 /// Scratch space for IPv6's FIB lookups (see `family::V6`), one per CPU; not pinned.
 #[map]
 pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> = PerCpuArray::with_max_entries(1, 0);

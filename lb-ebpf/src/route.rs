@@ -11,12 +11,13 @@ use aya_ebpf::{
 };
 use lb_common::{
     counters::Reason,
-    service::{FlowKeyOf, HOP_REFRESH_NS, NextHopEntry, ReplyNatOf},
+    service::{Address, FlowKeyOf, HOP_REFRESH_NS, NextHopEntry, ReplyNatOf},
 };
 use network_types::eth::EthHdr;
 
 use crate::{
     family::IpFamily,
+    maps::REPLY_HOP_SLOTS,
     packet::{L4Layout, header},
 };
 
@@ -47,30 +48,89 @@ pub fn cached_lookup<F: IpFamily>(
     now: u64,
 ) -> Result<NextHop, Reason> {
     let cached = F::next_hops().get_ptr_mut(backend);
-    if let Some(c) = cached {
-        // SAFETY: a map value, copied out at once.
-        let c = unsafe { &*c };
-        if c.ifindex != 0 && now.wrapping_sub(c.checked_ns) < HOP_REFRESH_NS && len <= c.mtu {
-            return Ok(NextHop { ifindex: c.ifindex, smac: c.smac, dmac: c.dmac, mtu: c.mtu, vlan: 0 });
-        }
+    // SAFETY: a map value, copied out at once.
+    if let Some(hop) = cached.and_then(|c| fresh(unsafe { &*c }, len, now)) {
+        return Ok(hop);
     }
     let hop = lookup::<F>(ctx, src, dst, len)?;
     if let Some(c) = cached
         && hop.mtu != 0
     {
         // SAFETY: a map value; see `maps::NEXT_HOPS` on concurrent writers.
+        unsafe { *c = entry(&hop, now) };
+    }
+    Ok(hop)
+}
+
+/// The next hop for full NAT's reply from `src` (the VIP) back to `client`, for a packet of
+/// `len` IP bytes: this CPU's cached one for the client while it is fresh, arrived by the same
+/// interface and the packet fits, else the FIB's, which then takes the client's slot. IPv6's
+/// FIB lookup costs several times IPv4's (it searches the local table, then the main one), and
+/// a reply's destination is a client, not one of a few backends, so [`cached_lookup`]'s cache
+/// cannot hold it. The cache is per CPU, so it needs no locks and no entry is ever half
+/// written; a slot names the client and interface it is for, so a client whose address shares
+/// a slot with another's only misses, and is looked up in the FIB as without a cache. As with
+/// [`cached_lookup`], a route chosen by source (the VIP) is cached as the first reply after a
+/// refresh found it.
+#[inline(always)]
+pub fn reply_lookup<F: IpFamily>(
+    ctx: &XdpContext,
+    src: &F::Addr,
+    client: &F::Addr,
+    len: u16,
+    now: u64,
+) -> Result<NextHop, Reason> {
+    let ingress = ctx.ingress_ifindex() as u32;
+    let slot = client.fold().wrapping_mul(0x9e37_79b9) >> (32 - REPLY_HOP_SLOTS.trailing_zeros());
+    let cached = F::reply_hops().get_ptr_mut(slot);
+    if let Some(c) = cached {
+        // SAFETY: this CPU's map value, copied out at once.
+        let c = unsafe { &*c };
+        if c.client == *client
+            && c.ingress == ingress
+            && let Some(hop) = fresh(&c.hop, len, now)
+        {
+            return Ok(hop);
+        }
+    }
+    let hop = lookup::<F>(ctx, src, client, len)?;
+    if let Some(c) = cached
+        && hop.mtu != 0
+    {
+        // SAFETY: this CPU's map value: no other program writes it meanwhile.
         unsafe {
-            *c = NextHopEntry {
-                ifindex: hop.ifindex,
-                smac: hop.smac,
-                dmac: hop.dmac,
-                mtu: hop.mtu,
-                _pad: [0; 6],
-                checked_ns: now,
-            };
+            (*c).hop = entry(&hop, now);
+            (*c).client = *client;
+            (*c).ingress = ingress;
         }
     }
     Ok(hop)
+}
+
+/// A cached hop, if it was looked up less than [`HOP_REFRESH_NS`] ago and a packet of `len`
+/// IP bytes fits it.
+#[inline(always)]
+fn fresh(c: &NextHopEntry, len: u16, now: u64) -> Option<NextHop> {
+    (c.ifindex != 0 && now.wrapping_sub(c.checked_ns) < HOP_REFRESH_NS && len <= c.mtu).then_some(NextHop {
+        ifindex: c.ifindex,
+        smac: c.smac,
+        dmac: c.dmac,
+        mtu: c.mtu,
+        vlan: 0,
+    })
+}
+
+/// `hop` as cached, looked up `now`.
+#[inline(always)]
+fn entry(hop: &NextHop, now: u64) -> NextHopEntry {
+    NextHopEntry {
+        ifindex: hop.ifindex,
+        smac: hop.smac,
+        dmac: hop.dmac,
+        mtu: hop.mtu,
+        _pad: [0; 6],
+        checked_ns: now,
+    }
 }
 
 /// Looks up the route from `src` to `dst` for a packet of `tot_len` IP bytes. Errors name the

@@ -215,6 +215,44 @@ fn next_hop_fixtures(ifindex: u32) {
     assert_eq!(hop, NextHopEntry::default(), "the new backend's slot has no hop");
 }
 
+/// Full NAT's replies go back to their client by a next hop cached per CPU and client, without
+/// asking the FIB, but only for `HOP_REFRESH_NS`: after that a replaced neighbour is followed.
+/// Every reply to the client shares the client's hop, whichever flow it belongs to.
+#[test]
+fn cached_reply_hops_are_refreshed_not_trusted_forever() {
+    lb_lab::fixture::in_lab_node(|ifindex| {
+        const MOVED_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x98];
+        let f = Fixture::load(ifindex);
+        let flows = [41_000, 41_001].map(|sport| {
+            let input = segment_frame((CLIENT_MAC, NODE_MAC), CLIENT, VIP, 64, 17, (sport, 81));
+            let (action, _) = f.run(&input);
+            assert_eq!(action, XDP_TX, "full NAT to the remote pod");
+            let port = snat_port(sport, 81, 17);
+            let reply = segment_frame((PEER_MAC, NODE_MAC), REMOTE_POD, NODE, 64, 17, (8080, port));
+            let to_client = move |mac| segment_frame((NODE_MAC, mac), VIP, CLIENT, 63, 17, (81, sport));
+            (reply, to_client)
+        });
+        let [(reply, to_client), (other_reply, other_to_client)] = &flows;
+        check(&f, "first reply: the FIB's hop", reply, XDP_TX, &to_client(CLIENT_MAC));
+
+        // The client's MAC changes: its cached hop is used until the refresh is due, by this
+        // flow's replies and by another flow's to the same client…
+        let status = std::process::Command::new("ip")
+            .args(["neigh", "replace", &CLIENT.to_string(), "lladdr", "02:1b:00:00:00:98"])
+            .args(["dev", "eth0", "nud", "permanent"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "ip neigh replace");
+        check(&f, "neighbour replaced, hop still cached", reply, XDP_TX, &to_client(CLIENT_MAC));
+        check(&f, "another flow, the cached hop", other_reply, XDP_TX, &other_to_client(CLIENT_MAC));
+        // …and once it is due, the new neighbour.
+        let refresh = std::time::Duration::from_nanos(lb_common::service::HOP_REFRESH_NS);
+        std::thread::sleep(refresh + std::time::Duration::from_millis(100));
+        check(&f, "refresh due: the new neighbour", reply, XDP_TX, &to_client(MOVED_MAC));
+        check(&f, "another flow: the new neighbour", other_reply, XDP_TX, &other_to_client(MOVED_MAC));
+    });
+}
+
 /// Four more services on the local pod's port 8080, TCP and UDP: with `local` (and `dsr-here`
 /// for TCP) more than an endpoint's listing holds, so TCP ports 92 and 93 and UDP port 93 are
 /// not listed.

@@ -112,6 +112,9 @@ enum Bench {
         /// A git revision whose object runs beside this code's (e.g. `HEAD~1`); repeatable.
         #[arg(long)]
         against: Vec<String>,
+        /// Only this path, in both families: `local`, `full-nat`, `dsr` or `reply`.
+        #[arg(long)]
+        path: Option<String>,
     },
     /// VRRP under CPU pressure: N agents in one spread group on this machine, cold start and
     /// after disturbances (an agent stopped for 300 ms, a CPU hog), settle times, CPU and
@@ -232,7 +235,7 @@ fn main() -> Result<()> {
             prepare_bench()?;
             run_sized_bench("bench-scale", "scale", quick, only)
         }
-        Task::Bench { which: Bench::Program { flows, against } } => {
+        Task::Bench { which: Bench::Program { flows, against, path } } => {
             let objects = against
                 .iter()
                 .map(|rev| Ok(format!("{rev}={}", baseline::build_object(rev)?.display())))
@@ -242,6 +245,9 @@ fn main() -> Result<()> {
             let mut args = vec!["--flows", flows.as_str()];
             for object in &objects {
                 args.extend(["--against", object.as_str()]);
+            }
+            if let Some(path) = &path {
+                args.extend(["--path", path.as_str()]);
             }
             run_bench("bench-program", &args, None)
         }

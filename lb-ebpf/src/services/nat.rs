@@ -283,7 +283,9 @@ pub(super) fn translate_reply<F: IpFamily>(
         let (action, reason) = route_out::<F>(ctx, layout, &to, &hop, Reason::ReplyTranslated);
         return Some(stats::verdict(reason, bytes, action));
     }
-    let hop = match route::lookup::<F>(ctx, &to.src, &to.dst, tot_len) {
+    // SAFETY: a helper without arguments.
+    let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_coarse_ns() };
+    let hop = match route::reply_lookup::<F>(ctx, &to.src, &to.dst, tot_len, now) {
         Ok(hop) => hop,
         // Back the way the client's packets came: to the MAC they came from, out of the
         // interface the route to the client takes (with several uplinks, not necessarily the

@@ -47,6 +47,8 @@ const RUNS_PER_ROUND: usize = 2_000;
 /// A service path: its name, frames (one a flow), and the action the program must take.
 struct Path {
     name: &'static str,
+    /// The path's name in file names (`LB_BENCH_PERF`'s profiles).
+    slug: &'static str,
     frames: Vec<Vec<u8>>,
     action: u32,
 }
@@ -69,12 +71,13 @@ fn paths(f: IpFamily, flows: u16) -> Vec<Path> {
     vec![
         Path {
             name: "local delivery (UDP: DNAT, redirect to the pod)",
+            slug: "local",
             frames: to_vip(17, 80),
             action: XDP_REDIRECT,
         },
-        Path { name: "full NAT (UDP)", frames: to_vip(17, 81), action: XDP_TX },
-        Path { name: "DSR (TCP, encapsulated)", frames: to_vip(6, 82), action: XDP_TX },
-        Path { name: "full NAT's reply (UDP)", frames: replies, action: XDP_TX },
+        Path { name: "full NAT (UDP)", slug: "full-nat", frames: to_vip(17, 81), action: XDP_TX },
+        Path { name: "DSR (TCP, encapsulated)", slug: "dsr", frames: to_vip(6, 82), action: XDP_TX },
+        Path { name: "full NAT's reply (UDP)", slug: "reply", frames: replies, action: XDP_TX },
     ]
 }
 
@@ -136,7 +139,7 @@ fn measure(
 
 /// The rows: each family's paths, then `lb_pass`'s, one timing per object. Both families run
 /// in one dual-stack lab on the same loads, so that their ratio compares like with like.
-fn run(objects: Vec<(String, Vec<u8>)>, flows: u16) -> Vec<(String, Vec<Timing>)> {
+fn run(objects: Vec<(String, Vec<u8>)>, flows: u16, only: Option<String>) -> Vec<(String, Vec<Timing>)> {
     let (rows, results) = mpsc::channel();
     in_node_with_local_pod(IpFamily::V6, move |ifindex, _| {
         let loaded: Vec<Vec<Ebpf>> = objects
@@ -154,8 +157,24 @@ fn run(objects: Vec<(String, Vec<u8>)>, flows: u16) -> Vec<(String, Vec<Timing>)
             })
             .collect();
         for f in FAMILIES {
-            for path in paths(f, flows) {
+            let (timed, skipped): (Vec<Path>, Vec<Path>) =
+                paths(f, flows).into_iter().partition(|p| only.as_deref().is_none_or(|o| o == p.slug));
+            // Paths left out still set up their flows: the replies need full NAT's ports.
+            for path in &skipped {
+                for frame in &path.frames {
+                    for load in loaded.iter().flatten() {
+                        run_xdp_timed(
+                            load.program(UPLINK_PROGRAM).unwrap().try_into().unwrap(),
+                            frame,
+                            ifindex,
+                        );
+                    }
+                }
+            }
+            for path in timed {
+                let profile = profile(&format!("{}-{}", f.pick("ipv4", "ipv6"), path.slug));
                 let timings = measure(&loaded, UPLINK_PROGRAM, &path.frames, path.action, ifindex);
+                stop(profile);
                 rows.send((format!("{}, {}", f.pick("IPv4", "IPv6"), path.name), timings)).unwrap();
             }
         }
@@ -165,6 +184,34 @@ fn run(objects: Vec<(String, Vec<u8>)>, flows: u16) -> Vec<(String, Vec<Timing>)
         rows.send((PASS_ROW.to_string(), measure(&loaded, "lb_pass", &[pass], XDP_PASS, ifindex))).unwrap();
     });
     results.iter().collect()
+}
+
+/// With `LB_BENCH_PERF=<dir>`, a profile of this thread (kernel and BPF, call graphs) while
+/// it runs one path, as `<dir>/<name>.data`: where a path's time goes, by helper and kernel
+/// function (`perf report -i <dir>/<name>.data --no-children`).
+fn profile(name: &str) -> Option<std::process::Child> {
+    let dir = std::env::var("LB_BENCH_PERF").ok()?;
+    // SAFETY: a system call without arguments.
+    let tid = unsafe { libc::gettid() };
+    let child = std::process::Command::new("perf")
+        .args(["record", "-q", "-F", "4999", "-g", "-t", &tid.to_string(), "-o"])
+        .arg(format!("{dir}/{name}.data"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("perf");
+    // perf needs a moment to attach before the runs start.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    Some(child)
+}
+
+/// Ends a [`profile`], letting perf write its file.
+fn stop(profile: Option<std::process::Child>) {
+    if let Some(mut perf) = profile {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
+        let _ = perf.wait();
+    }
 }
 
 const PASS_ROW: &str = "lb_pass (the test run's own cost)";
@@ -238,6 +285,12 @@ fn main() {
         });
         objects.push((label.to_string(), bytes));
     }
+    let only = arg("--path");
+    let slugs: Vec<&str> = paths(IpFamily::V4, 1).iter().map(|p| p.slug).collect();
+    if let Some(path) = only.as_deref().filter(|p| !slugs.contains(p)) {
+        eprintln!("--path: expected one of {}, got {path}", slugs.join(", "));
+        std::process::exit(2)
+    }
     let labels: Vec<String> = objects.iter().map(|(label, _)| label.clone()).collect();
     println!(
         "BPF_PROG_TEST_RUN, one packet a run, {flows} flow(s) a path; {} runs per object and path, objects \
@@ -251,7 +304,7 @@ fn main() {
         frame_len(IpFamily::V4),
         frame_len(IpFamily::V6)
     );
-    let rows = run(objects, flows);
+    let rows = run(objects, flows, only);
     print_table(&labels, &rows);
     println!("\nIPv6 ÷ IPv4, the program's time alone (each less lb_pass's time):");
     print_family_ratios(&labels, &rows);

@@ -1,5 +1,5 @@
-//! What the bench binaries (`src/bin/bench-*.rs`) share: order statistics over their runs, and
-//! the values given on their command lines.
+//! What the bench binaries (`src/bin/bench-*.rs`) share: order statistics over their runs, the
+//! values given on their command lines, and `LB_BENCH_PERF`'s profiles.
 
 use std::cmp::Ordering;
 
@@ -26,6 +26,36 @@ pub fn arg_values(flag: &str) -> Vec<String> {
 /// The first value given after `flag` on the command line.
 pub fn arg(flag: &str) -> Option<String> {
     arg_values(flag).into_iter().next()
+}
+
+/// A `perf record` of one thread or process running while this lives, into
+/// `$LB_BENCH_PERF/<name>.data`; `None` when `LB_BENCH_PERF` is not set. `target` is perf's
+/// (`-t <tid>` or `-p <pid>`), `hz` its sampling rate.
+pub struct Profile(std::process::Child);
+
+impl Profile {
+    pub fn start(name: &str, target: [&str; 2], hz: u32) -> Option<Profile> {
+        let dir = std::env::var("LB_BENCH_PERF").ok()?;
+        let child = std::process::Command::new("perf")
+            .args(["record", "-q", "-F", &hz.to_string(), "-g"])
+            .args(target)
+            .arg("-o")
+            .arg(format!("{dir}/{name}.data"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("perf");
+        Some(Profile(child))
+    }
+}
+
+impl Drop for Profile {
+    /// SIGINT makes perf write its file; waits for it.
+    fn drop(&mut self) {
+        // SAFETY: signalling the child we spawned.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+        let _ = self.0.wait();
+    }
 }
 
 #[cfg(test)]

@@ -748,16 +748,7 @@ impl Bench {
         std::thread::sleep(Duration::from_millis(100));
         // LB_BENCH_PERF=<dir>: a kernel profile of the forwarder thread per mode, for finding
         // where a mode's time goes (`perf report -i <dir>/<mode>.data`).
-        let profile = std::env::var("LB_BENCH_PERF").ok().map(|dir| {
-            let name = mode.slug();
-            Command::new("perf")
-                .args(["record", "-q", "-F", "2999", "-g", "-t", &self.napi_thread.to_string(), "-o"])
-                .arg(format!("{dir}/{name}.data"))
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .expect("perf")
-        });
+        let profile = lb_lab::bench::Profile::start(mode.slug(), ["-t", &self.napi_thread.to_string()], 2999);
         let program = self.uplink_program();
         let before_program = program.map(program_stats);
         let (before_rx, before_cpu) = (received(), schedstat(self.napi_thread));
@@ -765,11 +756,7 @@ impl Bench {
         std::thread::sleep(Duration::from_millis(100));
         let delivered = received() - before_rx;
         let cpu_ns = schedstat(self.napi_thread) - before_cpu;
-        if let Some(mut perf) = profile {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
-            let _ = perf.wait();
-        }
+        drop(profile);
         let program_ns = program.zip(before_program).and_then(|(id, (time0, runs0))| {
             let (time, runs) = program_stats(id);
             (runs > runs0).then(|| (time - time0) as f64 / (runs - runs0) as f64)

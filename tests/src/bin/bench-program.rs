@@ -18,6 +18,10 @@
 //! cost, given as the `lb_pass` row (a program that only returns); the IPv6 ÷ IPv4 table takes
 //! it off both. Two objects alike differ by up to 3 % (runs of one object against itself).
 //!
+//! `--path local|full-nat|dsr|reply` times one path in both families (the others' flows are
+//! still set up: replies need full NAT's ports). `LB_BENCH_PERF=<dir>` profiles each path's
+//! runs (`perf report -i <dir>/ipv6-reply.data --no-children`).
+//!
 //! Prints Markdown tables; writes nothing into the book.
 
 use std::{path::PathBuf, sync::mpsc};
@@ -25,7 +29,7 @@ use std::{path::PathBuf, sync::mpsc};
 use aya::{Ebpf, programs::Xdp};
 use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM};
 use lb_lab::{
-    bench::{arg, arg_values, median, quantile},
+    bench::{Profile, arg, arg_values, median, quantile},
     family::{
         FAMILIES, IpFamily, LabFamily, in_node_with_local_pod, load_services_of, segment_frame, snat_port,
     },
@@ -172,9 +176,18 @@ fn run(objects: Vec<(String, Vec<u8>)>, flows: u16, only: Option<String>) -> Vec
                 }
             }
             for path in timed {
-                let profile = profile(&format!("{}-{}", f.pick("ipv4", "ipv6"), path.slug));
+                // LB_BENCH_PERF=<dir>: this thread's profile per path (kernel and BPF functions,
+                // helpers), as `<dir>/<family>-<path>.data`.
+                // SAFETY: a system call without arguments.
+                let tid = unsafe { libc::gettid() };
+                let name = format!("{}-{}", f.pick("ipv4", "ipv6"), path.slug);
+                let profile = Profile::start(&name, ["-t", &tid.to_string()], 4999);
+                if profile.is_some() {
+                    // perf needs a moment to attach before the runs start.
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                }
                 let timings = measure(&loaded, UPLINK_PROGRAM, &path.frames, path.action, ifindex);
-                stop(profile);
+                drop(profile);
                 rows.send((format!("{}, {}", f.pick("IPv4", "IPv6"), path.name), timings)).unwrap();
             }
         }
@@ -184,34 +197,6 @@ fn run(objects: Vec<(String, Vec<u8>)>, flows: u16, only: Option<String>) -> Vec
         rows.send((PASS_ROW.to_string(), measure(&loaded, "lb_pass", &[pass], XDP_PASS, ifindex))).unwrap();
     });
     results.iter().collect()
-}
-
-/// With `LB_BENCH_PERF=<dir>`, a profile of this thread (kernel and BPF, call graphs) while
-/// it runs one path, as `<dir>/<name>.data`: where a path's time goes, by helper and kernel
-/// function (`perf report -i <dir>/<name>.data --no-children`).
-fn profile(name: &str) -> Option<std::process::Child> {
-    let dir = std::env::var("LB_BENCH_PERF").ok()?;
-    // SAFETY: a system call without arguments.
-    let tid = unsafe { libc::gettid() };
-    let child = std::process::Command::new("perf")
-        .args(["record", "-q", "-F", "4999", "-g", "-t", &tid.to_string(), "-o"])
-        .arg(format!("{dir}/{name}.data"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("perf");
-    // perf needs a moment to attach before the runs start.
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    Some(child)
-}
-
-/// Ends a [`profile`], letting perf write its file.
-fn stop(profile: Option<std::process::Child>) {
-    if let Some(mut perf) = profile {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
-        let _ = perf.wait();
-    }
 }
 
 const PASS_ROW: &str = "lb_pass (the test run's own cost)";

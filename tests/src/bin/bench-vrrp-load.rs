@@ -228,23 +228,11 @@ fn ticks(pid: u32) -> u64 {
 /// Each agent's CPU over `window`, as a share of one core. With `LB_BENCH_PERF=<dir>`, the
 /// first agent is profiled meanwhile into `<dir>/<what>.data` (`perf report -i …`).
 fn cpu_shares(agents: &[Agent], window: Duration, what: &str) -> Vec<f64> {
-    let profile = std::env::var("LB_BENCH_PERF").ok().map(|dir| {
-        std::process::Command::new("perf")
-            .args(["record", "-q", "-F", "999", "-g", "-p", &agents[0].pid().to_string(), "-o"])
-            .arg(format!("{dir}/{what}.data"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("perf")
-    });
+    let profile = lb_lab::bench::Profile::start(what, ["-p", &agents[0].pid().to_string()], 999);
     let before: Vec<u64> = agents.iter().map(|a| ticks(a.pid())).collect();
     let started = Instant::now();
     std::thread::sleep(window);
-    if let Some(mut perf) = profile {
-        // SAFETY: signalling the child we spawned; SIGINT makes perf write its file.
-        unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
-        let _ = perf.wait();
-    }
+    drop(profile);
     let elapsed = started.elapsed().as_secs_f64();
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;

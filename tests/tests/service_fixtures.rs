@@ -129,11 +129,6 @@ fn cached_next_hops_are_refreshed_not_trusted_forever() {
 fn next_hop_fixtures(ifindex: u32) {
     use lb_common::service::{HOP_REFRESH_NS, NextHopEntry};
     const MOVED_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x99];
-    // Inside the node's namespace: commands run here act on its tables.
-    let ip = |args: &[&str]| {
-        let status = std::process::Command::new("ip").args(args).status().unwrap();
-        assert!(status.success(), "ip {args:?}");
-    };
     let mut f = Fixture::load(ifindex);
     let to_node = (CLIENT_MAC, NODE_MAC);
     let input = segment_frame(to_node, CLIENT, VIP, 64, 17, (41_000, 81));
@@ -237,12 +232,8 @@ fn cached_reply_hops_are_refreshed_not_trusted_forever() {
 
         // The client's MAC changes: its cached hop is used until the refresh is due, by this
         // flow's replies and by another flow's to the same client…
-        let status = std::process::Command::new("ip")
-            .args(["neigh", "replace", &CLIENT.to_string(), "lladdr", "02:1b:00:00:00:98"])
-            .args(["dev", "eth0", "nud", "permanent"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "ip neigh replace");
+        let moved = lb_lab::format_mac(&MOVED_MAC);
+        ip(&["neigh", "replace", &CLIENT.to_string(), "lladdr", &moved, "dev", "eth0", "nud", "permanent"]);
         check(&f, "neighbour replaced, hop still cached", reply, XDP_TX, &to_client(CLIENT_MAC));
         check(&f, "another flow, the cached hop", other_reply, XDP_TX, &other_to_client(CLIENT_MAC));
         // …and once it is due, the new neighbour.
@@ -251,6 +242,13 @@ fn cached_reply_hops_are_refreshed_not_trusted_forever() {
         check(&f, "refresh due: the new neighbour", reply, XDP_TX, &to_client(MOVED_MAC));
         check(&f, "another flow: the new neighbour", other_reply, XDP_TX, &other_to_client(MOVED_MAC));
     });
+}
+
+/// Runs `ip` with `args` in this thread's namespace (a lab node's, inside `in_lab_node`): acts
+/// on the tables the program's FIB lookups read.
+fn ip(args: &[&str]) {
+    let status = std::process::Command::new("ip").args(args).status().unwrap();
+    assert!(status.success(), "ip {args:?}");
 }
 
 /// Four more services on the local pod's port 8080, TCP and UDP: with `local` (and `dsr-here`

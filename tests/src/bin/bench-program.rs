@@ -103,15 +103,8 @@ fn measure(
     action: u32,
     ifindex: u32,
 ) -> Vec<Timing> {
-    let programs: Vec<Vec<&Xdp>> = objects
-        .iter()
-        .map(|loads| loads.iter().map(|o| o.program(program).unwrap().try_into().unwrap()).collect())
-        .collect();
-    for p in programs.iter().flatten() {
-        for frame in frames {
-            run_xdp_timed(p, frame, ifindex);
-        }
-    }
+    let programs = programs(objects, program);
+    set_up(&programs, frames, ifindex);
     let mut times = vec![Vec::with_capacity(ROUNDS * RUNS_PER_ROUND); objects.len()];
     let mut other = vec![0usize; objects.len()];
     for round in 0..ROUNDS {
@@ -141,6 +134,23 @@ fn measure(
         .collect()
 }
 
+/// Sends every frame once to every load of `programs`: the flows are then established.
+fn set_up(programs: &[Vec<&Xdp>], frames: &[Vec<u8>], ifindex: u32) {
+    for p in programs.iter().flatten() {
+        for frame in frames {
+            run_xdp_timed(p, frame, ifindex);
+        }
+    }
+}
+
+/// `program` of each of `objects`' loads.
+fn programs<'a>(objects: &'a [Vec<Ebpf>], program: &str) -> Vec<Vec<&'a Xdp>> {
+    objects
+        .iter()
+        .map(|loads| loads.iter().map(|o| o.program(program).unwrap().try_into().unwrap()).collect())
+        .collect()
+}
+
 /// The rows: each family's paths, then `lb_pass`'s, one timing per object. Both families run
 /// in one dual-stack lab on the same loads, so that their ratio compares like with like.
 fn run(objects: Vec<(String, Vec<u8>)>, flows: u16, only: Option<String>) -> Vec<(String, Vec<Timing>)> {
@@ -165,15 +175,7 @@ fn run(objects: Vec<(String, Vec<u8>)>, flows: u16, only: Option<String>) -> Vec
                 paths(f, flows).into_iter().partition(|p| only.as_deref().is_none_or(|o| o == p.slug));
             // Paths left out still set up their flows: the replies need full NAT's ports.
             for path in &skipped {
-                for frame in &path.frames {
-                    for load in loaded.iter().flatten() {
-                        run_xdp_timed(
-                            load.program(UPLINK_PROGRAM).unwrap().try_into().unwrap(),
-                            frame,
-                            ifindex,
-                        );
-                    }
-                }
+                set_up(&programs(&loaded, UPLINK_PROGRAM), &path.frames, ifindex);
             }
             for path in timed {
                 // LB_BENCH_PERF=<dir>: this thread's profile per path (kernel and BPF functions,

@@ -96,8 +96,9 @@ impl VipKey {
     }
 }
 
-/// An IPv6 address, exactly as it appears in the packet.
-#[repr(C)]
+/// An IPv6 address, exactly as it appears in the packet; 4-aligned, so the XDP program reads
+/// it a word at a time (see [`crate::words`]).
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Vip6Key {
     pub addr: [u8; 16],

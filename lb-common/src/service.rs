@@ -130,6 +130,10 @@ pub trait Address: Copy + Eq + Ord + core::hash::Hash + core::fmt::Debug + 'stat
     const MAPS: FamilyMaps;
     /// Mixes the address into the flow hash (see [`crate::hash`]).
     fn mix_into(&self, h: u32) -> u32;
+    /// Whether the two are the same address; in BPF a word at a time, so both must lie
+    /// 4-aligned, as in a key, a map value or a `#[repr(align(4))]` value (see [`crate::words`]:
+    /// the verifier refuses a misaligned one on the stack).
+    fn same(&self, other: &Self) -> bool;
     /// The address's words XORed into one: a cheap summary for hints (the VIP filter), never
     /// for a table's buckets, where a client could aim for collisions.
     fn fold(&self) -> u32;
@@ -180,6 +184,10 @@ impl Address for [u8; 4] {
         crate::murmur3::mix(h, u32::from_be_bytes(*self))
     }
     #[inline(always)]
+    fn same(&self, other: &Self) -> bool {
+        self == other
+    }
+    #[inline(always)]
     fn fold(&self) -> u32 {
         u32::from_be_bytes(*self)
     }
@@ -211,6 +219,10 @@ impl Address for [u8; 16] {
     #[inline(always)]
     fn mix_into(&self, h: u32) -> u32 {
         crate::words::be_words(self).into_iter().fold(h, crate::murmur3::mix)
+    }
+    #[inline(always)]
+    fn same(&self, other: &Self) -> bool {
+        crate::words::same(self, other)
     }
     #[inline(always)]
     fn fold(&self) -> u32 {
@@ -475,13 +487,27 @@ impl<A: Address> SnatEntryOf<A> {
     /// Whether this entry is `flow`'s: its replies go back to `flow`'s client from its VIP.
     pub fn belongs_to(&self, flow: &FlowKeyOf<A>) -> bool {
         let r = &self.reply;
-        r.src == flow.dst && r.dst == flow.src && r.sport == flow.dport && r.dport == flow.sport
+        r.src.same(&flow.dst) && r.dst.same(&flow.src) && r.sport == flow.dport && r.dport == flow.sport
     }
 }
 
 impl<A> ReplyNatOf<A> {
     pub const fn new(src: A, dst: A, sport: [u8; 2], dport: [u8; 2]) -> Self {
         Self { src, dst, sport, dport, peer_mac: [0; 6], peer_vlan: 0 }
+    }
+}
+
+impl<A: Address> ReplyNatOf<A> {
+    /// `==`, with the addresses compared as [`Address::same`] does (so both must lie
+    /// 4-aligned, as a map value or a value of this type does).
+    #[inline(always)]
+    pub fn same(&self, other: &Self) -> bool {
+        self.src.same(&other.src)
+            && self.dst.same(&other.dst)
+            && self.sport == other.sport
+            && self.dport == other.dport
+            && self.peer_mac == other.peer_mac
+            && self.peer_vlan == other.peer_vlan
     }
 }
 

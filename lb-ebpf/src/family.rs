@@ -18,6 +18,7 @@ use lb_common::{
         ReplyNatOf, Service, ServiceKeyOf, Settings, SnatEntryOf,
     },
     vip_filter::VipFilter,
+    words::Aligned,
 };
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 
@@ -57,7 +58,7 @@ pub trait IpFamily: Sized {
     /// The node-wide address of this family, where there is one (IPv4's `Settings`).
     fn node_addr(settings: &Settings) -> Option<Self::Addr>;
     /// This node's address on interface `ifindex`, when that is an uplink with one.
-    fn uplink_source(ifindex: u32) -> Option<Self::Addr>;
+    fn uplink_source(ifindex: u32) -> Option<Aligned<Self::Addr>>;
     /// See [`owned::is_owned_exclusively`].
     fn is_owned_exclusively(ctx: &XdpContext, addr: Self::Addr) -> bool;
     /// Runs `f` with a zeroed FIB parameter block: on the stack for IPv4; for IPv6 in a per-CPU
@@ -150,8 +151,8 @@ impl IpFamily for V4 {
         Some(settings.node_addr)
     }
     #[inline(always)]
-    fn uplink_source(ifindex: u32) -> Option<Addr4> {
-        uplink::source(ifindex)
+    fn uplink_source(ifindex: u32) -> Option<Aligned<Addr4>> {
+        uplink::source(ifindex).map(Aligned)
     }
     #[inline(always)]
     fn is_owned_exclusively(ctx: &XdpContext, addr: Addr4) -> bool {
@@ -266,9 +267,9 @@ impl IpFamily for V6 {
         None
     }
     #[inline(always)]
-    fn uplink_source(ifindex: u32) -> Option<Addr6> {
+    fn uplink_source(ifindex: u32) -> Option<Aligned<Addr6>> {
         // SAFETY: copied out at once.
-        unsafe { maps::UPLINK_ADDRS6.get(&UplinkKey::new(ifindex, 0)) }.map(|a| a.addr)
+        unsafe { maps::UPLINK_ADDRS6.get(&UplinkKey::new(ifindex, 0)) }.map(|a| Aligned(a.addr))
     }
     #[inline(always)]
     fn is_owned_exclusively(ctx: &XdpContext, addr: Addr6) -> bool {

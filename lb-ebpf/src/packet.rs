@@ -66,16 +66,46 @@ pub fn l4_layout(proto: u8) -> Option<L4Layout> {
 }
 
 /// The packet's 5-tuple, its addresses copied a word at a time straight into the (aligned)
-/// key. In Rust a copy from the packet, whose addresses must be taken as unaligned, is sixteen
-/// byte loads and stores an address; and words LLVM can see it keeps as values, each spilled
-/// to a stack slot of its own. So the copy is one opaque block of eight word loads and stores.
+/// key (see [`copy_address_pair`]).
 #[inline(always)]
 pub fn flow_key6(ip: &Ipv6Hdr, ports: &Ports, flow: &mut FlowKey6) {
     let from = (ip as *const Ipv6Hdr).cast::<u8>().wrapping_add(core::mem::offset_of!(Ipv6Hdr, src_addr));
     // SAFETY: `ip` covers the whole 40-byte header, so the 32 bytes of addresses from
-    // `src_addr` lie inside it; the key's are 4-aligned (asserted below). The loads may be
-    // unaligned, which the kernel allows for packet memory where unaligned access is efficient
-    // (see `lb_common::words`).
+    // `src_addr` lie inside it; the key's are 4-aligned (asserted below).
+    unsafe { copy_address_pair(from, (flow as *mut FlowKey6).cast::<u8>()) };
+    flow.sport = ports.sport;
+    flow.dport = ports.dport;
+    flow.proto = ip.next_hdr;
+    flow._pad = [0; 3];
+}
+
+/// Copies an IPv6 address pair (source then destination, 32 bytes) between the packet and a
+/// 4-aligned value (see [`copy_address`]).
+///
+/// # Safety
+/// As [`copy_address`]'s, for 32 bytes.
+#[inline(always)]
+pub unsafe fn copy_address_pair(from: *const u8, to: *mut u8) {
+    // SAFETY: as the caller promised.
+    unsafe {
+        copy_address(from, to);
+        copy_address(from.wrapping_add(16), to.wrapping_add(16));
+    }
+}
+
+/// Copies an IPv6 address between the packet and a 4-aligned value, a word at a time. In Rust
+/// a copy to or from the packet, whose addresses must be taken as unaligned, is sixteen byte
+/// loads and stores; and words LLVM can see it keeps as values, each spilled to a stack slot of
+/// its own. So the copy is one opaque block of four word loads and stores. The packet's side
+/// may be unaligned, which the kernel allows for packet memory where unaligned access is
+/// efficient (see `lb_common::words`).
+///
+/// # Safety
+/// `from` points to 16 bytes the program may read and `to` to 16 it may write, and the side
+/// that is not the packet's is 4-aligned.
+#[inline(always)]
+pub unsafe fn copy_address(from: *const u8, to: *mut u8) {
+    // SAFETY: as the caller promised.
     unsafe {
         core::arch::asm!(
             "{w} = *(u32 *)({from} + 0)",
@@ -86,24 +116,12 @@ pub fn flow_key6(ip: &Ipv6Hdr, ports: &Ports, flow: &mut FlowKey6) {
             "*(u32 *)({to} + 8) = {w}",
             "{w} = *(u32 *)({from} + 12)",
             "*(u32 *)({to} + 12) = {w}",
-            "{w} = *(u32 *)({from} + 16)",
-            "*(u32 *)({to} + 16) = {w}",
-            "{w} = *(u32 *)({from} + 20)",
-            "*(u32 *)({to} + 20) = {w}",
-            "{w} = *(u32 *)({from} + 24)",
-            "*(u32 *)({to} + 24) = {w}",
-            "{w} = *(u32 *)({from} + 28)",
-            "*(u32 *)({to} + 28) = {w}",
             from = in(reg) from,
-            to = in(reg) (flow as *mut FlowKey6),
+            to = in(reg) to,
             w = out(reg) _,
             options(nostack, preserves_flags),
         );
     }
-    flow.sport = ports.sport;
-    flow.dport = ports.dport;
-    flow.proto = ip.next_hdr;
-    flow._pad = [0; 3];
 }
 
 const _: () = {

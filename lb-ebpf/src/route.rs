@@ -86,7 +86,7 @@ pub fn reply_lookup<F: IpFamily>(
     if let Some(c) = cached {
         // SAFETY: this CPU's map value, copied out at once.
         let c = unsafe { &*c };
-        if c.client == *client
+        if c.client.same(client)
             && c.ingress == ingress
             && let Some(hop) = fresh(&c.hop, len, now)
         {
@@ -219,7 +219,7 @@ pub fn remember_reply<F: IpFamily>(backend_addr: F::Addr, backend_port: [u8; 2],
         // A lookup is much cheaper than an LRU update, and most packets belong to flows whose
         // entry is already right; the lookup also keeps that entry recent.
         // SAFETY: compared at once.
-        if unsafe { F::reply_nat().get(&*key) }.is_some_and(|current| *current == *reply) {
+        if unsafe { F::reply_nat().get(&*key) }.is_some_and(|current| current.same(reply)) {
             return;
         }
         let _ = F::reply_nat().insert(&*key, &*reply, 0);

@@ -239,6 +239,41 @@ fn run_family(f: IpFamily, ifindex: u32, local: LocalMacs) {
         zero_udp_checksum_stays_zero(&ebpf, ifindex);
     }
     random_frames_never_abort(f, &ebpf, ifindex);
+    random_clients_are_translated_exactly(f, &ebpf, ifindex, local);
+}
+
+/// Clients at random addresses and ports, sending random payloads (so the checksums they
+/// carry are random too), reach the local pod with exactly the frame built from scratch: the
+/// incremental checksum update (IPv6: a word sum written out, see `rewrite::addresses_diff`)
+/// agrees with a full one, carries and all.
+fn random_clients_are_translated_exactly(f: IpFamily, ebpf: &Ebpf, ifindex: u32, local: LocalMacs) {
+    let mut noise = Noise::new(0x2545_f491_4f6c_dd1d ^ f as u64);
+    let mut next = move || noise.byte();
+    let (vip, here) = (f.vip(), f.pod(0, 2));
+    for round in 0..400 {
+        let client = match f.client() {
+            IpAddr::V4(c) => {
+                let [a, b, ..] = c.octets();
+                IpAddr::from([a, b, next(), next().max(1)])
+            }
+            IpAddr::V6(c) => {
+                let mut octets = c.octets();
+                octets[8..].iter_mut().for_each(|o| *o = next());
+                IpAddr::from(octets)
+            }
+        };
+        let sport = u16::from_be_bytes([next(), next()]).max(1024);
+        let proto = [6, 17][round % 2];
+        let data: Vec<u8> = (0..usize::from(next() % 48)).map(|_| next()).collect();
+        let frame = |macs, dst, ttl, dport| {
+            ip_frame(macs, client, dst, ttl, proto, &segment(proto, client, dst, (sport, dport), &data))
+        };
+        let input = frame((CLIENT_MAC, NODE_MAC), vip, 64, 80);
+        let (action, out) = run_uplink(ebpf, &input, ifindex);
+        let name = format!("{}: {client} port {sport}, protocol {proto}", f.as_str());
+        assert_eq!(action, XDP_REDIRECT, "{name}");
+        assert_eq!(out, frame((local.host, local.pod), here, 63, 8080), "{name}");
+    }
 }
 
 /// IPv4 only (IPv6 requires the UDP checksum, RFC 8200 §8.1): UDP without a checksum keeps

@@ -84,7 +84,7 @@ pub fn encapsulate(
     outer.payload_len = ip_len.to_be_bytes();
     outer.next_hdr = PROTO_IPV6;
     outer.hop_limit = OUTER_HOP_LIMIT;
-    outer.src_addr = source;
+    outer.src_addr = source.0;
     outer.dst_addr = backend.addr;
     match route::send(ctx, &hop) {
         Some(action) => (action, Reason::ForwardedDsr),

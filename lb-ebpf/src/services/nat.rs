@@ -12,6 +12,7 @@ use lb_common::{
     counters::Reason,
     hash::flow_hash,
     service::{Address, BackendOf, FlowKeyOf, PROTO_TCP, ReplyNatOf, Settings, SnatEntryOf},
+    words::Aligned,
 };
 use network_types::eth::EthHdr;
 
@@ -89,7 +90,7 @@ pub(super) fn full_nat<F: IpFamily>(
     };
     // The address of the uplink the packet leaves by: the endpoint's replies come back there.
     // (IPv6 has no node-wide address: an uplink without one cannot source full NAT.)
-    let Some(source) = F::uplink_source(hop.ifindex).or(node) else {
+    let Some(source) = F::uplink_source(hop.ifindex).or(node.map(Aligned)) else {
         return (XDP_PASS, Reason::NoSourceAddress);
     };
     // SAFETY: bounds-checked by `header`; copied out.
@@ -99,12 +100,12 @@ pub(super) fn full_nat<F: IpFamily>(
         ifindex: ctx.ingress_ifindex() as u32,
     };
     let held = picked.snat_attempt().and_then(|attempt| {
-        held_snat_port::<F>(flow, &backend, source, &settings, attempt, picked.check_due, peer, now)
+        held_snat_port::<F>(flow, &backend, &source, &settings, attempt, picked.check_due, peer, now)
     });
     let snat_port = match held {
         Some(port) => port,
         None => {
-            let Some((port, attempt)) = claim_snat_port::<F>(flow, &backend, source, &settings, peer(), now)
+            let Some((port, attempt)) = claim_snat_port::<F>(flow, &backend, &source, &settings, peer(), now)
             else {
                 return (XDP_DROP, Reason::SnatPortsExhausted);
             };
@@ -114,7 +115,7 @@ pub(super) fn full_nat<F: IpFamily>(
             port
         }
     };
-    let to = ReplyNatOf::new(source, backend.addr, snat_port, backend.port);
+    let to = ReplyNatOf::new(source.0, backend.addr, snat_port, backend.port);
     route_out::<F>(ctx, layout, &to, &hop, Reason::ForwardedFullNat)
 }
 
@@ -138,7 +139,7 @@ fn snat_candidate(start: u32, settings: &Settings, attempt: u32) -> Option<u16> 
 fn claim_snat_port<F: IpFamily>(
     flow: &FlowKeyOf<F::Addr>,
     backend: &BackendOf<F::Addr>,
-    node: F::Addr,
+    node: &Aligned<F::Addr>,
     settings: &Settings,
     peer: Peer,
     now: u64,
@@ -155,7 +156,7 @@ fn claim_snat_port<F: IpFamily>(
         // One key, its port changed per attempt; a bound LLVM cannot see (no range is shorter
         // in practice) keeps the loop a loop: unrolled eight times, IPv6's keys and compares
         // spill past BPF's stack.
-        *key = FlowKeyOf::new(backend.addr, node, backend.port, [0; 2], flow.proto);
+        *key = FlowKeyOf::new(backend.addr, node.0, backend.port, [0; 2], flow.proto);
         for attempt in 0..span.min(SNAT_ATTEMPTS) {
             let Some(port) = snat_candidate(start, settings, attempt) else { break };
             key.dport = port.to_be_bytes();
@@ -213,7 +214,7 @@ fn must_check_reply(proto: u8, check_due: bool) -> bool {
 fn held_snat_port<F: IpFamily>(
     flow: &FlowKeyOf<F::Addr>,
     backend: &BackendOf<F::Addr>,
-    node: F::Addr,
+    node: &Aligned<F::Addr>,
     settings: &Settings,
     attempt: u8,
     check_due: bool,
@@ -225,7 +226,7 @@ fn held_snat_port<F: IpFamily>(
     }
     let port = snat_candidate(flow_hash(flow), settings, u32::from(attempt))?.to_be_bytes();
     let held = F::with_snat_room(|key, entry| {
-        *key = FlowKeyOf::new(backend.addr, node, backend.port, port, flow.proto);
+        *key = FlowKeyOf::new(backend.addr, node.0, backend.port, port, flow.proto);
         match F::snat_replies().get_ptr_mut(&*key) {
             // SAFETY: a map value, valid while the program runs; a racing write only moves a
             // time.
@@ -261,7 +262,7 @@ pub(super) fn translate_reply<F: IpFamily>(
     }
     // To this node's address on the uplink it arrived by (where full NAT sent it from).
     if F::node_addr(settings) != Some(flow.dst)
-        && F::uplink_source(ctx.ingress_ifindex() as u32) != Some(flow.dst)
+        && !F::uplink_source(ctx.ingress_ifindex() as u32).is_some_and(|source| source.0.same(&flow.dst))
     {
         return None;
     }

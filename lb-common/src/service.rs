@@ -62,12 +62,14 @@ pub const ENDPOINT_SERVICES6: &str = "ENDPOINT_SERVICES6";
 /// them): the full-NAT source and the 6in6 outer source for IPv6 traffic leaving by it.
 pub const UPLINK_ADDRS6: &str = "UPLINK_ADDRS6";
 /// `ProgramArray` of [`IPV6_SERVICE_PROGRAMS`], each at its slot: the uplink program
-/// tail-calls the first for IPv6 TCP, UDP and IPv6-in-IPv6, which tail-calls full NAT's.
+/// tail-calls the first for IPv6 TCP, UDP and IPv6-in-IPv6, which tail-calls the others.
 pub const IPV6_SERVICES: &str = "IPV6_SERVICES";
-/// The IPv6 service path's programs, by `IPV6_SERVICES` slot: its entry (local delivery and DSR
-/// run inside it), and full NAT's stage (a program of its own, for a stack of its own).
-/// Slots 1 and 3 held earlier builds' local and DSR stages: the agent empties them.
-pub const IPV6_SERVICE_PROGRAMS: [(u32, &str); 2] = [(0, "lb_xdp6"), (2, "lb_xdp6_full_nat")];
+/// The IPv6 service path's programs, by `IPV6_SERVICES` slot: its entry (local delivery, DSR
+/// and full NAT's replies run inside it), full NAT's stage and DSR's decapsulation (programs of
+/// their own, for stacks of their own). Slot 1 held earlier builds' local stage: the agent
+/// empties it; slot 3 held their DSR stage.
+pub const IPV6_SERVICE_PROGRAMS: [(u32, &str); 3] =
+    [(0, "lb_xdp6"), (2, "lb_xdp6_full_nat"), (3, "lb_xdp6_decap")];
 /// `IPV6_SERVICES`' slots.
 pub const IPV6_SERVICE_SLOTS: u32 = 4;
 

@@ -52,12 +52,15 @@ use aya_ebpf::{
 
 /// The uplink program. It never returns `XDP_ABORTED`: anything it cannot parse is passed to
 /// the kernel untouched and counted.
+///
+/// `inline(always)` reaches the body the `xdp` macro wraps: left to LLVM, a body this large
+/// stays a function of its own, and every frame would pay a BPF call (about 10 ns where
+/// returns go through a return thunk, see `vlan::finish`).
 #[xdp]
+#[inline(always)]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
     let bytes = packet::len(&ctx);
-    let action = vlan::finish(&ctx, eth::handle_frame(&ctx));
-    stats::count_action(action, bytes);
-    action
+    conclude(&ctx, bytes, eth::handle_frame(&ctx))
 }
 
 /// The IPv6 service path, tail-called by `lb_xdp` for IPv6 TCP, UDP and IPv6-in-IPv6 (see
@@ -66,16 +69,29 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn lb_xdp6(ctx: XdpContext) -> u32 {
     let bytes = packet::len(&ctx);
-    let action = vlan::finish(&ctx, l3::ipv6::serve(&ctx));
-    stats::count_action(action, bytes);
-    action
+    conclude(&ctx, bytes, l3::ipv6::serve(&ctx))
 }
 
 /// IPv6 full NAT, tail-called by `lb_xdp6` (see `services::stages6`).
 #[xdp]
 pub fn lb_xdp6_full_nat(ctx: XdpContext) -> u32 {
     let bytes = packet::len(&ctx);
-    let action = vlan::finish(&ctx, services::stages6::run_full_nat(&ctx));
+    conclude(&ctx, bytes, services::stages6::run_full_nat(&ctx))
+}
+
+/// IPv6 in IPv6 unwrapped for a local endpoint (DSR's receiving end), tail-called by `lb_xdp6`
+/// (see `services::stages6`).
+#[xdp]
+pub fn lb_xdp6_decap(ctx: XdpContext) -> u32 {
+    let bytes = packet::len(&ctx);
+    conclude(&ctx, bytes, services::encap6::decapsulate(&ctx))
+}
+
+/// What every program does last with its action: a passed tagged frame gets its tag back (see
+/// `vlan::finish`), and the action is counted with the frame's length as it arrived (`bytes`).
+#[inline(always)]
+fn conclude(ctx: &XdpContext, bytes: usize, action: u32) -> u32 {
+    let action = vlan::finish(ctx, action);
     stats::count_action(action, bytes);
     action
 }

@@ -83,6 +83,26 @@ pub fn translate(ctx: &TcContext) -> Result<(), i64> {
     Ok(())
 }
 
+/// Writes `new` over the IPv6 address `old` at `at`, its change entering the TCP/UDP checksum
+/// at `check_at` a word at a time. Inline: as the closure it was, called twice, it stayed a
+/// BPF function, and a call costs about 10 ns where returns go through a return thunk.
+#[inline(always)]
+fn replace_address6(
+    ctx: &TcContext,
+    check_at: usize,
+    pseudo: u64,
+    at: usize,
+    old: &[u8; 16],
+    new: &[u8; 16],
+) -> Result<(), i64> {
+    for i in 0..4 {
+        let word =
+            |b: &[u8; 16]| u32::from_ne_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]) as u64;
+        ctx.l4_csum_replace(check_at, word(old), word(new), pseudo)?;
+    }
+    ctx.store(at, new, 0)
+}
+
 /// As [`translate`] for IPv6 without extension headers: no header checksum; the addresses'
 /// change enters the TCP/UDP checksum through the pseudo-header, a word at a time.
 #[inline(always)]
@@ -100,20 +120,11 @@ fn translate6(ctx: &TcContext) -> Result<(), i64> {
     let ports = ctx.load::<[u8; 4]>(L4_6)?;
     let Some(to) = translation::<V6>(src, dst, ports, proto) else { return Ok(()) };
     let pseudo = BPF_F_PSEUDO_HDR as u64 | mangled | 4;
-    let replace_address = |at: usize, old: &[u8; 16], new: &[u8; 16]| -> Result<(), i64> {
-        for i in 0..4 {
-            let word = |b: &[u8; 16]| {
-                u32::from_ne_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]) as u64
-            };
-            ctx.l4_csum_replace(check_at, word(old), word(new), pseudo)?;
-        }
-        ctx.store(at, new, 0)
-    };
     if to.src != src {
-        replace_address(IP6_SRC, &src, &to.src)?;
+        replace_address6(ctx, check_at, pseudo, IP6_SRC, &src, &to.src)?;
     }
     if to.dst != dst {
-        replace_address(IP6_DST, &dst, &to.dst)?;
+        replace_address6(ctx, check_at, pseudo, IP6_DST, &dst, &to.dst)?;
     }
     let half = |b: [u8; 2]| u16::from_ne_bytes(b) as u64;
     let (sport, dport) = ([ports[0], ports[1]], [ports[2], ports[3]]);

@@ -29,10 +29,10 @@ use crate::{
     stats, uplink,
 };
 
-/// A family's delivery paths. IPv4's are inlined into `lb_xdp`. IPv6's local and DSR paths are
-/// BPF functions inside `lb_xdp6`, and its full NAT a program of its own, tail-called
-/// ([`stages6`]): an IPv6 key, backend and reply target are each several times IPv4's, and
-/// inlined together the paths pass BPF's 512 bytes of stack.
+/// A family's delivery paths. IPv4's are inlined into `lb_xdp`, IPv6's into `lb_xdp6`, but for
+/// its full NAT, a program of its own, tail-called ([`stages6`]): an IPv6 key, backend and
+/// reply target are each several times IPv4's, and inlined together the paths pass BPF's 512
+/// bytes of stack.
 pub trait Deliver: IpFamily {
     /// Direct server return: wraps the packet for a backend on another node.
     fn encapsulate(
@@ -100,19 +100,7 @@ impl Deliver for V6 {
         ip_len: u16,
         now: u64,
     ) -> (u32, Reason) {
-        stages6::unpack(stages6::dsr(ctx, flow, picked, ip_len, now))
-    }
-
-    #[inline(always)]
-    fn local(
-        ctx: &XdpContext,
-        _layout: L4Layout,
-        flow: &FlowKey6,
-        picked: &Picked<Addr6>,
-        ip_len: u16,
-        now: u64,
-    ) -> (u32, Reason) {
-        stages6::unpack(stages6::local(ctx, flow, picked, ip_len, now))
+        encap6::encapsulate(ctx, flow, picked, ip_len, now)
     }
 
     #[inline(always)]
@@ -125,12 +113,6 @@ impl Deliver for V6 {
         _now: u64,
     ) -> (u32, Reason) {
         stages6::enter(ctx, picked, ip_len, stages6::FULL_NAT)
-    }
-
-    #[inline(always)]
-    fn translate_reply(ctx: &XdpContext, _layout: L4Layout, flow: &FlowKey6, ip_len: u16) -> Option<u32> {
-        let action = stages6::translate_reply(ctx, flow, ip_len);
-        (action != stages6::NOT_A_REPLY).then_some(action as u32)
     }
 }
 

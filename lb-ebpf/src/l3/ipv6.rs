@@ -21,8 +21,7 @@ use crate::{
     maps::{IPV6_SERVICES, OWNED_VIPS6, STATE6},
     owned,
     packet::{self, IPV6_LEN, Ports, header},
-    services::{self, encap6},
-    stats, uplink, vlan, vrrp,
+    services, stats, uplink, vlan, vrrp,
 };
 
 /// Extension headers (RFC 8200 §4.1) and others that can come before TCP/UDP.
@@ -117,7 +116,7 @@ pub fn serve(ctx: &XdpContext) -> u32 {
     let ip = unsafe { &*ip };
     let ip_len = IPV6_LEN as u16 + u16::from_be_bytes(ip.payload_len);
     if ip.next_hdr == PROTO_IPV6 {
-        return encap6::decapsulate(ctx);
+        return services::stages6::enter_decapsulation(ctx);
     }
     // The 5-tuple in this CPU's state slot, off the stack, where full NAT's stage finds it too
     // (see `services::stages6`).

@@ -172,7 +172,8 @@ fn packet_too_big(ctx: &XdpContext, route_mtu: u16) -> (u32, Reason) {
 
 /// IPv6-in-IPv6 whose outer destination is one of this node's endpoints and whose inner packet
 /// is for that endpoint's service: unwrap, translate to the endpoint, deliver. Other
-/// encapsulated IPv6 is the kernel's business.
+/// encapsulated IPv6 is the kernel's business. Runs as a stage of its own, `lb_xdp6_decap`
+/// (see `services::stages6`).
 #[inline(always)]
 pub fn decapsulate(ctx: &XdpContext) -> u32 {
     let bytes = packet::len(ctx);

@@ -1,25 +1,26 @@
-//! IPv6's delivery paths, sized to BPF's 512-byte stack. IPv6's keys, backends and reply
-//! targets are each several times IPv4's; inlined together into `lb_xdp6` the paths pass it.
-//! - Local delivery and DSR are BPF functions inside `lb_xdp6` ([`local`], [`dsr`]): a
-//!   function's frame adds to its caller's only along its own call chain, and these fit once
-//!   their large values live in this CPU's `STATE6` slot rather than on the stack. The common
-//!   path needs no tail call beyond the one into `lb_xdp6`.
-//! - Full NAT's frame does not fit beside `lb_xdp6`'s: it is a program of its own
+//! IPv6's stages, sized to BPF's 512-byte stack. IPv6's keys, backends and reply targets are
+//! each several times IPv4's; inlined together into one program with everything IPv6 does,
+//! they pass it.
+//! - Local delivery, DSR and full NAT's replies are inlined into `lb_xdp6` (tail-called by
+//!   `lb_xdp`), whose large values live in this CPU's `STATE6` slot rather than on the stack.
+//!   So the common path takes one tail call and no BPF function call (a call costs about 10 ns
+//!   where returns go through a return thunk, see `vlan::finish`).
+//! - Full NAT's frame does not fit beside theirs: it is a program of its own
 //!   (`lb_xdp6_full_nat`), tail-called through `IPV6_SERVICES` ([`FULL_NAT`]; slot 0 is
 //!   `lb_xdp6`), which starts a fresh stack. What `lb_xdp6` decided (the 5-tuple, the backend)
 //!   reaches it in `STATE6`: a packet runs on one CPU from `lb_xdp6` to the end of its stage.
+//! - So is DSR's receiving end, the decapsulation of IPv6 in IPv6 (`lb_xdp6_decap`,
+//!   [`DECAPSULATE`]): its key and inner 5-tuple on `lb_xdp6`'s stack would leave no room for
+//!   the delivery paths inline.
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
     helpers::bpf_ktime_get_coarse_ns,
     programs::XdpContext,
 };
-use lb_common::{
-    counters::Reason,
-    service::{Addr6, FlowKey6},
-};
+use lb_common::{counters::Reason, service::Addr6};
 
-use super::{encap6, flow::Picked, nat};
+use super::{flow::Picked, nat};
 use crate::{
     family::{IpFamily, V6},
     maps::{IPV6_SERVICES, STATE6},
@@ -29,9 +30,8 @@ use crate::{
 
 /// Full NAT's `IPV6_SERVICES` slot (see `lb_common::service::IPV6_SERVICE_PROGRAMS`).
 pub const FULL_NAT: u32 = 2;
-
-/// [`translate_reply`]: not a reply of ours.
-pub const NOT_A_REPLY: u64 = u64::MAX;
+/// DSR decapsulation's slot.
+pub const DECAPSULATE: u32 = 3;
 
 /// Hands the picked backend to stage `slot` and tail-calls it; returns only if that fails
 /// (the agent fills the slots before it attaches anything: a broken load), passing the packet.
@@ -51,6 +51,17 @@ pub fn enter(ctx: &XdpContext, picked: &Picked<Addr6>, ip_len: u16, slot: u32) -
         }
     }
     (XDP_PASS, Reason::Ipv6Passed)
+}
+
+/// Tail-calls the decapsulation stage (IPv6 in IPv6 for a local endpoint); returns only if
+/// that fails (the agent fills the slots before it attaches anything: a broken load), passing
+/// the packet. Its key and inner 5-tuple on the stack would make `lb_xdp6`'s frame, which
+/// every IPv6 path pays, too large for the delivery paths to be inlined into it.
+#[inline(always)]
+pub fn enter_decapsulation(ctx: &XdpContext) -> u32 {
+    // SAFETY: a tail call replaces this program; it returns only when it fails.
+    let _ = unsafe { IPV6_SERVICES.tail_call(ctx, DECAPSULATE) };
+    stats::verdict(Reason::Ipv6Passed, packet::len(ctx), XDP_PASS)
 }
 
 /// Runs the full-NAT stage on the state `lb_xdp6` left, and counts what `lb_xdp6` would have
@@ -85,38 +96,4 @@ pub fn run_full_nat(ctx: &XdpContext) -> u32 {
         stats::count_backend(V6::backend_stats(), picked.id, bytes);
     }
     stats::verdict(reason, bytes, action)
-}
-
-/// Local delivery inside `lb_xdp6`, in a BPF function of its own: its frame adds to
-/// `lb_xdp6`'s only along this call, so the common path needs no tail call. The action in the
-/// low half, the reason in the high (plain integers across a BPF call).
-#[inline(never)]
-pub fn local(ctx: &XdpContext, flow: &FlowKey6, picked: &Picked<Addr6>, ip_len: u16, now: u64) -> u64 {
-    let (action, reason) = match l4_layout(flow.proto) {
-        Some(layout) => nat::local::<V6>(ctx, layout, flow, picked, ip_len, now),
-        None => (XDP_DROP, Reason::MalformedL4),
-    };
-    u64::from(action) | (reason as u64) << 32
-}
-
-/// DSR (IPv6 in IPv6) inside `lb_xdp6`, as [`local`].
-#[inline(never)]
-pub fn dsr(ctx: &XdpContext, flow: &FlowKey6, picked: &Picked<Addr6>, ip_len: u16, now: u64) -> u64 {
-    let (action, reason) = encap6::encapsulate(ctx, flow, picked, ip_len, now);
-    u64::from(action) | (reason as u64) << 32
-}
-
-/// [`local`]'s and [`dsr`]'s result, unpacked.
-#[inline(always)]
-pub fn unpack(packed: u64) -> (u32, Reason) {
-    let reason = Reason::ALL.get((packed >> 32) as usize).copied().unwrap_or(Reason::Ipv6Passed);
-    (packed as u32, reason)
-}
-
-/// Full NAT's replies, in a BPF function of its own inside `lb_xdp6` (its frame is only
-/// added to `lb_xdp6`'s). The action, or [`NOT_A_REPLY`].
-#[inline(never)]
-pub fn translate_reply(ctx: &XdpContext, flow: &FlowKey6, ip_len: u16) -> u64 {
-    let Some(layout) = l4_layout(flow.proto) else { return NOT_A_REPLY };
-    nat::translate_reply::<V6>(ctx, layout, flow, ip_len).map_or(NOT_A_REPLY, u64::from)
 }

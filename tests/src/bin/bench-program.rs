@@ -13,10 +13,13 @@
 //! loaded four times (a load's placement in memory shifts all its times a little); every flow
 //! is sent once to each load before timing, so the runs time established flows. Then 40
 //! rounds, the objects in rotating order, each running 2,000 single BPF_PROG_TEST_RUNs per path
-//! (one packet each, flows in a fixed scattered order) on its next load; the median and first
-//! quartile of each object's 80,000 runs. A single run's time includes the test-run's own fixed
-//! cost, given as the `lb_pass` row (a program that only returns); the IPv6 ÷ IPv4 table takes
-//! it off both. Two objects alike differ by up to 3 % (runs of one object against itself).
+//! (one packet each, flows in a fixed scattered order) on its next load; the median, first
+//! quartile and mean of the fastest 90 % of each object's 80,000 runs. A run's time comes in
+//! the clock's steps (10 ns on some hosts), so medians move in whole steps; the mean resolves
+//! below one, and the ratios are the means'. A single run's time includes the test-run's own
+//! fixed cost, given as the `lb_pass` row (a program that only returns); the IPv6 ÷ IPv4 table
+//! takes it off both. Two objects alike differ by up to 3 % (runs of one object against
+//! itself).
 //!
 //! `--path local|full-nat|dsr|reply` times one path in both families (the others' flows are
 //! still set up: replies need full NAT's ports). `LB_BENCH_PERF=<dir>` profiles each path's
@@ -85,13 +88,26 @@ fn paths(f: IpFamily, flows: u16) -> Vec<Path> {
     ]
 }
 
-/// One object's time on one path: median and first quartile (ns), and the share of runs
-/// whose action was not the path's.
+/// One object's time on one path: median, first quartile and the mean of the fastest 90 %
+/// (ns), and the share of runs whose action was not the path's.
 #[derive(Clone, Copy)]
 struct Timing {
     median: u64,
     p25: u64,
+    /// A single run's time is a difference of two clock reads, in this host's clock steps
+    /// (10 ns on some): medians move in whole steps. The mean of many runs resolves below a
+    /// step (each run lands on the step below or above its true time in proportion); the
+    /// slowest tenth (interrupts, preemption) is left out.
+    mean: f64,
     other: f64,
+}
+
+/// The mean of the fastest `share` of `times`.
+fn trimmed_mean(times: &[u64], share: f64) -> f64 {
+    let mut sorted = times.to_vec();
+    sorted.sort_unstable();
+    let kept = &sorted[..((sorted.len() as f64 * share) as usize).max(1)];
+    kept.iter().sum::<u64>() as f64 / kept.len() as f64
 }
 
 /// Each object's runs of `program` over `frames` (all flows first sent once to each load),
@@ -124,10 +140,12 @@ fn measure(
         .into_iter()
         .zip(other)
         .map(|(t, o)| {
-            let (median, p25) = (median(t.iter().copied()), quantile(t, 0.25));
+            let (median, p25, mean) =
+                (median(t.iter().copied()), quantile(t.iter().copied(), 0.25), trimmed_mean(&t, 0.9));
             Timing {
                 median: median.expect("timed runs"),
                 p25: p25.expect("timed runs"),
+                mean,
                 other: o as f64 / (ROUNDS * RUNS_PER_ROUND) as f64,
             }
         })
@@ -225,24 +243,22 @@ fn print_table(labels: &[String], rows: &[(String, Vec<Timing>)]) {
             } else {
                 String::new()
             };
-            line += &format!(" {} ({}{note}) |", t.median, t.p25);
+            line += &format!(" {} ({}; {:.1}{note}) |", t.median, t.p25, t.mean);
             if i > 0 {
-                line += &format!(" {:.2} |", t.median as f64 / timings[0].median as f64);
+                line += &format!(" {:.3} |", t.mean / timings[0].mean);
             }
         }
         println!("{line}");
     }
 }
 
-/// Each path's IPv6 time over its IPv4 time, for each object, both less the test run's own
-/// cost (the `lb_pass` row): the program's time alone, as the issue's target and `bench
-/// dataplane`'s program column count it. `rows` as [`run`] returns them.
+/// Each path's IPv6 time over its IPv4 time (means of the fastest 90 %), for each object, both
+/// less the test run's own cost (the `lb_pass` row): the program's time alone, as the issue's
+/// target and `bench dataplane`'s program column count it. `rows` as [`run`] returns them.
 fn print_family_ratios(labels: &[String], rows: &[(String, Vec<Timing>)]) {
     let (paths, pass) = rows.split_at(rows.len() - 1);
     let (v4, v6) = paths.split_at(paths.len() / 2);
-    let net = |row: &(String, Vec<Timing>), k: usize| {
-        row.1[k].median.saturating_sub(pass[0].1[k].median).max(1) as f64
-    };
+    let net = |row: &(String, Vec<Timing>), k: usize| (row.1[k].mean - pass[0].1[k].mean).max(1.0);
     println!("\n| path | {} |\n|---|{}", labels.join(" | "), "---|".repeat(labels.len()));
     for (row4, row6) in v4.iter().zip(v6) {
         let name = row4.0.trim_start_matches("IPv4, ");
@@ -281,7 +297,7 @@ fn main() {
     let labels: Vec<String> = objects.iter().map(|(label, _)| label.clone()).collect();
     println!(
         "BPF_PROG_TEST_RUN, one packet a run, {flows} flow(s) a path; {} runs per object and path, objects \
-         interleaved; median (first quartile), ns a run.",
+         interleaved; median (first quartile; mean of the fastest 90 %), ns a run; ratios of the means.",
         ROUNDS * RUNS_PER_ROUND
     );
     let frame_len = |f: IpFamily| paths(f, 1)[0].frames[0].len();

@@ -67,30 +67,12 @@ pub fn load_uplink_from(object: &[u8]) -> Ebpf {
     let mut ebpf = Ebpf::load(object).expect("loading the object");
     let program: &mut Xdp = ebpf.program_mut(UPLINK_PROGRAM).unwrap().try_into().unwrap();
     program.load().expect("the verifier accepts lb_xdp");
-    let complete = IPV6_SERVICE_PROGRAMS.iter().all(|(_, name)| ebpf.program(name).is_some());
-    if complete {
-        lb_agent::dataplane::load_ipv6_path(&mut ebpf).expect("the verifier accepts the IPv6 path");
-    } else {
-        load_earlier_ipv6_path(&mut ebpf);
-    }
+    // An earlier build's object (`cargo xtask bench program --against`) has fewer stages, at
+    // the same slots: the ones it has are loaded.
+    let present: Vec<(u32, &'static str)> =
+        IPV6_SERVICE_PROGRAMS.into_iter().filter(|(_, name)| ebpf.program(name).is_some()).collect();
+    lb_agent::dataplane::load_ipv6_stages(&mut ebpf, &present).expect("the verifier accepts the IPv6 path");
     ebpf
-}
-
-/// An earlier build's IPv6 stages (`cargo xtask bench program --against`): those of this
-/// build's it has, each in its slot (earlier builds had fewer stages, at these slots).
-fn load_earlier_ipv6_path(ebpf: &mut Ebpf) {
-    let mut fds = Vec::new();
-    for (slot, name) in IPV6_SERVICE_PROGRAMS {
-        let Some(program) = ebpf.program_mut(name) else { continue };
-        let program: &mut Xdp = program.try_into().unwrap();
-        program.load().unwrap_or_else(|e| panic!("the verifier accepts {name}: {e}"));
-        fds.push((slot, program.fd().unwrap().try_clone().unwrap()));
-    }
-    let map = ebpf.map_mut(lb_common::service::IPV6_SERVICES).expect("the IPv6 program array");
-    let mut slots = aya::maps::ProgramArray::try_from(map).unwrap();
-    for (slot, fd) in &fds {
-        slots.set(*slot, fd, 0).unwrap();
-    }
 }
 
 /// Makes interface `ifindex`, VLAN `vlan` (zero for none) an uplink: slot `slot`, this node's

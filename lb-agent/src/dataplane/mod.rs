@@ -29,6 +29,7 @@
 pub mod batch;
 pub mod counters;
 pub mod flow_tables;
+mod ipv6_stages;
 pub mod leases;
 pub mod neighbors;
 mod pins;
@@ -46,7 +47,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, ProgramArray},
+    maps::HashMap,
     programs::{
         SchedClassifier, TcAttachType, Xdp, XdpMode,
         links::{FdLink, LinkOrder, PinnedLink},
@@ -61,9 +62,9 @@ use lb_common::{
     },
     service::{
         BACKEND_STATS, BACKEND_STATS6, BACKENDS, BACKENDS6, ENDPOINT_SERVICES, ENDPOINT_SERVICES6,
-        FLOW_TABLE, FLOW_TABLE6, IPV6_SERVICE_PROGRAMS, IPV6_SERVICE_SLOTS, IPV6_SERVICES, LAYOUT_VERSION,
-        LOCAL_ENDPOINTS, LOCAL_ENDPOINTS6, MAGLEV_RINGS, NEXT_HOPS, NEXT_HOPS6, REPLY_NAT, REPLY_NAT6,
-        SERVICES, SERVICES6, SETTINGS, SNAT_REPLIES, SNAT_REPLIES6, UPLINK_ADDRS6, VIP_FILTER, VIP_FILTER6,
+        FLOW_TABLE, FLOW_TABLE6, IPV6_SERVICES, LAYOUT_VERSION, LOCAL_ENDPOINTS, LOCAL_ENDPOINTS6,
+        MAGLEV_RINGS, NEXT_HOPS, NEXT_HOPS6, REPLY_NAT, REPLY_NAT6, SERVICES, SERVICES6, SETTINGS,
+        SNAT_REPLIES, SNAT_REPLIES6, UPLINK_ADDRS6, VIP_FILTER, VIP_FILTER6,
     },
 };
 use tracing::{info, warn};
@@ -75,6 +76,7 @@ use crate::{
 };
 
 pub use counters::XdpCounters;
+pub use ipv6_stages::{load_ipv6_path, load_ipv6_stages};
 pub use services::{ServiceMaps, ServiceMapsByFamily};
 
 pub use pins::remove_pins;
@@ -531,53 +533,6 @@ fn reply_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier> {
         .ok_or(Error::BpfProgram { program: REPLY_PROGRAM, source: aya::programs::ProgramError::NotLoaded })?
         .try_into()
         .map_err(|source| Error::BpfProgram { program: REPLY_PROGRAM, source })
-}
-
-/// Loads the IPv6 service path's programs and puts each in its `IPV6_SERVICES` slot, where
-/// the uplink program tail-calls them. The array is pinned with the maps, so a stopped agent's
-/// data plane keeps serving IPv6; a new agent puts its own programs in, and empties the slots
-/// of an earlier build's stages.
-pub fn load_ipv6_path(ebpf: &mut Ebpf) -> Result<()> {
-    load_ipv6_stages(ebpf, &IPV6_SERVICE_PROGRAMS)?;
-    let mut slots = ipv6_services(ebpf)?;
-    for slot in 0..IPV6_SERVICE_SLOTS {
-        if !IPV6_SERVICE_PROGRAMS.iter().any(|(used, _)| *used == slot) {
-            let _ = slots.clear_index(&slot);
-        }
-    }
-    Ok(())
-}
-
-/// Loads each of `stages` (an `IPV6_SERVICES` slot and the program for it) and puts it in its
-/// slot, leaving the other slots as they are: [`load_ipv6_path`]'s first half, and how a
-/// benchmark loads an earlier build's object, which has fewer stages.
-pub fn load_ipv6_stages(ebpf: &mut Ebpf, stages: &[(u32, &'static str)]) -> Result<()> {
-    let mut fds = Vec::with_capacity(stages.len());
-    for &(slot, name) in stages {
-        let program: &mut Xdp = ebpf
-            .program_mut(name)
-            .ok_or(Error::BpfProgram { program: name, source: aya::programs::ProgramError::NotLoaded })?
-            .try_into()
-            .map_err(|source| Error::BpfProgram { program: name, source })?;
-        program.load().map_err(|source| Error::BpfProgram { program: name, source })?;
-        let fd = program.fd().map_err(|source| Error::BpfProgram { program: name, source })?;
-        let fd = fd.try_clone().map_err(|e| Error::io(format!("duplicating the fd of program {name}"), e))?;
-        fds.push((slot, fd));
-    }
-    let mut slots = ipv6_services(ebpf)?;
-    // The pinned array is shared with the running programs: the stages go in before the entry
-    // that calls them.
-    for (slot, fd) in fds.iter().rev() {
-        slots.set(*slot, fd, 0).map_err(|source| Error::BpfMap { map: IPV6_SERVICES, source })?;
-    }
-    Ok(())
-}
-
-/// The `IPV6_SERVICES` array, borrowed, not taken: the object keeps it open (without a pin, the
-/// kernel empties a program array when its last open handle goes).
-fn ipv6_services(ebpf: &mut Ebpf) -> Result<ProgramArray<&mut MapData>> {
-    let map = ebpf.map_mut(IPV6_SERVICES).ok_or(Error::BpfMapMissing(IPV6_SERVICES))?;
-    ProgramArray::try_from(map).map_err(|source| Error::BpfMap { map: IPV6_SERVICES, source })
 }
 
 fn pin(link: FdLink, path: &Path) -> Result<FdLink> {

@@ -111,14 +111,15 @@ impl Agent {
     }
 
     /// Writes each claimed VRID's lease deadline where it moved (after every advertisement sent
-    /// as master), and counts the leases that had run out before they were renewed. All of
-    /// them when ownership changed; otherwise only the instances the router names.
+    /// as master), and counts the leases that had run out before they were renewed, or before
+    /// their master heard that another router had taken over. All of them when ownership
+    /// changed; otherwise only the instances the router names.
     pub(super) fn renew_leases(&mut self) {
         let (now, now_ns) = (std::time::Instant::now(), leases::monotonic_ns());
         let to_ns = |until| leases::to_monotonic_ns(until, now, now_ns);
         let epoch = self.vrrp.as_ref().map(|v| v.router.ownership_epoch());
         let renewed = self.vrrp.as_mut().map(|v| v.router.take_renewed()).unwrap_or_default();
-        let lapsed: Result<Vec<u16>> = if self.ownership.leases_epoch != Some(epoch) {
+        let renewed_late: Result<Vec<u16>> = if self.ownership.leases_epoch != Some(epoch) {
             self.ownership.leases_epoch = Some(epoch);
             let deadlines = self.vrrp.as_ref().map(|v| v.router.lease_deadlines()).unwrap_or_default();
             let deadlines: BTreeMap<u16, u64> =
@@ -138,26 +139,28 @@ impl Agent {
             }
             result.map(|()| lapsed)
         };
-        match lapsed {
-            Ok(lapsed) => {
-                for slot in lapsed {
-                    if let Some(held_back) = self.ownership.lease_log.allow(now) {
-                        warn!(
-                            lease = slot,
-                            held_back,
-                            "a VIP lease ran out before the agent renewed it (the agent was stalled, frozen or \
-                             not running): the data plane stopped claiming its VIPs meanwhile"
-                        );
-                    }
-                    let Some(id) = crate::vrrp::family::InstanceId::from_lease_slot(slot) else { continue };
-                    self.state.metrics.lease_expiries.get_or_create(&VridLabels::of(id)).inc();
-                }
-            }
+        // A master found past its lease after another router took over releases it instead.
+        let overtaken = self.vrrp.as_mut().map(|v| v.router.take_lapsed()).unwrap_or_default();
+        let mut lapsed: BTreeSet<u16> = overtaken.iter().map(|id| id.lease_slot()).collect();
+        match renewed_late {
+            Ok(slots) => lapsed.extend(slots),
             Err(e) => {
                 // Rewrite them all on the next event.
                 self.ownership.leases_epoch = None;
                 error!(error = %e, "renewing the VIP leases failed");
             }
+        }
+        for slot in lapsed {
+            if let Some(held_back) = self.ownership.lease_log.allow(now) {
+                warn!(
+                    lease = slot,
+                    held_back,
+                    "a VIP lease ran out before the agent renewed it (the agent was stalled, frozen or \
+                     not running): the data plane stopped claiming its VIPs meanwhile"
+                );
+            }
+            let Some(id) = crate::vrrp::family::InstanceId::from_lease_slot(slot) else { continue };
+            self.state.metrics.lease_expiries.get_or_create(&VridLabels::of(id)).inc();
         }
     }
 

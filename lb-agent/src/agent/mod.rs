@@ -213,6 +213,10 @@ struct ServiceSyncLink {
     /// owned VIPs follow it, so a VIP is never taken before its services: (generation,
     /// config, plan).
     pending: Option<(u64, Arc<Config>, Arc<NodePlan>)>,
+    /// A committed plan's slow tidying (counters pruned, uplinks it left detached) waits for
+    /// the loop's next turn, after the VRRP timers that fell due meanwhile: see
+    /// [`Agent::commit_config`].
+    tidy_pending: bool,
 }
 
 /// Inputs the loop selects on besides VRRP and signals.
@@ -258,6 +262,7 @@ impl Agent {
                 _ = or_pending(deadline.map(tokio::time::sleep_until)) => {
                     receive_from = self.on_deadline(&mut buf).await;
                 }
+                () = std::future::ready(()), if self.service_sync.tidy_pending => self.tidy_after_commit(),
                 stop = stop_signal(&mut signals.stops), if stop_by.is_none() && !self.asking_departure() => {
                     if let Some(stop) = self.ask_departure(stop) {
                         (drain_until, stop_by) = self.stop_within_bound(stop).await;

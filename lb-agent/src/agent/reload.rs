@@ -286,7 +286,11 @@ impl Agent {
             .collect()
     }
 
-    /// Follows a config whose services are in the maps: VRRP instances and owned VIPs.
+    /// Follows a config whose services are in the maps: VRRP instances and owned VIPs. The
+    /// slower rest, which no VIP waits on, is left to [`Agent::tidy_after_commit`] on the
+    /// loop's next turn, so that advertisements that fell due meanwhile go out first: a
+    /// loaded host can take a tenth of a second for each half, and a master's lease is three
+    /// advertisement intervals (a group left alone by the new plan must not lapse).
     pub(super) async fn commit_config(&mut self, config: Arc<Config>, plan: Arc<NodePlan>) {
         self.current.config = config;
         if Arc::ptr_eq(&plan, &self.current.plan) {
@@ -305,14 +309,22 @@ impl Agent {
         }
         self.ownership.applied_epoch = None;
         self.apply_ownership().await;
+        self.service_sync.tidy_pending = true;
+        debug!(?reconfigured, applied = ?started.elapsed(), "new plan committed");
+    }
+
+    /// The committed plan's tidying: the per-VIP counters of VIPs it dropped, the uplinks it
+    /// left (their VIPs are gone from them already), and the uplink map.
+    pub(super) fn tidy_after_commit(&mut self) {
+        let started = Instant::now();
+        self.service_sync.tidy_pending = false;
         self.prune_vip_counters();
-        let applied = started.elapsed();
         self.retire_uplinks();
         // The uplinks left, and this node's VRRP addresses on those that stay, as planned now.
         if let Err(e) = write_uplink_map(&mut self.uplinks, &mut self.dataplane, &self.current.plan) {
             error!(error = %e, "writing the uplink map failed");
         }
-        debug!(?reconfigured, ?applied, retired = ?started.elapsed(), "new plan committed");
+        debug!(elapsed = ?started.elapsed(), "committed plan tidied");
     }
 }
 

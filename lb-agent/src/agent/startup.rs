@@ -204,7 +204,7 @@ async fn first_sync(
     let applied = sync.applied();
     let (requests, receiver) = watch::channel(request);
     let task = within(background, || sync.spawn(receiver));
-    Ok((ServiceSyncLink { requests, applied, pending: None }, task))
+    Ok((ServiceSyncLink { requests, applied, pending: None, tidy_pending: false }, task))
 }
 
 /// The metrics listener (`listen`) and the admin socket (`adminSocket`), bound on `background`.

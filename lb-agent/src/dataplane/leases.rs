@@ -21,8 +21,10 @@ pub struct Leases {
 /// What one update did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Renewed {
-    /// Slots whose lease had already run out when it was renewed or released: the agent was
-    /// too late (frozen, or not running) and the program had stopped claiming meanwhile.
+    /// Slots whose lease had already run out when it was renewed: the agent was too late
+    /// (frozen, or not running) and the program had stopped claiming meanwhile. A release
+    /// is not one: a claim that ends by its own bound (a preempted master's grace, a
+    /// handover) is released once its time is up, when the program has just stopped.
     pub lapsed: Vec<u16>,
 }
 
@@ -56,8 +58,8 @@ impl Leases {
         Ok(renewed)
     }
 
-    /// Writes slot `slot`'s deadline (zero: released) if it moved; true when the lease it
-    /// replaces had already run out.
+    /// Writes slot `slot`'s deadline (zero: released) if it moved; true when it renews a
+    /// lease that had already run out.
     pub fn set(&mut self, slot: u16, deadline: u64, now_ns: u64) -> Result<bool> {
         let old = self.written.get(&slot).copied().unwrap_or(0);
         if old == deadline {
@@ -71,13 +73,19 @@ impl Leases {
         } else {
             self.written.insert(slot, deadline);
         }
-        Ok(old != 0 && old <= now_ns)
+        Ok(renews_a_lapsed_lease(old, deadline, now_ns))
     }
 
     /// How long slot `slot`'s lease still runs (zero once it ran out), if it holds one.
     pub fn remaining(&self, slot: u16, now_ns: u64) -> Option<Duration> {
         self.written.get(&slot).map(|d| Duration::from_nanos(d.saturating_sub(now_ns)))
     }
+}
+
+/// Whether writing `deadline` over `old` (zero: none) at `now_ns` renews a lease that had run
+/// out: a release (zero) never does (see [`Renewed::lapsed`]).
+fn renews_a_lapsed_lease(old: u64, deadline: u64, now_ns: u64) -> bool {
+    deadline != 0 && old != 0 && old <= now_ns
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock `bpf_ktime_get_ns` reads.
@@ -93,5 +101,27 @@ pub fn to_monotonic_ns(at: Instant, now: Instant, now_ns: u64) -> u64 {
     match at.checked_duration_since(now) {
         Some(ahead) => now_ns.saturating_add(ahead.as_nanos() as u64),
         None => now_ns.saturating_sub(now.duration_since(at).as_nanos() as u64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_renewal_past_the_old_deadline_is_a_lapse() {
+        let now = 1_000;
+        // (old, new deadline, lapsed)
+        let cases = [
+            (0, 2_000, false),     // a first claim
+            (1_500, 2_000, false), // renewed in time
+            (1_000, 2_000, true),  // renewed just as it ran out
+            (900, 2_000, true),    // renewed late
+            (900, 0, false),       // released once its time was up (a grace, a handover)
+            (1_500, 0, false),     // released early
+        ];
+        for (old, deadline, lapsed) in cases {
+            assert_eq!(renews_a_lapsed_lease(old, deadline, now), lapsed, "{old} → {deadline}");
+        }
     }
 }

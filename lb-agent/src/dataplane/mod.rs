@@ -398,7 +398,7 @@ impl Dataplane {
         self.leases.apply(deadlines, now_ns)
     }
 
-    /// Writes one lease slot's deadline if it moved; true when the lease it replaces had run out.
+    /// Writes one lease slot's deadline if it moved; true when it renews a lease that had run out.
     pub fn renew_lease(&mut self, slot: u16, deadline: u64, now_ns: u64) -> Result<bool> {
         self.leases.set(slot, deadline, now_ns)
     }

@@ -137,6 +137,9 @@ pub struct Router {
     /// VRIDs whose claim deadline moved without an ownership change (see
     /// [`Router::take_renewed`]).
     renewed: BTreeSet<InstanceId>,
+    /// Masters found past their lease when another router had taken over (see
+    /// [`Router::take_lapsed`]).
+    lapsed: BTreeSet<InstanceId>,
     /// Maps instants to the wall clock for authentication sequences, fixed at start so that a
     /// clock step later never makes this node's sequences go backwards.
     wall_clock: (Instant, u64),
@@ -176,6 +179,7 @@ impl Router {
             reannounce: BTreeSet::new(),
             foreign: BTreeMap::new(),
             renewed: BTreeSet::new(),
+            lapsed: BTreeSet::new(),
             wall_clock: (Instant::now(), unix_micros(SystemTime::now())),
             last_sequence: 0,
             sequences: BTreeMap::new(),
@@ -452,6 +456,14 @@ impl Router {
         std::mem::take(&mut self.renewed)
     }
 
+    /// The masters found past their lease ([`Action::LeaseLapsed`]) since the last call. The
+    /// shell counts a lease that ran out when it renews it; one of these it releases instead
+    /// (the master follows the router that took over), and a release is no sign of a lapse
+    /// by itself: a preempted master's or a handover's claim ends when its time is up.
+    pub fn take_lapsed(&mut self) -> BTreeSet<InstanceId> {
+        std::mem::take(&mut self.lapsed)
+    }
+
     fn claimed(&self) -> impl Iterator<Item = (InstanceId, &BTreeSet<IpAddr>, Instant)> {
         // A master has always advertised: §6.4.2 sends one on the transition.
         let masters = self.instances.iter().filter(|(_, r)| r.machine.state() == State::Master).filter_map(
@@ -519,6 +531,7 @@ impl Router {
                     self.lingering.insert(id, (running.spec.vips.clone(), now + HANDOVER_GRACE));
                 }
                 Action::LeaseLapsed => {
+                    self.lapsed.insert(id);
                     let following = running.machine.state() == State::Backup;
                     warn!(
                         group = %running.spec.group,

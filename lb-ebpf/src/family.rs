@@ -284,9 +284,7 @@ impl IpFamily for V6 {
             Some(f(&mut *params))
         }
     }
-    /// A BPF function of its own (per caller): the claim's frame is then not added to the
-    /// full-NAT stage's, which it would pass.
-    #[inline(never)]
+    #[inline(always)]
     fn with_snat_room<R>(f: impl FnOnce(&mut FlowKeyOf<Addr6>, &mut SnatEntryOf<Addr6>) -> R) -> Option<R> {
         let state = maps::STATE6.get_ptr_mut(0)?;
         // SAFETY: this CPU's slot; these two fields are used by one claim at a time.

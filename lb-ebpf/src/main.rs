@@ -72,7 +72,8 @@ pub fn lb_xdp6(ctx: XdpContext) -> u32 {
     conclude(&ctx, bytes, l3::ipv6::serve(&ctx))
 }
 
-/// IPv6 full NAT, tail-called by `lb_xdp6` (see `services::stages6`).
+/// IPv6 full NAT for a flow that holds no source port yet: the port claimed. Tail-called by
+/// `lb_xdp6` (see `services::stages6`), which sends established flows on itself.
 #[xdp]
 pub fn lb_xdp6_full_nat(ctx: XdpContext) -> u32 {
     let bytes = packet::len(&ctx);

@@ -30,9 +30,9 @@ use crate::{
 };
 
 /// A family's delivery paths. IPv4's are inlined into `lb_xdp`, IPv6's into `lb_xdp6`, but for
-/// its full NAT, a program of its own, tail-called ([`stages6`]): an IPv6 key, backend and
-/// reply target are each several times IPv4's, and inlined together the paths pass BPF's 512
-/// bytes of stack.
+/// its full NAT's port claim, a program of its own, tail-called ([`stages6`]): an IPv6 key,
+/// backend and reply target are each several times IPv4's, and inlined together the paths
+/// pass BPF's 512 bytes of stack.
 pub trait Deliver: IpFamily {
     /// Direct server return: wraps the packet for a backend on another node.
     fn encapsulate(
@@ -64,7 +64,9 @@ pub trait Deliver: IpFamily {
         ip_len: u16,
         now: u64,
     ) -> (u32, Reason) {
-        nat::full_nat::<Self>(ctx, layout, flow, picked, ip_len, now)
+        // `HeldOrClaimed` always finds a port or an answer.
+        nat::full_nat::<Self>(ctx, layout, flow, picked, ip_len, now, nat::PortStep::HeldOrClaimed)
+            .unwrap_or((XDP_PASS, Reason::NoRoute))
     }
 
     #[inline(always)]
@@ -103,15 +105,22 @@ impl Deliver for V6 {
         encap6::encapsulate(ctx, flow, picked, ip_len, now)
     }
 
+    /// An established flow is sent on here; one without a port yet goes to the claim's stage.
     #[inline(always)]
     fn full_nat(
         ctx: &XdpContext,
-        _layout: L4Layout,
-        _flow: &FlowKey6,
+        layout: L4Layout,
+        flow: &FlowKey6,
         picked: &Picked<Addr6>,
         ip_len: u16,
-        _now: u64,
+        now: u64,
     ) -> (u32, Reason) {
+        if picked.snat_attempt().is_some()
+            && let Some(sent) =
+                nat::full_nat::<Self>(ctx, layout, flow, picked, ip_len, now, nat::PortStep::Held)
+        {
+            return sent;
+        }
         stages6::enter(ctx, picked, ip_len, stages6::FULL_NAT)
     }
 }

@@ -615,6 +615,58 @@ fn a_changed_port_range_never_sends_a_flow_out_on_another_flows_port() {
     });
 }
 
+/// A known full-NAT flow's port is checked in the port table with every packet: once another
+/// flow holds it (this one idled past the timeout, say), the flow claims a port of its own and
+/// keeps that one. For IPv6 the check runs in `lb_xdp6` and the claim in a stage of its own
+/// (`services::stages6`): the second packet crosses from one to the other.
+fn a_flow_whose_port_another_flow_took_claims_one_of_its_own(f: IpFamily) {
+    in_node_with_local_pod(f, move |ifindex, _| match f {
+        IpFamily::V4 => port_taken_fixture::<Addr4>(ifindex),
+        IpFamily::V6 => port_taken_fixture::<Addr6>(ifindex),
+    });
+}
+
+lb_lab::for_each_family!(a_flow_whose_port_another_flow_took_claims_one_of_its_own);
+
+fn port_taken_fixture<A: ReplyFamily>(ifindex: u32) {
+    use lb_common::service::SnatEntryOf;
+    let f = A::FAMILY;
+    let (ebpf, mut maps) = load_services_of(&[f], EMBEDDED_OBJECT, ifindex, SNAT_FIRST);
+    let (vip, client, node, there) = (f.vip(), f.client(), f.node(), f.pod(1, 2));
+    let input = segment_frame((CLIENT_MAC, NODE_MAC), client, vip, 64, 17, (41_400, 81));
+    let forwarded = |port: u16| segment_frame((NODE_MAC, PEER_MAC), node, there, 63, 17, (port, 8080));
+    let run = |name: &str, port: u16| {
+        let (action, out) = run_uplink(&ebpf, &input, ifindex);
+        assert_eq!((action, out), (XDP_TX, forwarded(port)), "{}: {name}", f.as_str());
+    };
+    let first = lb_lab::family::snat_port(client, vip, (41_400, 81), 17, SNAT_FIRST, SNAT_SPAN);
+    run("first packet", first);
+    run("its port held", first);
+
+    let other_client = match client {
+        IpAddr::V4(c) => IpAddr::from([c.octets()[0], c.octets()[1], c.octets()[2], 99]),
+        IpAddr::V6(c) => std::net::Ipv6Addr::from_bits(c.to_bits() ^ 0x99).into(),
+    };
+    let key = |port: u16| {
+        FlowKeyOf::new(A::addr(there), A::addr(node), 8080u16.to_be_bytes(), port.to_be_bytes(), 17)
+    };
+    let others =
+        ReplyNatOf::new(A::addr(vip), A::addr(other_client), 81u16.to_be_bytes(), 41_400u16.to_be_bytes());
+    let taken = SnatEntryOf { reply: others, peer_ifindex: 0, last_seen_ns: 0 };
+    A::maps(&mut maps).snat().map_mut().insert(key(first), taken, 0).unwrap();
+    let next = SNAT_FIRST + ((first - SNAT_FIRST) as u32 + 1).rem_euclid(SNAT_SPAN) as u16;
+    run("its port taken: one of its own", next);
+    run("that one kept", next);
+    let table = A::maps(&mut maps).snat().map_mut();
+    let held = |port| table.get(&key(port), 0).ok().map(|e| e.reply.dst == A::addr(client));
+    assert_eq!(
+        (held(first), held(next)),
+        (Some(false), Some(true)),
+        "{}: the other flow's port left alone",
+        f.as_str()
+    );
+}
+
 /// An agent upgraded from a build whose connection table was the kernel's hash map (`FLOWS`)
 /// converts its entries: a flow keeps the backend that table gave it, where a new flow of the
 /// same service takes the ring's. Here the old entry of a flow to the DSR service names the

@@ -61,8 +61,24 @@ pub(super) fn local<F: IpFamily>(
     .unwrap_or((XDP_PASS, F::PASSED))
 }
 
+/// How [`full_nat`] finds the flow's source port: a constant at each call, so each program
+/// holds only its own steps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum PortStep {
+    /// The port the flow's entry says it holds, else a new one claimed: IPv4, in one program.
+    HeldOrClaimed,
+    /// Only the port the flow holds; `None` without one. IPv6's entry program: its frame has
+    /// no room for the claim, so an established flow is sent on there and a flow without a
+    /// port goes to the claim's stage (see `stages6`).
+    Held,
+    /// A port claimed (the claim meets a port the flow holds among its candidates too):
+    /// IPv6's claim stage.
+    Claimed,
+}
+
 /// An endpoint on another node, kube-proxy Cluster style: DNAT to it and SNAT to this node,
-/// so the reply comes back here to be translated.
+/// so the reply comes back here to be translated. `None` only for [`PortStep::Held`] when the
+/// flow holds no port.
 #[inline(always)]
 pub(super) fn full_nat<F: IpFamily>(
     ctx: &XdpContext,
@@ -71,9 +87,10 @@ pub(super) fn full_nat<F: IpFamily>(
     picked: &Picked<F::Addr>,
     tot_len: u16,
     now: u64,
-) -> (u32, Reason) {
+    step: PortStep,
+) -> Option<(u32, Reason)> {
     let Some(settings) = maps::settings().copied() else {
-        return (XDP_PASS, Reason::NoRoute);
+        return Some((XDP_PASS, Reason::NoRoute));
     };
     let backend = picked.backend;
     let node = F::node_addr(&settings);
@@ -86,12 +103,12 @@ pub(super) fn full_nat<F: IpFamily>(
         now,
     ) {
         Ok(hop) => hop,
-        Err(reason) => return (XDP_PASS, reason),
+        Err(reason) => return Some((XDP_PASS, reason)),
     };
     // The address of the uplink the packet leaves by: the endpoint's replies come back there.
     // (IPv6 has no node-wide address: an uplink without one cannot source full NAT.)
     let Some(source) = F::uplink_source(hop.ifindex).or(node.map(Aligned)) else {
-        return (XDP_PASS, Reason::NoSourceAddress);
+        return Some((XDP_PASS, Reason::NoSourceAddress));
     };
     // SAFETY: bounds-checked by `header`; copied out.
     let peer = || Peer {
@@ -99,15 +116,19 @@ pub(super) fn full_nat<F: IpFamily>(
         vlan: crate::vlan::arrival_vlan(),
         ifindex: ctx.ingress_ifindex() as u32,
     };
-    let held = picked.snat_attempt().and_then(|attempt| {
-        held_snat_port::<F>(flow, &backend, &source, &settings, attempt, picked.check_due, peer, now)
-    });
+    let held = match step {
+        PortStep::Claimed => None,
+        PortStep::Held | PortStep::HeldOrClaimed => picked.snat_attempt().and_then(|attempt| {
+            held_snat_port::<F>(flow, &backend, &source, &settings, attempt, picked.check_due, peer, now)
+        }),
+    };
     let snat_port = match held {
         Some(port) => port,
+        None if step == PortStep::Held => return None,
         None => {
             let Some((port, attempt)) = claim_snat_port::<F>(flow, &backend, &source, &settings, peer(), now)
             else {
-                return (XDP_DROP, Reason::SnatPortsExhausted);
+                return Some((XDP_DROP, Reason::SnatPortsExhausted));
             };
             // New, or a known flow without a port changed to full NAT: its entry is written
             // whole.
@@ -116,7 +137,7 @@ pub(super) fn full_nat<F: IpFamily>(
         }
     };
     let to = ReplyNatOf::new(source.0, backend.addr, snat_port, backend.port);
-    route_out::<F>(ctx, layout, &to, &hop, Reason::ForwardedFullNat)
+    Some(route_out::<F>(ctx, layout, &to, &hop, Reason::ForwardedFullNat))
 }
 
 /// Full NAT's `attempt`th source-port candidate for a flow whose hash is `start`: candidates

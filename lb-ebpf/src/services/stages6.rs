@@ -5,10 +5,13 @@
 //!   `lb_xdp`), whose large values live in this CPU's `STATE6` slot rather than on the stack.
 //!   So the common path takes one tail call and no BPF function call (a call costs about 10 ns
 //!   where returns go through a return thunk, see `vlan::finish`).
-//! - Full NAT's frame does not fit beside theirs: it is a program of its own
-//!   (`lb_xdp6_full_nat`), tail-called through `IPV6_SERVICES` ([`FULL_NAT`]; slot 0 is
-//!   `lb_xdp6`), which starts a fresh stack. What `lb_xdp6` decided (the 5-tuple, the backend)
-//!   reaches it in `STATE6`: a packet runs on one CPU from `lb_xdp6` to the end of its stage.
+//! - So is full NAT for a flow that holds a source port (every packet of an established
+//!   flow: the port checked in the port table, the packet sent on).
+//! - Claiming a port does not fit beside them: a flow without one (a new flow, or one whose
+//!   port another flow took) goes to a program of its own (`lb_xdp6_full_nat`), tail-called
+//!   through `IPV6_SERVICES` ([`FULL_NAT`]; slot 0 is `lb_xdp6`), which starts a fresh stack.
+//!   What `lb_xdp6` decided (the 5-tuple, the backend) reaches it in `STATE6`: a packet runs
+//!   on one CPU from `lb_xdp6` to the end of its stage.
 //! - So is DSR's receiving end, the decapsulation of IPv6 in IPv6 (`lb_xdp6_decap`,
 //!   [`DECAPSULATE`]): its key and inner 5-tuple on `lb_xdp6`'s stack would leave no room for
 //!   the delivery paths inline.
@@ -28,7 +31,7 @@ use crate::{
     stats,
 };
 
-/// Full NAT's `IPV6_SERVICES` slot (see `lb_common::service::IPV6_SERVICE_PROGRAMS`).
+/// The slot of full NAT with a port claimed (see `lb_common::service::IPV6_SERVICE_PROGRAMS`).
 pub const FULL_NAT: u32 = 2;
 /// DSR decapsulation's slot.
 pub const DECAPSULATE: u32 = 3;
@@ -64,8 +67,8 @@ pub fn enter_decapsulation(ctx: &XdpContext) -> u32 {
     stats::verdict(Reason::Ipv6Passed, packet::len(ctx), XDP_PASS)
 }
 
-/// Runs the full-NAT stage on the state `lb_xdp6` left, and counts what `lb_xdp6` would have
-/// counted after it (the backend, the reason; the caller counts the action).
+/// Runs full NAT with a port claimed on the state `lb_xdp6` left, and counts what `lb_xdp6`
+/// would have counted after it (the backend, the reason; the caller counts the action).
 #[inline(always)]
 pub fn run_full_nat(ctx: &XdpContext) -> u32 {
     let bytes = packet::len(ctx);
@@ -90,7 +93,9 @@ pub fn run_full_nat(ctx: &XdpContext) -> u32 {
     };
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let (action, reason) = nat::full_nat::<V6>(ctx, layout, flow, &picked, state.ip_len, now);
+    let (action, reason) =
+        nat::full_nat::<V6>(ctx, layout, flow, &picked, state.ip_len, now, nat::PortStep::Claimed)
+            .unwrap_or((XDP_PASS, Reason::NoRoute));
     // Sent on to the backend (a Packet Too Big goes back to the client instead).
     if action != XDP_PASS && action != XDP_DROP && reason != Reason::TooBig {
         stats::count_backend(V6::backend_stats(), picked.id, bytes);

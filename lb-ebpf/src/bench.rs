@@ -9,6 +9,8 @@
 //!   at the switch's end of the LB node's link.
 //! - `bench_sink_tc`: counts and drops at the pod's TC ingress, after the kernel has built the
 //!   packet's skb as for any pod traffic, whichever mode forwarded it.
+//! - `bench_pass_tc`: lets everything go (TC): `bench program`'s measure of a TC test run's
+//!   own cost, as `lb_pass` is of an XDP one.
 //! - `bench_dnat`: the smallest useful XDP load balancer, a fixed UDP DNAT and redirect, the
 //!   yardstick for the full program's cost; `bench_dnat_table`: the same with a lookup in a
 //!   connection table of the agent's shape, the yardstick of a stateful one;
@@ -174,6 +176,11 @@ pub fn bench_sink_tc(ctx: TcContext) -> i32 {
         unsafe { *counter += 1 };
     }
     TC_ACT_SHOT
+}
+
+#[classifier]
+pub fn bench_pass_tc(_ctx: TcContext) -> i32 {
+    TC_ACT_OK
 }
 
 /// `bench_dnat_table`'s connection table: `FLOWS`'s key, value, size and flags.

@@ -43,18 +43,7 @@ pub trait Deliver: IpFamily {
         now: u64,
     ) -> (u32, Reason);
 
-    #[inline(always)]
-    fn local(
-        ctx: &XdpContext,
-        layout: L4Layout,
-        flow: &FlowKeyOf<Self::Addr>,
-        picked: &Picked<Self::Addr>,
-        ip_len: u16,
-        now: u64,
-    ) -> (u32, Reason) {
-        nat::local::<Self>(ctx, layout, flow, picked, ip_len, now)
-    }
-
+    /// Full NAT: DNAT to an endpoint on another node, SNAT to this node.
     #[inline(always)]
     fn full_nat(
         ctx: &XdpContext,
@@ -67,16 +56,6 @@ pub trait Deliver: IpFamily {
         // `HeldOrClaimed` always finds a port or an answer.
         nat::full_nat::<Self>(ctx, layout, flow, picked, ip_len, now, nat::PortStep::HeldOrClaimed)
             .unwrap_or((XDP_PASS, Reason::NoRoute))
-    }
-
-    #[inline(always)]
-    fn translate_reply(
-        ctx: &XdpContext,
-        layout: L4Layout,
-        flow: &FlowKeyOf<Self::Addr>,
-        ip_len: u16,
-    ) -> Option<u32> {
-        nat::translate_reply::<Self>(ctx, layout, flow, ip_len)
     }
 }
 
@@ -148,7 +127,7 @@ pub fn transport<F: Deliver>(ctx: &XdpContext, flow: &FlowKeyOf<F::Addr>, ip_len
         stats::count_vip_traffic(F::vip_traffic(), service.vip_slot(), bytes);
         return to_service::<F>(ctx, layout, flow, line, &service, ip_len);
     }
-    if !truncated && let Some(action) = F::translate_reply(ctx, layout, flow, ip_len) {
+    if !truncated && let Some(action) = nat::translate_reply::<F>(ctx, layout, flow, ip_len) {
         return action;
     }
     if F::is_owned_exclusively(ctx, flow.dst) {
@@ -179,7 +158,7 @@ fn to_service<F: Deliver>(
         return stats::verdict(Reason::TtlExpired, bytes, XDP_PASS);
     }
     let (action, reason) = match Delivery::from_u8(picked.backend.delivery) {
-        Some(Delivery::Local) => F::local(ctx, layout, flow, &picked, ip_len, now),
+        Some(Delivery::Local) => nat::local::<F>(ctx, layout, flow, &picked, ip_len, now),
         Some(Delivery::FullNat) => F::full_nat(ctx, layout, flow, &picked, ip_len, now),
         Some(Delivery::Dsr) => F::encapsulate(ctx, flow, &picked, ip_len, now),
         None => (XDP_DROP, Reason::NoBackend),

@@ -146,13 +146,20 @@ pub fn run_xdp_timed(program: &Xdp, input: &[u8], ifindex: u32) -> (u32, Vec<u8>
 pub fn run_reply(ebpf: &Ebpf, input: &[u8]) -> Vec<u8> {
     let program: &aya::programs::SchedClassifier =
         ebpf.program(lb_agent::dataplane::REPLY_PROGRAM).unwrap().try_into().unwrap();
+    let (action, out, _) = run_tc_timed(program, input);
+    assert_eq!(action, 0, "lb_reply lets every packet go (TC_ACT_OK)");
+    out
+}
+
+/// Runs the loaded TC `program` on `input`; returns its verdict, the frame as it left it, and
+/// the kernel's time for the run (the program's and the test run's own).
+pub fn run_tc_timed(program: &aya::programs::SchedClassifier, input: &[u8]) -> (u32, Vec<u8>, Duration) {
     let mut out = vec![0u8; input.len() + 256];
     let result = program
         .test_run(TestRunOptions { data_in: Some(input), data_out: Some(&mut out), ..Default::default() })
-        .expect("BPF_PROG_TEST_RUN of lb_reply");
-    assert_eq!(result.return_value, 0, "lb_reply lets every packet go (TC_ACT_OK)");
+        .expect("BPF_PROG_TEST_RUN of a TC program");
     out.truncate(result.data_size_out as usize);
-    out
+    (result.return_value, out, result.duration)
 }
 
 /// `dev`'s MAC address in `ns`.

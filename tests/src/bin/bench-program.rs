@@ -9,7 +9,9 @@
 //! through the verifier (with the IPv6 path it tail-calls) with the agent's own map sync of the
 //! family-generic service fixtures' config for both families (`family::services_config`):
 //! local delivery (UDP :80 to the pod), full NAT (UDP :81 to n1's pod), DSR (TCP :82, IPIP or
-//! IPv6 in IPv6 to n1's pod), and full NAT's replies (n1's pod to n0's port). Each object is
+//! IPv6 in IPv6 to n1's pod), full NAT's replies (n1's pod to n0's port), and, through the TC
+//! egress program `lb_reply`, the local pod's replies to local delivery's flows (its address
+//! and port back to the VIP's; TC test runs cost more than XDP's). Each object is
 //! loaded four times (a load's placement in memory shifts all its times a little); every flow
 //! is sent once to each load before timing, so the runs time established flows. Then 40
 //! rounds, the objects in rotating order, each running 2,000 single BPF_PROG_TEST_RUNs per path
@@ -17,11 +19,11 @@
 //! quartile and mean of the fastest 90 % of each object's 80,000 runs. A run's time comes in
 //! the clock's steps (10 ns on some hosts), so medians move in whole steps; the mean resolves
 //! below one, and the ratios are the means'. A single run's time includes the test-run's own
-//! fixed cost, given as the `lb_pass` row (a program that only returns); the IPv6 ÷ IPv4 table
-//! takes it off both. Two objects alike differ by up to 3 % (runs of one object against
-//! itself).
+//! fixed cost, given as the `lb_pass` row (a program that only returns; `bench_pass_tc` for
+//! TC); the IPv6 ÷ IPv4 table takes it off both. Two objects alike differ by up to 3 % (runs of
+//! one object against itself).
 //!
-//! `--path local|full-nat|dsr|reply` times one path in both families (the others' flows are
+//! `--path local|full-nat|dsr|reply|local-reply` times one path in both families (the others' flows are
 //! still set up: replies need full NAT's ports). `LB_BENCH_PERF=<dir>` profiles each path's
 //! runs (`perf report -i <dir>/ipv6-reply.data --no-children`).
 //!
@@ -29,14 +31,19 @@
 
 use std::{path::PathBuf, sync::mpsc};
 
-use aya::{Ebpf, programs::Xdp};
-use lb_agent::dataplane::{EMBEDDED_OBJECT, UPLINK_PROGRAM};
+use std::time::Duration;
+
+use aya::{
+    Ebpf,
+    programs::{SchedClassifier, Xdp},
+};
+use lb_agent::dataplane::{EMBEDDED_OBJECT, REPLY_PROGRAM, UPLINK_PROGRAM};
 use lb_lab::{
     bench::{Profile, arg, arg_values, median, quantile},
     family::{
         FAMILIES, IpFamily, LabFamily, in_node_with_local_pod, load_services_of, segment_frame, snat_port,
     },
-    fixture::{CLIENT_MAC, NODE_MAC, PEER_MAC, XDP_PASS, XDP_REDIRECT, XDP_TX, run_xdp_timed},
+    fixture::{CLIENT_MAC, NODE_MAC, PEER_MAC, XDP_PASS, XDP_REDIRECT, XDP_TX, run_tc_timed, run_xdp_timed},
 };
 
 /// Full NAT's source ports: wide, so that many flows each find one.
@@ -51,14 +58,59 @@ const ROUNDS: usize = 40;
 const LOADS: usize = 4;
 const RUNS_PER_ROUND: usize = 2_000;
 
-/// A service path: its name, frames (one a flow), and the action the program must take.
+/// A service path: its name, frames (one a flow), and what the program must do with them.
 struct Path {
     name: &'static str,
     /// The path's name in file names (`LB_BENCH_PERF`'s profiles).
     slug: &'static str,
     frames: Vec<Vec<u8>>,
-    action: u32,
+    expect: Expect,
 }
+
+/// What a path's program must do with each of its frames.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// The uplink's XDP program returns this action.
+    Xdp(u32),
+    /// `lb_reply` lets the frame go (it always does) rewritten: a reply translated.
+    TcRewritten,
+}
+
+impl Expect {
+    /// The program this path runs, and the one that measures its test run's own cost.
+    fn programs(self) -> (&'static str, &'static str) {
+        match self {
+            Expect::Xdp(_) => (UPLINK_PROGRAM, "lb_pass"),
+            Expect::TcRewritten => (REPLY_PROGRAM, TC_PASS),
+        }
+    }
+
+    fn met(self, frame: &[u8], action: u32, out: &[u8]) -> bool {
+        match self {
+            Expect::Xdp(expected) => action == expected,
+            Expect::TcRewritten => action == 0 && out != frame,
+        }
+    }
+}
+
+/// A loaded program of either kind.
+#[derive(Clone, Copy)]
+enum Loaded<'a> {
+    Xdp(&'a Xdp),
+    Tc(&'a SchedClassifier),
+}
+
+impl Loaded<'_> {
+    /// One test run on `frame`: the action, the frame as it left, the kernel's time.
+    fn run(self, frame: &[u8], ifindex: u32) -> (u32, Vec<u8>, Duration) {
+        match self {
+            Loaded::Xdp(program) => run_xdp_timed(program, frame, ifindex),
+            Loaded::Tc(program) => run_tc_timed(program, frame),
+        }
+    }
+}
+
+const TC_PASS: &str = "bench_pass_tc";
 
 fn paths(f: IpFamily, flows: u16) -> Vec<Path> {
     let (client, vip) = (f.client(), f.vip());
@@ -75,21 +127,44 @@ fn paths(f: IpFamily, flows: u16) -> Vec<Path> {
             segment_frame((PEER_MAC, NODE_MAC), f.pod(1, 2), f.node(), 64, 17, (8080, port))
         })
         .collect();
+    // The local pod's answers to local delivery's flows, leaving by the uplink.
+    let pod_mac = [0x02, 0, 0, 0, 0, 0x22];
+    let local_replies = (0..flows)
+        .map(|i| {
+            segment_frame((pod_mac, PEER_MAC), f.pod(0, 2), client, 64, 17, (8080, FIRST_CLIENT_PORT + i))
+        })
+        .collect();
     vec![
         Path {
             name: "local delivery (UDP: DNAT, redirect to the pod)",
             slug: "local",
             frames: to_vip(17, 80),
-            action: XDP_REDIRECT,
+            expect: Expect::Xdp(XDP_REDIRECT),
         },
-        Path { name: "full NAT (UDP)", slug: "full-nat", frames: to_vip(17, 81), action: XDP_TX },
-        Path { name: "DSR (TCP, encapsulated)", slug: "dsr", frames: to_vip(6, 82), action: XDP_TX },
-        Path { name: "full NAT's reply (UDP)", slug: "reply", frames: replies, action: XDP_TX },
+        Path {
+            name: "full NAT (UDP)",
+            slug: "full-nat",
+            frames: to_vip(17, 81),
+            expect: Expect::Xdp(XDP_TX),
+        },
+        Path {
+            name: "DSR (TCP, encapsulated)",
+            slug: "dsr",
+            frames: to_vip(6, 82),
+            expect: Expect::Xdp(XDP_TX),
+        },
+        Path { name: "full NAT's reply (UDP)", slug: "reply", frames: replies, expect: Expect::Xdp(XDP_TX) },
+        Path {
+            name: "local delivery's reply (UDP, TC egress)",
+            slug: "local-reply",
+            frames: local_replies,
+            expect: Expect::TcRewritten,
+        },
     ]
 }
 
 /// One object's time on one path: median, first quartile and the mean of the fastest 90 %
-/// (ns), and the share of runs whose action was not the path's.
+/// (ns), and the share of runs that did not do what the path expects.
 #[derive(Clone, Copy)]
 struct Timing {
     median: u64,
@@ -116,7 +191,7 @@ fn measure(
     objects: &[Vec<Ebpf>],
     program: &str,
     frames: &[Vec<u8>],
-    action: u32,
+    expect: Expect,
     ifindex: u32,
 ) -> Vec<Timing> {
     let programs = programs(objects, program);
@@ -130,8 +205,8 @@ fn measure(
             for i in 0..RUNS_PER_ROUND {
                 // A stride coprime with any flow count below it scatters the order.
                 let frame = &frames[(i * 7_919) % frames.len()];
-                let (got, _, time) = run_xdp_timed(program, frame, ifindex);
-                other[k] += usize::from(got != action);
+                let (got, out, time) = program.run(frame, ifindex);
+                other[k] += usize::from(!expect.met(frame, got, &out));
                 times[k].push(time.as_nanos() as u64);
             }
         }
@@ -153,20 +228,25 @@ fn measure(
 }
 
 /// Sends every frame once to every load of `programs`: the flows are then established.
-fn set_up(programs: &[Vec<&Xdp>], frames: &[Vec<u8>], ifindex: u32) {
+fn set_up(programs: &[Vec<Loaded>], frames: &[Vec<u8>], ifindex: u32) {
     for p in programs.iter().flatten() {
         for frame in frames {
-            run_xdp_timed(p, frame, ifindex);
+            p.run(frame, ifindex);
         }
     }
 }
 
-/// `program` of each of `objects`' loads.
-fn programs<'a>(objects: &'a [Vec<Ebpf>], program: &str) -> Vec<Vec<&'a Xdp>> {
-    objects
-        .iter()
-        .map(|loads| loads.iter().map(|o| o.program(program).unwrap().try_into().unwrap()).collect())
-        .collect()
+/// `program` of each of `objects`' loads. An earlier object without it (`bench_pass_tc`, a
+/// test run's own cost, which is the kernel's) takes this code's.
+fn programs<'a>(objects: &'a [Vec<Ebpf>], program: &str) -> Vec<Vec<Loaded<'a>>> {
+    let loaded = |i: usize, o: &'a Ebpf| {
+        let program = o.program(program).or_else(|| objects[0][i].program(program)).unwrap();
+        match program.try_into() {
+            Ok(xdp) => Loaded::Xdp(xdp),
+            Err(_) => Loaded::Tc(program.try_into().unwrap()),
+        }
+    };
+    objects.iter().map(|loads| loads.iter().enumerate().map(|(i, o)| loaded(i, o)).collect()).collect()
 }
 
 /// The rows: each family's paths, then `lb_pass`'s, one timing per object. Both families run
@@ -183,6 +263,11 @@ fn run(objects: Vec<(String, Vec<u8>)>, flows: u16, only: Option<String>) -> Vec
                         let (mut ebpf, _maps) = load_services_of(&FAMILIES, bytes, ifindex, SNAT_FIRST);
                         let pass: &mut Xdp = ebpf.program_mut("lb_pass").unwrap().try_into().unwrap();
                         pass.load().expect("the verifier accepts lb_pass");
+                        for program in [REPLY_PROGRAM, TC_PASS] {
+                            let Some(tc) = ebpf.program_mut(program) else { continue };
+                            let tc: &mut SchedClassifier = tc.try_into().unwrap();
+                            tc.load().unwrap_or_else(|e| panic!("the verifier refused {program}: {e}"));
+                        }
                         ebpf
                     })
                     .collect()
@@ -191,9 +276,10 @@ fn run(objects: Vec<(String, Vec<u8>)>, flows: u16, only: Option<String>) -> Vec
         for f in FAMILIES {
             let (timed, skipped): (Vec<Path>, Vec<Path>) =
                 paths(f, flows).into_iter().partition(|p| only.as_deref().is_none_or(|o| o == p.slug));
-            // Paths left out still set up their flows: the replies need full NAT's ports.
+            // Paths left out still set up their flows: the replies need full NAT's ports, and
+            // local delivery's replies its flows.
             for path in &skipped {
-                set_up(&programs(&loaded, UPLINK_PROGRAM), &path.frames, ifindex);
+                set_up(&programs(&loaded, path.expect.programs().0), &path.frames, ifindex);
             }
             for path in timed {
                 // LB_BENCH_PERF=<dir>: this thread's profile per path (kernel and BPF functions,
@@ -206,7 +292,7 @@ fn run(objects: Vec<(String, Vec<u8>)>, flows: u16, only: Option<String>) -> Vec
                     // perf needs a moment to attach before the runs start.
                     std::thread::sleep(std::time::Duration::from_millis(300));
                 }
-                let timings = measure(&loaded, UPLINK_PROGRAM, &path.frames, path.action, ifindex);
+                let timings = measure(&loaded, path.expect.programs().0, &path.frames, path.expect, ifindex);
                 drop(profile);
                 rows.send((format!("{}, {}", f.pick("IPv4", "IPv6"), path.name), timings)).unwrap();
             }
@@ -214,12 +300,21 @@ fn run(objects: Vec<(String, Vec<u8>)>, flows: u16, only: Option<String>) -> Vec
         let f = IpFamily::V4;
         let pass =
             segment_frame((CLIENT_MAC, NODE_MAC), f.client(), f.vip(), 64, 17, (FIRST_CLIENT_PORT, 80));
-        rows.send((PASS_ROW.to_string(), measure(&loaded, "lb_pass", &[pass], XDP_PASS, ifindex))).unwrap();
+        for (row, program, expect) in
+            [(PASS_ROW, "lb_pass", Expect::Xdp(XDP_PASS)), (TC_PASS_ROW, TC_PASS, Expect::Xdp(0))]
+        {
+            rows.send((
+                row.to_string(),
+                measure(&loaded, program, std::slice::from_ref(&pass), expect, ifindex),
+            ))
+            .unwrap();
+        }
     });
     results.iter().collect()
 }
 
 const PASS_ROW: &str = "lb_pass (the test run's own cost)";
+const TC_PASS_ROW: &str = "bench_pass_tc (a TC test run's own cost)";
 
 /// A Markdown table: a column per object (`labels`), and each later object's time over the
 /// first's.
@@ -253,12 +348,16 @@ fn print_table(labels: &[String], rows: &[(String, Vec<Timing>)]) {
 }
 
 /// Each path's IPv6 time over its IPv4 time (means of the fastest 90 %), for each object, both
-/// less the test run's own cost (the `lb_pass` row): the program's time alone, as the issue's
-/// target and `bench dataplane`'s program column count it. `rows` as [`run`] returns them.
+/// less the test run's own cost (the `lb_pass` row, `bench_pass_tc`'s for TC): the program's
+/// time alone, as the target and `bench dataplane`'s program column count it. `rows`
+/// as [`run`] returns them.
 fn print_family_ratios(labels: &[String], rows: &[(String, Vec<Timing>)]) {
-    let (paths, pass) = rows.split_at(rows.len() - 1);
+    let (paths, pass) = rows.split_at(rows.len() - 2);
     let (v4, v6) = paths.split_at(paths.len() / 2);
-    let net = |row: &(String, Vec<Timing>), k: usize| (row.1[k].mean - pass[0].1[k].mean).max(1.0);
+    let net = |row: &(String, Vec<Timing>), k: usize| {
+        let own_cost = if row.0.contains("TC egress") { &pass[1] } else { &pass[0] };
+        (row.1[k].mean - own_cost.1[k].mean).max(1.0)
+    };
     println!("\n| path | {} |\n|---|{}", labels.join(" | "), "---|".repeat(labels.len()));
     for (row4, row6) in v4.iter().zip(v6) {
         let name = row4.0.trim_start_matches("IPv4, ");
@@ -309,6 +408,6 @@ fn main() {
     );
     let rows = run(objects, flows, only);
     print_table(&labels, &rows);
-    println!("\nIPv6 ÷ IPv4, the program's time alone (each less lb_pass's time):");
+    println!("\nIPv6 ÷ IPv4, the program's time alone (each less its test run's own cost):");
     print_family_ratios(&labels, &rows);
 }

@@ -23,9 +23,10 @@
 //! TC); the IPv6 ÷ IPv4 table takes it off both. Two objects alike differ by up to 3 % (runs of
 //! one object against itself).
 //!
-//! `--path local|full-nat|dsr|reply|local-reply` times one path in both families (the others' flows are
-//! still set up: replies need full NAT's ports). `LB_BENCH_PERF=<dir>` profiles each path's
-//! runs (`perf report -i <dir>/ipv6-reply.data --no-children`).
+//! `--path local|full-nat|dsr|reply|local-reply` times one path in both families (the others'
+//! flows are still set up: replies need full NAT's ports and local delivery's flows).
+//! `LB_BENCH_PERF=<dir>` profiles each path's runs (`perf report -i <dir>/ipv6-reply.data
+//! --no-children`).
 //!
 //! Prints Markdown tables; writes nothing into the book.
 
@@ -58,11 +59,13 @@ const ROUNDS: usize = 40;
 const LOADS: usize = 4;
 const RUNS_PER_ROUND: usize = 2_000;
 
-/// A service path: its name, frames (one a flow), and what the program must do with them.
+/// A service path: its name, the program it runs, frames (one a flow), and what the program
+/// must do with them.
 struct Path {
     name: &'static str,
     /// The path's name in file names (`LB_BENCH_PERF`'s profiles).
     slug: &'static str,
+    program: &'static str,
     frames: Vec<Vec<u8>>,
     expect: Expect,
 }
@@ -70,28 +73,22 @@ struct Path {
 /// What a path's program must do with each of its frames.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Expect {
-    /// The uplink's XDP program returns this action.
-    Xdp(u32),
-    /// `lb_reply` lets the frame go (it always does) rewritten: a reply translated.
-    TcRewritten,
+    /// Return this action.
+    Action(u32),
+    /// Let it go (`TC_ACT_OK`) rewritten: `lb_reply`'s translation.
+    Rewritten,
 }
 
 impl Expect {
-    /// The program this path runs, and the one that measures its test run's own cost.
-    fn programs(self) -> (&'static str, &'static str) {
-        match self {
-            Expect::Xdp(_) => (UPLINK_PROGRAM, "lb_pass"),
-            Expect::TcRewritten => (REPLY_PROGRAM, TC_PASS),
-        }
-    }
-
     fn met(self, frame: &[u8], action: u32, out: &[u8]) -> bool {
         match self {
-            Expect::Xdp(expected) => action == expected,
-            Expect::TcRewritten => action == 0 && out != frame,
+            Expect::Action(expected) => action == expected,
+            Expect::Rewritten => action == TC_ACT_OK && out != frame,
         }
     }
 }
+
+const TC_ACT_OK: u32 = 0;
 
 /// A loaded program of either kind.
 #[derive(Clone, Copy)]
@@ -111,6 +108,8 @@ impl Loaded<'_> {
 }
 
 const TC_PASS: &str = "bench_pass_tc";
+/// The TC path's name: its rows are less `bench_pass_tc`'s time in the family ratios.
+const LOCAL_REPLY: &str = "local delivery's reply (UDP, TC egress)";
 
 fn paths(f: IpFamily, flows: u16) -> Vec<Path> {
     let (client, vip) = (f.client(), f.vip());
@@ -138,27 +137,37 @@ fn paths(f: IpFamily, flows: u16) -> Vec<Path> {
         Path {
             name: "local delivery (UDP: DNAT, redirect to the pod)",
             slug: "local",
+            program: UPLINK_PROGRAM,
             frames: to_vip(17, 80),
-            expect: Expect::Xdp(XDP_REDIRECT),
+            expect: Expect::Action(XDP_REDIRECT),
         },
         Path {
             name: "full NAT (UDP)",
             slug: "full-nat",
+            program: UPLINK_PROGRAM,
             frames: to_vip(17, 81),
-            expect: Expect::Xdp(XDP_TX),
+            expect: Expect::Action(XDP_TX),
         },
         Path {
             name: "DSR (TCP, encapsulated)",
             slug: "dsr",
+            program: UPLINK_PROGRAM,
             frames: to_vip(6, 82),
-            expect: Expect::Xdp(XDP_TX),
+            expect: Expect::Action(XDP_TX),
         },
-        Path { name: "full NAT's reply (UDP)", slug: "reply", frames: replies, expect: Expect::Xdp(XDP_TX) },
         Path {
-            name: "local delivery's reply (UDP, TC egress)",
+            name: "full NAT's reply (UDP)",
+            slug: "reply",
+            program: UPLINK_PROGRAM,
+            frames: replies,
+            expect: Expect::Action(XDP_TX),
+        },
+        Path {
+            name: LOCAL_REPLY,
             slug: "local-reply",
+            program: REPLY_PROGRAM,
             frames: local_replies,
-            expect: Expect::TcRewritten,
+            expect: Expect::Rewritten,
         },
     ]
 }
@@ -279,7 +288,7 @@ fn run(objects: Vec<(String, Vec<u8>)>, flows: u16, only: Option<String>) -> Vec
             // Paths left out still set up their flows: the replies need full NAT's ports, and
             // local delivery's replies its flows.
             for path in &skipped {
-                set_up(&programs(&loaded, path.expect.programs().0), &path.frames, ifindex);
+                set_up(&programs(&loaded, path.program), &path.frames, ifindex);
             }
             for path in timed {
                 // LB_BENCH_PERF=<dir>: this thread's profile per path (kernel and BPF functions,
@@ -292,7 +301,7 @@ fn run(objects: Vec<(String, Vec<u8>)>, flows: u16, only: Option<String>) -> Vec
                     // perf needs a moment to attach before the runs start.
                     std::thread::sleep(std::time::Duration::from_millis(300));
                 }
-                let timings = measure(&loaded, path.expect.programs().0, &path.frames, path.expect, ifindex);
+                let timings = measure(&loaded, path.program, &path.frames, path.expect, ifindex);
                 drop(profile);
                 rows.send((format!("{}, {}", f.pick("IPv4", "IPv6"), path.name), timings)).unwrap();
             }
@@ -300,9 +309,10 @@ fn run(objects: Vec<(String, Vec<u8>)>, flows: u16, only: Option<String>) -> Vec
         let f = IpFamily::V4;
         let pass =
             segment_frame((CLIENT_MAC, NODE_MAC), f.client(), f.vip(), 64, 17, (FIRST_CLIENT_PORT, 80));
-        for (row, program, expect) in
-            [(PASS_ROW, "lb_pass", Expect::Xdp(XDP_PASS)), (TC_PASS_ROW, TC_PASS, Expect::Xdp(0))]
-        {
+        for (row, program, expect) in [
+            (PASS_ROW, "lb_pass", Expect::Action(XDP_PASS)),
+            (TC_PASS_ROW, TC_PASS, Expect::Action(TC_ACT_OK)),
+        ] {
             rows.send((
                 row.to_string(),
                 measure(&loaded, program, std::slice::from_ref(&pass), expect, ifindex),
@@ -355,7 +365,7 @@ fn print_family_ratios(labels: &[String], rows: &[(String, Vec<Timing>)]) {
     let (paths, pass) = rows.split_at(rows.len() - 2);
     let (v4, v6) = paths.split_at(paths.len() / 2);
     let net = |row: &(String, Vec<Timing>), k: usize| {
-        let own_cost = if row.0.contains("TC egress") { &pass[1] } else { &pass[0] };
+        let own_cost = if row.0.ends_with(LOCAL_REPLY) { &pass[1] } else { &pass[0] };
         (row.1[k].mean - own_cost.1[k].mean).max(1.0)
     };
     println!("\n| path | {} |\n|---|{}", labels.join(" | "), "---|".repeat(labels.len()));

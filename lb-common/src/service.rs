@@ -66,8 +66,8 @@ pub const UPLINK_ADDRS6: &str = "UPLINK_ADDRS6";
 pub const IPV6_SERVICES: &str = "IPV6_SERVICES";
 /// The IPv6 service path's programs, by `IPV6_SERVICES` slot: its entry (local delivery, DSR,
 /// full NAT of established flows and full NAT's replies run inside it), full NAT with a port
-/// claimed, and DSR's decapsulation (programs of their own, for stacks of their own). Slot 1 held earlier builds' local stage: the agent
-/// empties it; slot 3 held their DSR stage.
+/// claimed, and DSR's decapsulation (programs of their own, for stacks of their own). Slot 1
+/// held earlier builds' local stage: the agent empties it; slot 3 held their DSR stage.
 pub const IPV6_SERVICE_PROGRAMS: [(u32, &str); 3] =
     [(0, "lb_xdp6"), (2, "lb_xdp6_full_nat"), (3, "lb_xdp6_decap")];
 /// `IPV6_SERVICES`' slots.

@@ -17,6 +17,7 @@ use lb_common::{
     endpoint_services::{self, EndpointKeyOf},
     service::{FlowKeyOf, PROTO_TCP, PROTO_UDP, ReplyNatOf},
 };
+use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 
 use crate::{
     family::{IpFamily, V4, V6},
@@ -49,8 +50,8 @@ pub fn translate(ctx: &TcContext) -> Result<(), i64> {
     if ethertype != ETHERTYPE_IPV4.to_be_bytes() {
         return Ok(());
     }
-    let ip: Ipv4Fields = in_place(ctx, ETH_LEN)?;
-    if ip.version_ihl != 0x45 || u16::from_be_bytes(ip.fragment) & FRAGMENT_MASK != 0 {
+    let ip: Ipv4Hdr = in_place(ctx, ETH_LEN)?;
+    if ip.vihl != 0x45 || u16::from_be_bytes(ip.frags) & FRAGMENT_MASK != 0 {
         return Ok(());
     }
     let (check_at, mangled) = match ip.proto {
@@ -59,7 +60,7 @@ pub fn translate(ctx: &TcContext) -> Result<(), i64> {
         _ => return Ok(()),
     };
     let ports: [u8; 4] = in_place(ctx, L4)?;
-    let (src, dst) = (ip.src, ip.dst);
+    let (src, dst) = (ip.src_addr, ip.dst_addr);
     let Some(to) = translation::<V4>(src, dst, ports, ip.proto) else { return Ok(()) };
     let word = |b: [u8; 4]| u32::from_ne_bytes(b) as u64;
     let pseudo = BPF_F_PSEUDO_HDR as u64 | mangled;
@@ -76,33 +77,6 @@ pub fn translate(ctx: &TcContext) -> Result<(), i64> {
     replace_ports(ctx, check_at, mangled, L4, ports, &to)?;
     stats::count_reason(Reason::ReplyTranslated, ctx.len() as usize);
     Ok(())
-}
-
-/// The IPv4 header's fields the translation reads, from its first byte.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Ipv4Fields {
-    version_ihl: u8,
-    _tos: u8,
-    _total_len: [u8; 2],
-    _id: [u8; 2],
-    fragment: [u8; 2],
-    _ttl: u8,
-    proto: u8,
-    _check: [u8; 2],
-    src: [u8; 4],
-    dst: [u8; 4],
-}
-
-/// IPv6's fixed header, from its first byte.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Ipv6Fields {
-    _version_class_flow: [u8; 4],
-    _payload_len: [u8; 2],
-    next: u8,
-    _hop_limit: u8,
-    addresses: [[u8; 16]; 2],
 }
 
 /// `T` at `offset`, read in place: the headers of what leaves are in the skb's linear part
@@ -146,22 +120,23 @@ fn replace_ports<A>(
 /// TCP/UDP checksum in one update, where a word at a time took eight.
 #[inline(always)]
 fn translate6(ctx: &TcContext) -> Result<(), i64> {
-    let ip: Ipv6Fields = in_place(ctx, ETH_LEN)?;
-    let check_at = match ip.next {
+    let mut ip: Ipv6Hdr = in_place(ctx, ETH_LEN)?;
+    let check_at = match ip.next_hdr {
         PROTO_TCP => L4_6 + 16,
         PROTO_UDP => L4_6 + 6,
         _ => return Ok(()),
     };
     // A computed zero UDP checksum is sent as 0xffff (zero is not allowed over IPv6).
-    let mangled = if ip.next == PROTO_UDP { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
+    let mangled = if ip.next_hdr == PROTO_UDP { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
     let ports: [u8; 4] = in_place(ctx, L4_6)?;
-    let [src, dst] = ip.addresses;
-    let Some(to) = translation::<V6>(src, dst, ports, ip.next) else { return Ok(()) };
+    let (src, dst) = (ip.src_addr, ip.dst_addr);
+    let Some(to) = translation::<V6>(src, dst, ports, ip.next_hdr) else { return Ok(()) };
     if to.src != src || to.dst != dst {
-        let mut old = ip.addresses;
+        let old = (&raw mut ip).cast::<u8>().wrapping_add(core::mem::offset_of!(Ipv6Hdr, src_addr));
         let mut new = [to.src, to.dst];
-        // SAFETY: two 32-byte arrays on this stack, read by the helper.
-        let diff = unsafe { bpf_csum_diff(old.as_mut_ptr().cast(), 32, new.as_mut_ptr().cast(), 32, 0) };
+        // SAFETY: 32 bytes on this stack each (the header's two addresses are adjacent), read
+        // by the helper.
+        let diff = unsafe { bpf_csum_diff(old.cast(), 32, new.as_mut_ptr().cast(), 32, 0) };
         if diff < 0 {
             return Err(diff);
         }
